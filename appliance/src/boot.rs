@@ -1,0 +1,121 @@
+//! The per-machine iPXE script: what a machine boots is decided from its state each time it
+//! asks, so there is nothing to regenerate when state changes.
+
+use paddock_dhcp::MacAddr;
+
+use crate::config::Discovery;
+use crate::nodes::{Node, NodeState};
+
+/// Renders `/boot/{mac}.ipxe` for a machine.
+pub fn script(
+    mac: MacAddr,
+    node: Option<&Node>,
+    discovery: &Discovery,
+    public_url: &str,
+) -> String {
+    let self_url = format!("{public_url}/boot/{mac}.ipxe");
+    match node.map(|n| (n.state, n)) {
+        Some((NodeState::Idle, n)) => format!(
+            "#!ipxe\n\
+             echo Paddock: {who} ({mac}) is idle: booting from the local disk\n\
+             sanboot --no-describe --drive 0x80 || exit\n",
+            who = n.name.as_deref().unwrap_or("node"),
+        ),
+        Some((NodeState::Inspecting, _)) | None => {
+            let why = if node.is_some() {
+                "to be inspected"
+            } else {
+                "unknown"
+            };
+            match (&discovery.kernel, &discovery.initrd) {
+                (Some(kernel), Some(initrd)) => {
+                    // BOOTIF names the NIC we booted from (pxelinux syntax: 01-<mac with dashes>);
+                    // initrd=<name> is needed by EFI iPXE builds to hand the initrd over.
+                    let bootif = format!("01-{}", mac.to_string().replace(':', "-"));
+                    let extra = if discovery.cmdline.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", discovery.cmdline)
+                    };
+                    format!(
+                        "#!ipxe\n\
+                         echo Paddock: {mac} is {why}: booting the discovery ramdisk\n\
+                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={public_url}{extra} || goto retry\n\
+                         initrd --name initrd {initrd} || goto retry\n\
+                         boot || goto retry\n\
+                         :retry\n\
+                         echo Paddock: boot failed, retrying in 10 seconds\n\
+                         sleep 10\n\
+                         chain --replace {self_url}\n"
+                    )
+                }
+                _ => format!(
+                    "#!ipxe\n\
+                     echo Paddock: {mac} is {why}, but no discovery ramdisk is configured\n\
+                     echo Paddock: set [boot.discovery] kernel and initrd; retrying in 30 seconds\n\
+                     sleep 30\n\
+                     chain --replace {self_url}\n"
+                ),
+            }
+        }
+    }
+}
+
+/// The script served to an iPXE that asks for `autoexec.ipxe` or a generic script.
+pub fn chain_script(public_url: &str) -> String {
+    format!("#!ipxe\nchain {public_url}/boot/${{net0/mac}}.ipxe\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0xab, 0, 1]);
+
+    fn discovery() -> Discovery {
+        Discovery {
+            kernel: Some("http://p/k".into()),
+            initrd: Some("http://p/i".into()),
+            cmdline: "console=ttyS0".into(),
+        }
+    }
+
+    #[test]
+    fn unknown_machines_boot_the_discovery_ramdisk() {
+        let s = script(MAC, None, &discovery(), "http://p");
+        assert!(s.starts_with("#!ipxe\n"));
+        assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p console=ttyS0"), "{s}");
+        assert!(s.contains("initrd --name initrd http://p/i"));
+        assert!(s.contains("is unknown"));
+    }
+
+    #[test]
+    fn idle_machines_boot_locally() {
+        let node = Node {
+            uuid: uuid::Uuid::nil(),
+            name: Some("rack1-u7".into()),
+            macs: vec![MAC],
+            state: NodeState::Idle,
+        };
+        let s = script(MAC, Some(&node), &discovery(), "http://p");
+        assert!(
+            s.contains("sanboot --no-describe --drive 0x80 || exit"),
+            "{s}"
+        );
+        assert!(!s.contains("kernel"));
+        let inspecting = Node {
+            state: NodeState::Inspecting,
+            ..node
+        };
+        assert!(
+            script(MAC, Some(&inspecting), &discovery(), "http://p").contains("kernel http://p/k")
+        );
+    }
+
+    #[test]
+    fn missing_ramdisk_is_explained_and_retried() {
+        let s = script(MAC, None, &Discovery::default(), "http://p");
+        assert!(s.contains("no discovery ramdisk is configured"));
+        assert!(s.contains("chain --replace http://p/boot/52:54:00:ab:00:01.ipxe"));
+    }
+}

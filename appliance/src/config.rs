@@ -1,0 +1,565 @@
+//! Configuration in two layers: the TOML file operators write (plus flag and environment
+//! overrides), and the validated [`Config`] that everything after start-up uses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use ipnet::Ipv4Net;
+use paddock_dhcp::{BootPolicy, MacAddr, Pool, Reservation, Subnet};
+use serde::Deserialize;
+
+/// The file as written. Every section and key is optional; unknown keys are errors, so a typo
+/// never silently falls back to a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub log_format: Option<String>,
+    pub http: HttpFile,
+    pub dhcp: DhcpFile,
+    pub tftp: TftpFile,
+    pub boot: BootFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpFile {
+    pub listen: Option<String>,
+    pub public_url: Option<String>,
+    pub assets_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DhcpFile {
+    pub enabled: Option<bool>,
+    pub interfaces: Vec<String>,
+    pub port: Option<u16>,
+    pub client_port: Option<u16>,
+    pub relay_port: Option<u16>,
+    pub deny_macs: Vec<String>,
+    pub subnets: Vec<SubnetFile>,
+    pub reservations: Vec<ReservationFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubnetFile {
+    pub network: String,
+    pub pools: Vec<String>,
+    pub exclude: Vec<String>,
+    pub routers: Vec<String>,
+    pub dns: Vec<String>,
+    pub domain: Option<String>,
+    pub lease_time: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationFile {
+    pub mac: String,
+    pub ip: String,
+    pub hostname: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TftpFile {
+    pub enabled: Option<bool>,
+    pub listen: Vec<String>,
+    pub root: Option<PathBuf>,
+    pub roots: Vec<PathBuf>,
+    pub max_transfers: Option<usize>,
+    pub block_size_limit: Option<u16>,
+    pub window_size_limit: Option<u16>,
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootFile {
+    /// Option 93 value → boot file, overriding the built-in table.
+    pub arch: BTreeMap<String, String>,
+    pub tftp_server: Option<String>,
+    pub discovery: DiscoveryFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryFile {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub cmdline: Option<String>,
+}
+
+/// Flags and environment variables; each overrides the file.
+#[derive(Debug, Default, Clone, Args)]
+pub struct Overrides {
+    /// Where the store (leases, nodes) lives.
+    #[arg(long, env = "PADDOCK_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Log format: human or json.
+    #[arg(long, env = "PADDOCK_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// HTTP listen address (boot scripts, assets, API, console).
+    #[arg(long, env = "PADDOCK_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+    /// The HTTP base URL as machines reach it, e.g. http://198.18.0.1:8080.
+    #[arg(long, env = "PADDOCK_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Directory served at /boot/assets/ (with Range support).
+    #[arg(long, env = "PADDOCK_ASSETS_DIR")]
+    pub assets_dir: Option<PathBuf>,
+    /// Run the DHCP server.
+    #[arg(long, env = "PADDOCK_DHCP_ENABLED")]
+    pub dhcp_enabled: Option<bool>,
+    /// Interfaces to serve DHCP on, comma-separated.
+    #[arg(long, env = "PADDOCK_DHCP_INTERFACES", value_delimiter = ',')]
+    pub dhcp_interfaces: Option<Vec<String>>,
+    /// UDP port of the DHCP server.
+    #[arg(long, env = "PADDOCK_DHCP_PORT")]
+    pub dhcp_port: Option<u16>,
+    /// Run the TFTP server.
+    #[arg(long, env = "PADDOCK_TFTP_ENABLED")]
+    pub tftp_enabled: Option<bool>,
+    /// TFTP listen addresses (ip:port), comma-separated; one server per address.
+    #[arg(long, env = "PADDOCK_TFTP_LISTEN", value_delimiter = ',')]
+    pub tftp_listen: Option<Vec<String>>,
+    /// TFTP roots, comma-separated, searched in order.
+    #[arg(long, env = "PADDOCK_TFTP_ROOTS", value_delimiter = ',')]
+    pub tftp_roots: Option<Vec<PathBuf>>,
+    /// Most TFTP transfers at once.
+    #[arg(long, env = "PADDOCK_TFTP_MAX_TRANSFERS")]
+    pub tftp_max_transfers: Option<usize>,
+    /// Discovery ramdisk kernel URL.
+    #[arg(long, env = "PADDOCK_DISCOVERY_KERNEL")]
+    pub discovery_kernel: Option<String>,
+    /// Discovery ramdisk initrd URL.
+    #[arg(long, env = "PADDOCK_DISCOVERY_INITRD")]
+    pub discovery_initrd: Option<String>,
+    /// Extra kernel command line for the discovery ramdisk.
+    #[arg(long, env = "PADDOCK_DISCOVERY_CMDLINE")]
+    pub discovery_cmdline: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub log_format: LogFormat,
+    pub http_listen: SocketAddr,
+    pub public_url: String,
+    pub assets_dir: Option<PathBuf>,
+    pub dhcp: Option<DhcpConfig>,
+    pub tftp: Option<TftpConfig>,
+    pub boot: BootPolicy,
+    pub discovery: Discovery,
+}
+
+#[derive(Clone, Debug)]
+pub struct DhcpConfig {
+    pub interfaces: Vec<String>,
+    pub port: u16,
+    pub client_port: u16,
+    pub relay_port: u16,
+    pub deny_macs: BTreeSet<MacAddr>,
+    pub subnets: Vec<Subnet>,
+    pub reservations: Vec<Reservation>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TftpConfig {
+    pub listen: Vec<SocketAddr>,
+    pub server: paddock_tftp::TftpConfig,
+}
+
+/// The discovery ramdisk entry of the boot script.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Discovery {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub cmdline: String,
+}
+
+/// All problems found in a configuration, each with the setting it concerns.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .problems.join("\n"))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            problems: vec![format!("{}: cannot read: {e}", path.display())],
+        })?;
+        Self::parse(&text).map_err(|mut e| {
+            e.problems = e
+                .problems
+                .into_iter()
+                .map(|p| format!("{}: {p}", path.display()))
+                .collect();
+            e
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError {
+            problems: vec![e.to_string().trim_end().to_string()],
+        })
+    }
+
+    pub fn apply(&mut self, o: &Overrides) {
+        override_with(&mut self.data_dir, &o.data_dir);
+        override_with(&mut self.log_format, &o.log_format);
+        override_with(&mut self.http.listen, &o.http_listen);
+        override_with(&mut self.http.public_url, &o.public_url);
+        override_with(&mut self.http.assets_dir, &o.assets_dir);
+        override_with(&mut self.dhcp.enabled, &o.dhcp_enabled);
+        override_with(&mut self.dhcp.port, &o.dhcp_port);
+        override_with(&mut self.tftp.enabled, &o.tftp_enabled);
+        override_with(&mut self.tftp.max_transfers, &o.tftp_max_transfers);
+        override_with(&mut self.boot.discovery.kernel, &o.discovery_kernel);
+        override_with(&mut self.boot.discovery.initrd, &o.discovery_initrd);
+        override_with(&mut self.boot.discovery.cmdline, &o.discovery_cmdline);
+        if let Some(v) = &o.dhcp_interfaces {
+            self.dhcp.interfaces = v.clone();
+        }
+        if let Some(v) = &o.tftp_listen {
+            self.tftp.listen = v.clone();
+        }
+        if let Some(v) = &o.tftp_roots {
+            self.tftp.root = None;
+            self.tftp.roots = v.clone();
+        }
+    }
+
+    /// Checks everything and builds the internal configuration; reports every problem found.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let mut p = Vec::new();
+        let http_listen: Option<SocketAddr> = parse_or(
+            &mut p,
+            "http.listen",
+            self.http.listen.as_deref().unwrap_or("0.0.0.0:8080"),
+        );
+        let public_url = match &self.http.public_url {
+            Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+                u.trim_end_matches('/').to_string()
+            }
+            Some(u) => {
+                p.push(format!(
+                    "http.public_url: {u:?} must start with http:// or https://"
+                ));
+                String::new()
+            }
+            None => match http_listen {
+                Some(a) if !a.ip().is_unspecified() => format!("http://{a}"),
+                _ => {
+                    p.push("http.public_url: required when http.listen is a wildcard address; set the URL machines use to reach this host, e.g. http://198.18.0.1:8080".into());
+                    String::new()
+                }
+            },
+        };
+        let log_format = match self.log_format.as_deref().unwrap_or("human") {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            other => {
+                p.push(format!(
+                    "log_format: {other:?} is neither \"human\" nor \"json\""
+                ));
+                LogFormat::Human
+            }
+        };
+
+        let mut overrides = BTreeMap::new();
+        for (k, v) in &self.boot.arch {
+            match k.parse::<u16>() {
+                Ok(a) if !v.is_empty() => {
+                    overrides.insert(a, v.clone());
+                }
+                Ok(_) => p.push(format!("boot.arch.{k}: the boot file name is empty")),
+                Err(_) => p.push(format!("boot.arch.{k}: keys are option 93 numbers (0 BIOS, 7 x64 UEFI, 11 arm64 UEFI, 16 x64 HTTP …)")),
+            }
+        }
+        let mut boot = BootPolicy::new(&public_url, &overrides);
+        boot.tftp_server = self
+            .boot
+            .tftp_server
+            .as_deref()
+            .and_then(|s| parse_or(&mut p, "boot.tftp_server", s));
+
+        let dhcp = if self.dhcp.enabled.unwrap_or(true) {
+            validate_dhcp(self.dhcp, &mut p)
+        } else {
+            None
+        };
+        let tftp = if self.tftp.enabled.unwrap_or(true) {
+            validate_tftp(self.tftp, &mut p)
+        } else {
+            None
+        };
+        if !p.is_empty() {
+            return Err(ConfigError { problems: p });
+        }
+        Ok(Config {
+            data_dir: self
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/paddock")),
+            log_format,
+            http_listen: http_listen.expect("checked above"),
+            public_url,
+            assets_dir: self.http.assets_dir,
+            dhcp,
+            tftp,
+            boot,
+            discovery: Discovery {
+                kernel: self.boot.discovery.kernel,
+                initrd: self.boot.discovery.initrd,
+                cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
+            },
+        })
+    }
+}
+
+fn override_with<T: Clone>(dst: &mut Option<T>, src: &Option<T>) {
+    if src.is_some() {
+        dst.clone_from(src);
+    }
+}
+
+fn parse_or<T: std::str::FromStr>(p: &mut Vec<String>, what: &str, s: &str) -> Option<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match s.trim().parse() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            p.push(format!("{what}: {s:?}: {e}"));
+            None
+        }
+    }
+}
+
+fn validate_dhcp(f: DhcpFile, p: &mut Vec<String>) -> Option<DhcpConfig> {
+    let before = p.len();
+    if f.interfaces.is_empty() {
+        p.push("dhcp.interfaces: name at least one interface to serve on (or set dhcp.enabled = false)".into());
+    }
+    if f.subnets.is_empty() {
+        p.push("dhcp.subnets: configure at least one subnet (network and pools)".into());
+    }
+    let mut subnets = Vec::new();
+    for (i, s) in f.subnets.iter().enumerate() {
+        let at = format!("dhcp.subnets[{i}]");
+        let Some(network) = parse_or::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
+            continue;
+        };
+        let mut pools = Vec::new();
+        for (j, range) in s.pools.iter().enumerate() {
+            let Some((a, b)) = range.split_once('-') else {
+                p.push(format!(
+                    "{at}.pools[{j}]: {range:?} is not a range like 198.18.0.100-198.18.0.199"
+                ));
+                continue;
+            };
+            let start = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), a);
+            let end = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), b);
+            if let (Some(start), Some(end)) = (start, end) {
+                pools.push(Pool { start, end });
+            }
+        }
+        let ips = |p: &mut Vec<String>, what: &str, v: &[String]| -> Vec<Ipv4Addr> {
+            v.iter()
+                .enumerate()
+                .filter_map(|(k, s)| parse_or(p, &format!("{at}.{what}[{k}]"), s))
+                .collect()
+        };
+        let subnet = Subnet {
+            network: network.trunc(),
+            pools,
+            exclude: ips(p, "exclude", &s.exclude).into_iter().collect(),
+            routers: ips(p, "routers", &s.routers),
+            dns: ips(p, "dns", &s.dns),
+            domain: s.domain.clone(),
+            lease_time: s.lease_time.unwrap_or(3600),
+        };
+        if let Err(e) = subnet.validate() {
+            p.push(format!("{at}: {e}"));
+        }
+        subnets.push(subnet);
+    }
+    let mut reservations = Vec::new();
+    for (i, r) in f.reservations.iter().enumerate() {
+        let at = format!("dhcp.reservations[{i}]");
+        let mac = parse_or::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
+        let ip = parse_or::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
+        if let (Some(mac), Some(ip)) = (mac, ip) {
+            reservations.push(Reservation {
+                mac,
+                ip,
+                hostname: r.hostname.clone(),
+            });
+        }
+    }
+    let deny_macs = f
+        .deny_macs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| parse_or(p, &format!("dhcp.deny_macs[{i}]"), m))
+        .collect();
+    if p.len() == before
+        && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
+    {
+        p.push(format!("dhcp: {e}"));
+    }
+    Some(DhcpConfig {
+        interfaces: f.interfaces,
+        port: f.port.unwrap_or(67),
+        client_port: f.client_port.unwrap_or(68),
+        relay_port: f.relay_port.unwrap_or(67),
+        deny_macs,
+        subnets,
+        reservations,
+    })
+}
+
+fn validate_tftp(f: TftpFile, p: &mut Vec<String>) -> Option<TftpConfig> {
+    let mut roots = f.roots;
+    if let Some(r) = f.root {
+        roots.insert(0, r);
+    }
+    if roots.is_empty() {
+        p.push("tftp.root: set the directory to serve (or tftp.enabled = false)".into());
+    }
+    for r in &roots {
+        if !r.is_dir() {
+            p.push(format!("tftp.root: {} is not a directory", r.display()));
+        }
+    }
+    let listen_src = if f.listen.is_empty() {
+        vec!["0.0.0.0:69".to_string()]
+    } else {
+        f.listen
+    };
+    let listen = listen_src
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| parse_or::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
+        .collect();
+    if let Some(b) = f.block_size_limit
+        && !(8..=65464).contains(&b)
+    {
+        p.push(format!(
+            "tftp.block_size_limit: {b} is outside 8..=65464 (RFC 2348)"
+        ));
+    }
+    if f.window_size_limit == Some(0) {
+        p.push("tftp.window_size_limit: must be at least 1".into());
+    }
+    Some(TftpConfig {
+        listen,
+        server: paddock_tftp::TftpConfig {
+            roots,
+            max_transfers: f.max_transfers.unwrap_or(256),
+            block_size_limit: f.block_size_limit,
+            window_size_limit: f.window_size_limit,
+            timeout: Duration::from_secs(f.timeout_secs.unwrap_or(3).max(1)),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+data_dir = "/tmp/paddock"
+[http]
+listen = "198.18.0.1:8080"
+[dhcp]
+interfaces = ["br0"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100-198.18.0.199"]
+exclude = ["198.18.0.150"]
+routers = ["198.18.0.1"]
+[[dhcp.reservations]]
+mac = "52:54:00:00:00:01"
+ip = "198.18.0.10"
+[tftp]
+enabled = false
+[boot.arch]
+7 = "ipxe.efi"
+"#;
+
+    #[test]
+    fn a_good_file_validates() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.public_url, "http://198.18.0.1:8080");
+        let d = c.dhcp.unwrap();
+        assert_eq!((d.port, d.subnets.len(), d.reservations.len()), (67, 1, 1));
+        assert_eq!(c.boot.table[&7], "ipxe.efi");
+        assert!(c.tftp.is_none());
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut f = FileConfig::parse(GOOD).unwrap();
+        f.apply(&Overrides {
+            dhcp_port: Some(1067),
+            public_url: Some("http://198.18.0.9:80/".into()),
+            ..Overrides::default()
+        });
+        let c = f.validate().unwrap();
+        assert_eq!(c.dhcp.unwrap().port, 1067);
+        assert_eq!(c.public_url, "http://198.18.0.9:80");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_setting() {
+        let bad = r#"
+log_format = "xml"
+[http]
+listen = "nowhere"
+[dhcp]
+interfaces = []
+deny_macs = ["zz"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100", "198.18.0.200-198.18.1.5"]
+[boot.arch]
+x = "a"
+"#;
+        let e = FileConfig::parse(bad).unwrap().validate().unwrap_err();
+        let text = e.to_string();
+        for needle in [
+            "log_format",
+            "http.listen",
+            "dhcp.interfaces",
+            "dhcp.deny_macs[0]",
+            "dhcp.subnets[0].pools[0]",
+            "not inside subnet",
+            "boot.arch.x",
+            "tftp.root",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn typos_are_errors_with_a_location() {
+        let e = FileConfig::parse("[dhcp]\ninterface = [\"br0\"]\n").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("unknown field `interface`"), "{text}");
+        assert!(text.contains("line 2"), "{text}");
+    }
+}

@@ -1,0 +1,137 @@
+//! `paddock serve`: wires the store, DHCP, TFTP and HTTP together and runs until SIGTERM.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use paddock_dhcp::shell::{DhcpService, Listener};
+use paddock_dhcp::{Admission, ClientPolicy, Leases, MacAddr, Server, ServerConfig};
+use paddock_store::{SqliteStore, Store};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::boot;
+use crate::config::{Config, DhcpConfig, LogFormat};
+use crate::http::{AppState, router};
+use crate::nodes::Nodes;
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+/// The DHCP-level filter by chaddr: MACs listed in `dhcp.deny_macs` get no answer.
+struct DenyList(BTreeSet<MacAddr>);
+
+impl ClientPolicy for DenyList {
+    fn admit(&self, mac: MacAddr) -> Admission {
+        if self.0.contains(&mac) {
+            Admission::Ignore
+        } else {
+            Admission::Serve
+        }
+    }
+}
+
+/// The IPv4 address that identifies this server on `interface`: the first one inside a
+/// configured subnet, else the first one.
+fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Addr> {
+    let addrs: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+        .context("listing interface addresses")?
+        .filter(|a| a.interface_name == interface)
+        .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| cfg.subnets.iter().any(|s| s.network.contains(*ip)))
+        .or(addrs.first())
+        .copied()
+        .with_context(|| format!("interface {interface} has no IPv4 address; add one or remove it from dhcp.interfaces"))
+}
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?);
+    let cfg = Arc::new(cfg);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let dhcp = match &cfg.dhcp {
+        Some(d) => {
+            let listeners = d
+                .interfaces
+                .iter()
+                .map(|i| {
+                    Ok(Listener {
+                        interface: i.clone(),
+                        address: interface_address(i, d)?,
+                        port: d.port,
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let leases = Leases::new(d.subnets.clone(), d.reservations.clone())?;
+            let server = Server::new(
+                leases,
+                ServerConfig {
+                    boot: cfg.boot.clone(),
+                    client_port: d.client_port,
+                    relay_port: d.relay_port,
+                },
+            );
+            let policy = Arc::new(DenyList(d.deny_macs.clone()));
+            let service = DhcpService::new(server, store.clone(), policy).await?;
+            let run = service.clone().run(listeners);
+            tasks.spawn(async move { run.await.context("DHCP server") });
+            Some(service)
+        }
+        None => None,
+    };
+
+    if let Some(t) = &cfg.tftp {
+        let mem = paddock_tftp::MemFiles::default();
+        mem.insert(
+            "autoexec.ipxe",
+            boot::chain_script(&cfg.public_url).into_bytes(),
+        );
+        for addr in &t.listen {
+            paddock_tftp::spawn(*addr, t.server.clone(), mem.clone())?;
+            tracing::info!(%addr, "tftp: listening");
+        }
+    }
+
+    let state = AppState {
+        config: cfg.clone(),
+        nodes: Nodes::new(store.clone()),
+        dhcp,
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .with_context(|| format!("binding HTTP on {}", cfg.http_listen))?;
+    tracing::info!(listen = %cfg.http_listen, public_url = %cfg.public_url, "http: listening");
+    let app = router(state);
+    tasks.spawn(async move { axum::serve(listener, app).await.context("HTTP server") });
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        Some(res) = tasks.join_next() => {
+            match res {
+                Ok(Ok(())) => bail!("a service stopped unexpectedly"),
+                Ok(Err(e)) => return Err(e),
+                Err(e) => bail!("a service panicked: {e}"),
+            }
+        }
+    }
+    tasks.abort_all();
+    Ok(())
+}

@@ -1,0 +1,672 @@
+//! Address allocation and the lease table: pure, with time (`now`, Unix seconds) passed in.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::MacAddr;
+
+/// How long an OFFERed address is held for the client that was offered it.
+pub const OFFER_HOLD_SECS: u64 = 30;
+
+/// An inclusive address range inside a subnet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+impl Pool {
+    fn len(&self) -> u32 {
+        u32::from(self.end) - u32::from(self.start) + 1
+    }
+    fn contains(&self, ip: Ipv4Addr) -> bool {
+        (self.start..=self.end).contains(&ip)
+    }
+}
+
+/// A fixed address for one MAC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub mac: MacAddr,
+    pub ip: Ipv4Addr,
+    pub hostname: Option<String>,
+}
+
+/// A validated subnet: everything the server hands out on one link (or behind one relay).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subnet {
+    pub network: Ipv4Net,
+    pub pools: Vec<Pool>,
+    pub exclude: BTreeSet<Ipv4Addr>,
+    pub routers: Vec<Ipv4Addr>,
+    pub dns: Vec<Ipv4Addr>,
+    pub domain: Option<String>,
+    /// Seconds.
+    pub lease_time: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubnetError {
+    #[error("pool {start}-{end}: the start is after the end")]
+    Reversed { start: Ipv4Addr, end: Ipv4Addr },
+    #[error("pool {start}-{end} is not inside subnet {network}")]
+    PoolOutside {
+        start: Ipv4Addr,
+        end: Ipv4Addr,
+        network: Ipv4Net,
+    },
+    #[error("pools {0} and {1} overlap")]
+    Overlap(String, String),
+    #[error("subnets {0} and {1} overlap; each address must belong to one subnet")]
+    SubnetOverlap(Ipv4Net, Ipv4Net),
+    #[error("reservation {ip} for {mac} is in no configured subnet")]
+    ReservationOutside { mac: MacAddr, ip: Ipv4Addr },
+    #[error("{ip} is reserved twice ({a} and {b})")]
+    ReservedTwice {
+        ip: Ipv4Addr,
+        a: MacAddr,
+        b: MacAddr,
+    },
+    #[error("{mac} has two reservations ({a} and {b})")]
+    MacTwice {
+        mac: MacAddr,
+        a: Ipv4Addr,
+        b: Ipv4Addr,
+    },
+    #[error("lease time must be at least 60 seconds, got {0}")]
+    LeaseTime(u32),
+}
+
+impl Subnet {
+    /// Checks the subnet on its own: pools ordered, inside the network, not overlapping.
+    pub fn validate(&self) -> Result<(), SubnetError> {
+        if self.lease_time < 60 {
+            return Err(SubnetError::LeaseTime(self.lease_time));
+        }
+        for p in &self.pools {
+            if p.start > p.end {
+                return Err(SubnetError::Reversed {
+                    start: p.start,
+                    end: p.end,
+                });
+            }
+            if !self.network.contains(&p.start) || !self.network.contains(&p.end) {
+                return Err(SubnetError::PoolOutside {
+                    start: p.start,
+                    end: p.end,
+                    network: self.network,
+                });
+            }
+        }
+        let mut sorted = self.pools.clone();
+        sorted.sort_by_key(|p| p.start);
+        for w in sorted.windows(2) {
+            if w[1].start <= w[0].end {
+                let show = |p: &Pool| format!("{}-{}", p.start, p.end);
+                return Err(SubnetError::Overlap(show(&w[0]), show(&w[1])));
+            }
+        }
+        Ok(())
+    }
+
+    fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        self.pools.iter().any(|p| p.contains(ip)) && !self.exclude.contains(&ip)
+    }
+
+    fn pool_len(&self) -> u64 {
+        self.pools.iter().map(|p| u64::from(p.len())).sum()
+    }
+
+    /// The `i`-th address of the concatenated pools.
+    fn nth(&self, mut i: u64) -> Ipv4Addr {
+        for p in &self.pools {
+            if i < u64::from(p.len()) {
+                return Ipv4Addr::from(u32::from(p.start) + i as u32);
+            }
+            i -= u64::from(p.len());
+        }
+        unreachable!("index within pool_len")
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseState {
+    /// ACKed and in use until `expires`.
+    Bound,
+    /// Given back by the client; the address stays associated with it for affinity.
+    Released,
+    /// The client reported the address in use by someone else; quarantined until `expires`.
+    Declined,
+}
+
+/// Where a relayed request came from (RFC 3046).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relay {
+    pub giaddr: Ipv4Addr,
+    /// Option 82 as received, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_info: Option<String>,
+}
+
+/// One address's record, as stored under `dhcp/leases/<ip>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub ip: Ipv4Addr,
+    pub mac: MacAddr,
+    pub state: LeaseState,
+    /// Unix seconds.
+    pub expires: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<Relay>,
+}
+
+impl Lease {
+    /// Holds the address against other clients at `now`.
+    fn holds(&self, now: u64) -> bool {
+        match self.state {
+            LeaseState::Bound | LeaseState::Declined => self.expires > now,
+            LeaseState::Released => false,
+        }
+    }
+}
+
+/// Details recorded with an ACKed lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Binding {
+    pub client_id: Option<String>,
+    pub hostname: Option<String>,
+    pub relay: Option<Relay>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The address is not ours to give on this subnet.
+    NotOnSubnet,
+    /// Another client holds it (or it is reserved or quarantined).
+    Taken,
+}
+
+/// The lease table of one server: subnets, reservations, leases and outstanding offers.
+#[derive(Debug)]
+pub struct Leases {
+    subnets: Vec<Subnet>,
+    reservations: HashMap<MacAddr, Reservation>,
+    reserved_ips: HashMap<Ipv4Addr, MacAddr>,
+    by_ip: HashMap<Ipv4Addr, Lease>,
+    by_mac: HashMap<MacAddr, Ipv4Addr>,
+    offers: HashMap<Ipv4Addr, (MacAddr, u64)>,
+    offered_to: HashMap<MacAddr, Ipv4Addr>,
+    cursors: Vec<u64>,
+}
+
+impl Leases {
+    pub fn new(subnets: Vec<Subnet>, reservations: Vec<Reservation>) -> Result<Self, SubnetError> {
+        for s in &subnets {
+            s.validate()?;
+        }
+        for (i, a) in subnets.iter().enumerate() {
+            for b in &subnets[i + 1..] {
+                if a.network.contains(&b.network.network())
+                    || b.network.contains(&a.network.network())
+                {
+                    return Err(SubnetError::SubnetOverlap(a.network, b.network));
+                }
+            }
+        }
+        let mut by_mac = HashMap::new();
+        let mut reserved_ips = HashMap::new();
+        for r in reservations {
+            if !subnets.iter().any(|s| s.network.contains(&r.ip)) {
+                return Err(SubnetError::ReservationOutside {
+                    mac: r.mac,
+                    ip: r.ip,
+                });
+            }
+            if let Some(other) = reserved_ips.insert(r.ip, r.mac) {
+                return Err(SubnetError::ReservedTwice {
+                    ip: r.ip,
+                    a: other,
+                    b: r.mac,
+                });
+            }
+            let (mac, ip) = (r.mac, r.ip);
+            if let Some(prev) = by_mac.insert(r.mac, r) {
+                return Err(SubnetError::MacTwice {
+                    mac,
+                    a: prev.ip,
+                    b: ip,
+                });
+            }
+        }
+        Ok(Leases {
+            cursors: vec![0; subnets.len()],
+            subnets,
+            reservations: by_mac,
+            reserved_ips,
+            by_ip: HashMap::new(),
+            by_mac: HashMap::new(),
+            offers: HashMap::new(),
+            offered_to: HashMap::new(),
+        })
+    }
+
+    pub fn subnets(&self) -> &[Subnet] {
+        &self.subnets
+    }
+
+    /// The subnet that serves a link: the one containing the relay's giaddr, or the address of
+    /// the interface the request arrived on.
+    pub fn subnet_for(&self, link: Ipv4Addr) -> Option<usize> {
+        self.subnets.iter().position(|s| s.network.contains(&link))
+    }
+
+    pub fn subnet(&self, idx: usize) -> &Subnet {
+        &self.subnets[idx]
+    }
+
+    /// Loads a stored lease (at start-up).
+    pub fn restore(&mut self, lease: Lease) {
+        self.by_mac.insert(lease.mac, lease.ip);
+        self.by_ip.insert(lease.ip, lease);
+    }
+
+    pub fn get(&self, ip: Ipv4Addr) -> Option<&Lease> {
+        self.by_ip.get(&ip)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.by_ip.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_ip.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_ip.is_empty()
+    }
+
+    /// May `mac` be given `ip` on subnet `idx` at `now`?
+    fn usable(&self, idx: usize, mac: MacAddr, ip: Ipv4Addr, now: u64) -> Result<(), Refusal> {
+        let subnet = &self.subnets[idx];
+        let reserved_for = self.reserved_ips.get(&ip);
+        match reserved_for {
+            Some(owner) if *owner == mac => {
+                if !subnet.network.contains(&ip) {
+                    return Err(Refusal::NotOnSubnet);
+                }
+            }
+            Some(_) => return Err(Refusal::Taken),
+            None => {
+                if !subnet.in_pool(ip) {
+                    return Err(Refusal::NotOnSubnet);
+                }
+                // A client with a reservation on this subnet gets that address only.
+                if let Some(r) = self.reservations.get(&mac)
+                    && subnet.network.contains(&r.ip)
+                {
+                    return Err(Refusal::Taken);
+                }
+            }
+        }
+        if let Some(l) = self.by_ip.get(&ip)
+            && l.holds(now)
+            && (l.mac != mac || l.state == LeaseState::Declined)
+        {
+            return Err(Refusal::Taken);
+        }
+        if let Some((owner, until)) = self.offers.get(&ip)
+            && *owner != mac
+            && *until > now
+        {
+            return Err(Refusal::Taken);
+        }
+        Ok(())
+    }
+
+    /// Picks an address for a DISCOVER and holds it for [`OFFER_HOLD_SECS`]. Preference: the
+    /// client's reservation, its current or last address, the address it asked for, an
+    /// address never used, then one whose lease has ended.
+    pub fn offer(
+        &mut self,
+        idx: usize,
+        mac: MacAddr,
+        requested: Option<Ipv4Addr>,
+        now: u64,
+    ) -> Option<Ipv4Addr> {
+        let reserved = self
+            .reservations
+            .get(&mac)
+            .map(|r| r.ip)
+            .filter(|ip| self.subnets[idx].network.contains(ip));
+        let ip = match reserved {
+            Some(ip) => Some(ip).filter(|ip| self.usable(idx, mac, *ip, now).is_ok()),
+            None => self
+                .by_mac
+                .get(&mac)
+                .copied()
+                .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
+                .or_else(|| {
+                    self.offered_to
+                        .get(&mac)
+                        .copied()
+                        .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
+                })
+                .or_else(|| requested.filter(|ip| self.usable(idx, mac, *ip, now).is_ok()))
+                .or_else(|| self.scan(idx, mac, now)),
+        }?;
+        self.offers.insert(ip, (mac, now + OFFER_HOLD_SECS));
+        if let Some(old) = self.offered_to.insert(mac, ip)
+            && old != ip
+        {
+            self.offers.remove(&old);
+        }
+        Some(ip)
+    }
+
+    fn scan(&mut self, idx: usize, mac: MacAddr, now: u64) -> Option<Ipv4Addr> {
+        let total = self.subnets[idx].pool_len();
+        if total == 0 {
+            return None;
+        }
+        let start = self.cursors[idx] % total;
+        // First pass: addresses nobody has had, so returning clients keep theirs.
+        for step in 0..total {
+            let i = (start + step) % total;
+            let ip = self.subnets[idx].nth(i);
+            if !self.by_ip.contains_key(&ip) && self.usable(idx, mac, ip, now).is_ok() {
+                self.cursors[idx] = i + 1;
+                return Some(ip);
+            }
+        }
+        // Second pass: addresses whose leases ended; the one that ended longest ago.
+        let subnet = &self.subnets[idx];
+        self.by_ip
+            .values()
+            .filter(|l| subnet.in_pool(l.ip) && !l.holds(now))
+            .min_by_key(|l| (l.expires, l.ip))
+            .map(|l| l.ip)
+            .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
+    }
+
+    /// Binds `ip` to `mac` for a REQUEST; returns the lease to make durable before the ACK.
+    pub fn ack(
+        &mut self,
+        idx: usize,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        binding: Binding,
+        now: u64,
+    ) -> Result<Lease, Refusal> {
+        self.usable(idx, mac, ip, now)?;
+        let lease = Lease {
+            ip,
+            mac,
+            state: LeaseState::Bound,
+            expires: now + u64::from(self.subnets[idx].lease_time),
+            client_id: binding.client_id,
+            hostname: binding.hostname,
+            relay: binding.relay,
+        };
+        self.offers.remove(&ip);
+        self.offered_to.remove(&mac);
+        self.forget_other_address(mac, ip);
+        self.by_mac.insert(mac, ip);
+        self.by_ip.insert(ip, lease.clone());
+        Ok(lease)
+    }
+
+    /// A client moving to a new address gives up its old one.
+    fn forget_other_address(&mut self, mac: MacAddr, ip: Ipv4Addr) {
+        if let Some(old) = self.by_mac.get(&mac).copied()
+            && old != ip
+            && let Some(l) = self.by_ip.get_mut(&old)
+            && l.mac == mac
+            && l.state == LeaseState::Bound
+        {
+            l.state = LeaseState::Released;
+        }
+    }
+
+    /// Drops an outstanding offer (the client chose another server).
+    pub fn withdraw_offer(&mut self, mac: MacAddr) {
+        if let Some(ip) = self.offered_to.remove(&mac) {
+            self.offers.remove(&ip);
+        }
+    }
+
+    /// RELEASE: the client gives the address back.
+    pub fn release(&mut self, mac: MacAddr, ip: Ipv4Addr, now: u64) -> Option<Lease> {
+        let l = self.by_ip.get_mut(&ip).filter(|l| l.mac == mac)?;
+        l.state = LeaseState::Released;
+        l.expires = now;
+        Some(l.clone())
+    }
+
+    /// DECLINE: the address is in use by someone else; quarantine it for one lease time.
+    pub fn decline(&mut self, idx: usize, mac: MacAddr, ip: Ipv4Addr, now: u64) -> Option<Lease> {
+        let known = self.by_ip.get(&ip).is_some_and(|l| l.mac == mac)
+            || self.offers.get(&ip).is_some_and(|(m, _)| *m == mac);
+        if !known {
+            return None;
+        }
+        self.offers.remove(&ip);
+        self.offered_to.remove(&mac);
+        if self.by_mac.get(&mac) == Some(&ip) {
+            self.by_mac.remove(&mac);
+        }
+        let lease = Lease {
+            ip,
+            mac,
+            state: LeaseState::Declined,
+            expires: now + u64::from(self.subnets[idx].lease_time),
+            client_id: None,
+            hostname: None,
+            relay: None,
+        };
+        self.by_ip.insert(ip, lease.clone());
+        Some(lease)
+    }
+
+    /// Forgets offers that have run out (called now and then by the shell).
+    pub fn expire_offers(&mut self, now: u64) {
+        self.offers.retain(|_, (_, until)| *until > now);
+        let offers = &self.offers;
+        self.offered_to
+            .retain(|mac, ip| offers.get(ip).is_some_and(|(m, _)| m == mac));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(n: u8) -> MacAddr {
+        MacAddr([0x52, 0x54, 0, 0, 0, n])
+    }
+    fn ip(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 0, n)
+    }
+    fn subnet() -> Subnet {
+        Subnet {
+            network: "198.18.0.0/24".parse().unwrap(),
+            pools: vec![Pool {
+                start: ip(100),
+                end: ip(104),
+            }],
+            exclude: [ip(101)].into(),
+            routers: vec![ip(1)],
+            dns: vec![],
+            domain: None,
+            lease_time: 600,
+        }
+    }
+    fn table() -> Leases {
+        Leases::new(
+            vec![subnet()],
+            vec![Reservation {
+                mac: mac(9),
+                ip: ip(50),
+                hostname: None,
+            }],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn allocates_in_order_skipping_exclusions_and_offers() {
+        let mut t = table();
+        assert_eq!(t.offer(0, mac(1), None, 0), Some(ip(100)));
+        assert_eq!(t.offer(0, mac(2), None, 0), Some(ip(102)));
+        // The same client asking again gets the same offer.
+        assert_eq!(t.offer(0, mac(1), Some(ip(103)), 0), Some(ip(100)));
+    }
+
+    #[test]
+    fn reservation_wins_and_is_never_given_to_others() {
+        let mut t = table();
+        assert_eq!(t.offer(0, mac(9), Some(ip(100)), 0), Some(ip(50)));
+        assert_eq!(
+            t.ack(0, mac(1), ip(50), Binding::default(), 0),
+            Err(Refusal::Taken)
+        );
+        assert!(t.ack(0, mac(9), ip(50), Binding::default(), 0).is_ok());
+        // A reserved client cannot take a pool address on its subnet.
+        assert_eq!(
+            t.ack(0, mac(9), ip(100), Binding::default(), 0),
+            Err(Refusal::Taken)
+        );
+    }
+
+    #[test]
+    fn requested_address_is_honoured_when_free() {
+        let mut t = table();
+        assert_eq!(t.offer(0, mac(1), Some(ip(104)), 0), Some(ip(104)));
+        assert_eq!(t.offer(0, mac(2), Some(ip(104)), 0), Some(ip(100)));
+        assert_eq!(
+            t.offer(0, mac(3), Some(ip(101)), 0),
+            Some(ip(102)),
+            "excluded"
+        );
+        assert_eq!(
+            t.offer(0, mac(3), Some(ip(7)), 0),
+            Some(ip(102)),
+            "outside pool"
+        );
+    }
+
+    #[test]
+    fn ack_binds_and_returning_clients_keep_their_address() {
+        let mut t = table();
+        let l = t.ack(0, mac(1), ip(103), Binding::default(), 10).unwrap();
+        assert_eq!((l.state, l.expires), (LeaseState::Bound, 610));
+        assert_eq!(
+            t.ack(0, mac(2), ip(103), Binding::default(), 20),
+            Err(Refusal::Taken)
+        );
+        // Long after expiry, mac(1) still gets 103 back; others got fresh addresses meanwhile.
+        assert_eq!(t.offer(0, mac(2), None, 5000), Some(ip(100)));
+        assert_eq!(t.offer(0, mac(1), None, 5000), Some(ip(103)));
+    }
+
+    #[test]
+    fn exhausted_pool_reuses_the_oldest_ended_lease() {
+        let mut t = table();
+        for (m, a) in [(1, 100), (2, 102), (3, 103), (4, 104)] {
+            t.ack(0, mac(m), ip(a), Binding::default(), a as u64)
+                .unwrap();
+        }
+        assert_eq!(t.offer(0, mac(5), None, 100), None, "all bound");
+        t.release(mac(3), ip(103), 200).unwrap();
+        assert_eq!(t.offer(0, mac(5), None, 201), Some(ip(103)));
+        // After every lease expired, the one that ended first (103, released at 200) is reused.
+        assert_eq!(t.offer(0, mac(6), None, 100_000), Some(ip(103)));
+    }
+
+    #[test]
+    fn decline_quarantines_the_address() {
+        let mut t = table();
+        let a = t.offer(0, mac(1), None, 0).unwrap();
+        assert_eq!(t.decline(0, mac(2), a, 0), None, "not offered to mac 2");
+        let d = t.decline(0, mac(1), a, 0).unwrap();
+        assert_eq!(d.state, LeaseState::Declined);
+        assert_ne!(t.offer(0, mac(1), None, 1), Some(a));
+        assert_eq!(
+            t.ack(0, mac(1), a, Binding::default(), 1),
+            Err(Refusal::Taken)
+        );
+        // After the quarantine the address is usable again.
+        assert!(t.ack(0, mac(7), a, Binding::default(), 10_000).is_ok());
+    }
+
+    #[test]
+    fn offers_expire() {
+        let mut t = table();
+        let a = t.offer(0, mac(1), None, 0).unwrap();
+        assert_eq!(
+            t.ack(0, mac(2), a, Binding::default(), 1),
+            Err(Refusal::Taken)
+        );
+        assert!(
+            t.ack(0, mac(2), a, Binding::default(), OFFER_HOLD_SECS + 1)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn restored_leases_survive_a_restart() {
+        let mut t = table();
+        let l = t.ack(0, mac(1), ip(104), Binding::default(), 0).unwrap();
+        let mut t2 = table();
+        t2.restore(l);
+        assert_eq!(t2.offer(0, mac(1), None, 1), Some(ip(104)));
+        assert_eq!(t2.offer(0, mac(2), Some(ip(104)), 1), Some(ip(100)));
+    }
+
+    #[test]
+    fn validation_explains_the_problem() {
+        let mut s = subnet();
+        s.pools.push(Pool {
+            start: ip(104),
+            end: ip(110),
+        });
+        assert!(matches!(s.validate(), Err(SubnetError::Overlap(..))));
+        let mut s = subnet();
+        s.pools = vec![Pool {
+            start: ip(10),
+            end: Ipv4Addr::new(198, 18, 1, 1),
+        }];
+        assert!(matches!(s.validate(), Err(SubnetError::PoolOutside { .. })));
+        let mut s = subnet();
+        s.pools = vec![Pool {
+            start: ip(10),
+            end: ip(9),
+        }];
+        assert!(matches!(s.validate(), Err(SubnetError::Reversed { .. })));
+        let r = |m, a| Reservation {
+            mac: mac(m),
+            ip: ip(a),
+            hostname: None,
+        };
+        assert!(matches!(
+            Leases::new(vec![subnet()], vec![r(1, 10), r(2, 10)]),
+            Err(SubnetError::ReservedTwice { .. })
+        ));
+        assert!(matches!(
+            Leases::new(vec![subnet()], vec![r(1, 10), r(1, 11)]),
+            Err(SubnetError::MacTwice { .. })
+        ));
+        assert!(matches!(
+            Leases::new(vec![subnet(), subnet()], vec![]),
+            Err(SubnetError::SubnetOverlap(..))
+        ));
+    }
+}

@@ -1,0 +1,19 @@
+//! Paddock's DHCPv4 server.
+//!
+//! The decision of what to answer is pure: [`Server::handle`] takes a decoded request, the
+//! address it arrived on and the time, updates the in-memory [`Leases`] and returns an
+//! [`Outcome`] (a reply, where to send it, and the lease change that must be durable before
+//! the reply goes out). The [`shell`] owns the sockets and the store; it persists lease changes
+//! and only then sends the ACK.
+
+pub mod leases;
+pub mod mac;
+pub mod packet;
+pub mod pxe;
+pub mod server;
+pub mod shell;
+
+pub use leases::{Lease, LeaseState, Leases, Pool, Relay, Reservation, Subnet, SubnetError};
+pub use mac::MacAddr;
+pub use pxe::{Arch, BootChoice, BootPolicy};
+pub use server::{Admission, AllowAll, ClientPolicy, LeaseChange, Outcome, Server, ServerConfig};

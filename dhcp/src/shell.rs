@@ -1,0 +1,246 @@
+//! The I/O shell around [`Server`]: one UDP socket per interface, lease persistence through the
+//! [`Store`], and the rule that an ACK leaves only after its lease is durable.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use paddock_store::{Op, Store, StoreError, Txn};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+
+use crate::packet::{decode_request, encode};
+use crate::server::{ClientPolicy, LeaseChange};
+use crate::{Lease, Server};
+
+/// Store prefix of lease records: `dhcp/leases/<ip>` → JSON [`Lease`].
+pub const LEASE_PREFIX: &str = "dhcp/leases/";
+
+/// One server socket: bound to `interface` (SO_BINDTODEVICE) on `0.0.0.0:port`, so it sees
+/// broadcasts, and answering with `address` as its server identifier.
+#[derive(Clone, Debug)]
+pub struct Listener {
+    pub interface: String,
+    pub address: Ipv4Addr,
+    pub port: u16,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub received: AtomicU64,
+    pub malformed: AtomicU64,
+    pub ignored: AtomicU64,
+    pub offers: AtomicU64,
+    pub acks: AtomicU64,
+    pub naks: AtomicU64,
+    pub persist_errors: AtomicU64,
+}
+
+pub struct DhcpService {
+    server: Mutex<Server>,
+    store: Arc<dyn Store>,
+    policy: Arc<dyn ClientPolicy>,
+    pub stats: Stats,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("cannot open a DHCP socket on {interface} port {port}: {source}")]
+    Bind {
+        interface: String,
+        port: u16,
+        source: std::io::Error,
+    },
+    #[error("DHCP socket on {interface}: {source}")]
+    Io {
+        interface: String,
+        source: std::io::Error,
+    },
+    #[error("lease record {key} is unreadable: {source}")]
+    BadLease {
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn lease_key(ip: Ipv4Addr) -> String {
+    format!("{LEASE_PREFIX}{ip}")
+}
+
+impl DhcpService {
+    /// Builds the service and restores every stored lease into `server`.
+    pub async fn new(
+        mut server: Server,
+        store: Arc<dyn Store>,
+        policy: Arc<dyn ClientPolicy>,
+    ) -> Result<Arc<Self>, ShellError> {
+        for kv in store.range(LEASE_PREFIX).await? {
+            let lease: Lease =
+                serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
+                    key: kv.key.clone(),
+                    source,
+                })?;
+            server.leases.restore(lease);
+        }
+        tracing::info!(leases = server.leases.len(), "dhcp: leases restored");
+        Ok(Arc::new(DhcpService {
+            server: Mutex::new(server),
+            store,
+            policy,
+            stats: Stats::default(),
+        }))
+    }
+
+    /// A snapshot of every lease, for the API and the console.
+    pub fn leases(&self) -> Vec<Lease> {
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<Lease> = server.leases.iter().cloned().collect();
+        v.sort_by_key(|l| l.ip);
+        v
+    }
+
+    /// Serves on every listener until the task is dropped.
+    pub async fn run(self: Arc<Self>, listeners: Vec<Listener>) -> Result<(), ShellError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for l in listeners {
+            let socket = Arc::new(bind(&l)?);
+            tracing::info!(interface = %l.interface, address = %l.address, port = l.port, "dhcp: listening");
+            tasks.spawn(self.clone().serve(socket, l));
+        }
+        let me = self.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                me.server
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .leases
+                    .expire_offers(unix_now());
+            }
+        });
+        while let Some(res) = tasks.join_next().await {
+            if let Ok(Err(e)) = res {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn serve(self: Arc<Self>, socket: Arc<UdpSocket>, l: Listener) -> Result<(), ShellError> {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, peer) = socket
+                .recv_from(&mut buf)
+                .await
+                .map_err(|source| ShellError::Io {
+                    interface: l.interface.clone(),
+                    source,
+                })?;
+            self.stats.received.fetch_add(1, Ordering::Relaxed);
+            let msg = match decode_request(&buf[..n]) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, error = %e, "dhcp: dropped malformed packet");
+                    continue;
+                }
+            };
+            let outcome = {
+                let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+                server.handle(&msg, l.address, unix_now(), self.policy.as_ref())
+            };
+            tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
+            let Some((reply, to)) = outcome.reply else {
+                self.stats.ignored.fetch_add(1, Ordering::Relaxed);
+                if let Some(change) = outcome.change {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.persist(change).await });
+                }
+                continue;
+            };
+            let counter = match reply.opts().msg_type() {
+                Some(dhcproto::v4::MessageType::Offer) => &self.stats.offers,
+                Some(dhcproto::v4::MessageType::Nak) => &self.stats.naks,
+                _ => &self.stats.acks,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let bytes = match encode(&reply) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "dhcp: cannot encode reply");
+                    continue;
+                }
+            };
+            match outcome.change {
+                None => send(&socket, &bytes, to).await,
+                Some(change) => {
+                    // The ACK waits for the store: group commit makes this cheap under load.
+                    let me = self.clone();
+                    let socket = socket.clone();
+                    tokio::spawn(async move {
+                        if me.persist(change).await {
+                            send(&socket, &bytes, to).await;
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    async fn persist(&self, change: LeaseChange) -> bool {
+        let LeaseChange::Put(lease) = change;
+        let value = match serde_json::to_vec(&lease) {
+            Ok(v) => v,
+            Err(_) => return false,
+        };
+        let txn = Txn {
+            success: vec![Op::put(lease_key(lease.ip), value)],
+            ..Txn::default()
+        };
+        match self.store.txn(txn).await {
+            Ok(_) => true,
+            Err(e) => {
+                self.stats.persist_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(ip = %lease.ip, error = %e, "dhcp: lease not stored, reply withheld");
+                false
+            }
+        }
+    }
+}
+
+async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddrV4) {
+    if let Err(e) = socket.send_to(bytes, SocketAddr::V4(to)).await {
+        tracing::debug!(%to, error = %e, "dhcp: send failed");
+    }
+}
+
+fn bind(l: &Listener) -> Result<UdpSocket, ShellError> {
+    let err = |source| ShellError::Bind {
+        interface: l.interface.clone(),
+        port: l.port,
+        source,
+    };
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
+    s.set_reuse_address(true).map_err(err)?;
+    s.set_broadcast(true).map_err(err)?;
+    s.bind_device(Some(l.interface.as_bytes())).map_err(err)?;
+    // Bigger buffers ride out bursts (a rack powering on at once).
+    let _ = s.set_recv_buffer_size(4 << 20);
+    let _ = s.set_send_buffer_size(4 << 20);
+    s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, l.port)).into())
+        .map_err(err)?;
+    s.set_nonblocking(true).map_err(err)?;
+    UdpSocket::from_std(s.into()).map_err(err)
+}

@@ -1,0 +1,931 @@
+//! The embedded backend: one SQLite file (WAL, `synchronous=FULL`), one writer thread that
+//! group-commits, and a read connection for gets and ranges.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::{
+    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn,
+    TxnResponse, Watch,
+};
+
+/// Most requests folded into one SQLite transaction (one fsync).
+const MAX_BATCH: usize = 4096;
+/// History rows kept for watches that start in the past.
+const HISTORY_KEEP: i64 = 200_000;
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum WriteReq {
+    Txn(Txn, Reply<TxnResponse>),
+    LeaseGrant(Duration, Reply<LeaseId>),
+    LeaseKeepAlive(LeaseId, Reply<()>),
+    LeaseRevoke(LeaseId, Reply<()>),
+    Expire(Reply<usize>),
+}
+
+/// The embedded SQLite store. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: mpsc::UnboundedSender<WriteReq>,
+    reader: Mutex<Connection>,
+    events: broadcast::Sender<Arc<Vec<Event>>>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    create_rev INTEGER NOT NULL,
+    mod_rev INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_lease ON kv(lease) WHERE lease IS NOT NULL;
+CREATE TABLE IF NOT EXISTS history (
+    rev INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    kind INTEGER NOT NULL,
+    value BLOB NOT NULL,
+    create_rev INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease INTEGER,
+    PRIMARY KEY (rev, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    id INTEGER PRIMARY KEY,
+    ttl_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta(name, value) VALUES ('revision', 0), ('compacted', 0);
+";
+
+fn open_conn(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(|source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: the WAL is fsynced at every commit, so a committed write survives power loss.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store file at `path` and starts its writer thread and
+    /// lease sweeper.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let writer_conn = open_conn(path)?;
+        writer_conn.execute_batch(SCHEMA)?;
+        let reader = open_conn(path)?;
+        let (events, _) = broadcast::channel(65_536);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut writer = Writer::new(writer_conn, events.clone())?;
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
+            })?;
+        let store = SqliteStore {
+            inner: Arc::new(Inner {
+                writer: tx,
+                reader: Mutex::new(reader),
+                events,
+            }),
+        };
+        // Sweep expired leases once a second for as long as the store is alive.
+        let weak = Arc::downgrade(&store.inner);
+        std::thread::Builder::new()
+            .name("store-leases".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(500));
+                    let Some(inner) = weak.upgrade() else { return };
+                    let (tx, _rx) = oneshot::channel();
+                    if inner.writer.send(WriteReq::Expire(tx)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
+            })?;
+        Ok(store)
+    }
+
+    async fn request<T>(&self, make: impl FnOnce(Reply<T>) -> WriteReq) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .writer
+            .send(make(tx))
+            .map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+            f(&conn)
+        })
+        .await
+        .map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+fn row_to_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
+    Ok(KeyValue {
+        key: row.get(0)?,
+        value: row.get(1)?,
+        create_revision: row.get(2)?,
+        mod_revision: row.get(3)?,
+        version: row.get(4)?,
+        lease: row.get(5)?,
+    })
+}
+
+/// The upper bound of a prefix scan: the prefix with its last byte incremented.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut bytes = prefix.as_bytes().to_vec();
+    while let Some(last) = bytes.pop() {
+        if last < 0x7f {
+            bytes.push(last + 1);
+            return String::from_utf8(bytes).ok();
+        }
+    }
+    None
+}
+
+fn range_conn(conn: &Connection, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+    const COLS: &str = "SELECT key, value, create_rev, mod_rev, version, lease FROM kv";
+    let rows = match prefix_end(prefix) {
+        Some(end) if !prefix.is_empty() => {
+            let mut st =
+                conn.prepare_cached(&format!("{COLS} WHERE key >= ?1 AND key < ?2 ORDER BY key"))?;
+            st.query_map(params![prefix, end], row_to_kv)?
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        _ => {
+            let mut st = conn.prepare_cached(&format!("{COLS} WHERE key >= ?1 ORDER BY key"))?;
+            st.query_map(params![prefix], row_to_kv)?
+                .collect::<Result<Vec<_>, _>>()?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .filter(|kv| kv.key.starts_with(prefix))
+        .collect())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let key = key.to_string();
+        self.read(move |conn| {
+            let mut st = conn.prepare_cached(
+                "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE key = ?1",
+            )?;
+            Ok(st.query_row(params![key], row_to_kv).optional()?)
+        })
+        .await
+    }
+
+    async fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        let prefix = prefix.to_string();
+        self.read(move |conn| range_conn(conn, &prefix)).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.request(|tx| WriteReq::Txn(txn, tx)).await
+    }
+
+    async fn revision(&self) -> Result<Revision, StoreError> {
+        self.read(|conn| {
+            Ok(
+                conn.query_row("SELECT value FROM meta WHERE name='revision'", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<Watch, StoreError> {
+        // Subscribe before reading history so nothing falls between the two.
+        let mut live = self.inner.events.subscribe();
+        let prefix = prefix.to_string();
+        let p = prefix.clone();
+        let past = if from > 0 {
+            self.read(move |conn| {
+                let compacted: i64 =
+                    conn.query_row("SELECT value FROM meta WHERE name='compacted'", [], |r| {
+                        r.get(0)
+                    })?;
+                if from <= compacted {
+                    return Err(StoreError::Compacted {
+                        requested: from,
+                        oldest: compacted + 1,
+                    });
+                }
+                let mut st = conn.prepare_cached(
+                    "SELECT key, value, create_rev, rev, version, lease, kind FROM history
+                     WHERE rev >= ?1 ORDER BY rev, seq",
+                )?;
+                let rows = st
+                    .query_map(params![from], |row| {
+                        let kind: i64 = row.get(6)?;
+                        Ok(Event {
+                            kind: if kind == 0 {
+                                EventKind::Put
+                            } else {
+                                EventKind::Delete
+                            },
+                            kv: row_to_kv(row)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows
+                    .into_iter()
+                    .filter(|e| e.kv.key.starts_with(&p))
+                    .collect::<Vec<_>>())
+            })
+            .await?
+        } else {
+            Vec::new()
+        };
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut last = from - 1;
+            for ev in past {
+                last = ev.kv.mod_revision;
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                match live.recv().await {
+                    Ok(batch) => {
+                        for ev in batch.iter() {
+                            if ev.kv.mod_revision > last
+                                && ev.kv.key.starts_with(&prefix)
+                                && tx.send(Ok(ev.clone())).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        if let Some(ev) = batch.last() {
+                            last = last.max(ev.kv.mod_revision);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx.send(Err(StoreError::WatchLagged(n))).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Watch { rx })
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        self.request(|tx| WriteReq::LeaseGrant(ttl, tx)).await
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.request(|tx| WriteReq::LeaseKeepAlive(lease, tx)).await
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.request(|tx| WriteReq::LeaseRevoke(lease, tx)).await
+    }
+}
+
+/// The single writer: owns the write connection and the current revision.
+struct Writer {
+    conn: Connection,
+    revision: Revision,
+    events: broadcast::Sender<Arc<Vec<Event>>>,
+}
+
+/// What one request produced inside a batch, delivered only after the batch commits.
+enum Done {
+    Txn(Reply<TxnResponse>, Result<TxnResponse, StoreError>),
+    Lease(Reply<LeaseId>, Result<LeaseId, StoreError>),
+    Unit(Reply<()>, Result<(), StoreError>),
+    Count(Reply<usize>, Result<usize, StoreError>),
+}
+
+impl Writer {
+    fn new(
+        conn: Connection,
+        events: broadcast::Sender<Arc<Vec<Event>>>,
+    ) -> Result<Self, StoreError> {
+        let revision = conn.query_row("SELECT value FROM meta WHERE name='revision'", [], |r| {
+            r.get(0)
+        })?;
+        Ok(Writer {
+            conn,
+            revision,
+            events,
+        })
+    }
+
+    fn run(&mut self, mut rx: mpsc::UnboundedReceiver<WriteReq>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = rx.blocking_recv() {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(req) => batch.push(req),
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(&mut batch);
+        }
+    }
+
+    fn commit_batch(&mut self, batch: &mut Vec<WriteReq>) {
+        let start_rev = self.revision;
+        let mut events = Vec::new();
+        let mut done = Vec::with_capacity(batch.len());
+        let began = self.conn.execute_batch("BEGIN IMMEDIATE");
+        if let Err(e) = began {
+            tracing::error!(error = %e, "store: cannot begin a write transaction");
+            for req in batch.drain(..) {
+                fail(req, || StoreError::Write(e.to_string()));
+            }
+            return;
+        }
+        let now = now_ms();
+        for req in batch.drain(..) {
+            let sp = self.conn.execute_batch("SAVEPOINT req");
+            let rev_before = self.revision;
+            let events_before = events.len();
+            let result = sp.map_err(StoreError::from).and_then(|_| match &req {
+                WriteReq::Txn(txn, _) => self.apply_txn(txn, &mut events).map(Value::Txn),
+                WriteReq::LeaseGrant(ttl, _) => self.lease_grant(*ttl, now).map(Value::Number),
+                WriteReq::LeaseKeepAlive(id, _) => {
+                    self.lease_keep_alive(*id, now).map(|_| Value::Unit)
+                }
+                WriteReq::LeaseRevoke(id, _) => {
+                    self.lease_revoke(*id, &mut events).map(|_| Value::Unit)
+                }
+                WriteReq::Expire(_) => self
+                    .expire(now, &mut events)
+                    .map(|n| Value::Number(n as i64)),
+            });
+            let result = match result {
+                Ok(v) => self
+                    .conn
+                    .execute_batch("RELEASE req")
+                    .map(|_| v)
+                    .map_err(StoreError::from),
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK TO req; RELEASE req");
+                    self.revision = rev_before;
+                    events.truncate(events_before);
+                    Err(e)
+                }
+            };
+            done.push(match req {
+                WriteReq::Txn(_, tx) => Done::Txn(tx, result.map(Value::txn)),
+                WriteReq::LeaseGrant(_, tx) => Done::Lease(tx, result.map(Value::number)),
+                WriteReq::LeaseKeepAlive(_, tx) | WriteReq::LeaseRevoke(_, tx) => {
+                    Done::Unit(tx, result.map(|_| ()))
+                }
+                WriteReq::Expire(tx) => Done::Count(tx, result.map(|v| v.number() as usize)),
+            });
+        }
+        let commit = (|| -> Result<(), rusqlite::Error> {
+            if self.revision != start_rev {
+                self.conn.execute(
+                    "UPDATE meta SET value = ?1 WHERE name = 'revision'",
+                    params![self.revision],
+                )?;
+                if self.revision % 1024 < start_rev % 1024 || self.revision - start_rev >= 1024 {
+                    self.compact()?;
+                }
+            }
+            self.conn.execute_batch("COMMIT")
+        })();
+        match commit {
+            Ok(()) => {
+                if !events.is_empty() {
+                    let _ = self.events.send(Arc::new(events));
+                }
+                for d in done {
+                    match d {
+                        Done::Txn(tx, r) => drop(tx.send(r)),
+                        Done::Lease(tx, r) => drop(tx.send(r)),
+                        Done::Unit(tx, r) => drop(tx.send(r)),
+                        Done::Count(tx, r) => drop(tx.send(r)),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store: commit failed; nothing in this batch was written");
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.revision = start_rev;
+                for d in done {
+                    let err = || StoreError::Write(e.to_string());
+                    match d {
+                        Done::Txn(tx, _) => drop(tx.send(Err(err()))),
+                        Done::Lease(tx, _) => drop(tx.send(Err(err()))),
+                        Done::Unit(tx, _) => drop(tx.send(Err(err()))),
+                        Done::Count(tx, _) => drop(tx.send(Err(err()))),
+                    }
+                }
+            }
+        }
+    }
+
+    fn compact(&mut self) -> Result<(), rusqlite::Error> {
+        let floor = self.revision - HISTORY_KEEP;
+        if floor > 0 {
+            self.conn
+                .execute("DELETE FROM history WHERE rev <= ?1", params![floor])?;
+            self.conn.execute(
+                "UPDATE meta SET value = ?1 WHERE name = 'compacted' AND value < ?1",
+                params![floor],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn current(&self, key: &str) -> Result<Option<KeyValue>, rusqlite::Error> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE key = ?1",
+        )?;
+        st.query_row(params![key], row_to_kv).optional()
+    }
+
+    fn apply_txn(&mut self, txn: &Txn, events: &mut Vec<Event>) -> Result<TxnResponse, StoreError> {
+        let mut ok = true;
+        for c in &txn.compare {
+            let holds = match c {
+                Compare::ModRevision { key, revision } => {
+                    self.current(key)?.map_or(0, |kv| kv.mod_revision) == *revision
+                }
+                Compare::Value { key, value } => {
+                    self.current(key)?.is_some_and(|kv| &kv.value == value)
+                }
+            };
+            if !holds {
+                ok = false;
+                break;
+            }
+        }
+        let ops = if ok { &txn.success } else { &txn.failure };
+        if !ops.is_empty() {
+            let rev = self.revision + 1;
+            let mut changed = false;
+            for op in ops {
+                changed |= self.apply_op(op, rev, events)?;
+            }
+            if changed {
+                self.revision = rev;
+            }
+        }
+        Ok(TxnResponse {
+            succeeded: ok,
+            revision: self.revision,
+        })
+    }
+
+    fn record(
+        &mut self,
+        rev: Revision,
+        ev: Event,
+        events: &mut Vec<Event>,
+    ) -> rusqlite::Result<()> {
+        let seq = events
+            .iter()
+            .rev()
+            .take_while(|e| e.kv.mod_revision == rev)
+            .count() as i64;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO history(rev, seq, key, kind, value, create_rev, version, lease)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                rev,
+                seq,
+                ev.kv.key,
+                if ev.kind == EventKind::Put { 0 } else { 1 },
+                ev.kv.value,
+                ev.kv.create_revision,
+                ev.kv.version,
+                ev.kv.lease
+            ])?;
+        events.push(ev);
+        Ok(())
+    }
+
+    fn delete_key(
+        &mut self,
+        old: KeyValue,
+        rev: Revision,
+        events: &mut Vec<Event>,
+    ) -> rusqlite::Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM kv WHERE key = ?1")?
+            .execute(params![old.key])?;
+        self.record(
+            rev,
+            Event {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    value: Vec::new(),
+                    mod_revision: rev,
+                    ..old
+                },
+            },
+            events,
+        )
+    }
+
+    fn apply_op(
+        &mut self,
+        op: &Op,
+        rev: Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<bool, StoreError> {
+        match op {
+            Op::Put { key, value, lease } => {
+                if let Some(id) = lease {
+                    let exists: Option<i64> = self
+                        .conn
+                        .query_row("SELECT id FROM leases WHERE id = ?1", params![id], |r| {
+                            r.get(0)
+                        })
+                        .optional()?;
+                    if exists.is_none() {
+                        return Err(StoreError::LeaseNotFound(*id));
+                    }
+                }
+                let old = self.current(key)?;
+                let (create_rev, version) = match &old {
+                    Some(kv) => (kv.create_revision, kv.version + 1),
+                    None => (rev, 1),
+                };
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO kv(key, value, create_rev, mod_rev, version, lease)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT(key) DO UPDATE SET value = excluded.value,
+                           mod_rev = excluded.mod_rev, version = excluded.version,
+                           lease = excluded.lease",
+                    )?
+                    .execute(params![key, value, create_rev, rev, version, lease])?;
+                let kv = KeyValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                    create_revision: create_rev,
+                    mod_revision: rev,
+                    version,
+                    lease: *lease,
+                };
+                self.record(
+                    rev,
+                    Event {
+                        kind: EventKind::Put,
+                        kv,
+                    },
+                    events,
+                )?;
+                Ok(true)
+            }
+            Op::Delete { key } => match self.current(key)? {
+                Some(old) => {
+                    self.delete_key(old, rev, events)?;
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            Op::DeletePrefix { prefix } => {
+                let olds = range_conn(&self.conn, prefix)?;
+                let any = !olds.is_empty();
+                for old in olds {
+                    self.delete_key(old, rev, events)?;
+                }
+                Ok(any)
+            }
+        }
+    }
+
+    fn lease_grant(&mut self, ttl: Duration, now: i64) -> Result<LeaseId, StoreError> {
+        let ttl_ms = ttl.as_millis() as i64;
+        self.conn.execute(
+            "INSERT INTO leases(ttl_ms, expires_ms) VALUES (?1, ?2)",
+            params![ttl_ms, now + ttl_ms],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    fn lease_keep_alive(&mut self, id: LeaseId, now: i64) -> Result<(), StoreError> {
+        let n = self.conn.execute(
+            "UPDATE leases SET expires_ms = ?2 + ttl_ms WHERE id = ?1",
+            params![id, now],
+        )?;
+        if n == 0 {
+            return Err(StoreError::LeaseNotFound(id));
+        }
+        Ok(())
+    }
+
+    fn drop_lease(&mut self, id: LeaseId, events: &mut Vec<Event>) -> Result<(), StoreError> {
+        let keys: Vec<KeyValue> = {
+            let mut st = self.conn.prepare_cached(
+                "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE lease = ?1",
+            )?;
+            st.query_map(params![id], row_to_kv)?
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        if !keys.is_empty() {
+            let rev = self.revision + 1;
+            for kv in keys {
+                self.delete_key(kv, rev, events)?;
+            }
+            self.revision = rev;
+        }
+        self.conn
+            .execute("DELETE FROM leases WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    fn lease_revoke(&mut self, id: LeaseId, events: &mut Vec<Event>) -> Result<(), StoreError> {
+        let exists: Option<i64> = self
+            .conn
+            .query_row("SELECT id FROM leases WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if exists.is_none() {
+            return Err(StoreError::LeaseNotFound(id));
+        }
+        self.drop_lease(id, events)
+    }
+
+    fn expire(&mut self, now: i64, events: &mut Vec<Event>) -> Result<usize, StoreError> {
+        let ids: Vec<i64> = {
+            let mut st = self
+                .conn
+                .prepare_cached("SELECT id FROM leases WHERE expires_ms <= ?1")?;
+            st.query_map(params![now], |r| r.get(0))?
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        for id in &ids {
+            self.drop_lease(*id, events)?;
+        }
+        Ok(ids.len())
+    }
+}
+
+/// What a request produced inside a batch, before it is handed to its caller.
+enum Value {
+    Txn(TxnResponse),
+    Number(i64),
+    Unit,
+}
+
+impl Value {
+    fn txn(self) -> TxnResponse {
+        match self {
+            Value::Txn(t) => t,
+            _ => TxnResponse {
+                succeeded: false,
+                revision: 0,
+            },
+        }
+    }
+    fn number(self) -> i64 {
+        match self {
+            Value::Number(n) => n,
+            _ => 0,
+        }
+    }
+}
+
+fn fail(req: WriteReq, err: impl Fn() -> StoreError) {
+    match req {
+        WriteReq::Txn(_, tx) => drop(tx.send(Err(err()))),
+        WriteReq::LeaseGrant(_, tx) => drop(tx.send(Err(err()))),
+        WriteReq::LeaseKeepAlive(_, tx) | WriteReq::LeaseRevoke(_, tx) => drop(tx.send(Err(err()))),
+        WriteReq::Expire(tx) => drop(tx.send(Err(err()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path().join("store.db")).unwrap();
+        (dir, s)
+    }
+
+    #[tokio::test]
+    async fn put_get_range_and_revisions() {
+        let (_d, s) = store();
+        assert_eq!(s.revision().await.unwrap(), 0);
+        let r1 = s.put("nodes/a", b"1".to_vec()).await.unwrap();
+        let r2 = s.put("nodes/b", b"2".to_vec()).await.unwrap();
+        s.put("other/c", b"3".to_vec()).await.unwrap();
+        assert_eq!((r1, r2), (1, 2));
+        let a = s.get("nodes/a").await.unwrap().unwrap();
+        assert_eq!((a.create_revision, a.mod_revision, a.version), (1, 1, 1));
+        s.put("nodes/a", b"1b".to_vec()).await.unwrap();
+        let a = s.get("nodes/a").await.unwrap().unwrap();
+        assert_eq!((a.create_revision, a.mod_revision, a.version), (1, 4, 2));
+        let keys: Vec<_> = s
+            .range("nodes/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        assert_eq!(keys, ["nodes/a", "nodes/b"]);
+        // Deleting an absent key changes nothing, not even the revision.
+        assert_eq!(s.delete("nodes/zzz").await.unwrap(), 4);
+        assert_eq!(s.delete("nodes/a").await.unwrap(), 5);
+        assert!(s.get("nodes/a").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn compare_and_swap() {
+        let (_d, s) = store();
+        assert!(s.create("k", b"v1".to_vec()).await.unwrap());
+        assert!(!s.create("k", b"v2".to_vec()).await.unwrap());
+        let kv = s.get("k").await.unwrap().unwrap();
+        let swap = |rev| Txn {
+            compare: vec![Compare::ModRevision {
+                key: "k".into(),
+                revision: rev,
+            }],
+            success: vec![Op::put("k", b"v3".to_vec())],
+            failure: vec![Op::put("lost", b"1".to_vec())],
+        };
+        assert!(s.txn(swap(kv.mod_revision)).await.unwrap().succeeded);
+        assert!(!s.txn(swap(kv.mod_revision)).await.unwrap().succeeded);
+        assert_eq!(s.get("k").await.unwrap().unwrap().value, b"v3");
+        assert!(s.get("lost").await.unwrap().is_some());
+        let by_value = Txn {
+            compare: vec![Compare::Value {
+                key: "k".into(),
+                value: b"v3".to_vec(),
+            }],
+            success: vec![Op::DeletePrefix { prefix: "".into() }],
+            failure: vec![],
+        };
+        assert!(s.txn(by_value).await.unwrap().succeeded);
+        assert!(s.range("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failing_txn_changes_nothing() {
+        let (_d, s) = store();
+        s.put("a", b"1".to_vec()).await.unwrap();
+        let bad = Txn {
+            success: vec![
+                Op::put("b", b"2".to_vec()),
+                Op::Put {
+                    key: "c".into(),
+                    value: b"3".to_vec(),
+                    lease: Some(999),
+                },
+            ],
+            ..Txn::default()
+        };
+        assert!(matches!(
+            s.txn(bad).await,
+            Err(StoreError::LeaseNotFound(999))
+        ));
+        assert!(s.get("b").await.unwrap().is_none());
+        assert_eq!(s.revision().await.unwrap(), 1);
+        assert_eq!(s.put("d", b"4".to_vec()).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn watch_from_a_revision_misses_nothing() {
+        let (_d, s) = store();
+        s.put("n/a", b"1".to_vec()).await.unwrap();
+        s.put("x/ignored", b"1".to_vec()).await.unwrap();
+        s.put("n/b", b"2".to_vec()).await.unwrap();
+        let mut w = s.watch("n/", 1).await.unwrap();
+        s.delete("n/a").await.unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let ev = w.next().await.unwrap().unwrap();
+            seen.push((ev.kind, ev.kv.key, ev.kv.mod_revision));
+        }
+        assert_eq!(
+            seen,
+            [
+                (EventKind::Put, "n/a".to_string(), 1),
+                (EventKind::Put, "n/b".to_string(), 3),
+                (EventKind::Delete, "n/a".to_string(), 4)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_writes_are_all_durable_and_ordered() {
+        let (d, s) = store();
+        let mut tasks = Vec::new();
+        for i in 0..500 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.put(&format!("k/{i:04}"), vec![1]).await.unwrap()
+            }));
+        }
+        let mut revs = Vec::new();
+        for t in tasks {
+            revs.push(t.await.unwrap());
+        }
+        revs.sort();
+        assert_eq!(revs, (1..=500).collect::<Vec<_>>());
+        drop(s);
+        let s = SqliteStore::open(d.path().join("store.db")).unwrap();
+        assert_eq!(s.range("k/").await.unwrap().len(), 500);
+        assert_eq!(s.revision().await.unwrap(), 500);
+    }
+
+    #[tokio::test]
+    async fn leases_delete_their_keys() {
+        let (_d, s) = store();
+        let lease = s.lease_grant(Duration::from_millis(300)).await.unwrap();
+        s.txn(Txn {
+            success: vec![Op::Put {
+                key: "eph".into(),
+                value: b"x".to_vec(),
+                lease: Some(lease),
+            }],
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+        s.lease_keep_alive(lease).await.unwrap();
+        assert!(s.get("eph").await.unwrap().is_some());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while s.get("eph").await.unwrap().is_some() {
+            assert!(std::time::Instant::now() < deadline, "lease never expired");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(matches!(
+            s.lease_keep_alive(lease).await,
+            Err(StoreError::LeaseNotFound(_))
+        ));
+        let l2 = s.lease_grant(Duration::from_secs(60)).await.unwrap();
+        s.txn(Txn {
+            success: vec![Op::Put {
+                key: "eph2".into(),
+                value: b"x".to_vec(),
+                lease: Some(l2),
+            }],
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+        s.lease_revoke(l2).await.unwrap();
+        assert!(s.get("eph2").await.unwrap().is_none());
+    }
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_end("a\x7f").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+    }
+}
