@@ -76,14 +76,14 @@ pub enum SubnetError {
         a: Ipv4Addr,
         b: Ipv4Addr,
     },
-    #[error("lease time must be at least 60 seconds, got {0}")]
+    #[error("lease time must be at least 10 seconds, got {0}")]
     LeaseTime(u32),
 }
 
 impl Subnet {
     /// Checks the subnet on its own: pools ordered, inside the network, not overlapping.
     pub fn validate(&self) -> Result<(), SubnetError> {
-        if self.lease_time < 60 {
+        if self.lease_time < 10 {
             return Err(SubnetError::LeaseTime(self.lease_time));
         }
         for p in &self.pools {

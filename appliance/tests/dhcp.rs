@@ -1,0 +1,307 @@
+//! DHCP with real clients (busybox udhcpc, ISC dhclient, ISC dhcrelay) against the real
+//! `paddock serve`, each test in its own network namespaces.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn client_mac(link: &Link) -> String {
+    link.client
+        .sh_ok(&format!("cat /sys/class/net/{}/address", link.client_if))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn pxe_clients_get_the_boot_file_for_their_architecture() {
+    require(&["busybox", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let _app = Appliance::start(
+        &link.server,
+        &scratch,
+        &base_config(&link, &scratch, "[tftp]\nenabled = false\n"),
+    );
+    let cases: &[(u16, &str, &str)] = &[
+        (0, "PXEClient:Arch:00000:UNDI:002001", "undionly.kpxe"),
+        (7, "PXEClient:Arch:00007:UNDI:003016", "snponly.efi"),
+        (9, "PXEClient:Arch:00009:UNDI:003016", "snponly.efi"),
+        (11, "PXEClient:Arch:00011:UNDI:003016", "ipxe-arm64.efi"),
+    ];
+    for (arch, class, file) in cases {
+        let env = udhcpc(
+            &link,
+            &scratch,
+            &format!("-x 0x5d:{arch:04x} -V {class} -O 66 -O 67"),
+        )
+        .unwrap_or_else(|| panic!("no lease for arch {arch}"));
+        assert_eq!(
+            env.get("bootfile").map(String::as_str),
+            Some(*file),
+            "arch {arch}: {env:?}"
+        );
+        assert_eq!(
+            env.get("boot_file").map(String::as_str),
+            Some(*file),
+            "arch {arch}: file field"
+        );
+        assert_eq!(
+            env.get("siaddr").map(String::as_str),
+            Some(SERVER_IP),
+            "arch {arch}"
+        );
+        assert_eq!(
+            env.get("tftp").map(String::as_str),
+            Some(SERVER_IP),
+            "arch {arch}: option 66"
+        );
+        assert_eq!(
+            env.get("vendor").map(String::as_str),
+            Some("PXEClient"),
+            "arch {arch}: option 60"
+        );
+    }
+    // UEFI HTTP boot (16): a URL, and option 60 HTTPClient.
+    let env = udhcpc(
+        &link,
+        &scratch,
+        "-x 0x5d:0010 -V HTTPClient:Arch:00016:UNDI:003000 -O 67",
+    )
+    .expect("lease for arch 16");
+    assert_eq!(
+        env.get("bootfile").map(String::as_str),
+        Some("http://198.18.0.1:8080/boot/assets/ipxe.efi")
+    );
+    assert_eq!(env.get("vendor").map(String::as_str), Some("HTTPClient"));
+    // iPXE (option 77 "iPXE") gets its own script's URL, whatever its arch: no boot loop.
+    let mac = client_mac(&link);
+    let env = udhcpc(
+        &link,
+        &scratch,
+        "-x 0x5d:0000 -V PXEClient:Arch:00000:UNDI:002001 -x 0x4d:69505845 -O 67",
+    )
+    .expect("lease for iPXE");
+    assert_eq!(
+        env.get("bootfile").cloned(),
+        Some(format!("{PUBLIC_URL}/boot/{mac}.ipxe"))
+    );
+    // A plain DHCP client gets an address and no boot file.
+    let env = udhcpc(&link, &scratch, "").expect("lease for plain client");
+    assert!(!env.contains_key("bootfile"), "{env:?}");
+    assert!(env["ip"].starts_with("198.18.0.1"), "{env:?}");
+}
+
+#[test]
+fn denied_macs_get_no_answer() {
+    require(&["busybox", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let mac = client_mac(&link);
+    let extra = "[tftp]\nenabled = false\n";
+    let config = base_config(&link, &scratch, extra)
+        .replace("[dhcp]\n", &format!("[dhcp]\ndeny_macs = [\"{mac}\"]\n"));
+    let app = Appliance::start(&link.server, &scratch, &config);
+    assert!(
+        udhcpc(&link, &scratch, "").is_none(),
+        "a denied MAC got a lease"
+    );
+    assert!(
+        app.log_text().contains("not admitted"),
+        "the refusal is logged"
+    );
+    // Another MAC on the same link is served.
+    link.client.sh_ok(&format!(
+        "ip link set {} address 52:54:00:aa:00:02",
+        link.client_if
+    ));
+    assert!(udhcpc(&link, &scratch, "").is_some());
+}
+
+#[test]
+fn dhclient_gets_and_renews_a_lease() {
+    require(&["dhclient", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let config = base_config(&link, &scratch, "[tftp]\nenabled = false\n")
+        .replace("lease_time = 3600", "lease_time = 10");
+    let app = Appliance::start(&link.server, &scratch, &config);
+    let events = scratch.path("dhclient.events");
+    let script = scratch.path("dhclient-script");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$reason\" in BOUND|RENEW|REBIND|REBOOT) ip addr replace $new_ip_address/24 dev $interface; echo \"$reason $new_ip_address\" >> {} ;; esac\nexit 0\n",
+            events.display()
+        ),
+    )
+    .unwrap();
+    sh_ok(&format!("chmod +x {}", script.display()));
+    let mut dhclient = link.client.spawn(
+        &format!(
+            "dhclient -d -v -lf {lf} -pf {pf} -sf {sf} {iface}",
+            lf = scratch.path("dhclient.leases").display(),
+            pf = scratch.path("dhclient.pid").display(),
+            sf = script.display(),
+            iface = link.client_if
+        ),
+        &scratch.path("dhclient.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let text = loop {
+        let text = std::fs::read_to_string(&events).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with("RENEW")) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no renewal within 40 s; events: {text:?}\n{}",
+            std::fs::read_to_string(scratch.path("dhclient.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let _ = dhclient.kill();
+    let _ = dhclient.wait();
+    let first = text.lines().next().unwrap();
+    assert!(first.starts_with("BOUND 198.18.0.1"), "{text}");
+    let ip = first.split_whitespace().nth(1).unwrap();
+    assert!(
+        text.lines().any(|l| l == format!("RENEW {ip}")),
+        "renewed the same address: {text}"
+    );
+    assert!(
+        app.log_text().contains("(renewing)"),
+        "the server saw a RENEWING request"
+    );
+}
+
+/// Gets a lease for `mac` with udhcpc and returns the address.
+fn lease_for(link: &Link, scratch: &Scratch, mac: &str) -> String {
+    link.client
+        .sh_ok(&format!("ip link set {} address {mac}", link.client_if));
+    let env = udhcpc(link, scratch, "").unwrap_or_else(|| panic!("no lease for {mac}"));
+    env["ip"].clone()
+}
+
+#[test]
+fn leases_survive_restart_and_kill_9() {
+    require(&["busybox", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let mut app = Appliance::start(
+        &link.server,
+        &scratch,
+        &base_config(&link, &scratch, "[tftp]\nenabled = false\n"),
+    );
+    let a = "52:54:00:00:0a:01";
+    let b = "52:54:00:00:0b:02";
+    let ip_a = lease_for(&link, &scratch, a);
+    // SIGKILL right after the ACK: the lease was durable before the ACK left.
+    app.kill9();
+    app.restart(&link.server);
+    let ip_b = lease_for(&link, &scratch, b);
+    assert_ne!(ip_a, ip_b, "the restarted server gave A's address to B");
+    assert_eq!(
+        lease_for(&link, &scratch, a),
+        ip_a,
+        "A keeps its address after kill -9"
+    );
+    // And across an orderly restart.
+    app.stop();
+    app.restart(&link.server);
+    assert_eq!(lease_for(&link, &scratch, a), ip_a);
+    assert_eq!(lease_for(&link, &scratch, b), ip_b);
+    let leases = link
+        .server
+        .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/leases"));
+    assert!(leases.contains(a) && leases.contains(b), "{leases}");
+}
+
+#[test]
+fn relayed_requests_are_answered_to_the_relay_with_option_82_recorded() {
+    require(&["busybox", "dhcrelay", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    // client --(198.19.5.0/24)-- relay --(198.18.0.0/24)-- server
+    let relay = Ns::new(format!("{}-rly", link.tag));
+    let (rc, rs, sr, cr) = (
+        format!("{}rc", link.tag),
+        format!("{}rs", link.tag),
+        format!("{}sr", link.tag),
+        format!("{}cr", link.tag),
+    );
+    connect(&link.client, &cr, &relay, &rc);
+    connect(&relay, &rs, &link.server, &sr);
+    relay.sh_ok(&format!(
+        "ip addr add 198.19.5.1/24 dev {rc} && ip addr add 198.18.1.2/24 dev {rs}"
+    ));
+    link.server.sh_ok(&format!(
+        "ip addr add 198.18.1.1/24 dev {sr} && ip route add 198.19.5.0/24 via 198.18.1.2"
+    ));
+    let config = format!(
+        r#"data_dir = "{data}"
+[http]
+listen = "{SERVER_IP}:8080"
+[dhcp]
+interfaces = ["{sr}"]
+[[dhcp.subnets]]
+network = "198.18.1.0/24"
+pools = ["198.18.1.100-198.18.1.110"]
+[[dhcp.subnets]]
+network = "198.19.5.0/24"
+pools = ["198.19.5.10-198.19.5.20"]
+routers = ["198.19.5.1"]
+[tftp]
+enabled = false
+"#,
+        data = scratch.path("data").display()
+    );
+    let _app = Appliance::start(&link.server, &scratch, &config);
+    // ISC dhcrelay: -a adds option 82 (circuit id = the client-side interface name).
+    let _relay = relay.spawn(
+        &format!("dhcrelay -d -4 -a -iu {rs} -id {rc} 198.18.1.1"),
+        &scratch.path("dhcrelay.log"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let udhcpc_on = |iface: &str| {
+        let script = udhcpc_script(&scratch);
+        link.client.sh(&format!(
+            "busybox udhcpc -i {iface} -n -q -f -t 5 -T 1 -A 1 -s {}",
+            script.display()
+        ))
+    };
+    let out = udhcpc_on(&cr);
+    assert!(
+        out.status.success(),
+        "no lease through the relay: {}\nrelay log: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(scratch.path("dhcrelay.log")).unwrap_or_default()
+    );
+    let env = env_map(&std::fs::read_to_string(scratch.path("udhcpc.bound.env")).unwrap());
+    assert!(
+        env["ip"].starts_with("198.19.5."),
+        "address from the relay's subnet: {env:?}"
+    );
+    assert_eq!(env.get("router").map(String::as_str), Some("198.19.5.1"));
+    // The lease records the relay and its option 82 (sub-option 1 = circuit id = rc's name).
+    let leases = link
+        .server
+        .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/leases"));
+    let leases: serde_json::Value = serde_json::from_str(&leases).expect("lease JSON");
+    let lease = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["ip"] == env["ip"].as_str())
+        .expect("lease stored");
+    assert_eq!(lease["relay"]["giaddr"], "198.19.5.1");
+    let circuit: String = rc.bytes().map(|b| format!("{b:02x}")).collect();
+    let info = lease["relay"]["agent_info"]
+        .as_str()
+        .expect("option 82 recorded");
+    assert!(
+        info.starts_with(&format!("01{:02x}{circuit}", rc.len())),
+        "circuit id {rc} in {info}"
+    );
+}

@@ -1,0 +1,365 @@
+//! Test hosts for integration tests: network namespaces joined by veth pairs, the real
+//! `paddock` binary running inside one of them, and real clients in the others.
+//!
+//! Everything uses 198.18.0.0/15 addresses inside namespaces the test creates; `Drop`
+//! removes them. Tests need root and the client tools that `.ci/run` installs; a missing
+//! prerequisite fails the test with a message saying what to install.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+pub const SERVER_IP: &str = "198.18.0.1";
+pub const PUBLIC_URL: &str = "http://198.18.0.1:8080";
+
+/// Fails the test unless we are root and every tool is installed.
+pub fn require(tools: &[&str]) {
+    assert!(
+        nix_is_root(),
+        "integration tests create network namespaces and must run as root"
+    );
+    for t in tools {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            found,
+            "{t} is not installed; run .ci/run or see README (test prerequisites)"
+        );
+    }
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+pub fn sh(cmd: &str) -> Output {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("spawn sh")
+}
+
+#[track_caller]
+pub fn sh_ok(cmd: &str) -> String {
+    let out = sh(cmd);
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A namespace; deleted (with its interfaces) on drop.
+pub struct Ns {
+    pub name: String,
+}
+
+impl Ns {
+    pub fn new(name: String) -> Self {
+        let _ = sh(&format!("ip netns del {name} 2>/dev/null"));
+        sh_ok(&format!(
+            "ip netns add {name} && ip -n {name} link set lo up"
+        ));
+        Ns { name }
+    }
+
+    /// Runs a shell command inside the namespace.
+    pub fn sh(&self, cmd: &str) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
+            .output()
+            .expect("spawn ip netns exec")
+    }
+
+    #[track_caller]
+    pub fn sh_ok(&self, cmd: &str) -> String {
+        let out = self.sh(cmd);
+        assert!(
+            out.status.success(),
+            "in {}: `{cmd}` failed: {}\n{}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn spawn(&self, cmd: &str, log: &Path) -> Child {
+        let log = std::fs::File::create(log).expect("log file");
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.name,
+                "sh",
+                "-c",
+                &format!("exec {cmd}"),
+            ])
+            .stdout(log.try_clone().expect("dup"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn")
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = sh(&format!(
+            "ip netns pids {} | xargs -r kill -9 2>/dev/null",
+            self.name
+        ));
+        let _ = sh(&format!("ip netns del {}", self.name));
+    }
+}
+
+/// Two hosts on one link: `server` (198.18.0.1/24 on `server_if`) and `client` (`client_if`,
+/// no address).
+pub struct Link {
+    pub client: Ns,
+    pub server: Ns,
+    pub server_if: String,
+    pub client_if: String,
+    pub tag: String,
+}
+
+impl Link {
+    pub fn new() -> Self {
+        let tag = format!(
+            "pdk{}x{}",
+            std::process::id() % 100_000,
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let server = Ns::new(format!("{tag}-srv"));
+        let client = Ns::new(format!("{tag}-cli"));
+        let (server_if, client_if) = (format!("{tag}s"), format!("{tag}c"));
+        connect(&server, &server_if, &client, &client_if);
+        server.sh_ok(&format!("ip addr add {SERVER_IP}/24 dev {server_if}"));
+        Link {
+            client,
+            server,
+            server_if,
+            client_if,
+            tag,
+        }
+    }
+}
+
+/// A veth pair between two namespaces, both ends up.
+pub fn connect(a: &Ns, a_if: &str, b: &Ns, b_if: &str) {
+    sh_ok(&format!(
+        "ip link add {a_if} netns {} type veth peer name {b_if} netns {}",
+        a.name, b.name
+    ));
+    a.sh_ok(&format!("ip link set {a_if} up"));
+    b.sh_ok(&format!("ip link set {b_if} up"));
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("paddock-test-{tag}"));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Scratch(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} for inspection", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// The real `paddock serve` running in a namespace.
+pub struct Appliance {
+    pub child: Option<Child>,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    ns_name: String,
+    starts: u32,
+}
+
+impl Appliance {
+    /// Writes `config` to the scratch directory and starts the appliance in `ns`; returns
+    /// when `/healthz` answers.
+    pub fn start(ns: &Ns, scratch: &Scratch, config: &str) -> Self {
+        let path = scratch.path("paddock.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut a = Appliance {
+            child: None,
+            config: path,
+            log: scratch.path("paddock.log"),
+            ns_name: ns.name.clone(),
+            starts: 0,
+        };
+        a.restart(ns);
+        a
+    }
+
+    pub fn restart(&mut self, ns: &Ns) {
+        self.starts += 1;
+        let log = self.log.with_extension(format!("{}.log", self.starts));
+        self.log = log.clone();
+        let child = ns.spawn(
+            &format!(
+                "env PADDOCK_LOG=debug {} serve --config {}",
+                env!("CARGO_BIN_EXE_paddock"),
+                self.config.display()
+            ),
+            &log,
+        );
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if ns
+                .sh(&format!("curl -sf -m 1 {PUBLIC_URL}/healthz"))
+                .status
+                .success()
+            {
+                return;
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("paddock exited with {status}:\n{}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "paddock did not become healthy:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = sh(&format!("kill -TERM {}", c.id()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- paddock log ({}) ---\n{}",
+                self.ns_name,
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// The usual single-subnet configuration, with extra TOML appended.
+pub fn base_config(link: &Link, scratch: &Scratch, extra: &str) -> String {
+    format!(
+        r#"data_dir = "{data}"
+[http]
+listen = "{SERVER_IP}:8080"
+[dhcp]
+interfaces = ["{iface}"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100-198.18.0.199"]
+routers = ["{SERVER_IP}"]
+lease_time = 3600
+{extra}"#,
+        data = scratch.path("data").display(),
+        iface = link.server_if,
+    )
+}
+
+/// Parses `KEY=VALUE` lines.
+pub fn env_map(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A busybox udhcpc script that records what the server said, one file per event.
+pub fn udhcpc_script(scratch: &Scratch) -> PathBuf {
+    let p = scratch.path("udhcpc.sh");
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = bound ] || [ \"$1\" = renew ] || exit 0\nenv > {}/udhcpc.$1.env\n",
+            scratch.0.display()
+        ),
+    )
+    .expect("write script");
+    sh_ok(&format!("chmod +x {}", p.display()));
+    p
+}
+
+/// Runs udhcpc once with `args`; returns the environment the server's answer produced.
+pub fn udhcpc(
+    link: &Link,
+    scratch: &Scratch,
+    args: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let script = udhcpc_script(scratch);
+    let bound = scratch.path("udhcpc.bound.env");
+    let _ = std::fs::remove_file(&bound);
+    let out = link.client.sh(&format!(
+        "busybox udhcpc -i {} -n -q -f -t 3 -T 1 -A 1 -s {} {args}",
+        link.client_if,
+        script.display()
+    ));
+    if !out.status.success() {
+        return None;
+    }
+    let text = std::fs::read_to_string(&bound).ok()?;
+    Some(env_map(&text))
+}

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# DHCPv4 throughput benchmark: Paddock vs Kea vs dnsmasq.
+#
+# What it measures: for each server, the highest rate of complete 4-way
+# (DISCOVER-OFFER-REQUEST-ACK) exchanges per second it sustains with < 1 %
+# failed exchanges, as driven by ISC's perfdhcp. Every step restarts the server
+# with an empty lease database, and every server persists leases to disk:
+#   paddock  data_dir in scratch (fsync per batch)
+#   kea      kea-dhcp4, memfile, persist=true, lfc-interval=0, dhcp-socket-type=udp,
+#            multi-threading left at the package default (off in Kea 2.2, Debian 12)
+#   dnsmasq  --dhcp-leasefile in scratch
+# Per-lease logging is turned down on all three (Kea WARN, dnsmasq --quiet-dhcp,
+# RUST_LOG=warn for Paddock) so the log file is not what gets measured.
+#
+# Topology: namespace pdk-bench-srv (198.18.0.1/24, veth-srv) <-> pdk-bench-cli
+# (198.18.0.2/24, veth-cli). perfdhcp behaves as a relay agent: it binds
+# 198.18.0.2:67, sends DISCOVER/REQUEST with giaddr=198.18.0.2 (hops=1, flags=0)
+# to 198.18.0.1:67 and expects the replies unicast to giaddr, port 67.
+# The subnet is 198.18.0.0/15, pool 198.18.1.0-198.19.255.254 (131070 addresses).
+#
+# Rate search: RATES are tried in order for DURATION seconds each; the search stops
+# at the first rate with >= 1 % failures, then bisects once between the last good
+# and the first bad rate. If even the first rate fails, it halves down to 50/s.
+# failures % = (DO drops + RA drops) / DISCOVERs sent; achieved = ACKs / DURATION.
+#
+# Run (as root):  bash bench/dhcp.sh
+# Env knobs:
+#   SERVERS="paddock kea dnsmasq"   subset/order of servers to run
+#   PADDOCK_BIN=target/release/paddock  (relative to the repo root, or absolute)
+#   DURATION=10       seconds per step (perfdhcp -p)
+#   CLIENTS=100000    simulated clients (perfdhcp -R; must stay below the pool size)
+#   RATES="500 1000 2000 4000 8000 12000 16000 24000 32000 48000"
+#   BISECT=1          one extra step between the last good and first bad rate (0: off)
+#   PIN_CPUS=0        1: pin the server to CPU 0 and perfdhcp to CPU 1
+# Output: per-step lines and a summary on stdout; progress/log notes on stderr.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SERVERS=${SERVERS:-paddock kea dnsmasq}
+DURATION=${DURATION:-10}
+CLIENTS=${CLIENTS:-100000}
+RATES=${RATES:-500 1000 2000 4000 8000 12000 16000 24000 32000 48000}
+BISECT=${BISECT:-1}
+POOL_SIZE=131070
+
+bench_init dhcp
+((CLIENTS < POOL_SIZE)) || die "CLIENTS=$CLIENTS must be below the pool size $POOL_SIZE"
+for s in $SERVERS; do
+    case $s in paddock | kea | dnsmasq) ;; *) die "unknown server '$s' in SERVERS" ;; esac
+done
+[[ " $SERVERS " == *" paddock "* ]] && paddock_bin
+ensure_pkgs kea-dhcp4-server kea-admin dnsmasq-base iproute2
+netns_up
+
+# --- servers: each start_<name> launches one fresh server with an empty lease db ---
+start_paddock() {
+    rm -rf "$SCRATCH/paddock-data"
+    mkdir -p "$SCRATCH/paddock-data"
+    paddock_config "$SCRATCH/paddock.toml" true $'[tftp]\nenabled = false'
+    start_server paddock env RUST_LOG="${PADDOCK_LOG:-warn}" \
+        "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
+    wait_udp 67
+}
+
+start_kea() {
+    rm -f "$SCRATCH"/kea-leases4.csv*
+    cat >"$SCRATCH/kea-dhcp4.json" <<EOF
+{ "Dhcp4": {
+    "interfaces-config": { "interfaces": [ "veth-srv" ], "dhcp-socket-type": "udp" },
+    "lease-database": { "type": "memfile", "persist": true, "lfc-interval": 0,
+                        "name": "$SCRATCH/kea-leases4.csv" },
+    "valid-lifetime": 3600,
+    "subnet4": [ { "id": 1, "subnet": "198.18.0.0/15",
+                   "pools": [ { "pool": "198.18.1.0 - 198.19.255.254" } ],
+                   "option-data": [ { "name": "routers", "data": "$SRV_IP" } ] } ],
+    "loggers": [ { "name": "kea-dhcp4", "severity": "WARN",
+                   "output_options": [ { "output": "stdout" } ] } ]
+} }
+EOF
+    mkdir -p /run/kea
+    start_server kea env KEA_PIDFILE_DIR="$SCRATCH" KEA_LOCKFILE_DIR="$SCRATCH" \
+        kea-dhcp4 -c "$SCRATCH/kea-dhcp4.json"
+    wait_udp 67
+}
+
+start_dnsmasq() {
+    : >"$SCRATCH/dnsmasq.leases"
+    # The range carries its netmask so dnsmasq serves relayed requests from giaddr 198.18.0.2.
+    start_server dnsmasq dnsmasq --no-daemon --quiet-dhcp --no-ping --no-resolv --no-hosts \
+        --port=0 --interface=veth-srv --bind-interfaces --user=root --log-facility=- \
+        --dhcp-range=198.18.1.0,198.19.255.254,255.254.0.0,1h --dhcp-authoritative \
+        --dhcp-option=option:router,$SRV_IP --dhcp-lease-max=$POOL_SIZE \
+        --dhcp-leasefile="$SCRATCH/dnsmasq.leases"
+    wait_udp 67
+}
+
+# run_step SERVER RATE: sets ACHIEVED (4-way/s, integer) and DROPS (percent, 2 decimals).
+run_step() {
+    local srv=$1 rate=$2 out=$SCRATCH/perfdhcp-$1-$2.txt rc=0
+    local pin=()
+    [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1)
+    "start_$srv"
+    # -W: keep receiving for 1 s after the test period so in-flight replies are counted.
+    "${pin[@]}" ip netns exec "$CLI_NS" timeout $((DURATION + 60)) \
+        perfdhcp -4 -r "$rate" -p "$DURATION" -R "$CLIENTS" -l "$CLI_IP" -W 1000000 "$SRV_IP" \
+        >"$out" 2>&1 || rc=$?
+    stop_server
+    # perfdhcp exits 3 when some exchanges were not completed; that is a result, not an error.
+    if [[ $rc -ne 0 && $rc -ne 3 ]] || ! grep -q 'Statistics for: REQUEST-ACK' "$out"; then
+        cat "$out" >&2
+        die "perfdhcp failed (exit $rc) against $srv at rate $rate"
+    fi
+    read -r ACHIEVED DROPS < <(awk -v dur="$DURATION" '
+        /Statistics for: DISCOVER-OFFER/ { sec = "DO" }
+        /Statistics for: REQUEST-ACK/    { sec = "RA" }
+        /^sent packets:/     { sent[sec] = $3 }
+        /^received packets:/ { recv[sec] = $3 }
+        /^drops:/            { drop[sec] = $2 }
+        END {
+            pct = sent["DO"] > 0 ? 100 * (drop["DO"] + drop["RA"]) / sent["DO"] : 100
+            printf "%d %.2f\n", recv["RA"] / dur, pct
+        }' "$out")
+    echo "dhcp $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%"
+}
+
+# consider RATE: one step for $srv; keeps the best passing (< 1 % failures) result.
+consider() {
+    run_step "$srv" "$1"
+    if awk -v d="$DROPS" 'BEGIN { exit !(d < 1) }'; then
+        if ((ACHIEVED > best)); then best=$ACHIEVED best_drops=$DROPS; fi
+        return 0
+    fi
+    return 1
+}
+
+declare -A MAX MAXDROPS
+for srv in $SERVERS; do
+    log "benchmarking $srv (${DURATION}s per step)"
+    best=0 best_drops=n/a good=0 bad=0
+    for rate in $RATES; do
+        if consider "$rate"; then good=$rate; else bad=$rate; break; fi
+    done
+    if ((good == 0 && bad > 0)); then # even the first rate failed: go down
+        rate=$((bad / 2))
+        while ((rate >= 50)); do
+            if consider "$rate"; then good=$rate; break; fi
+            bad=$rate rate=$((rate / 2))
+        done
+    fi
+    if ((BISECT == 1 && good > 0 && bad > good + good / 10)); then
+        consider $(((good + bad) / 2)) || true
+    fi
+    MAX[$srv]=$best MAXDROPS[$srv]=$best_drops
+done
+
+echo
+for srv in $SERVERS; do
+    echo "dhcp $srv max_rate=${MAX[$srv]} drops=${MAXDROPS[$srv]}"
+done
+if [[ -n ${MAX[paddock]:-} && -n ${MAX[kea]:-} ]]; then
+    if ((MAX[kea] > 0)); then
+        echo "dhcp ratio paddock/kea=$(calc "sprintf(\"%.2f\", ${MAX[paddock]} / ${MAX[kea]})")"
+    else
+        echo "dhcp ratio paddock/kea=n/a"
+    fi
+fi

@@ -1,0 +1,169 @@
+# Shared helpers for bench/dhcp.sh and bench/tftp.sh (sourced, not run).
+#
+# Provides: package installation, two network namespaces joined by a veth
+# pair (server 198.18.0.1/24 on veth-srv, client 198.18.0.2/24 on veth-cli),
+# server start/stop with readiness polling, and a cleanup trap that kills
+# everything the script started and deletes the namespaces, even on failure.
+# shellcheck shell=bash
+
+SRV_NS=pdk-bench-srv
+CLI_NS=pdk-bench-cli
+SRV_IP=198.18.0.1
+CLI_IP=198.18.0.2
+SRV_PID=
+SCRATCH=
+POLICY_RC_CREATED=0
+
+die() { echo "error: $*" >&2; exit 1; }
+log() { echo "# $*" >&2; }
+
+# bench_init NAME: root check, cd to the repo root, scratch dir, cleanup trap.
+bench_init() {
+    [[ $EUID -eq 0 ]] || die "run as root (network namespaces, ports 67/69)"
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    ROOT=$PWD
+    mkdir -p "$ROOT/bench/out"
+    SCRATCH=$(mktemp -d "$ROOT/bench/out/$1.XXXXXX")
+    chmod 755 "$SCRATCH"
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+    local rc=$?
+    set +e
+    stop_server
+    netns_down
+    if [[ $POLICY_RC_CREATED == 1 ]]; then rm -f /usr/sbin/policy-rc.d; fi
+    if [[ -n $SCRATCH && -d $SCRATCH ]]; then
+        if [[ ($rc -ne 0 || ${KEEP_SCRATCH:-0} == 1) && -n $(ls -A "$SCRATCH") ]]; then
+            find "$SCRATCH" -name '*.bin' -delete 2>/dev/null
+            log "exit $rc; logs kept in $SCRATCH"
+        else
+            rm -rf "$SCRATCH"
+        fi
+    fi
+    exit "$rc"
+}
+
+# ensure_pkgs PKG...: apt-get install whatever is missing; never starts services.
+ensure_pkgs() {
+    local p missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    ((${#missing[@]} == 0)) && return 0
+    log "installing missing packages: ${missing[*]}"
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then # keep tftpd-hpa/kea services from starting
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        POLICY_RC_CREATED=1
+    fi
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+    if [[ $POLICY_RC_CREATED == 1 ]]; then rm -f /usr/sbin/policy-rc.d; POLICY_RC_CREATED=0; fi
+}
+
+netns_up() {
+    netns_down
+    ip netns add "$SRV_NS"
+    ip netns add "$CLI_NS"
+    # Created directly inside the namespaces: nothing ever appears in the root namespace.
+    ip link add veth-srv netns "$SRV_NS" type veth peer name veth-cli netns "$CLI_NS"
+    ip -n "$SRV_NS" addr add "$SRV_IP/24" dev veth-srv
+    ip -n "$CLI_NS" addr add "$CLI_IP/24" dev veth-cli
+    local ns
+    for ns in "$SRV_NS" "$CLI_NS"; do ip -n "$ns" link set lo up; done
+    ip -n "$SRV_NS" link set veth-srv up
+    ip -n "$CLI_NS" link set veth-cli up
+}
+
+netns_down() {
+    local ns pids
+    for ns in "$SRV_NS" "$CLI_NS"; do
+        [[ -e /run/netns/$ns ]] || continue
+        # Only processes inside our own namespaces, i.e. ones this script started.
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [[ -n $pids ]] && kill -9 $pids 2>/dev/null
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    return 0
+}
+
+# start_server NAME CMD...: run CMD in the server namespace, log to $SCRATCH/NAME.log.
+# `ip netns exec` execs CMD, so $! is the server's own pid.
+start_server() {
+    local name=$1; shift
+    SRV_LOG=$SCRATCH/$name.log
+    local pin=()
+    [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 0) # server on CPU 0, client on CPU 1
+    "${pin[@]}" ip netns exec "$SRV_NS" "$@" >"$SRV_LOG" 2>&1 &
+    SRV_PID=$!
+}
+
+# wait_udp PORT: wait until something in the server namespace is bound to UDP PORT.
+wait_udp() {
+    local port=$1 i
+    for ((i = 0; i < 100; i++)); do
+        if ! kill -0 "$SRV_PID" 2>/dev/null; then
+            tail -n 20 "$SRV_LOG" >&2
+            die "server exited during startup (log: $SRV_LOG)"
+        fi
+        if ip netns exec "$SRV_NS" ss -Hlun "sport = :$port" | grep -q .; then
+            sleep 0.3
+            return 0
+        fi
+        sleep 0.1
+    done
+    tail -n 20 "$SRV_LOG" >&2
+    die "server not listening on UDP $port after 10 s (log: $SRV_LOG)"
+}
+
+stop_server() {
+    [[ -n $SRV_PID ]] || return 0
+    local i
+    kill "$SRV_PID" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SRV_PID" 2>/dev/null || true
+    wait "$SRV_PID" 2>/dev/null || true
+    SRV_PID=
+}
+
+# paddock_bin: resolve $PADDOCK_BIN (relative to the repo root) or explain how to build it.
+paddock_bin() {
+    PADDOCK_BIN=${PADDOCK_BIN:-target/release/paddock}
+    [[ $PADDOCK_BIN == /* ]] || PADDOCK_BIN=$ROOT/$PADDOCK_BIN
+    if [[ ! -x $PADDOCK_BIN ]]; then
+        echo "error: Paddock binary not found at $PADDOCK_BIN" >&2
+        echo "       build it first:  cargo build --release -p paddock" >&2
+        echo "       (or set PADDOCK_BIN=/path/to/paddock, or leave paddock out of SERVERS)" >&2
+        exit 1
+    fi
+}
+
+# paddock_config FILE DHCP_ENABLED TFTP_BLOCK: the TOML `paddock serve` reads.
+paddock_config() {
+    local file=$1 dhcp_enabled=$2 tftp_block=$3
+    cat >"$file" <<EOF
+data_dir = "$SCRATCH/paddock-data"
+
+[http]
+listen = "$SRV_IP:8080"
+public_url = "http://$SRV_IP:8080"
+
+[dhcp]
+$([[ $dhcp_enabled == true ]] || echo "enabled = false")
+interfaces = ["veth-srv"]
+
+[[dhcp.subnets]]
+network = "198.18.0.0/15"
+pools = ["198.18.1.0-198.19.255.254"]
+routers = ["$SRV_IP"]
+lease_time = 3600
+
+$tftp_block
+EOF
+}
+
+# calc EXPR: evaluate a floating-point awk expression.
+calc() { awk "BEGIN { print $1 }"; }
