@@ -10,7 +10,7 @@
 #            multi-threading left at the package default (off in Kea 2.2, Debian 12)
 #   dnsmasq  --dhcp-leasefile in scratch
 # Per-lease logging is turned down on all three (Kea WARN, dnsmasq --quiet-dhcp,
-# RUST_LOG=warn for Paddock) so the log file is not what gets measured.
+# PADDOCK_LOG=warn for Paddock) so the log file is not what gets measured.
 #
 # Topology: namespace pdk-bench-srv (198.18.0.1/24, veth-srv) <-> pdk-bench-cli
 # (198.18.0.2/24, veth-cli). perfdhcp behaves as a relay agent: it binds
@@ -27,6 +27,7 @@
 # Env knobs:
 #   SERVERS="paddock kea dnsmasq"   subset/order of servers to run
 #   PADDOCK_BIN=target/release/paddock  (relative to the repo root, or absolute)
+#   PADDOCK_LOG=warn  Paddock's log filter (tracing EnvFilter syntax)
 #   DURATION=10       seconds per step (perfdhcp -p)
 #   CLIENTS=100000    simulated clients (perfdhcp -R; must stay below the pool size)
 #   RATES="500 1000 2000 4000 8000 12000 16000 24000 32000 48000"
@@ -57,7 +58,7 @@ start_paddock() {
     rm -rf "$SCRATCH/paddock-data"
     mkdir -p "$SCRATCH/paddock-data"
     paddock_config "$SCRATCH/paddock.toml" true $'[tftp]\nenabled = false'
-    start_server paddock env RUST_LOG="${PADDOCK_LOG:-warn}" \
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" \
         "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 67
 }
@@ -147,6 +148,7 @@ for srv in $SERVERS; do
             bad=$rate rate=$((rate / 2))
         done
     fi
+    ((bad > 0)) || log "note: $srv never reached 1 % failures; add higher RATES"
     if ((BISECT == 1 && good > 0 && bad > good + good / 10)); then
         consider $(((good + bad) / 2)) || true
     fi

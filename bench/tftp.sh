@@ -24,6 +24,7 @@
 # Env knobs:
 #   SERVERS="paddock tftp-hpa dnsmasq"   subset/order of servers
 #   PADDOCK_BIN=target/release/paddock  (relative to the repo root, or absolute)
+#   PADDOCK_LOG=warn  Paddock's log filter (tracing EnvFilter syntax)
 #   RUNS=3            runs per case (best one is reported)
 #   SIZES="8 64"      file sizes in MiB
 #   CASES="tftp-hpa:512:1 atftp:512:1 atftp:1468:1 atftp:1468:16"
@@ -59,7 +60,7 @@ start_paddock() {
 enabled = true
 listen = [\"$SRV_IP:69\"]
 root = \"$TROOT\""
-    start_server paddock env RUST_LOG="${PADDOCK_LOG:-warn}" \
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" \
         "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
 }
 start_tftp-hpa() {

@@ -305,3 +305,57 @@ enabled = false
         "circuit id {rc} in {info}"
     );
 }
+
+#[test]
+fn malformed_packets_never_stop_the_server() {
+    require(&["python3", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    link.client.sh_ok(&format!(
+        "ip addr add 198.18.0.50/24 dev {}",
+        link.client_if
+    ));
+    let app = Appliance::start(
+        &link.server,
+        &scratch,
+        &base_config(&link, &scratch, "[tftp]\nenabled = false\n"),
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/dhcp_corpus.py");
+    let out = link
+        .client
+        .sh_ok(&format!("python3 {script} {SERVER_IP} 198.18.0.50"));
+    let mut words = out.split_whitespace();
+    let ip = words.next().unwrap().to_string();
+    let sent: usize = words.next().unwrap().parse().unwrap();
+    assert!(sent > 3000, "corpus size {sent}");
+    assert!(ip.starts_with("198.18.0.1"), "{out}");
+    let metrics = link.server.sh_ok(&format!("curl -sf {PUBLIC_URL}/metrics"));
+    let malformed: u64 = metrics
+        .lines()
+        .find(|l| l.contains("outcome=\"malformed\""))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .expect("malformed counter");
+    assert!(
+        malformed > 1000,
+        "most of the corpus is refused as malformed: {malformed}\n{metrics}"
+    );
+    // The relayed lease recorded option 82 exactly as sent.
+    let leases = link
+        .server
+        .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/leases"));
+    let leases: serde_json::Value = serde_json::from_str(&leases).unwrap();
+    let lease = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["ip"] == ip.as_str())
+        .expect("lease stored");
+    assert_eq!(lease["mac"], "52:54:00:c0:ff:ee");
+    assert_eq!(lease["relay"]["giaddr"], "198.18.0.50");
+    assert_eq!(
+        lease["relay"]["agent_info"],
+        "0106657468372f310208737769746368 2d39".replace(' ', "")
+    );
+    assert!(!app.log_text().contains("panicked"));
+}

@@ -1,0 +1,232 @@
+//! TFTP and HTTP boot with real clients (atftp, tftp-hpa, curl) against `paddock serve`.
+
+mod support;
+
+use support::*;
+
+fn tftp_config(
+    link: &Link,
+    scratch: &Scratch,
+    root: &std::path::Path,
+    assets: &std::path::Path,
+) -> String {
+    base_config(
+        link,
+        scratch,
+        &format!(
+            r#"[tftp]
+listen = ["{SERVER_IP}:69"]
+root = "{root}"
+max_transfers = 8
+[boot.discovery]
+kernel = "{PUBLIC_URL}/boot/assets/vmlinuz"
+initrd = "{PUBLIC_URL}/boot/assets/initrd.img"
+cmdline = "console=ttyS0"
+"#,
+            root = root.display()
+        ),
+    )
+    .replace(
+        "[http]\n",
+        &format!("[http]\nassets_dir = \"{}\"\n", assets.display()),
+    )
+}
+
+struct Setup {
+    link: Link,
+    scratch: Scratch,
+    _app: Appliance,
+}
+
+fn setup() -> Setup {
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let root = scratch.path("tftp");
+    let assets = scratch.path("assets");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::create_dir_all(&assets).unwrap();
+    // Files of awkward sizes: a multiple of the block size, one byte over, and a big one.
+    sh_ok(&format!(
+        "head -c 1048576 /dev/urandom > {r}/exact.bin && head -c 1048577 /dev/urandom > {r}/sub/over.bin && head -c 9000000 /dev/urandom > {r}/big.bin && echo secret > {s}/secret && ln -s {s}/secret {r}/leak && ln -s big.bin {r}/alias.bin && head -c 300000 /dev/urandom > {a}/vmlinuz",
+        r = root.display(),
+        s = scratch.0.display(),
+        a = assets.display()
+    ));
+    link.client.sh_ok(&format!(
+        "ip addr add 198.18.0.50/24 dev {}",
+        link.client_if
+    ));
+    let app = Appliance::start(
+        &link.server,
+        &scratch,
+        &tftp_config(&link, &scratch, &root, &assets),
+    );
+    Setup {
+        link,
+        scratch,
+        _app: app,
+    }
+}
+
+#[test]
+fn atftp_and_tftp_hpa_download_exact_bytes() {
+    require(&["atftp", "tftp", "curl", "ip"]);
+    let s = setup();
+    let root = s.scratch.path("tftp");
+    let out = s.scratch.path("out.bin");
+    let cases: &[(&str, &str)] = &[
+        ("exact.bin", ""),
+        ("sub/over.bin", ""),
+        ("big.bin", ""),
+        ("big.bin", "--option 'blksize 1468'"),
+        (
+            "big.bin",
+            "--option 'blksize 1468' --option 'windowsize 16'",
+        ),
+        (
+            "sub/over.bin",
+            "--option 'blksize 8192' --option 'windowsize 4' --option 'tsize 0'",
+        ),
+        ("alias.bin", "--option 'blksize 1468'"),
+    ];
+    for (file, opts) in cases {
+        let _ = std::fs::remove_file(&out);
+        s.link.client.sh_ok(&format!(
+            "atftp {opts} -g -r {file} -l {} {SERVER_IP}",
+            out.display()
+        ));
+        let want = std::fs::canonicalize(root.join(file)).unwrap();
+        sh_ok(&format!("cmp {} {}", want.display(), out.display()));
+    }
+    for file in ["exact.bin", "sub/over.bin", "big.bin"] {
+        let _ = std::fs::remove_file(&out);
+        s.link.client.sh_ok(&format!(
+            "tftp -m binary {SERVER_IP} -c get {file} {}",
+            out.display()
+        ));
+        sh_ok(&format!(
+            "cmp {} {}",
+            root.join(file).display(),
+            out.display()
+        ));
+    }
+    // Generated content served from memory: iPXE's autoexec.ipxe chains to the script.
+    let _ = std::fs::remove_file(&out);
+    s.link.client.sh_ok(&format!(
+        "atftp -g -r autoexec.ipxe -l {} {SERVER_IP}",
+        out.display()
+    ));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.contains("chain http://198.18.0.1:8080/boot/${net0/mac}.ipxe"),
+        "{text}"
+    );
+}
+
+#[test]
+fn traversal_is_refused_with_a_tftp_error() {
+    require(&["atftp", "tftp", "curl", "ip"]);
+    let s = setup();
+    let out = s.scratch.path("out.bin");
+    for (name, reason) in [
+        ("../secret", "'..' is not allowed"),
+        ("sub/../../secret", "'..' is not allowed"),
+        ("/etc/passwd", "absolute paths are not served"),
+        ("..\\\\secret", "backslashes are not allowed"),
+        ("leak", "leads out of the TFTP root"),
+        ("missing.bin", "File not found"),
+    ] {
+        let r = s.link.client.sh(&format!(
+            "tftp -m binary {SERVER_IP} -c get '{name}' {}",
+            out.display()
+        ));
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&r.stdout),
+            String::from_utf8_lossy(&r.stderr)
+        );
+        assert!(
+            said.contains(reason),
+            "{name}: expected {reason:?}, got {said:?}"
+        );
+        let got = std::fs::read(&out).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&got).contains("secret"),
+            "{name} leaked the file"
+        );
+    }
+    // Writes are refused.
+    let w = s
+        .link
+        .client
+        .sh(&format!("atftp -p -l /etc/hostname -r up.txt {SERVER_IP}"));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&w.stdout),
+        String::from_utf8_lossy(&w.stderr)
+    );
+    assert!(said.contains("read-only"), "{said}");
+    assert!(!s.scratch.path("tftp/up.txt").exists());
+}
+
+#[test]
+fn http_boot_scripts_follow_node_state_and_assets_support_range() {
+    require(&["curl", "ip"]);
+    let s = setup();
+    let c = &s.link.client;
+    let mac = "52:54:00:12:34:56";
+    let unknown = c.sh_ok(&format!("curl -sf {PUBLIC_URL}/boot/{mac}.ipxe"));
+    assert!(unknown.starts_with("#!ipxe\n"), "{unknown}");
+    assert!(
+        unknown.contains(&format!(
+            "kernel {PUBLIC_URL}/boot/assets/vmlinuz initrd=initrd BOOTIF=01-52-54-00-12-34-56"
+        )),
+        "{unknown}"
+    );
+    assert!(unknown.contains("console=ttyS0"));
+    // Enrol it as idle: it now boots from its disk.
+    let created = c.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"],\"name\":\"rack1-u7\",\"state\":\"idle\"}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    assert!(created.contains("\"state\":\"idle\""), "{created}");
+    let idle = c.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/boot/{}.ipxe",
+        mac.to_uppercase()
+    ));
+    assert!(
+        idle.contains("sanboot --no-describe --drive 0x80"),
+        "{idle}"
+    );
+    // The same MAC cannot be enrolled twice.
+    let dup = c.sh_ok(&format!(
+        "curl -s -o /dev/null -w '%{{http_code}}' -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    assert_eq!(dup, "409");
+    // Bad input: a clear 4xx with the error body shape.
+    let bad = c.sh_ok(&format!(
+        "curl -s -w ' %{{http_code}}' {PUBLIC_URL}/boot/not-a-mac.ipxe"
+    ));
+    assert!(
+        bad.ends_with(" 400") && bad.contains("\"error\":{\"message\""),
+        "{bad}"
+    );
+    let bad = c.sh_ok(&format!("curl -s -w ' %{{http_code}}' -X POST -H 'content-type: application/json' -d '{{\"macs\":7}}' {PUBLIC_URL}/api/v1/nodes"));
+    assert!(bad.ends_with(" 400"), "{bad}");
+    // Assets with Range.
+    let part = s.scratch.path("part");
+    let code = c.sh_ok(&format!(
+        "curl -s -r 1000-1999 -o {} -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/vmlinuz",
+        part.display()
+    ));
+    assert_eq!(code, "206");
+    let whole = std::fs::read(s.scratch.path("assets/vmlinuz")).unwrap();
+    assert_eq!(std::fs::read(&part).unwrap(), whole[1000..2000]);
+    let code = c.sh_ok(&format!(
+        "curl -s --path-as-is -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/../paddock.toml"
+    ));
+    assert_ne!(code, "200");
+    let code = c.sh_ok(&format!(
+        "curl -s -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/nope"
+    ));
+    assert_eq!(code, "404");
+}
