@@ -1,17 +1,12 @@
 //! `paddock`: the appliance (`paddock serve`) and its command line.
 
-mod boot;
-mod config;
-mod http;
-mod nodes;
-mod serve;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{FileConfig, Overrides};
+use paddock::config::{FileConfig, Overrides};
+use paddock::serve;
 
 #[derive(Parser)]
 #[command(

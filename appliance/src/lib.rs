@@ -1,0 +1,8 @@
+//! The Paddock appliance as a library: configuration, boot scripts, node records, the HTTP
+//! face and the `serve` wiring. `main.rs` is only the command line.
+
+pub mod boot;
+pub mod config;
+pub mod http;
+pub mod nodes;
+pub mod serve;

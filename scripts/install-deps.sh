@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Paddock's tests (and, with --bench, its benchmarks) need.
+# Idempotent: does nothing when everything is present. Must run as root.
+set -euo pipefail
+
+packages=(
+  iproute2 curl python3 ca-certificates
+  busybox-static   # udhcpc: the DHCP client of the PXE tests
+  isc-dhcp-client  # dhclient: lease and renewal
+  isc-dhcp-relay   # dhcrelay: relayed requests with option 82
+  atftp tftp-hpa   # TFTP clients
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} == 0 )); then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-deps: missing packages (${missing[*]}); run as root" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+# Some of these packages start a daemon on install (tftpd-hpa, isc-dhcp-relay). Paddock's tests
+# start what they need in their own namespaces, so keep the package scripts from starting them.
+created_policy=0
+if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+  created_policy=1
+fi
+trap '[[ $created_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
