@@ -19,8 +19,8 @@
 # The subnet is 198.18.0.0/15, pool 198.18.1.0-198.19.255.254 (131070 addresses).
 #
 # Rate search: RATES are tried in order for DURATION seconds each; the search stops
-# at the first rate with >= 1 % failures, then bisects once between the last good
-# and the first bad rate. If even the first rate fails, it halves down to 50/s.
+# at the first rate with >= 1 % failures, then bisects BISECT times between the last
+# good and the first bad rate. If even the first rate fails, it halves down to 50/s.
 # failures % = (DO drops + RA drops) / DISCOVERs sent; achieved = ACKs / DURATION.
 #
 # Run (as root):  bash bench/dhcp.sh
@@ -30,8 +30,8 @@
 #   PADDOCK_LOG=warn  Paddock's log filter (tracing EnvFilter syntax)
 #   DURATION=10       seconds per step (perfdhcp -p)
 #   CLIENTS=100000    simulated clients (perfdhcp -R; must stay below the pool size)
-#   RATES="500 1000 2000 4000 8000 12000 16000 24000 32000 48000"
-#   BISECT=1          one extra step between the last good and first bad rate (0: off)
+#   RATES="500 1000 2000 4000 6000 8000 10000 12000 16000 20000 24000 32000 48000"
+#   BISECT=2          extra steps bisecting between the last good and first bad rate
 #   PIN_CPUS=0        1: pin the server to CPU 0 and perfdhcp to CPU 1
 # Output: per-step lines and a summary on stdout; progress/log notes on stderr.
 set -euo pipefail
@@ -40,8 +40,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SERVERS=${SERVERS:-paddock kea dnsmasq}
 DURATION=${DURATION:-10}
 CLIENTS=${CLIENTS:-100000}
-RATES=${RATES:-500 1000 2000 4000 8000 12000 16000 24000 32000 48000}
-BISECT=${BISECT:-1}
+RATES=${RATES:-500 1000 2000 4000 6000 8000 10000 12000 16000 20000 24000 32000 48000}
+BISECT=${BISECT:-2}
 POOL_SIZE=131070
 
 bench_init dhcp
@@ -149,9 +149,10 @@ for srv in $SERVERS; do
         done
     fi
     ((bad > 0)) || log "note: $srv never reached 1 % failures; add higher RATES"
-    if ((BISECT == 1 && good > 0 && bad > good + good / 10)); then
-        consider $(((good + bad) / 2)) || true
-    fi
+    for ((i = 0; i < BISECT && good > 0 && bad > good + good / 20; i++)); do
+        rate=$(((good + bad) / 2))
+        if consider "$rate"; then good=$rate; else bad=$rate; fi
+    done
     MAX[$srv]=$best MAXDROPS[$srv]=$best_drops
 done
 

@@ -42,6 +42,7 @@ type LenRule = (&'static str, fn(usize) -> bool);
 fn check_len(code: u8, len: usize) -> Result<(), PacketError> {
     let want: Option<LenRule> = match code {
         80 => Some(("0", |l| l == 0)),
+        81 => Some(("at least 3", |l| l >= 3)),
         93 => Some(("a multiple of 2, at least 2", |l| l >= 2 && l % 2 == 0)),
         94 => Some(("3", |l| l == 3)),
         151 => Some(("at least 1", |l| l >= 1)),
@@ -69,21 +70,38 @@ pub fn validate(buf: &[u8]) -> Result<(), PacketError> {
     if buf[236..240] != MAGIC {
         return Err(PacketError::NoMagic);
     }
+    // Consecutive options with the same code are one option (RFC 3396, as dhcproto decodes
+    // them): lengths are checked on the concatenation.
+    let mut run: Option<(u8, usize)> = None;
     let mut i = HEADER_LEN;
     while i < buf.len() {
         let code = buf[i];
-        match code {
-            0 => i += 1,
-            255 => break,
-            _ => {
-                let len = *buf.get(i + 1).ok_or(PacketError::Truncated { code })? as usize;
-                if i + 2 + len > buf.len() {
-                    return Err(PacketError::Truncated { code });
-                }
-                check_len(code, len)?;
-                i += 2 + len;
+        if code == 0 || code == 255 {
+            if let Some((c, len)) = run.take() {
+                check_len(c, len)?;
             }
+            if code == 255 {
+                break;
+            }
+            i += 1;
+            continue;
         }
+        let len = *buf.get(i + 1).ok_or(PacketError::Truncated { code })? as usize;
+        if i + 2 + len > buf.len() {
+            return Err(PacketError::Truncated { code });
+        }
+        run = match run {
+            Some((c, total)) if c == code => Some((c, total + len)),
+            Some((c, total)) => {
+                check_len(c, total)?;
+                Some((code, len))
+            }
+            None => Some((code, len)),
+        };
+        i += 2 + len;
+    }
+    if let Some((c, len)) = run {
+        check_len(c, len)?;
     }
     Ok(())
 }
@@ -129,7 +147,8 @@ mod tests {
 
     #[test]
     fn good_packet_decodes() {
-        let m = decode_request(&discover(&[93, 2, 0, 7, 94, 3, 1, 2, 1])).unwrap();
+        // An option split in two (RFC 3396) is fine when the whole is right.
+        let m = decode_request(&discover(&[93, 2, 0, 7, 94, 1, 1, 94, 2, 2, 1, 0])).unwrap();
         assert_eq!(m.chaddr(), &[0x52, 0x54, 0, 0, 0, 1]);
     }
 
