@@ -102,14 +102,16 @@ run_step() {
     [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1)
     "start_$srv"
     # -W: keep receiving for 1 s after the test period so in-flight replies are counted.
-    "${pin[@]}" ip netns exec "$CLI_NS" timeout $((DURATION + 60)) \
-        perfdhcp -4 -r "$rate" -p "$DURATION" -R "$CLIENTS" -l "$CLI_IP" -W 1000000 "$SRV_IP" \
+    "${pin[@]}" ip netns exec "$CLI_NS" timeout --foreground $((DURATION + 60)) \
+        perfdhcp -4 -x e -r "$rate" -p "$DURATION" -R "$CLIENTS" -l "$CLI_IP" -W 1000000 "$SRV_IP" \
         >"$out" 2>&1 || rc=$?
     stop_server
     # perfdhcp exits 3 when some exchanges were not completed; that is a result, not an error.
-    if [[ $rc -ne 0 && $rc -ne 3 ]] || ! grep -q 'Statistics for: REQUEST-ACK' "$out"; then
+    # `-x e` prints the exit reason: anything but the test period ending (e.g. ^C) is an error.
+    if [[ $rc -ne 0 && $rc -ne 3 ]] || ! grep -q 'reached test-period' "$out" ||
+        ! grep -q 'Statistics for: REQUEST-ACK' "$out"; then
         cat "$out" >&2
-        die "perfdhcp failed (exit $rc) against $srv at rate $rate"
+        die "perfdhcp failed or was interrupted (exit $rc) against $srv at rate $rate"
     fi
     read -r ACHIEVED DROPS < <(awk -v dur="$DURATION" '
         /Statistics for: DISCOVER-OFFER/ { sec = "DO" }

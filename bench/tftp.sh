@@ -75,7 +75,7 @@ start_dnsmasq() {
 # client_cmd CLIENT BLKSIZE WINDOWSIZE FILE OUT: the download command (client namespace).
 client_cmd() {
     local client=$1 bs=$2 ws=$3 file=$4 out=$5
-    CMD=(ip netns exec "$CLI_NS" timeout 600)
+    CMD=(ip netns exec "$CLI_NS" timeout --foreground 600)
     if [[ $client == tftp-hpa ]]; then
         [[ $bs == 512 && $ws == 1 ]] || die "tftp-hpa's client only does blksize 512, windowsize 1"
         CMD+=(tftp -m binary "$SRV_IP" -c get "$file" "$out")
@@ -91,7 +91,7 @@ client_cmd() {
 granted_ws() {
     [[ $2 == 1 ]] && { echo 1; return; }
     local oack
-    oack=$(ip netns exec "$CLI_NS" timeout 30 atftp --trace --option "blksize $1" \
+    oack=$(ip netns exec "$CLI_NS" timeout --foreground 30 atftp --trace --option "blksize $1" \
         --option "windowsize $2" -g -r probe.bin -l "$DL/probe.out" "$SRV_IP" 2>&1 |
         grep -m1 'received OACK' || true)
     rm -f "$DL/probe.out"
