@@ -223,13 +223,17 @@ impl Handler for BootHandler {
 
 /// Starts a TFTP server on `listen` in its own thread (async-tftp brings its own executor).
 /// Returns once the socket is bound, so a bind error is reported to the caller.
+///
+/// The thread runs `async_io::block_on`, which drives the I/O reactor itself: with
+/// `futures_lite`'s `block_on` every ACK would wake a separate reactor thread first, and a
+/// lock-step transfer (one block per round trip) was several times slower for it.
 pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> io::Result<()> {
     let handler = BootHandler::new(&config, mem)?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name(format!("tftp-{listen}"))
         .spawn(move || {
-            futures_lite::future::block_on(async move {
+            async_io::block_on(async move {
                 let mut b = TftpServerBuilder::with_handler(handler)
                     .bind(listen)
                     .timeout(config.timeout);

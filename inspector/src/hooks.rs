@@ -1,0 +1,409 @@
+//! Processing hooks, as Inspector runs them: `ramdisk_error` and `validate_interfaces` before
+//! lookup; `root_disk_selection`, `scheduler` and `capabilities` after. Pure functions from the
+//! posted data (and the node's hints) to processed data and node properties.
+
+use std::collections::BTreeMap;
+
+use paddock_dhcp::MacAddr;
+use paddock_inventory::{Disk, IntrospectionData, Inventory, normalise_mac};
+use serde_json::{Map, Value, json};
+
+use crate::lookup::real_bmc;
+
+const GIB: u64 = 1 << 30;
+
+/// What `validate_interfaces` found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interfaces {
+    /// name → {ip, mac, client_id, pxe}
+    pub all: Map<String, Value>,
+    /// The subset that becomes the node's ports (`add_ports = pxe`).
+    pub used: Map<String, Value>,
+    pub macs: Vec<MacAddr>,
+    pub all_macs: Vec<MacAddr>,
+    pub pxe_mac: Option<MacAddr>,
+    pub bmc: Option<String>,
+}
+
+/// `ramdisk_error`: a ramdisk that reported an error fails processing with its message.
+pub fn ramdisk_error(data: &IntrospectionData) -> Result<(), String> {
+    match data.error.as_deref().map(str::trim) {
+        Some(e) if !e.is_empty() => Err(format!("Ramdisk reported error: {e}")),
+        _ => Ok(()),
+    }
+}
+
+/// `validate_interfaces` (pre-processing part).
+pub fn validate_interfaces(
+    data: &IntrospectionData,
+    inv: &Inventory,
+) -> Result<Interfaces, String> {
+    let pxe = data
+        .boot_interface
+        .as_deref()
+        .or(inv.boot.as_ref().and_then(|b| b.pxe_interface.as_deref()))
+        .and_then(normalise_mac);
+    let mut all = Map::new();
+    let mut used = Map::new();
+    let mut all_macs = Vec::new();
+    for iface in &inv.interfaces {
+        if iface.name == "lo" {
+            continue;
+        }
+        let Some(mac) = iface.mac_address.as_deref().and_then(normalise_mac) else {
+            continue;
+        };
+        let Ok(parsed) = mac.parse::<MacAddr>() else {
+            continue;
+        };
+        let is_pxe = pxe.as_deref() == Some(mac.as_str());
+        let entry = json!({
+            "ip": iface.ipv4_address,
+            "mac": mac,
+            "client_id": iface.client_id,
+            "pxe": is_pxe,
+        });
+        all.insert(iface.name.clone(), entry.clone());
+        all_macs.push(parsed);
+        // add_ports = pxe: the PXE NIC when it is known, otherwise NICs with an address.
+        let keep = match &pxe {
+            Some(_) => is_pxe,
+            None => iface
+                .ipv4_address
+                .as_deref()
+                .is_some_and(|ip| !ip.is_empty()),
+        };
+        if keep {
+            used.insert(iface.name.clone(), entry);
+        }
+    }
+    if used.is_empty() {
+        return Err(format!(
+            "No suitable interfaces found in {:?}",
+            inv.interfaces
+                .iter()
+                .map(|i| i.name.as_str())
+                .collect::<Vec<_>>()
+        ));
+    }
+    let macs = used
+        .values()
+        .filter_map(|v| v["mac"].as_str()?.parse().ok())
+        .collect();
+    Ok(Interfaces {
+        all,
+        used,
+        macs,
+        all_macs,
+        pxe_mac: pxe.and_then(|m| m.parse().ok()),
+        bmc: real_bmc(inv.bmc_address.as_deref()).map(String::from),
+    })
+}
+
+/// A root device hint value: exact, or with an operator (`">= 100"`, `"s== abc"`).
+fn hint_matches(hint: &Value, actual: &Value) -> bool {
+    match hint {
+        Value::String(s) => {
+            let s = s.trim();
+            for op in ["s==", "s!=", ">=", "<=", "==", "!=", ">", "<"] {
+                if let Some(rest) = s.strip_prefix(op) {
+                    let rest = rest.trim();
+                    if let (Ok(want), Some(have)) = (rest.parse::<f64>(), actual.as_f64()) {
+                        return match op {
+                            ">=" => have >= want,
+                            "<=" => have <= want,
+                            ">" => have > want,
+                            "<" => have < want,
+                            "!=" => have != want,
+                            _ => have == want,
+                        };
+                    }
+                    let have = actual.as_str().unwrap_or_default();
+                    return if op.contains('!') {
+                        have != rest
+                    } else {
+                        have == rest
+                    };
+                }
+            }
+            match actual {
+                Value::String(a) => a == s,
+                Value::Number(n) => s.parse::<f64>().ok() == n.as_f64(),
+                Value::Bool(b) => s.parse::<bool>().ok() == Some(*b),
+                _ => false,
+            }
+        }
+        other => other == actual,
+    }
+}
+
+/// `root_disk_selection`: the disk matching the node's `root_device` hints, or (no hints) the
+/// ramdisk's choice, or the smallest disk of at least 4 GiB.
+pub fn root_disk_selection(
+    data: &IntrospectionData,
+    inv: &Inventory,
+    hints: Option<&Value>,
+) -> Result<Option<Disk>, String> {
+    let Some(hints) = hints.and_then(Value::as_object).filter(|h| !h.is_empty()) else {
+        if let Some(d) = &data.root_disk {
+            return Ok(Some(d.clone()));
+        }
+        return Ok(inv
+            .disks
+            .iter()
+            .filter(|d| d.size >= 4 * GIB)
+            .min_by_key(|d| (d.size, d.name.clone()))
+            .cloned());
+    };
+    if inv.disks.is_empty() {
+        return Err("No disks found to apply root device hints to".into());
+    }
+    let found = inv.disks.iter().find(|d| {
+        hints.iter().all(|(k, want)| {
+            let have = match k.as_str() {
+                "size" => json!(d.size / GIB),
+                "name" => json!(d.name),
+                "model" => json!(d.model),
+                "vendor" => json!(d.vendor),
+                "serial" => json!(d.serial),
+                "wwn" => json!(d.wwn),
+                "rotational" => json!(d.rotational),
+                "by_path" => json!(d.by_path),
+                "hctl" => json!(d.hctl),
+                _ => return false,
+            };
+            hint_matches(want, &have)
+        })
+    });
+    found.cloned().map(Some).ok_or_else(|| {
+        format!(
+            "No disks satisfied root device hints {}",
+            Value::Object(hints.clone())
+        )
+    })
+}
+
+/// `scheduler` and `capabilities`: the node properties the inventory gives.
+pub fn properties(inv: &Inventory, root: Option<&Disk>) -> Map<String, Value> {
+    let mut p = Map::new();
+    if let Some(c) = &inv.cpu {
+        if let Some(n) = c.count {
+            p.insert("cpus".into(), json!(n));
+        }
+        if let Some(a) = &c.architecture {
+            p.insert("cpu_arch".into(), json!(a));
+        }
+    }
+    if let Some(mb) = inv.memory.as_ref().and_then(|m| m.physical_mb) {
+        p.insert("memory_mb".into(), json!(mb));
+    }
+    // local_gb leaves 1 GiB for partitioning (disk_partitioning_spacing).
+    let local_gb = root.map_or(0, |d| (d.size / GIB).saturating_sub(1));
+    p.insert("local_gb".into(), json!(local_gb));
+    let mut caps = BTreeMap::new();
+    if let Some(b) = &inv.boot {
+        caps.insert("boot_mode", b.current_boot_mode.clone());
+    }
+    if let Some(c) = &inv.cpu {
+        for (flag, cap) in [
+            ("vmx", "cpu_vt"),
+            ("svm", "cpu_vt"),
+            ("aes", "cpu_aes"),
+            ("pse", "cpu_hugepages"),
+            ("pdpe1gb", "cpu_hugepages_1g"),
+            ("smx", "cpu_txt"),
+        ] {
+            if c.flags.iter().any(|f| f == flag) {
+                caps.insert(cap, "true".into());
+            }
+        }
+    }
+    let caps: Vec<String> = caps.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    p.insert("capabilities".into(), json!(caps.join(",")));
+    p
+}
+
+/// The processed data Inspector stores: the posted data plus what the hooks derived.
+pub fn processed(
+    data: &IntrospectionData,
+    ifaces: &Interfaces,
+    root: Option<&Disk>,
+    props: &Map<String, Value>,
+) -> Value {
+    let mut v = serde_json::to_value(data).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("all_interfaces".into(), Value::Object(ifaces.all.clone()));
+        m.insert("interfaces".into(), Value::Object(ifaces.used.clone()));
+        m.insert(
+            "macs".into(),
+            json!(
+                ifaces
+                    .macs
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+            ),
+        );
+        m.insert("ipmi_address".into(), json!(ifaces.bmc));
+        m.insert("root_disk".into(), json!(root));
+        for k in ["cpus", "cpu_arch", "memory_mb", "local_gb"] {
+            if let Some(x) = props.get(k) {
+                m.insert(k.into(), x.clone());
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_inventory::{Boot, Cpu, Interface, Memory};
+
+    fn disk(name: &str, gib: u64, serial: &str) -> Disk {
+        Disk {
+            name: name.into(),
+            size: gib * GIB,
+            serial: Some(serial.into()),
+            rotational: true,
+            ..Disk::default()
+        }
+    }
+
+    fn inventory() -> Inventory {
+        Inventory {
+            interfaces: vec![
+                Interface {
+                    name: "lo".into(),
+                    mac_address: Some("00:00:00:00:00:00".into()),
+                    ..Interface::default()
+                },
+                Interface {
+                    name: "eth0".into(),
+                    mac_address: Some("52:54:00:00:00:01".into()),
+                    ipv4_address: Some("198.18.0.100".into()),
+                    ..Interface::default()
+                },
+                Interface {
+                    name: "eth1".into(),
+                    mac_address: Some("52:54:00:00:00:02".into()),
+                    ..Interface::default()
+                },
+                Interface {
+                    name: "ib0".into(),
+                    mac_address: None,
+                    ..Interface::default()
+                },
+            ],
+            cpu: Some(Cpu {
+                count: Some(4),
+                architecture: Some("x86_64".into()),
+                flags: vec!["vmx".into(), "aes".into(), "sse".into()],
+                ..Cpu::default()
+            }),
+            memory: Some(Memory {
+                total: Some(500 << 20),
+                physical_mb: Some(512),
+                ..Memory::default()
+            }),
+            disks: vec![
+                disk("/dev/vda", 20, "AAA"),
+                disk("/dev/vdb", 8, "BBB"),
+                disk("/dev/vdc", 2, "CCC"),
+            ],
+            boot: Some(Boot {
+                current_boot_mode: "bios".into(),
+                pxe_interface: None,
+            }),
+            bmc_address: Some("0.0.0.0".into()),
+            ..Inventory::default()
+        }
+    }
+
+    #[test]
+    fn interfaces_pxe_first_then_addressed() {
+        let inv = inventory();
+        let mut data = IntrospectionData {
+            boot_interface: Some("01-52-54-00-00-00-02".into()),
+            ..Default::default()
+        };
+        let i = validate_interfaces(&data, &inv).unwrap();
+        assert_eq!(i.all.len(), 2, "lo and MAC-less skipped");
+        assert_eq!(i.used.keys().collect::<Vec<_>>(), ["eth1"]);
+        assert_eq!(i.pxe_mac, Some(MacAddr([0x52, 0x54, 0, 0, 0, 2])));
+        assert_eq!(i.bmc, None, "0.0.0.0 is no BMC");
+        data.boot_interface = None;
+        let i = validate_interfaces(&data, &inv).unwrap();
+        assert_eq!(
+            i.used.keys().collect::<Vec<_>>(),
+            ["eth0"],
+            "with no PXE NIC, those with an address"
+        );
+        let mut bare = inventory();
+        bare.interfaces.truncate(1);
+        assert!(
+            validate_interfaces(&data, &bare)
+                .unwrap_err()
+                .starts_with("No suitable interfaces found")
+        );
+    }
+
+    #[test]
+    fn root_disk_hints() {
+        let inv = inventory();
+        let data = IntrospectionData::default();
+        let pick = |h: Value| root_disk_selection(&data, &inv, Some(&h)).map(|d| d.map(|d| d.name));
+        assert_eq!(
+            root_disk_selection(&data, &inv, None)
+                .unwrap()
+                .unwrap()
+                .name,
+            "/dev/vdb",
+            "smallest ≥ 4 GiB"
+        );
+        assert_eq!(pick(json!({"serial": "AAA"})).unwrap().unwrap(), "/dev/vda");
+        assert_eq!(pick(json!({"size": 8})).unwrap().unwrap(), "/dev/vdb");
+        assert_eq!(pick(json!({"size": ">= 10"})).unwrap().unwrap(), "/dev/vda");
+        assert_eq!(
+            pick(json!({"name": "s== /dev/vdc", "rotational": true}))
+                .unwrap()
+                .unwrap(),
+            "/dev/vdc"
+        );
+        assert!(
+            pick(json!({"serial": "ZZZ"}))
+                .unwrap_err()
+                .contains("No disks satisfied root device hints")
+        );
+        assert!(
+            pick(json!({"colour": "red"})).is_err(),
+            "unknown hint matches nothing"
+        );
+    }
+
+    #[test]
+    fn scheduler_and_capabilities() {
+        let inv = inventory();
+        let root = disk("/dev/vdb", 8, "BBB");
+        let p = properties(&inv, Some(&root));
+        assert_eq!(p["cpus"], 4);
+        assert_eq!(p["cpu_arch"], "x86_64");
+        assert_eq!(p["memory_mb"], 512);
+        assert_eq!(p["local_gb"], 7);
+        assert_eq!(p["capabilities"], "boot_mode:bios,cpu_aes:true,cpu_vt:true");
+        assert_eq!(properties(&inv, None)["local_gb"], 0);
+    }
+
+    #[test]
+    fn ramdisk_errors_fail_processing() {
+        let mut d = IntrospectionData::default();
+        assert!(ramdisk_error(&d).is_ok());
+        d.error = Some("  ".into());
+        assert!(ramdisk_error(&d).is_ok());
+        d.error = Some("disk collector: no /sys/block".into());
+        assert_eq!(
+            ramdisk_error(&d).unwrap_err(),
+            "Ramdisk reported error: disk collector: no /sys/block"
+        );
+    }
+}

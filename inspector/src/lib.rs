@@ -1,0 +1,8 @@
+//! Introspection: the state machine, node lookup, auto-enrolment, processing hooks, rules,
+//! and the Ironic-Inspector-v1-compatible HTTP API.
+
+pub mod hooks;
+pub mod lookup;
+pub mod node;
+pub mod rules;
+pub mod state;
