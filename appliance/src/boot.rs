@@ -3,8 +3,9 @@
 
 use paddock_dhcp::MacAddr;
 
+use paddock_inspector::node::Node;
+
 use crate::config::Discovery;
-use crate::nodes::{Node, NodeState};
 
 /// Renders `/boot/{mac}.ipxe` for a machine.
 pub fn script(
@@ -14,16 +15,16 @@ pub fn script(
     public_url: &str,
 ) -> String {
     let self_url = format!("{public_url}/boot/{mac}.ipxe");
-    match node.map(|n| (n.state, n)) {
-        Some((NodeState::Idle, n)) => format!(
+    match node.filter(|n| !n.inspecting()) {
+        Some(n) => format!(
             "#!ipxe\n\
              echo Paddock: {who} ({mac}) is idle: booting from the local disk\n\
              sanboot --no-describe --drive 0x80 || exit\n",
             who = n.name.as_deref().unwrap_or("node"),
         ),
-        Some((NodeState::Inspecting, _)) | None => {
+        None => {
             let why = if node.is_some() {
-                "to be inspected"
+                "under introspection"
             } else {
                 "unknown"
             };
@@ -91,25 +92,33 @@ mod tests {
 
     #[test]
     fn idle_machines_boot_locally() {
-        let node = Node {
-            uuid: uuid::Uuid::nil(),
-            name: Some("rack1-u7".into()),
-            macs: vec![MAC],
-            state: NodeState::Idle,
-        };
+        use paddock_inspector::node::Introspection;
+        use paddock_inspector::state::State;
+        let mut node = Node::new(uuid::Uuid::nil(), 0);
+        node.name = Some("rack1-u7".into());
+        node.macs = vec![MAC];
         let s = script(MAC, Some(&node), &discovery(), "http://p");
         assert!(
             s.contains("sanboot --no-describe --drive 0x80 || exit"),
             "{s}"
         );
         assert!(!s.contains("kernel"));
-        let inspecting = Node {
-            state: NodeState::Inspecting,
-            ..node
-        };
-        assert!(
-            script(MAC, Some(&inspecting), &discovery(), "http://p").contains("kernel http://p/k")
-        );
+        for (state, ramdisk) in [
+            (State::Waiting, true),
+            (State::Enrolling, true),
+            (State::Finished, false),
+            (State::Error, false),
+        ] {
+            node.introspection = Some(Introspection {
+                state,
+                started_at: Some(0),
+                finished_at: None,
+                error: None,
+                manage_boot: true,
+            });
+            let s = script(MAC, Some(&node), &discovery(), "http://p");
+            assert_eq!(s.contains("kernel http://p/k"), ramdisk, "{state:?}: {s}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use ipnet::Ipv4Net;
 use paddock_dhcp::{BootPolicy, MacAddr, Pool, Reservation, Subnet};
+use paddock_inspector::service::{InspectorConfig, NextAction};
 use serde::Deserialize;
 
 /// The file as written. Every section and key is optional; unknown keys are errors, so a typo
@@ -22,6 +23,22 @@ pub struct FileConfig {
     pub dhcp: DhcpFile,
     pub tftp: TftpFile,
     pub boot: BootFile,
+    pub inspector: InspectorFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InspectorFile {
+    /// Enrol machines no node matches (default true).
+    pub auto_enrol: Option<bool>,
+    /// Seconds before a running introspection ends in error (default 3600).
+    pub timeout_secs: Option<i64>,
+    /// How often timeouts are checked (default 10).
+    pub clean_up_period_secs: Option<u64>,
+    /// Largest `/v1/continue` body in bytes (default 4 MiB).
+    pub max_body_bytes: Option<usize>,
+    /// What the ramdisk does after introspection: poweroff, reboot or wait (default poweroff).
+    pub after_inspection: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +180,8 @@ pub struct Config {
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
     pub discovery: Discovery,
+    pub inspector: paddock_inspector::service::InspectorConfig,
+    pub clean_up_period: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -302,6 +321,35 @@ impl FileConfig {
         } else {
             None
         };
+        let i = &self.inspector;
+        let after_inspection = match i.after_inspection.as_deref().unwrap_or("poweroff") {
+            "poweroff" => NextAction::Poweroff,
+            "reboot" => NextAction::Reboot,
+            "wait" => NextAction::Wait,
+            other => {
+                p.push(format!(
+                    "inspector.after_inspection: {other:?} is not poweroff, reboot or wait"
+                ));
+                NextAction::Poweroff
+            }
+        };
+        let timeout_secs = i.timeout_secs.unwrap_or(3600);
+        if timeout_secs < 10 {
+            p.push(format!(
+                "inspector.timeout_secs: {timeout_secs} is too short (at least 10)"
+            ));
+        }
+        let clean_up = i.clean_up_period_secs.unwrap_or(10);
+        if clean_up == 0 {
+            p.push("inspector.clean_up_period_secs: 0 would never time introspections out; use at least 1".into());
+        }
+        let inspector = InspectorConfig {
+            auto_enrol: i.auto_enrol.unwrap_or(true),
+            timeout_secs,
+            max_body_bytes: i.max_body_bytes.unwrap_or(4 << 20),
+            after_inspection,
+            public_url: public_url.clone(),
+        };
         let tftp = if self.tftp.enabled.unwrap_or(true) {
             validate_tftp(self.tftp, &mut p)
         } else {
@@ -326,6 +374,8 @@ impl FileConfig {
                 initrd: self.boot.discovery.initrd,
                 cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
             },
+            inspector,
+            clean_up_period: Duration::from_secs(clean_up.max(1)),
         })
     }
 }

@@ -4,5 +4,4 @@
 pub mod boot;
 pub mod config;
 pub mod http;
-pub mod nodes;
 pub mod serve;

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use paddock_dhcp::shell::{DhcpService, Listener};
 use paddock_dhcp::{Admission, ClientPolicy, Leases, MacAddr, Server, ServerConfig};
+use paddock_inspector::service::{Inspector, now_secs};
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::boot;
 use crate::config::{Config, DhcpConfig, LogFormat};
 use crate::http::{AppState, router};
-use crate::nodes::Nodes;
 
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
@@ -107,9 +107,26 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
 
+    let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
+    {
+        // Introspection timeouts (Inspector's periodic clean-up).
+        let inspector = inspector.clone();
+        let period = cfg.clean_up_period;
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                match inspector.expire(now_secs()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(count = n, "inspector: introspections timed out"),
+                    Err(e) => tracing::error!(error = %e, "inspector: timeout check failed"),
+                }
+            }
+        });
+    }
     let state = AppState {
         config: cfg.clone(),
-        nodes: Nodes::new(store.clone()),
+        inspector,
         dhcp,
     };
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)

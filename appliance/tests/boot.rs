@@ -184,11 +184,12 @@ fn http_boot_scripts_follow_node_state_and_assets_support_range() {
         "{unknown}"
     );
     assert!(unknown.contains("console=ttyS0"));
-    // Enrol it as idle: it now boots from its disk.
+    // Enrol it (no introspection): it now boots from its disk.
     let created = c.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"],\"name\":\"rack1-u7\",\"state\":\"idle\"}}' {PUBLIC_URL}/api/v1/nodes"
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"],\"name\":\"rack1-u7\"}}' {PUBLIC_URL}/api/v1/nodes"
     ));
-    assert!(created.contains("\"state\":\"idle\""), "{created}");
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let uuid = created["uuid"].as_str().unwrap().to_string();
     let idle = c.sh_ok(&format!(
         "curl -sf {PUBLIC_URL}/boot/{}.ipxe",
         mac.to_uppercase()
@@ -196,6 +197,22 @@ fn http_boot_scripts_follow_node_state_and_assets_support_range() {
     assert!(
         idle.contains("sanboot --no-describe --drive 0x80"),
         "{idle}"
+    );
+    // Start an introspection: the ramdisk again.
+    let code = c.sh_ok(&format!(
+        "curl -s -o /dev/null -w '%{{http_code}}' -X POST {PUBLIC_URL}/v1/introspection/rack1-u7"
+    ));
+    assert_eq!(code, "202");
+    let inspecting = c.sh_ok(&format!("curl -sf {PUBLIC_URL}/boot/{mac}.ipxe"));
+    assert!(
+        inspecting.contains("booting the discovery ramdisk"),
+        "{inspecting}"
+    );
+    // The timeline shows the scripts served.
+    let shown = c.sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/nodes/{uuid}"));
+    assert!(
+        shown.contains("boot-script") && shown.contains("introspection-started"),
+        "{shown}"
     );
     // The same MAC cannot be enrolled twice.
     let dup = c.sh_ok(&format!(

@@ -259,7 +259,7 @@ enabled = false
     );
     let _app = Appliance::start(&link.server, &scratch, &config);
     // ISC dhcrelay: -a adds option 82 (circuit id = the client-side interface name).
-    let _relay = relay.spawn(
+    let mut dhcrelay = relay.spawn(
         &format!("dhcrelay -d -4 -a -iu {rs} -id {rc} 198.18.1.1"),
         &scratch.path("dhcrelay.log"),
     );
@@ -272,6 +272,8 @@ enabled = false
         ))
     };
     let out = udhcpc_on(&cr);
+    let _ = dhcrelay.kill();
+    let _ = dhcrelay.wait();
     assert!(
         out.status.success(),
         "no lease through the relay: {}\nrelay log: {}",

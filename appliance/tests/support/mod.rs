@@ -363,3 +363,107 @@ pub fn udhcpc(
     let text = std::fs::read_to_string(&bound).ok()?;
     Some(env_map(&text))
 }
+
+/// An HTTP answer as curl saw it.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+    /// The Inspector error message, asserting the `{"error": {"message": …}}` shape.
+    #[track_caller]
+    pub fn error(&self) -> String {
+        let v = self.json();
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error.message in {v}"))
+            .to_string()
+    }
+}
+
+/// Calls the appliance's HTTP API with curl from inside `ns`.
+pub fn http(
+    ns: &Ns,
+    scratch: &Scratch,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Resp {
+    let mut cmd = format!("curl -s -i -X {method} '{PUBLIC_URL}{path}'");
+    for (k, v) in headers {
+        cmd.push_str(&format!(" -H '{k}: {v}'"));
+    }
+    if let Some(b) = body {
+        let f = scratch.path(&format!(
+            "body-{}.json",
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&f, b).expect("write body");
+        cmd.push_str(&format!(
+            " -H 'Content-Type: application/json' --data-binary @{}",
+            f.display()
+        ));
+    }
+    let out = ns.sh(&cmd);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no HTTP status from `{cmd}`: {text:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Resp {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// An IPA-shaped inventory for a machine with these MACs (the first is the PXE NIC).
+pub fn inventory(macs: &[&str], cpus: u32, memory_mb: u64, disks_gib: &[u64]) -> serde_json::Value {
+    serde_json::json!({
+        "inventory": {
+            "interfaces": macs.iter().enumerate().map(|(i, m)| serde_json::json!({
+                "name": format!("eth{i}"), "mac_address": m,
+                "ipv4_address": if i == 0 { serde_json::json!("198.18.0.150") } else { serde_json::Value::Null },
+                "has_carrier": true, "speed_mbps": 1000, "driver": "virtio_net"
+            })).collect::<Vec<_>>(),
+            "cpu": {"model_name": "QEMU Virtual CPU", "count": cpus, "architecture": "x86_64", "flags": ["fpu", "aes"], "socket_count": 1},
+            "memory": {"total": memory_mb * 1024 * 1024 - 50_000_000, "physical_mb": memory_mb},
+            "disks": disks_gib.iter().enumerate().map(|(i, g)| serde_json::json!({
+                "name": format!("/dev/vd{}", (b'a' + i as u8) as char), "size": g << 30, "rotational": true,
+                "serial": format!("disk{i}"), "by_path": format!("/dev/disk/by-path/pci-0000:00:0{}.0", 4 + i)
+            })).collect::<Vec<_>>(),
+            "system_vendor": {"product_name": "Standard PC (i440FX + PIIX, 1996)", "serial_number": "", "manufacturer": "QEMU",
+                              "firmware": {"vendor": "SeaBIOS", "version": "1.16.2", "build_date": "04/01/2014"}},
+            "boot": {"current_boot_mode": "bios", "pxe_interface": macs[0]},
+            "hostname": "localhost"
+        },
+        "boot_interface": format!("01-{}", macs[0].replace(':', "-")),
+        "error": null
+    })
+}

@@ -1,0 +1,597 @@
+//! The Ironic-Inspector-v1-compatible API against a running appliance: every route, the
+//! status codes, the microversion headers and the error body shape.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+const VERSION: &str = "X-OpenStack-Ironic-Inspector-API-Version";
+
+struct Api {
+    link: Link,
+    scratch: Scratch,
+    _app: Appliance,
+}
+
+impl Api {
+    fn start(extra: &str) -> Self {
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let config = format!(
+            "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n[dhcp]\nenabled = false\n[tftp]\nenabled = false\n{extra}",
+            scratch.path("data").display()
+        );
+        let app = Appliance::start(&link.server, &scratch, &config);
+        Api {
+            link,
+            scratch,
+            _app: app,
+        }
+    }
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Resp {
+        let body = body.map(|b| b.to_string());
+        http(
+            &self.link.server,
+            &self.scratch,
+            method,
+            path,
+            body.as_deref(),
+            headers,
+        )
+    }
+    fn get(&self, path: &str) -> Resp {
+        self.call("GET", path, None, &[])
+    }
+    fn post(&self, path: &str, body: &Value) -> Resp {
+        self.call("POST", path, Some(body), &[])
+    }
+    fn raw(&self, path: &str, body: &str) -> Resp {
+        http(
+            &self.link.server,
+            &self.scratch,
+            "POST",
+            path,
+            Some(body),
+            &[],
+        )
+    }
+    fn node_count(&self) -> usize {
+        self.get("/api/v1/nodes").json().as_array().unwrap().len()
+    }
+    fn create(&self, name: &str, macs: &[&str]) -> String {
+        let r = self.post("/api/v1/nodes", &json!({"name": name, "macs": macs}));
+        assert_eq!(r.status, 201, "{r:?}");
+        r.json()["uuid"].as_str().unwrap().to_string()
+    }
+}
+
+#[test]
+fn versions_and_microversion_headers() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let r = api.get("/");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["versions"][0]["id"], "1.18");
+    assert_eq!(
+        r.header("X-OpenStack-Ironic-Inspector-API-Minimum-Version"),
+        Some("1.0")
+    );
+    assert_eq!(
+        r.header("X-OpenStack-Ironic-Inspector-API-Maximum-Version"),
+        Some("1.18")
+    );
+    let r = api.get("/v1");
+    assert_eq!(r.status, 200);
+    let index = r.json();
+    let names: Vec<&str> = index["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["introspection", "continue", "rules"]);
+    for (v, status, text) in [
+        ("1.x", 400, "Malformed API version"),
+        ("2.0", 406, "Unsupported API version"),
+        ("1.19", 406, "supported range is 1.0 to 1.18"),
+    ] {
+        let r = api.call("GET", "/v1/introspection", None, &[(VERSION, v)]);
+        assert_eq!(r.status, status, "{v}");
+        assert!(r.error().contains(text), "{v}: {}", r.body);
+        assert_eq!(
+            r.header("X-OpenStack-Ironic-Inspector-API-Maximum-Version"),
+            Some("1.18"),
+            "headers on errors too"
+        );
+    }
+    assert_eq!(
+        api.call("GET", "/v1/introspection", None, &[(VERSION, "latest")])
+            .status,
+        200
+    );
+    // Features above the requested version are not there.
+    let r = api.call("GET", "/v1/introspection", None, &[(VERSION, "1.7")]);
+    assert_eq!(r.status, 404);
+    assert!(r.error().contains("requires API version 1.8"));
+}
+
+#[test]
+fn introspection_lifecycle() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let mac = "52:54:00:aa:00:01";
+    let uuid = api.create("r1u1", &[mac]);
+    let r = api.get(&format!("/v1/introspection/{uuid}"));
+    assert_eq!(r.status, 404, "never introspected");
+    assert!(r.error().contains("Could not find node"));
+    assert_eq!(api.get("/v1/introspection/no-such-node").status, 404);
+    let r = api.call(
+        "POST",
+        "/v1/introspection/r1u1?manage_boot=maybe",
+        None,
+        &[],
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("manage_boot"));
+    let r = api.call("POST", "/v1/introspection/r1u1", None, &[]);
+    assert_eq!((r.status, r.body.as_str()), (202, "{}"));
+    // Status by UUID and by name (names need 1.5).
+    let s = api.get(&format!("/v1/introspection/{uuid}")).json();
+    assert_eq!(
+        (s["state"].as_str(), s["finished"].as_bool()),
+        (Some("waiting"), Some(false))
+    );
+    assert!(
+        s["started_at"].as_str().unwrap().len() == 19
+            && s["finished_at"].is_null()
+            && s["error"].is_null()
+    );
+    assert!(
+        s["links"][0]["href"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/v1/introspection/{uuid}"))
+    );
+    assert_eq!(api.get("/v1/introspection/r1u1").status, 200);
+    assert_eq!(
+        api.call("GET", "/v1/introspection/r1u1", None, &[(VERSION, "1.4")])
+            .status,
+        400
+    );
+    let old = api
+        .call(
+            "GET",
+            &format!("/v1/introspection/{uuid}"),
+            None,
+            &[(VERSION, "1.6")],
+        )
+        .json();
+    assert!(
+        old.get("state").is_none() && old.get("uuid").is_none(),
+        "1.6 has neither uuid nor state: {old}"
+    );
+    // The ramdisk posts: processed, finished.
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&[mac, "52:54:00:aa:00:02"], 2, 512, &[10, 20]),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["uuid"], uuid.as_str());
+    let s = api.get(&format!("/v1/introspection/{uuid}")).json();
+    assert_eq!(
+        (s["state"].as_str(), s["finished"].as_bool()),
+        (Some("finished"), Some(true))
+    );
+    let d = api.get(&format!("/v1/introspection/{uuid}/data"));
+    assert_eq!(d.status, 200);
+    let d = d.json();
+    assert_eq!(
+        (
+            d["cpus"].as_u64(),
+            d["memory_mb"].as_u64(),
+            d["local_gb"].as_u64()
+        ),
+        (Some(2), Some(512), Some(9))
+    );
+    assert_eq!(d["root_disk"]["name"], "/dev/vda");
+    assert_eq!(d["macs"], json!([mac]));
+    let raw = api.get(&format!("/v1/introspection/{uuid}/data/unprocessed"));
+    assert_eq!(raw.status, 200);
+    assert!(
+        raw.json().get("all_interfaces").is_none(),
+        "unprocessed is as posted"
+    );
+    assert_eq!(
+        api.call(
+            "GET",
+            &format!("/v1/introspection/{uuid}/data/unprocessed"),
+            None,
+            &[(VERSION, "1.16")]
+        )
+        .status,
+        404
+    );
+    // The node now knows both NICs and its properties.
+    let n = api.get(&format!("/api/v1/nodes/{uuid}")).json();
+    assert_eq!(n["macs"].as_array().unwrap().len(), 2);
+    assert_eq!(n["properties"]["cpus"], 2);
+    assert!(
+        n["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "introspection-finished")
+    );
+    // Reapply stored data, and with a body (1.15).
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("/v1/introspection/{uuid}/data/unprocessed"),
+            None,
+            &[]
+        )
+        .status,
+        202
+    );
+    let r = api.post(
+        &format!("/v1/introspection/{uuid}/data/unprocessed"),
+        &inventory(&[mac], 8, 4096, &[50]),
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(
+        api.get(&format!("/api/v1/nodes/{uuid}")).json()["properties"]["cpus"],
+        8
+    );
+    assert_eq!(
+        api.raw(&format!("/v1/introspection/{uuid}/data/unprocessed"), "[1]")
+            .status,
+        400
+    );
+    // Listing: filters, marker, limit.
+    let other = api.create("r1u2", &["52:54:00:aa:00:03"]);
+    assert_eq!(
+        api.call("POST", &format!("/v1/introspection/{other}"), None, &[])
+            .status,
+        202
+    );
+    let l = api.get("/v1/introspection").json();
+    assert_eq!(l["introspection"].as_array().unwrap().len(), 2);
+    let l = api.get("/v1/introspection?state=waiting").json();
+    assert_eq!(l["introspection"].as_array().unwrap().len(), 1);
+    assert_eq!(l["introspection"][0]["uuid"], other.as_str());
+    let l = api.get("/v1/introspection?limit=1").json();
+    let first = l["introspection"][0]["uuid"].as_str().unwrap().to_string();
+    let l = api.get(&format!("/v1/introspection?marker={first}")).json();
+    assert_eq!(l["introspection"].as_array().unwrap().len(), 1);
+    assert_ne!(l["introspection"][0]["uuid"], first.as_str());
+    for bad in [
+        "state=bogus",
+        "limit=abc",
+        "limit=5000",
+        "marker=00000000-0000-0000-0000-000000000009",
+        "marker=nope",
+    ] {
+        let r = api.get(&format!("/v1/introspection?{bad}"));
+        assert_eq!(r.status, 400, "{bad}");
+        r.error();
+    }
+    assert_eq!(
+        api.call(
+            "GET",
+            "/v1/introspection?state=waiting",
+            None,
+            &[(VERSION, "1.17")]
+        )
+        .status,
+        404
+    );
+    // Abort: a waiting node is aborted; its ramdisk's inventory is then refused.
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("/v1/introspection/{other}/abort"),
+            None,
+            &[(VERSION, "1.2")]
+        )
+        .status,
+        404
+    );
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("/v1/introspection/{other}/abort"),
+            None,
+            &[]
+        )
+        .status,
+        202
+    );
+    let s = api.get(&format!("/v1/introspection/{other}")).json();
+    assert_eq!(
+        (s["state"].as_str(), s["error"].as_str()),
+        (Some("error"), Some("Canceled by operator"))
+    );
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:aa:00:03"], 1, 256, &[]),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("not under introspection"), "{}", r.body);
+    let s = api.get(&format!("/v1/introspection/{other}")).json();
+    assert_eq!(
+        s["error"], "Canceled by operator",
+        "the refused post changed nothing"
+    );
+    // Aborting what is not running is refused; aborting an unknown node is 404.
+    assert_eq!(
+        api.call(
+            "POST",
+            &format!("/v1/introspection/{uuid}/abort"),
+            None,
+            &[]
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        api.call("POST", "/v1/introspection/ghost/abort", None, &[])
+            .status,
+        404
+    );
+    assert_eq!(api.get("/v1/introspection/ghost/data").status, 404);
+}
+
+#[test]
+fn continue_refuses_bad_bodies_and_changes_nothing() {
+    require(&["curl", "ip"]);
+    let api = Api::start("[inspector]\nmax_body_bytes = 20000\n");
+    let cases: &[(&str, u16, &str)] = &[
+        ("{not json", 400, "not valid JSON"),
+        ("[1, 2]", 400, "must be a JSON object"),
+        ("{}", 400, "Hardware inventory is empty or missing"),
+        (
+            r#"{"inventory": {"interfaces": []}}"#,
+            400,
+            "No network interfaces provided",
+        ),
+        (r#"{"inventory": {"interfaces": "eth0"}}"#, 400, "IPA shape"),
+        (
+            r#"{"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01"}], "cpu": {"count": "four"}}}"#,
+            400,
+            "IPA shape",
+        ),
+        (
+            r#"{"inventory": {"interfaces": [{"name": "lo"}]}}"#,
+            400,
+            "No suitable interfaces",
+        ),
+    ];
+    for (body, status, text) in cases {
+        let r = api.raw("/v1/continue", body);
+        assert_eq!(r.status, *status, "{body}: {}", r.body);
+        assert!(r.error().contains(text), "{body}: {}", r.body);
+    }
+    let big = format!(
+        r#"{{"inventory": {{"interfaces": [], "pad": "{}"}}}}"#,
+        "x".repeat(30_000)
+    );
+    let r = api.raw("/v1/continue", &big);
+    assert_eq!(r.status, 413);
+    assert!(r.error().contains("larger than 20000 bytes"));
+    assert_eq!(api.node_count(), 0, "no bad body created a node");
+}
+
+#[test]
+fn unknown_machines_are_enrolled_once_and_ramdisk_errors_end_in_error() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let body = inventory(&["52:54:00:bb:00:01"], 4, 2048, &[40]);
+    let r = api.post("/v1/continue", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let uuid = r.json()["uuid"].as_str().unwrap().to_string();
+    // The same post again (an agent retrying after a lost answer) gets the same node.
+    let again = api.post("/v1/continue", &body);
+    assert_eq!(
+        (again.status, again.json()["uuid"].as_str()),
+        (200, Some(uuid.as_str()))
+    );
+    assert_eq!(api.node_count(), 1);
+    let n = api.get(&format!("/api/v1/nodes/{uuid}")).json();
+    assert_eq!(n["auto_discovered"], true);
+    assert_eq!(n["introspection"]["state"], "finished");
+    let kinds: Vec<&str> = n["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    for k in [
+        "enrolled",
+        "inventory-received",
+        "hooks",
+        "introspection-finished",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    // A ramdisk that reports an error: the machine is enrolled and ends in error with it.
+    let mut failing = inventory(&["52:54:00:bb:00:02"], 1, 512, &[]);
+    failing["error"] = json!("collector disks: /sys/block unreadable");
+    let r = api.post("/v1/continue", &failing);
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("collector disks: /sys/block unreadable"));
+    let nodes = api.get("/api/v1/nodes").json();
+    let failed = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["macs"][0] == "52:54:00:bb:00:02")
+        .expect("enrolled");
+    assert_eq!(failed["introspection"]["state"], "error");
+    assert_eq!(
+        failed["introspection"]["error"],
+        "Ramdisk reported error: collector disks: /sys/block unreadable"
+    );
+}
+
+#[test]
+fn auto_enrolment_can_be_turned_off() {
+    require(&["curl", "ip"]);
+    let api = Api::start("[inspector]\nauto_enrol = false\n");
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:cc:00:01"], 1, 512, &[]),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("Could not find a node"), "{}", r.body);
+    assert_eq!(api.node_count(), 0);
+}
+
+#[test]
+fn rules_crud_and_effect() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let bad = api.post("/v1/rules", &json!({"conditions": [], "actions": []}));
+    assert_eq!(bad.status, 400);
+    assert!(bad.error().contains("at least one action"));
+    assert_eq!(api.raw("/v1/rules", "{oops").status, 400);
+    let rule = json!({
+        "uuid": "7f3a8c52-1e2b-4c7d-9a6e-000000000001",
+        "description": "tag big machines",
+        "conditions": [{"op": "ge", "field": "memory_mb", "value": 1024}],
+        "actions": [{"action": "set-attribute", "path": "/extra/size", "value": "big-{data[cpus]}"}]
+    });
+    let r = api.post("/v1/rules", &rule);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.json()["conditions"][0]["multiple"], "any");
+    assert_eq!(r.json()["conditions"][0]["invert"], false);
+    assert_eq!(api.post("/v1/rules", &rule).status, 409, "duplicate UUID");
+    let mut older = rule.clone();
+    older["uuid"] = json!("7f3a8c52-1e2b-4c7d-9a6e-000000000002");
+    assert_eq!(
+        api.call("POST", "/v1/rules", Some(&older), &[(VERSION, "1.5")])
+            .status,
+        200,
+        "201 only from 1.6"
+    );
+    assert_eq!(
+        api.call("GET", "/v1/rules", None, &[(VERSION, "1.1")])
+            .status,
+        404
+    );
+    let list = api.get("/v1/rules").json();
+    assert_eq!(list["rules"].as_array().unwrap().len(), 2);
+    assert!(list["rules"][0].get("conditions").is_none(), "short form");
+    let one = api.get("/v1/rules/7f3a8c52-1e2b-4c7d-9a6e-000000000001");
+    assert_eq!(
+        (one.status, one.json()["description"].as_str()),
+        (200, Some("tag big machines"))
+    );
+    // The rule runs on processing.
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:dd:00:01"], 3, 2048, &[8]),
+    );
+    let uuid = r.json()["uuid"].as_str().unwrap().to_string();
+    assert_eq!(
+        api.get(&format!("/api/v1/nodes/{uuid}")).json()["extra"]["size"],
+        "big-3"
+    );
+    let d = api.call(
+        "DELETE",
+        "/v1/rules/7f3a8c52-1e2b-4c7d-9a6e-000000000001",
+        None,
+        &[],
+    );
+    // Inspector's Flask sends `Content-Length: 0`; hyper drops the header on 204 as RFC 9110
+    // requires, and the body is empty either way.
+    assert_eq!((d.status, d.body.as_str()), (204, ""));
+    let d = api.call(
+        "DELETE",
+        "/v1/rules/7f3a8c52-1e2b-4c7d-9a6e-000000000001",
+        None,
+        &[],
+    );
+    assert_eq!(d.status, 404);
+    assert!(d.error().contains("not found"));
+    assert_eq!(api.call("DELETE", "/v1/rules", None, &[]).status, 204);
+    assert_eq!(api.get("/v1/rules").json()["rules"], json!([]));
+    // A failing rule ends processing in error.
+    api.post(
+        "/v1/rules",
+        &json!({"actions": [{"action": "fail", "message": "no machines today"}]}),
+    );
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:dd:00:02"], 1, 512, &[]),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error(), "no machines today");
+}
+
+#[test]
+fn introspection_times_out() {
+    require(&["curl", "ip"]);
+    let api = Api::start("[inspector]\ntimeout_secs = 10\nclean_up_period_secs = 1\n");
+    let uuid = api.create("slow", &["52:54:00:ee:00:01"]);
+    assert_eq!(
+        api.call("POST", "/v1/introspection/slow", None, &[]).status,
+        202
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let s = api.get(&format!("/v1/introspection/{uuid}")).json();
+        if s["state"] == "error" {
+            assert_eq!(s["error"], "Introspection timeout");
+            assert_eq!(s["finished"], true);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no timeout: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn agent_endpoints() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let uuid = api.create("agent", &["52:54:00:ff:00:01"]);
+    api.call("POST", "/v1/introspection/agent", None, &[]);
+    assert_eq!(
+        api.get(&format!("/api/v1/agent/{uuid}/next")).json()["action"],
+        "wait"
+    );
+    let r = api.post(
+        "/api/v1/agent/events",
+        &json!({"mac": "52:54:00:ff:00:01", "step": "booted", "message": "ramdisk up"}),
+    );
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        api.post("/api/v1/agent/events", &json!({"mac": "zz", "step": "x"}))
+            .status,
+        400
+    );
+    api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:ff:00:01"], 1, 512, &[]),
+    );
+    assert_eq!(
+        api.get(&format!("/api/v1/agent/{uuid}/next")).json()["action"],
+        "poweroff"
+    );
+    assert_eq!(api.get("/api/v1/agent/ghost/next").status, 404);
+    let n = api.get(&format!("/api/v1/nodes/{uuid}")).json();
+    assert!(
+        n["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "ramdisk-booted" && e["message"] == "ramdisk up")
+    );
+}

@@ -1,0 +1,962 @@
+//! The inspector over the store: node records and their indexes, introspection start, abort,
+//! continue (lookup, auto-enrol, hooks, rules), stored data, rules, timeouts, and the
+//! per-node timeline. Every change is one compare-and-swap transaction on the node's record,
+//! retried on conflict, so two hosts (or two requests) never both apply a transition.
+
+use std::sync::Arc;
+
+use paddock_dhcp::MacAddr;
+use paddock_inventory::{IntrospectionData, normalise_mac};
+use paddock_store::{Compare, KeyValue, Op, Revision, Store, StoreError, Txn};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::hooks;
+use crate::lookup::{Lookup, lookup, real_bmc};
+use crate::node::{Introspection, Node};
+use crate::rules::{self, Applied, Rule};
+use crate::state::{Event, State};
+
+pub const NODES: &str = "nodes/";
+pub const MACS: &str = "node-macs/";
+pub const NAMES: &str = "node-names/";
+pub const BMCS: &str = "node-bmc/";
+pub const DATA: &str = "introspection-data/";
+pub const RULES: &str = "rules/";
+pub const EVENTS: &str = "events/";
+
+/// What the ramdisk does once its introspection has ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NextAction {
+    Poweroff,
+    Reboot,
+    Wait,
+}
+
+#[derive(Clone, Debug)]
+pub struct InspectorConfig {
+    /// Enrol machines that no node matches (on by default).
+    pub auto_enrol: bool,
+    /// Seconds an introspection may run before it ends in error ("Introspection timeout").
+    pub timeout_secs: i64,
+    /// Largest `/v1/continue` body accepted, bytes.
+    pub max_body_bytes: usize,
+    /// What a ramdisk whose introspection ended is told to do.
+    pub after_inspection: NextAction,
+    /// Base URL for `links` in API answers.
+    pub public_url: String,
+}
+
+impl Default for InspectorConfig {
+    fn default() -> Self {
+        InspectorConfig {
+            auto_enrol: true,
+            timeout_secs: 3600,
+            max_body_bytes: 4 << 20,
+            after_inspection: NextAction::Poweroff,
+            public_url: String::new(),
+        }
+    }
+}
+
+/// An error with the HTTP status Inspector gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InspectorError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl InspectorError {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        InspectorError {
+            status,
+            message: message.into(),
+        }
+    }
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new(400, message)
+    }
+    fn not_found(ident: &str) -> Self {
+        Self::new(404, format!("Could not find node {ident} in cache"))
+    }
+}
+
+impl std::fmt::Display for InspectorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.status)
+    }
+}
+
+impl From<StoreError> for InspectorError {
+    fn from(e: StoreError) -> Self {
+        InspectorError::new(500, format!("store error: {e}"))
+    }
+}
+
+type Result<T> = std::result::Result<T, InspectorError>;
+
+/// One entry of a node's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    /// Unix milliseconds.
+    pub at_ms: i64,
+    pub kind: String,
+    pub message: String,
+    #[serde(default)]
+    pub error: bool,
+}
+
+/// Where a timeline entry is filed: by node once known, by MAC before.
+#[derive(Clone, Copy, Debug)]
+pub enum Subject {
+    Node(Uuid),
+    Mac(MacAddr),
+}
+
+fn event_key(subject: Subject, at_ms: i64, seq: u32) -> String {
+    let who = match subject {
+        Subject::Node(u) => u.to_string(),
+        Subject::Mac(m) => format!("mac-{}", m.to_hex()),
+    };
+    format!("{EVENTS}{who}/{at_ms:015}-{seq:04}")
+}
+
+fn event_op(subject: Subject, at_ms: i64, seq: u32, kind: &str, message: &str, error: bool) -> Op {
+    let ev = TimelineEvent {
+        at_ms,
+        kind: kind.into(),
+        message: message.into(),
+        error,
+    };
+    Op::put(
+        event_key(subject, at_ms, seq),
+        serde_json::to_vec(&ev).unwrap_or_default(),
+    )
+}
+
+fn parse_node(kv: &KeyValue) -> Result<Node> {
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| InspectorError::new(500, format!("node record {} is unreadable: {e}", kv.key)))
+}
+
+/// Builds the transaction that writes `node` (created when `rev` is 0, else only if it still
+/// has revision `rev`) and keeps its MAC, name and BMC indexes in step with `old`.
+fn node_txn(node: &Node, old: Option<&Node>, rev: Revision) -> Txn {
+    let mut txn = Txn::default();
+    txn.compare.push(Compare::ModRevision {
+        key: format!("{NODES}{}", node.uuid),
+        revision: rev,
+    });
+    txn.success.push(Op::put(
+        format!("{NODES}{}", node.uuid),
+        serde_json::to_vec(node).unwrap_or_default(),
+    ));
+    let id = node.uuid.to_string().into_bytes();
+    let old_macs: Vec<MacAddr> = old.map(|o| o.macs.clone()).unwrap_or_default();
+    for mac in &node.macs {
+        if !old_macs.contains(mac) {
+            let key = format!("{MACS}{mac}");
+            txn.compare.push(Compare::ModRevision {
+                key: key.clone(),
+                revision: 0,
+            });
+            txn.success.push(Op::put(key, id.clone()));
+        }
+    }
+    for mac in &old_macs {
+        if !node.macs.contains(mac) {
+            txn.success.push(Op::delete(format!("{MACS}{mac}")));
+        }
+    }
+    let mut index = |prefix: &str, new: Option<&str>, old: Option<&str>| {
+        if new == old {
+            return;
+        }
+        if let Some(o) = old {
+            txn.success.push(Op::delete(format!("{prefix}{o}")));
+        }
+        if let Some(n) = new {
+            let key = format!("{prefix}{n}");
+            txn.compare.push(Compare::ModRevision {
+                key: key.clone(),
+                revision: 0,
+            });
+            txn.success.push(Op::put(key, id.clone()));
+        }
+    };
+    index(
+        NAMES,
+        node.name.as_deref(),
+        old.and_then(|o| o.name.as_deref()),
+    );
+    index(
+        BMCS,
+        real_bmc(node.bmc_address.as_deref()),
+        old.and_then(|o| real_bmc(o.bmc_address.as_deref())),
+    );
+    txn
+}
+
+pub struct Inspector {
+    store: Arc<dyn Store>,
+    pub config: InspectorConfig,
+}
+
+/// A node with the revision its record had when read.
+pub struct Versioned {
+    pub node: Node,
+    pub rev: Revision,
+}
+
+impl Inspector {
+    pub fn new(store: Arc<dyn Store>, config: InspectorConfig) -> Self {
+        Inspector { store, config }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    async fn by_index(&self, prefix: &str, key: &str) -> Result<Option<Versioned>> {
+        match self.store.get(&format!("{prefix}{key}")).await? {
+            Some(kv) => self.get(&String::from_utf8_lossy(&kv.value)).await,
+            None => Ok(None),
+        }
+    }
+
+    /// A node by UUID.
+    pub async fn get(&self, uuid: &str) -> Result<Option<Versioned>> {
+        match self.store.get(&format!("{NODES}{uuid}")).await? {
+            Some(kv) => Ok(Some(Versioned {
+                node: parse_node(&kv)?,
+                rev: kv.mod_revision,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// A node by UUID or name.
+    pub async fn find(&self, ident: &str) -> Result<Option<Versioned>> {
+        if Uuid::parse_str(ident).is_ok()
+            && let Some(v) = self.get(&ident.to_ascii_lowercase()).await?
+        {
+            return Ok(Some(v));
+        }
+        self.by_index(NAMES, ident).await
+    }
+
+    pub async fn by_mac(&self, mac: MacAddr) -> Result<Option<Versioned>> {
+        self.by_index(MACS, &mac.to_string()).await
+    }
+
+    pub async fn list(&self) -> Result<Vec<Node>> {
+        self.store
+            .range(NODES)
+            .await?
+            .iter()
+            .map(parse_node)
+            .collect()
+    }
+
+    /// Creates a node; refuses (409) if a MAC, the name or the BMC address is already taken.
+    pub async fn create(&self, node: &Node) -> Result<()> {
+        if let Some(n) = &node.name
+            && Uuid::parse_str(n).is_ok()
+        {
+            return Err(InspectorError::bad("a node name cannot be a UUID"));
+        }
+        let mut txn = node_txn(node, None, 0);
+        let at = now_ms();
+        txn.success.push(event_op(
+            Subject::Node(node.uuid),
+            at,
+            0,
+            "created",
+            "node created",
+            false,
+        ));
+        if self.store.txn(txn).await?.succeeded {
+            return Ok(());
+        }
+        for mac in &node.macs {
+            if self.store.get(&format!("{MACS}{mac}")).await?.is_some() {
+                return Err(InspectorError::new(
+                    409,
+                    format!("MAC {mac} already belongs to another node"),
+                ));
+            }
+        }
+        if let Some(n) = &node.name
+            && self.store.get(&format!("{NAMES}{n}")).await?.is_some()
+        {
+            return Err(InspectorError::new(
+                409,
+                format!("a node named {n} already exists"),
+            ));
+        }
+        Err(InspectorError::new(
+            409,
+            "the node conflicts with an existing one (UUID or BMC address)",
+        ))
+    }
+
+    /// Applies `change` to the node's current record in one CAS transaction, retrying on
+    /// conflicting writes; `change` may add ops (data, events) to the same transaction.
+    async fn update<T>(
+        &self,
+        ident: &str,
+        mut change: impl FnMut(&mut Node, &mut Vec<Op>) -> Result<T>,
+    ) -> Result<(Node, T)> {
+        for _ in 0..16 {
+            let v = self
+                .find(ident)
+                .await?
+                .ok_or_else(|| InspectorError::not_found(ident))?;
+            let old = v.node.clone();
+            let mut node = v.node;
+            let mut extra = Vec::new();
+            let out = change(&mut node, &mut extra)?;
+            let mut txn = node_txn(&node, Some(&old), v.rev);
+            txn.success.extend(extra);
+            if self.store.txn(txn).await?.succeeded {
+                return Ok((node, out));
+            }
+            if self
+                .get(&node.uuid.to_string())
+                .await?
+                .is_some_and(|cur| cur.rev == v.rev)
+            {
+                return Err(InspectorError::new(
+                    409,
+                    "the change conflicts with another node's MAC, name or BMC address",
+                ));
+            }
+        }
+        Err(InspectorError::new(
+            409,
+            "node is busy: too many concurrent changes, try again",
+        ))
+    }
+
+    /// `POST /v1/introspection/{node}`.
+    pub async fn start(&self, ident: &str, manage_boot: bool, now: i64) -> Result<Node> {
+        let (node, _) = self
+            .update(ident, |node, ops| {
+                let state = node.state().unwrap_or(State::Finished);
+                // Starting a running introspection again leaves it waiting (as Inspector does).
+                let next = match state {
+                    State::Waiting | State::Starting => State::Waiting,
+                    s => match s.next(Event::Start) {
+                        Some(_) => State::Waiting,
+                        None => {
+                            return Err(InspectorError::bad(format!(
+                                "Node {} cannot start introspection in state {}",
+                                node.uuid,
+                                s.as_str()
+                            )));
+                        }
+                    },
+                };
+                node.introspection = Some(Introspection {
+                    state: next,
+                    started_at: Some(now),
+                    finished_at: None,
+                    error: None,
+                    manage_boot,
+                });
+                ops.push(Op::DeletePrefix {
+                    prefix: format!("{DATA}{}/", node.uuid),
+                });
+                ops.push(event_op(
+                    Subject::Node(node.uuid),
+                    now * 1000,
+                    0,
+                    "introspection-started",
+                    "introspection started: the node boots the discovery ramdisk at its next PXE boot",
+                    false,
+                ));
+                Ok(())
+            })
+            .await?;
+        Ok(node)
+    }
+
+    /// `POST /v1/introspection/{node}/abort`.
+    pub async fn abort(&self, ident: &str, now: i64) -> Result<Node> {
+        let (node, _) = self
+            .update(ident, |node, ops| {
+                let intro = node.introspection.as_mut().ok_or_else(|| {
+                    InspectorError::bad(format!("Node {} is not being introspected", ident))
+                })?;
+                if intro.state.next(Event::Abort).is_none() {
+                    return Err(InspectorError::bad(format!(
+                        "Node {ident} can not be aborted in state {}",
+                        intro.state.as_str()
+                    )));
+                }
+                // There is no power step to wait for: aborting ends at once (abort_end).
+                intro.state = State::Error;
+                intro.finished_at = Some(now);
+                intro.error = Some("Canceled by operator".into());
+                ops.push(event_op(
+                    Subject::Node(node.uuid),
+                    now * 1000,
+                    0,
+                    "introspection-aborted",
+                    "Canceled by operator",
+                    true,
+                ));
+                Ok(())
+            })
+            .await?;
+        Ok(node)
+    }
+
+    /// `POST /v1/continue`: returns the node's UUID.
+    pub async fn process(&self, body: &[u8], now: i64) -> Result<Uuid> {
+        let data =
+            IntrospectionData::parse(body).map_err(|e| InspectorError::bad(e.to_string()))?;
+        let ramdisk_error = hooks::ramdisk_error(&data).err();
+        let inventory = data.inventory_checked();
+        let interfaces = inventory
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|inv| hooks::validate_interfaces(&data, inv));
+        // Lookup attributes: every MAC and the BMC address (or just the PXE MAC when the
+        // inventory is unusable, so the node can still be marked as failed).
+        let (macs, bmcs): (Vec<MacAddr>, Vec<String>) = match &interfaces {
+            Ok(i) => (i.all_macs.clone(), i.bmc.iter().cloned().collect()),
+            Err(_) => (
+                data.boot_interface
+                    .as_deref()
+                    .and_then(normalise_mac)
+                    .and_then(|m| m.parse().ok())
+                    .into_iter()
+                    .collect(),
+                Vec::new(),
+            ),
+        };
+        if macs.is_empty() && bmcs.is_empty() {
+            let why = interfaces
+                .err()
+                .or(ramdisk_error)
+                .unwrap_or_else(|| "no lookup attributes".into());
+            return Err(InspectorError::bad(why));
+        }
+        let pre_failure = ramdisk_error.or(interfaces.as_ref().err().cloned());
+        for _ in 0..16 {
+            // Candidates: every node matching any attribute.
+            let mut known: Vec<Versioned> = Vec::new();
+            for mac in &macs {
+                if let Some(v) = self.by_mac(*mac).await?
+                    && !known.iter().any(|k| k.node.uuid == v.node.uuid)
+                {
+                    known.push(v);
+                }
+            }
+            for b in &bmcs {
+                if let Some(v) = self.by_index(BMCS, b).await?
+                    && !known.iter().any(|k| k.node.uuid == v.node.uuid)
+                {
+                    known.push(v);
+                }
+            }
+            let bmc_refs: Vec<&str> = bmcs.iter().map(String::as_str).collect();
+            let active = known
+                .iter()
+                .filter(|k| k.node.inspecting())
+                .map(|k| &k.node);
+            let found = match lookup(active, &macs, &bmc_refs) {
+                Lookup::Found(u) => known.into_iter().find(|k| k.node.uuid == u),
+                Lookup::Tie(nodes) => {
+                    return Err(InspectorError::bad(format!(
+                        "Multiple nodes match the same number of attributes: {}",
+                        nodes
+                            .iter()
+                            .map(Uuid::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                Lookup::NotFound => {
+                    if let Some(k) = known.first() {
+                        // Déjà vu: the same data posted again after success is answered again.
+                        if let Some(prev) = self
+                            .store
+                            .get(&format!("{DATA}{}/unprocessed", k.node.uuid))
+                            .await?
+                            && prev.value == body
+                            && k.node.state() == Some(State::Finished)
+                        {
+                            return Ok(k.node.uuid);
+                        }
+                        let state = k.node.state().map_or("never introspected", State::as_str);
+                        let msg = format!(
+                            "Node {} is not under introspection (state: {state}); start an introspection first",
+                            k.node.uuid
+                        );
+                        self.event(Subject::Node(k.node.uuid), "inventory-refused", &msg, true)
+                            .await?;
+                        return Err(InspectorError::bad(msg));
+                    }
+                    None
+                }
+            };
+            let (node, rev, enrolled) = match found {
+                Some(v) => (v.node, v.rev, false),
+                None if self.config.auto_enrol => {
+                    let mut node = Node::new(Uuid::new_v4(), now);
+                    node.macs = macs.clone();
+                    if let Ok(i) = &interfaces {
+                        node.pxe_mac = i.pxe_mac;
+                        node.bmc_address = i.bmc.clone();
+                    }
+                    node.auto_discovered = true;
+                    node.introspection = Some(Introspection {
+                        state: State::Enrolling,
+                        started_at: Some(now),
+                        finished_at: None,
+                        error: None,
+                        manage_boot: false,
+                    });
+                    (node, 0, true)
+                }
+                None => {
+                    return Err(InspectorError::bad(format!(
+                        "Look up error: Could not find a node for attributes {{'bmc_address': {bmcs:?}, 'mac': {:?}}} (auto-enrolment is off)",
+                        macs.iter().map(MacAddr::to_string).collect::<Vec<_>>()
+                    )));
+                }
+            };
+            match self
+                .finish_processing(&data, body, node, rev, enrolled, pre_failure.clone(), now)
+                .await?
+            {
+                Some(Ok(uuid)) => return Ok(uuid),
+                Some(Err(e)) => return Err(e),
+                None => continue, // lost a race with another writer: look up again
+            }
+        }
+        Err(InspectorError::new(
+            409,
+            "node is busy: too many concurrent changes, try again",
+        ))
+    }
+
+    /// Runs the post-lookup steps and writes the result in one transaction. `None`: the
+    /// node changed underneath (retry); `Some(Err)`: processing failed and the node was
+    /// marked so.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_processing(
+        &self,
+        data: &IntrospectionData,
+        body: &[u8],
+        old: Node,
+        rev: Revision,
+        enrolled: bool,
+        pre_failure: Option<String>,
+        now: i64,
+    ) -> Result<Option<Result<Uuid>>> {
+        let mut node = old.clone();
+        let uuid = node.uuid;
+        let at = now * 1000;
+        let mut ops = vec![Op::put(format!("{DATA}{uuid}/unprocessed"), body.to_vec())];
+        let mut seq = 0;
+        let mut log = |ops: &mut Vec<Op>, kind: &str, msg: &str, error: bool| {
+            seq += 1;
+            ops.push(event_op(Subject::Node(uuid), at, seq, kind, msg, error));
+        };
+        if enrolled {
+            log(
+                &mut ops,
+                "enrolled",
+                "unknown machine enrolled from its inventory",
+                false,
+            );
+        }
+        log(&mut ops, "inventory-received", "inventory received", false);
+        let state = node.state().unwrap_or(State::Finished);
+        let outcome: std::result::Result<(), String> = (|| {
+            if let Some(e) = pre_failure {
+                return Err(e);
+            }
+            // `process` is strict: only from waiting or enrolling.
+            if state.next(Event::Process).is_none() {
+                return Err(format!(
+                    "no defined transition for event process from state {}",
+                    state.as_str()
+                ));
+            }
+            let inv = data.inventory_checked().map_err(|e| e.to_string())?;
+            let ifaces = hooks::validate_interfaces(data, inv)?;
+            let root = hooks::root_disk_selection(data, inv, node.properties.get("root_device"))?;
+            let props = hooks::properties(inv, root.as_ref());
+            let processed = hooks::processed(data, &ifaces, root.as_ref(), &props);
+            node.properties.extend(props);
+            for m in &ifaces.all_macs {
+                if !node.macs.contains(m) {
+                    node.macs.push(*m);
+                }
+            }
+            node.pxe_mac = ifaces.pxe_mac.or(node.pxe_mac);
+            if node.bmc_address.is_none() {
+                node.bmc_address = ifaces.bmc.clone();
+            }
+            log(
+                &mut ops,
+                "hooks",
+                "processing hooks ran: validate_interfaces, root_disk_selection, scheduler, capabilities",
+                false,
+            );
+            ops.push(Op::put(
+                format!("{DATA}{uuid}/processed"),
+                serde_json::to_vec(&processed).unwrap_or_default(),
+            ));
+            Ok(())
+        })();
+        let outcome = match outcome {
+            Ok(()) => {
+                let rules = self.rules().await?;
+                let processed: Value = serde_json::from_slice(
+                    ops.iter()
+                        .find_map(|o| match o {
+                            Op::Put { key, value, .. } if key.ends_with("/processed") => {
+                                Some(value.as_slice())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or(b"{}"),
+                )
+                .unwrap_or(Value::Null);
+                match rules::apply(&rules, &processed, &node) {
+                    Ok(Applied::Node(n, names)) => {
+                        node = *n;
+                        if !names.is_empty() {
+                            log(
+                                &mut ops,
+                                "rules",
+                                &format!("rules applied: {}", names.join(", ")),
+                                false,
+                            );
+                        }
+                        Ok(())
+                    }
+                    Ok(Applied::Failed(msg)) => Err(msg),
+                    Err(e) => Err(format!("rule failed: {e}")),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let intro = node.introspection.get_or_insert(Introspection {
+            state,
+            started_at: Some(now),
+            finished_at: None,
+            error: None,
+            manage_boot: false,
+        });
+        intro.finished_at = Some(now);
+        match &outcome {
+            Ok(()) => {
+                intro.state = State::Finished;
+                intro.error = None;
+                log(
+                    &mut ops,
+                    "introspection-finished",
+                    "introspection finished",
+                    false,
+                );
+            }
+            Err(e) => {
+                intro.state = State::Error;
+                intro.error = Some(e.clone());
+                log(&mut ops, "introspection-failed", e, true);
+            }
+        }
+        let mut txn = node_txn(&node, (!enrolled).then_some(&old), rev);
+        txn.success.extend(ops);
+        if !self.store.txn(txn).await?.succeeded {
+            return Ok(None);
+        }
+        tracing::info!(node = %uuid, enrolled, result = ?outcome, "inspector: inventory processed");
+        Ok(Some(outcome.map(|_| uuid).map_err(InspectorError::bad)))
+    }
+
+    /// Stored data: processed (`/data`) or as posted (`/data/unprocessed`).
+    pub async fn data(&self, ident: &str, processed: bool) -> Result<Vec<u8>> {
+        let v = self
+            .find(ident)
+            .await?
+            .ok_or_else(|| InspectorError::not_found(ident))?;
+        let which = if processed {
+            "processed"
+        } else {
+            "unprocessed"
+        };
+        self.store
+            .get(&format!("{DATA}{}/{which}", v.node.uuid))
+            .await?
+            .map(|kv| kv.value)
+            .ok_or_else(|| {
+                InspectorError::new(
+                    404,
+                    format!("Introspection data not found for node {}", v.node.uuid),
+                )
+            })
+    }
+
+    /// `POST /v1/introspection/{node}/data/unprocessed`: process stored (or given) data again.
+    pub async fn reapply(&self, ident: &str, body: Option<Value>, now: i64) -> Result<()> {
+        let v = self
+            .find(ident)
+            .await?
+            .ok_or_else(|| InspectorError::not_found(ident))?;
+        let raw = match body {
+            Some(Value::Object(o)) => serde_json::to_vec(&Value::Object(o)).unwrap_or_default(),
+            Some(_) => return Err(InspectorError::bad("Invalid data: expected a JSON object")),
+            None => self.data(ident, false).await?,
+        };
+        let state = v.node.state().unwrap_or(State::Finished);
+        if state.next(Event::Reapply).is_none() {
+            return Err(InspectorError::new(
+                409,
+                format!("Node {} is busy (state {})", v.node.uuid, state.as_str()),
+            ));
+        }
+        let data =
+            IntrospectionData::parse(&raw).map_err(|e| InspectorError::bad(e.to_string()))?;
+        let mut node = v.node.clone();
+        if let Some(i) = node.introspection.as_mut() {
+            i.state = State::Waiting;
+        }
+        let pre = hooks::ramdisk_error(&data).err();
+        match self
+            .finish_processing(&data, &raw, node, v.rev, false, pre, now)
+            .await?
+        {
+            None => Err(InspectorError::new(
+                409,
+                "node changed during reapply, try again",
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Ends introspections that ran past the timeout; returns how many.
+    pub async fn expire(&self, now: i64) -> Result<usize> {
+        let mut n = 0;
+        for node in self.list().await? {
+            let overdue = node.introspection.as_ref().is_some_and(|i| {
+                i.state.is_active()
+                    && i.started_at
+                        .is_some_and(|s| s + self.config.timeout_secs <= now)
+            });
+            if !overdue {
+                continue;
+            }
+            let res = self
+                .update(&node.uuid.to_string(), |node, ops| {
+                    let Some(i) = node.introspection.as_mut() else {
+                        return Ok(false);
+                    };
+                    if !i.state.is_active() || i.state.next(Event::Timeout).is_none() {
+                        return Ok(false); // someone finished it meanwhile
+                    }
+                    i.state = State::Error;
+                    i.finished_at = Some(now);
+                    i.error = Some("Introspection timeout".into());
+                    ops.push(event_op(
+                        Subject::Node(node.uuid),
+                        now * 1000,
+                        0,
+                        "introspection-timeout",
+                        "Introspection timeout",
+                        true,
+                    ));
+                    Ok(true)
+                })
+                .await;
+            match res {
+                Ok((_, true)) => n += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node.uuid, error = %e, "inspector: timeout not recorded")
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// What a ramdisk should do now.
+    pub async fn next_action(&self, ident: &str) -> Result<NextAction> {
+        let v = self
+            .find(ident)
+            .await?
+            .ok_or_else(|| InspectorError::not_found(ident))?;
+        Ok(if v.node.inspecting() {
+            NextAction::Wait
+        } else {
+            self.config.after_inspection
+        })
+    }
+
+    // ---- rules ----
+
+    pub async fn rules(&self) -> Result<Vec<Rule>> {
+        self.store
+            .range(RULES)
+            .await?
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice(&kv.value).map_err(|e| {
+                    InspectorError::new(500, format!("rule {} is unreadable: {e}", kv.key))
+                })
+            })
+            .collect()
+    }
+
+    pub async fn rule(&self, uuid: &str) -> Result<Rule> {
+        let kv = self
+            .store
+            .get(&format!("{RULES}{uuid}"))
+            .await?
+            .ok_or_else(|| InspectorError::new(404, format!("Rule {uuid} was not found")))?;
+        serde_json::from_slice(&kv.value).map_err(|e| InspectorError::new(500, e.to_string()))
+    }
+
+    pub async fn create_rule(&self, body: &Value, now: i64) -> Result<Rule> {
+        rules::validate(body).map_err(InspectorError::bad)?;
+        let uuid = match body.get("uuid").and_then(Value::as_str) {
+            Some(u) => Uuid::parse_str(u)
+                .map_err(|_| InspectorError::bad(format!("Invalid UUID value {u}")))?,
+            None => Uuid::new_v4(),
+        };
+        let fill = |c: &Value| {
+            let mut c = c.clone();
+            if let Value::Object(m) = &mut c {
+                m.entry("invert").or_insert(json!(false));
+                m.entry("multiple").or_insert(json!("any"));
+            }
+            c
+        };
+        let rule = Rule {
+            uuid,
+            description: body
+                .get("description")
+                .and_then(Value::as_str)
+                .map(String::from),
+            scope: body.get("scope").and_then(Value::as_str).map(String::from),
+            conditions: body
+                .get("conditions")
+                .and_then(Value::as_array)
+                .map(|c| c.iter().map(fill).collect())
+                .unwrap_or_default(),
+            actions: body["actions"].as_array().cloned().unwrap_or_default(),
+            created_at: now,
+        };
+        let created = self
+            .store
+            .create(
+                &format!("{RULES}{uuid}"),
+                serde_json::to_vec(&rule).unwrap_or_default(),
+            )
+            .await?;
+        if !created {
+            return Err(InspectorError::new(
+                409,
+                format!("Rule with UUID {uuid} already exists"),
+            ));
+        }
+        Ok(rule)
+    }
+
+    pub async fn delete_rule(&self, uuid: &str) -> Result<()> {
+        let txn = Txn {
+            compare: vec![Compare::ModRevision {
+                key: format!("{RULES}{uuid}"),
+                revision: 0,
+            }],
+            success: vec![],
+            failure: vec![Op::delete(format!("{RULES}{uuid}"))],
+        };
+        if self.store.txn(txn).await?.succeeded {
+            return Err(InspectorError::new(
+                404,
+                format!("Rule {uuid} was not found"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub async fn delete_rules(&self) -> Result<()> {
+        self.store
+            .txn(Txn {
+                success: vec![Op::DeletePrefix {
+                    prefix: RULES.into(),
+                }],
+                ..Txn::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    // ---- timeline ----
+
+    /// Records a timeline entry (best effort callers may ignore the error).
+    pub async fn event(
+        &self,
+        subject: Subject,
+        kind: &str,
+        message: &str,
+        error: bool,
+    ) -> Result<()> {
+        let at = now_ms();
+        let seq = rand_seq() % 10_000;
+        self.store
+            .txn(Txn {
+                success: vec![event_op(subject, at, seq, kind, message, error)],
+                ..Txn::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// A node's timeline: its own entries and those filed under its MACs, oldest first.
+    pub async fn timeline(&self, node: &Node) -> Result<Vec<TimelineEvent>> {
+        let mut out = Vec::new();
+        let mut prefixes = vec![format!("{EVENTS}{}/", node.uuid)];
+        prefixes.extend(
+            node.macs
+                .iter()
+                .map(|m| format!("{EVENTS}mac-{}/", m.to_hex())),
+        );
+        for p in prefixes {
+            for kv in self.store.range(&p).await? {
+                if let Ok(ev) = serde_json::from_slice::<TimelineEvent>(&kv.value) {
+                    out.push(ev);
+                }
+            }
+        }
+        out.sort_by_key(|e| e.at_ms);
+        Ok(out)
+    }
+}
+
+/// A per-call sequence number so two entries in the same millisecond do not collide.
+fn rand_seq() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn now_secs() -> i64 {
+    now_ms() / 1000
+}
