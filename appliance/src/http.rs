@@ -30,7 +30,11 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/boot/{name}", get(boot_script))
-        .route("/api/v1/leases", get(leases));
+        .route("/api/v1/leases", get(leases))
+        .route("/ui", get(crate::console::nodes))
+        .route("/ui/", get(crate::console::nodes))
+        .route("/ui/nodes/{node}", get(crate::console::node))
+        .route("/ui/leases", get(crate::console::leases));
     if let Some(dir) = &state.config.assets_dir {
         // ServeDir answers Range requests (206) and refuses paths that leave the directory.
         r = r.nest_service("/boot/assets", ServeDir::new(dir));

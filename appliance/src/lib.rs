@@ -2,6 +2,8 @@
 //! face and the `serve` wiring. `main.rs` is only the command line.
 
 pub mod boot;
+pub mod cli;
 pub mod config;
+pub mod console;
 pub mod http;
 pub mod serve;

@@ -34,6 +34,31 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ConfigCmd,
     },
+    /// Nodes of a running appliance.
+    Node {
+        /// The appliance's HTTP base URL.
+        #[arg(
+            long,
+            env = "PADDOCK_API",
+            default_value = "http://127.0.0.1:8080",
+            global = true
+        )]
+        api: String,
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Every node with its state and scheduling properties.
+    List,
+    /// One node (UUID or name) with its timeline.
+    Show { node: String },
+    /// Start an introspection: the node boots the discovery ramdisk at its next PXE boot.
+    Inspect { node: String },
+    /// Abort a running introspection.
+    Abort { node: String },
 }
 
 #[derive(Subcommand)]
@@ -89,6 +114,21 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Cmd::Node { api, cmd } => {
+            let res = match cmd {
+                NodeCmd::List => paddock::cli::node_list(&api),
+                NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),
+                NodeCmd::Inspect { node } => paddock::cli::node_inspect(&api, &node),
+                NodeCmd::Abort { node } => paddock::cli::node_abort(&api, &node),
+            };
+            match res {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Serve { config, overrides } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path),

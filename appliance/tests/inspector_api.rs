@@ -595,3 +595,87 @@ fn agent_endpoints() {
             .any(|e| e["kind"] == "ramdisk-booted" && e["message"] == "ramdisk up")
     );
 }
+
+#[test]
+fn console_and_cli_show_nodes_and_timelines() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:12:00:01"], 2, 1024, &[16]),
+    );
+    let uuid = r.json()["uuid"].as_str().unwrap().to_string();
+    let hostile = api.post(
+        "/api/v1/nodes",
+        &json!({"name": "<b>bold</b>", "macs": ["52:54:00:12:00:02"]}),
+    );
+    assert_eq!(hostile.status, 201);
+    let list = api.get("/ui");
+    assert_eq!(list.status, 200);
+    assert!(
+        list.body.contains(&uuid) && list.body.contains("finished"),
+        "{}",
+        list.body
+    );
+    assert!(
+        list.body.contains("&lt;b&gt;bold&lt;/b&gt;") && !list.body.contains("<b>bold</b>"),
+        "names are escaped"
+    );
+    let detail = api.get(&format!("/ui/nodes/{uuid}"));
+    assert_eq!(detail.status, 200);
+    for needle in [
+        "Inventory",
+        "QEMU",
+        "1024 MiB",
+        "/dev/vda",
+        "52:54:00:12:00:01",
+        "Timeline",
+        "inventory-received",
+        "introspection-finished",
+    ] {
+        assert!(
+            detail.body.contains(needle),
+            "{needle} missing from the node page"
+        );
+    }
+    assert_eq!(api.get("/ui/nodes/ghost").status, 404);
+    // The CLI against the same API.
+    let bin = env!("CARGO_BIN_EXE_paddock");
+    let out = api
+        .link
+        .server
+        .sh_ok(&format!("{bin} node list --api {PUBLIC_URL}"));
+    assert!(out.contains(&uuid) && out.contains("finished"), "{out}");
+    let out = api
+        .link
+        .server
+        .sh_ok(&format!("{bin} node show {uuid} --api {PUBLIC_URL}"));
+    assert!(
+        out.contains("introspection-finished") && out.contains("\"memory_mb\":1024"),
+        "{out}"
+    );
+    let r = api
+        .link
+        .server
+        .sh(&format!("{bin} node inspect ghost --api {PUBLIC_URL}"));
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("404: Could not find node ghost"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    api.link
+        .server
+        .sh_ok(&format!("{bin} node inspect {uuid} --api {PUBLIC_URL}"));
+    assert_eq!(
+        api.get(&format!("/v1/introspection/{uuid}")).json()["state"],
+        "waiting"
+    );
+    api.link
+        .server
+        .sh_ok(&format!("{bin} node abort {uuid} --api {PUBLIC_URL}"));
+    assert_eq!(
+        api.get(&format!("/v1/introspection/{uuid}")).json()["error"],
+        "Canceled by operator"
+    );
+}

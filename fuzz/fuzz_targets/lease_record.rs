@@ -9,5 +9,5 @@ fuzz_target!(|data: &[u8]| {
         let again = serde_json::to_vec(&lease).unwrap();
         assert_eq!(serde_json::from_slice::<paddock_dhcp::Lease>(&again).unwrap(), lease);
     }
-    let _ = serde_json::from_slice::<paddock::nodes::Node>(data);
+    let _ = serde_json::from_slice::<paddock_inspector::node::Node>(data);
 });
