@@ -5,9 +5,10 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use paddock_dhcp::shell::{DhcpService, Listener};
+use dhcproto::v4::MessageType;
+use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{Admission, ClientPolicy, Leases, MacAddr, Server, ServerConfig};
-use paddock_inspector::service::{Inspector, now_secs};
+use paddock_inspector::service::{Inspector, Subject, now_secs};
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -40,6 +41,24 @@ impl ClientPolicy for DenyList {
     }
 }
 
+/// Files "PXE client answered" entries in the machine's timeline, off the packet path.
+struct TimelineObserver(Arc<Inspector>);
+
+impl DhcpObserver for TimelineObserver {
+    fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str) {
+        let inspector = self.0.clone();
+        let what = format!("DHCP {reply:?} {ip}, boot {boot}");
+        tokio::spawn(async move {
+            if let Err(e) = inspector
+                .event(Subject::Mac(mac), "dhcp", &what, false)
+                .await
+            {
+                tracing::warn!(%mac, error = %e, "dhcp: timeline entry not recorded");
+            }
+        });
+    }
+}
+
 /// The IPv4 address that identifies this server on `interface`: the first one inside a
 /// configured subnet, else the first one.
 fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Addr> {
@@ -63,6 +82,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?);
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
+    let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
 
     let dhcp = match &cfg.dhcp {
         Some(d) => {
@@ -87,7 +107,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 },
             );
             let policy = Arc::new(DenyList(d.deny_macs.clone()));
-            let service = DhcpService::new(server, store.clone(), policy).await?;
+            let observer = Arc::new(TimelineObserver(inspector.clone()));
+            let service = DhcpService::new(server, store.clone(), policy, Some(observer)).await?;
             let run = service.clone().run(listeners);
             tasks.spawn(async move { run.await.context("DHCP server") });
             Some(service)
@@ -107,7 +128,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
 
-    let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
     {
         // Introspection timeouts (Inspector's periodic clean-up).
         let inspector = inspector.clone();

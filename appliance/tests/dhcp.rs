@@ -87,6 +87,21 @@ fn pxe_clients_get_the_boot_file_for_their_architecture() {
         env.get("bootfile").cloned(),
         Some(format!("{PUBLIC_URL}/boot/{mac}.ipxe"))
     );
+    // Every PXE answer is on the machine's timeline, which its node shows once enrolled.
+    let created = link.server.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    let uuid = serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let node = link
+        .server
+        .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/nodes/{uuid}"));
+    assert!(
+        node.contains("boot undionly.kpxe") && node.contains("boot snponly.efi"),
+        "{node}"
+    );
     // A plain DHCP client gets an address and no boot file.
     let env = udhcpc(&link, &scratch, "").expect("lease for plain client");
     assert!(!env.contains_key("bootfile"), "{env:?}");

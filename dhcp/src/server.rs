@@ -54,6 +54,8 @@ pub struct Outcome {
     pub change: Option<LeaseChange>,
     /// One line for the log: what was decided and why.
     pub note: String,
+    /// For PXE clients: the boot file or URL they were given.
+    pub boot: Option<String>,
 }
 
 impl Outcome {
@@ -63,6 +65,7 @@ impl Outcome {
             reply: None,
             change: None,
             note: note.into(),
+            boot: None,
         }
     }
 }
@@ -160,11 +163,13 @@ impl Server {
                 let Some(ip) = self.leases.offer(subnet, mac, requested_ip(msg), now) else {
                     return Outcome::ignore(kind, format!("pool exhausted on subnet {link}"));
                 };
-                let (reply, note) = self.reply(msg, MessageType::Offer, ip, subnet, local, mac);
+                let (reply, note, boot) =
+                    self.reply(msg, MessageType::Offer, ip, subnet, local, mac);
                 Outcome {
                     kind,
                     reply: Some(reply),
                     change: None,
+                    boot,
                     note: format!("offer {ip} to {mac}{note}"),
                 }
             }
@@ -173,6 +178,7 @@ impl Server {
                 let change = self.leases.release(mac, msg.ciaddr(), now);
                 Outcome {
                     kind,
+                    boot: None,
                     note: format!("{mac} released {}", msg.ciaddr()),
                     reply: None,
                     change: change.map(LeaseChange::Put),
@@ -185,6 +191,7 @@ impl Server {
                 let change = self.leases.decline(subnet, mac, ip, now);
                 Outcome {
                     kind,
+                    boot: None,
                     note: format!("{mac} declined {ip}: quarantined"),
                     reply: None,
                     change: change.map(LeaseChange::Put),
@@ -194,7 +201,7 @@ impl Server {
                 if msg.ciaddr().is_unspecified() {
                     return Outcome::ignore(kind, "INFORM without ciaddr");
                 }
-                let (mut reply, note) = self.reply(
+                let (mut reply, note, _) = self.reply(
                     msg,
                     MessageType::Ack,
                     Ipv4Addr::UNSPECIFIED,
@@ -213,6 +220,7 @@ impl Server {
                     kind,
                     reply: Some(reply),
                     change: None,
+                    boot: None,
                     note: format!("inform {mac} at {}{note}", msg.ciaddr()),
                 }
             }
@@ -246,11 +254,12 @@ impl Server {
         };
         match self.leases.ack(subnet, mac, ip, binding(msg), now) {
             Ok(lease) => {
-                let (reply, note) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
+                let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
                 Outcome {
                     kind,
                     reply: Some(reply),
                     change: Some(LeaseChange::Put(lease)),
+                    boot,
                     note: format!("ack {ip} to {mac} ({state}){note}"),
                 }
             }
@@ -260,6 +269,7 @@ impl Server {
                     kind,
                     reply: Some(reply),
                     change: None,
+                    boot: None,
                     note: format!("nak {ip} to {mac} ({state}): {refusal:?}"),
                 }
             }
@@ -328,7 +338,7 @@ impl Server {
         subnet: usize,
         local: Ipv4Addr,
         mac: MacAddr,
-    ) -> ((Message, SocketAddrV4), String) {
+    ) -> ((Message, SocketAddrV4), String, Option<String>) {
         let s = self.leases.subnet(subnet);
         let mut r = self.skeleton(req, mtype, yiaddr, local);
         let opts = r.opts_mut();
@@ -345,28 +355,29 @@ impl Server {
         opts.insert(DhcpOption::AddressLeaseTime(s.lease_time));
         opts.insert(DhcpOption::Renewal(s.lease_time / 2));
         opts.insert(DhcpOption::Rebinding(s.lease_time / 8 * 7));
-        let note = self.boot_options(req, &mut r, mac, local);
+        let (note, boot) = self.boot_options(req, &mut r, mac, local);
         let to = self.destination(req, yiaddr, false);
-        ((r, to), note)
+        ((r, to), note, boot)
     }
 
-    /// Adds the PXE answer to a reply; returns a note for the log.
+    /// Adds the PXE answer to a reply; returns a note for the log and the boot file given.
     fn boot_options(
         &self,
         req: &Message,
         r: &mut Message,
         mac: MacAddr,
         local: Ipv4Addr,
-    ) -> String {
+    ) -> (String, Option<String>) {
         let pxe = pxe_request(req);
         let choice = match self.config.boot.choose(&pxe, mac, local) {
             Ok(c) => c,
-            Err(NoBoot::NotPxe) => return String::new(),
+            Err(NoBoot::NotPxe) => return (String::new(), None),
             Err(NoBoot::UnknownArch(a)) => {
-                return format!(
+                let note = format!(
                     "; no boot file for client architecture {a} ({}): add it under [boot.arch]",
                     arch_name(a)
                 );
+                return (note, None);
             }
         };
         if let Some(DhcpOption::ClientMachineIdentifier(uuid)) =
@@ -389,7 +400,7 @@ impl Server {
                     // PXE_DISCOVERY_CONTROL = 8: boot the file named here, no boot server discovery.
                     opts.insert(DhcpOption::VendorExtensions(vec![6, 1, 8, 255]));
                 }
-                format!("; boot {file} over TFTP from {server}")
+                (format!("; boot {file} over TFTP from {server}"), Some(file))
             }
             BootChoice::Http { url, http_client } => {
                 if url.len() < 128 {
@@ -400,7 +411,7 @@ impl Server {
                 if http_client {
                     opts.insert(DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()));
                 }
-                format!("; boot {url}")
+                (format!("; boot {url}"), Some(url))
             }
         }
     }

@@ -12,7 +12,8 @@ use tokio::net::UdpSocket;
 
 use crate::packet::{decode_request, encode};
 use crate::server::{ClientPolicy, LeaseChange};
-use crate::{Lease, Server};
+use crate::{Lease, MacAddr, Server};
+use dhcproto::v4::MessageType;
 
 /// Store prefix of lease records: `dhcp/leases/<ip>` → JSON [`Lease`].
 pub const LEASE_PREFIX: &str = "dhcp/leases/";
@@ -38,10 +39,17 @@ pub struct Stats {
     pub persist_errors: AtomicU64,
 }
 
+/// Told about every PXE client answered (for the per-node timeline). Called on the packet
+/// path: implementations must not block.
+pub trait DhcpObserver: Send + Sync {
+    fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str);
+}
+
 pub struct DhcpService {
     server: Mutex<Server>,
     store: Arc<dyn Store>,
     policy: Arc<dyn ClientPolicy>,
+    observer: Option<Arc<dyn DhcpObserver>>,
     pub stats: Stats,
 }
 
@@ -84,6 +92,7 @@ impl DhcpService {
         mut server: Server,
         store: Arc<dyn Store>,
         policy: Arc<dyn ClientPolicy>,
+        observer: Option<Arc<dyn DhcpObserver>>,
     ) -> Result<Arc<Self>, ShellError> {
         for kv in store.range(LEASE_PREFIX).await? {
             let lease: Lease =
@@ -98,6 +107,7 @@ impl DhcpService {
             server: Mutex::new(server),
             store,
             policy,
+            observer,
             stats: Stats::default(),
         }))
     }
@@ -170,6 +180,14 @@ impl DhcpService {
                 }
                 continue;
             };
+            if let (Some(obs), Some(boot), Some(mac)) = (
+                &self.observer,
+                &outcome.boot,
+                MacAddr::from_chaddr(msg.chaddr()),
+            ) && let Some(kind) = reply.opts().msg_type()
+            {
+                obs.pxe_answered(mac, kind, reply.yiaddr(), boot);
+            }
             let counter = match reply.opts().msg_type() {
                 Some(dhcproto::v4::MessageType::Offer) => &self.stats.offers,
                 Some(dhcproto::v4::MessageType::Nak) => &self.stats.naks,
