@@ -388,7 +388,8 @@ impl Writer {
         }
         let now = now_ms();
         for req in batch.drain(..) {
-            let sp = self.conn.execute_batch("SAVEPOINT req");
+            // Prepared once: a savepoint per request is cheap, parsing it each time is not.
+            let sp = self.exec_cached("SAVEPOINT req");
             let rev_before = self.revision;
             let events_before = events.len();
             let result = sp.map_err(StoreError::from).and_then(|_| match &req {
@@ -407,7 +408,8 @@ impl Writer {
             let result = match result {
                 Ok(v) => self
                     .conn
-                    .execute_batch("RELEASE req")
+                    .prepare_cached("RELEASE req")
+                    .and_then(|mut st| st.execute([]))
                     .map(|_| v)
                     .map_err(StoreError::from),
                 Err(e) => {
@@ -467,6 +469,10 @@ impl Writer {
                 }
             }
         }
+    }
+
+    fn exec_cached(&self, sql: &str) -> Result<usize, rusqlite::Error> {
+        self.conn.prepare_cached(sql)?.execute([])
     }
 
     fn compact(&mut self) -> Result<(), rusqlite::Error> {
