@@ -1,23 +1,25 @@
-//! Paddock's TFTP server: async-tftp's protocol engine (blksize, tsize, timeout, windowsize)
-//! with our own handler, which resolves names safely under the configured roots, serves
-//! generated files from memory, refuses writes, and bounds concurrent transfers.
+//! Paddock's TFTP server: read requests with blksize, tsize, timeout and windowsize; names
+//! resolved safely under the configured roots; generated files served from memory; writes
+//! refused; concurrent transfers bounded.
+//!
+//! The protocol engine is ours ([`engine`]): it began on async-tftp, whose per-block cost
+//! (a timer and a reactor round trip for every ACK) made lock-step transfers several times
+//! slower than tftp-hpa; one blocking thread per transfer costs two system calls per window.
 
-use std::collections::HashMap;
+pub mod engine;
+
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use async_tftp::packet;
-use async_tftp::server::{Handler, TftpServerBuilder};
-use blocking::Unblock;
-use futures_lite::AsyncRead;
-use futures_lite::io::Cursor;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use engine::{
+    ErrorCode, Limits, Request, Source, error_packet, negotiate, parse_request, send,
+    transfer_socket,
+};
 
 /// Why a requested name was refused before touching the file system.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -111,35 +113,12 @@ pub struct TftpConfig {
     pub timeout: Duration,
 }
 
-/// The bytes of one transfer, holding its slot in the transfer bound until it is dropped.
-pub struct Transfer {
-    body: Body,
-    _permit: OwnedSemaphorePermit,
-}
-
-enum Body {
-    Mem(Cursor<Arc<[u8]>>),
-    File(Box<Unblock<File>>),
-}
-
-impl AsyncRead for Transfer {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut [u8],
-    ) -> Poll<io::Result<usize>> {
-        match &mut self.body {
-            Body::Mem(c) => Pin::new(c).poll_read(cx, buf),
-            Body::File(f) => Pin::new(f.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-/// The request handler: resolve, open, count.
+/// Resolves and opens files for read requests, and counts transfers.
 pub struct BootHandler {
     roots: Vec<PathBuf>,
     mem: MemFiles,
-    slots: Arc<Semaphore>,
+    active: Mutex<HashSet<SocketAddr>>,
+    limit: usize,
 }
 
 impl BootHandler {
@@ -156,110 +135,146 @@ impl BootHandler {
         Ok(BootHandler {
             roots,
             mem,
-            slots: Arc::new(Semaphore::new(config.max_transfers.max(1))),
+            active: Mutex::new(HashSet::new()),
+            limit: config.max_transfers.max(1),
         })
     }
 
-    fn open(&self, client: &SocketAddr, name: &str) -> Result<(Body, Option<u64>), packet::Error> {
+    /// Opens `name`: generated files first, then the roots. The error is what the client is told.
+    pub fn open(&self, client: &SocketAddr, name: &str) -> Result<Source, (ErrorCode, String)> {
         let refuse = |e: PathError| {
             tracing::warn!(%client, file = name, reason = %e, "tftp: refused");
-            packet::Error::Msg(e.to_string())
+            (ErrorCode::AccessViolation, e.to_string())
         };
         let rel = clean_request(name).map_err(refuse)?;
         let key = rel.to_string_lossy();
         if let Some(bytes) = self.mem.get(&key) {
             let len = bytes.len() as u64;
-            return Ok((Body::Mem(Cursor::new(bytes)), Some(len)));
+            return Ok(Source {
+                reader: Box::new(io::Cursor::new(bytes)),
+                size: Some(len),
+            });
         }
         let path = resolve(&self.roots, &rel)
             .map_err(refuse)?
-            .ok_or(packet::Error::FileNotFound)?;
-        let file = File::open(&path).map_err(packet::Error::from)?;
-        let len = file.metadata().map_err(packet::Error::from)?.len();
-        Ok((
-            Body::File(Box::new(Unblock::with_capacity(256 * 1024, file))),
-            Some(len),
-        ))
-    }
-}
-
-impl Handler for BootHandler {
-    type Reader = Transfer;
-    type Writer = futures_lite::io::Sink;
-
-    async fn read_req_open(
-        &mut self,
-        client: &SocketAddr,
-        path: &Path,
-    ) -> Result<(Self::Reader, Option<u64>), packet::Error> {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            tracing::warn!(%client, "tftp: too many transfers, refusing");
-            return Err(packet::Error::Msg(
-                "server busy: too many transfers, try again".into(),
-            ));
-        };
-        let name = path.to_string_lossy();
-        let (body, size) = self.open(client, &name)?;
-        tracing::info!(%client, file = %name, size, "tftp: transfer");
-        Ok((
-            Transfer {
-                body,
-                _permit: permit,
-            },
+            .ok_or((ErrorCode::FileNotFound, "File not found".to_string()))?;
+        let file = File::open(&path).map_err(|e| (ErrorCode::AccessViolation, e.to_string()))?;
+        let size = file.metadata().map(|m| m.len()).ok();
+        Ok(Source {
+            reader: Box::new(io::BufReader::with_capacity(256 * 1024, file)),
             size,
-        ))
-    }
-
-    async fn write_req_open(
-        &mut self,
-        client: &SocketAddr,
-        path: &Path,
-        _size: Option<u64>,
-    ) -> Result<Self::Writer, packet::Error> {
-        tracing::warn!(%client, file = %path.display(), "tftp: write refused");
-        Err(packet::Error::Msg("this server is read-only".into()))
+        })
     }
 }
 
-/// Starts a TFTP server on `listen` in its own thread (async-tftp brings its own executor).
-/// Returns once the socket is bound, so a bind error is reported to the caller.
-///
-/// The thread runs `async_io::block_on`, which drives the I/O reactor itself: with
-/// `futures_lite`'s `block_on` every ACK would wake a separate reactor thread first, and a
-/// lock-step transfer (one block per round trip) was several times slower for it.
+/// Starts a TFTP server on `listen` in its own thread; each transfer runs on a thread of its
+/// own with its own socket. Returns once the socket is bound, so a bind error is reported.
 pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> io::Result<()> {
-    let handler = BootHandler::new(&config, mem)?;
-    let (tx, rx) = std::sync::mpsc::channel();
+    let handler = Arc::new(BootHandler::new(&config, mem)?);
+    let socket = UdpSocket::bind(listen)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start TFTP on {listen}: {e}")))?;
+    let limits = Limits {
+        max_block_size: config.block_size_limit.unwrap_or(65464),
+        max_window_size: config.window_size_limit.unwrap_or(64),
+        default_timeout: config.timeout,
+    };
     std::thread::Builder::new()
         .name(format!("tftp-{listen}"))
-        .spawn(move || {
-            async_io::block_on(async move {
-                let mut b = TftpServerBuilder::with_handler(handler)
-                    .bind(listen)
-                    .timeout(config.timeout);
-                if let Some(l) = config.block_size_limit {
-                    b = b.block_size_limit(l);
-                }
-                if let Some(l) = config.window_size_limit {
-                    b = b.window_size_limit(l);
-                }
-                match b.build().await {
-                    Ok(server) => {
-                        let _ = tx.send(Ok(()));
-                        if let Err(e) = server.serve().await {
-                            tracing::error!(%listen, error = %e, "tftp: server stopped");
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(io::Error::other(format!(
-                            "cannot start TFTP on {listen}: {e}"
-                        ))));
-                    }
-                }
-            })
-        })?;
-    rx.recv()
-        .map_err(|_| io::Error::other("TFTP thread ended before binding"))?
+        .spawn(move || serve(socket, listen, handler, limits))?;
+    Ok(())
+}
+
+fn serve(socket: UdpSocket, listen: SocketAddr, handler: Arc<BootHandler>, limits: Limits) {
+    let mut buf = [0u8; 2048];
+    loop {
+        let (n, peer) = match socket.recv_from(&mut buf) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(%listen, error = %e, "tftp: receive failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let req = match parse_request(&buf[..n]) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "tftp: ignored packet");
+                continue;
+            }
+        };
+        if req.write {
+            tracing::warn!(%peer, file = %req.filename, "tftp: write refused");
+            let _ = socket.send_to(
+                &error_packet(ErrorCode::AccessViolation, "this server is read-only"),
+                peer,
+            );
+            continue;
+        }
+        {
+            let mut active = handler.active.lock().unwrap_or_else(|p| p.into_inner());
+            if active.contains(&peer) {
+                continue; // a retransmitted request for a transfer in progress
+            }
+            if active.len() >= handler.limit {
+                tracing::warn!(%peer, "tftp: too many transfers, refusing");
+                let _ = socket.send_to(
+                    &error_packet(
+                        ErrorCode::NotDefined,
+                        "server busy: too many transfers, try again",
+                    ),
+                    peer,
+                );
+                continue;
+            }
+            active.insert(peer);
+        }
+        let handler = handler.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tftp-transfer".into())
+            .spawn(move || {
+                transfer(&handler, listen, peer, &req, limits);
+                handler
+                    .active
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&peer);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(%peer, error = %e, "tftp: cannot start a transfer thread");
+        }
+    }
+}
+
+fn transfer(
+    handler: &BootHandler,
+    listen: SocketAddr,
+    peer: SocketAddr,
+    req: &Request,
+    limits: Limits,
+) {
+    let sock = match transfer_socket(listen, peer) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(%peer, error = %e, "tftp: cannot open a transfer socket");
+            return;
+        }
+    };
+    let src = match handler.open(&peer, &req.filename) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            let _ = sock.send(&error_packet(code, &msg));
+            return;
+        }
+    };
+    let n = negotiate(req, src.size, limits);
+    let started = std::time::Instant::now();
+    tracing::info!(%peer, file = %req.filename, size = src.size, blksize = n.block_size, windowsize = n.window_size, "tftp: transfer");
+    match send(&sock, src, &n) {
+        Ok(bytes) => {
+            tracing::debug!(%peer, file = %req.filename, bytes, ms = started.elapsed().as_millis() as u64, "tftp: transfer done")
+        }
+        Err(e) => tracing::warn!(%peer, file = %req.filename, error = %e, "tftp: transfer failed"),
+    }
 }
 
 #[cfg(test)]
