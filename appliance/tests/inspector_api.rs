@@ -679,3 +679,53 @@ fn console_and_cli_show_nodes_and_timelines() {
         "Canceled by operator"
     );
 }
+
+/// Seed 003's batch load: 200 machines post their inventories at once; every one is enrolled
+/// exactly once and no request fails. The throughput is printed (a figure, not a pass mark).
+#[test]
+fn two_hundred_machines_enrol_at_once() {
+    require(&["curl", "ip", "xargs"]);
+    let api = Api::start("");
+    let dir = api.scratch.path("inventories");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..200u32 {
+        let macs = [
+            format!("52:54:01:{:02x}:{:02x}:01", i / 256, i % 256),
+            format!("52:54:01:{:02x}:{:02x}:02", i / 256, i % 256),
+        ];
+        let body = inventory(
+            &[&macs[0], &macs[1]],
+            1 + i % 8,
+            1024 * (1 + u64::from(i % 4)),
+            &[20, 40],
+        );
+        std::fs::write(dir.join(format!("{i:03}.json")), body.to_string()).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let out = api.link.server.sh_ok(&format!(
+        "ls {d}/*.json | xargs -P 200 -I{{}} curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'Content-Type: application/json' --data-binary @{{}} {PUBLIC_URL}/v1/continue",
+        d = dir.display()
+    ));
+    let took = started.elapsed();
+    let codes: Vec<&str> = out.lines().collect();
+    assert_eq!(codes.len(), 200);
+    assert!(
+        codes.iter().all(|c| *c == "200"),
+        "non-200 answers: {:?}",
+        codes.iter().filter(|c| **c != "200").collect::<Vec<_>>()
+    );
+    println!(
+        "200 concurrent /v1/continue: {:.2} s, {:.0} inventories/s",
+        took.as_secs_f64(),
+        200.0 / took.as_secs_f64()
+    );
+    let nodes = api.get("/api/v1/nodes").json();
+    let nodes = nodes.as_array().unwrap();
+    assert_eq!(nodes.len(), 200, "each machine enrolled exactly once");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["introspection"]["state"] == "finished"
+                && n["macs"].as_array().unwrap().len() == 2)
+    );
+}
