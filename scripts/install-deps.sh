@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Paddock's tests (and, with --bench, its benchmarks) need.
+# Installs the Debian packages Paddock's tests and lab (and, with --bench, its benchmarks) need.
 # Idempotent: does nothing when everything is present. Must run as root.
 set -euo pipefail
 
@@ -9,6 +9,9 @@ packages=(
   isc-dhcp-client  # dhclient: lease and renewal
   isc-dhcp-relay   # dhcrelay: relayed requests with option 82
   atftp tftp-hpa   # TFTP clients
+  qemu-system-x86 ipxe-qemu  # VMs with SeaBIOS and QEMU's iPXE option ROMs
+  ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware
+  socat            # the lab's console forwarder
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)

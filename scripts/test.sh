@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine, as root:
-#   installs the client tools the integration tests use, checks formatting and lints,
-#   then runs every unit and integration test (integration tests build and remove their own
-#   network namespaces, with 198.18.0.0/15 addresses only).
+#   installs the client tools and QEMU the tests use, builds the discovery ramdisk, checks
+#   formatting and lints, then runs every unit, integration and VM test (they build and
+#   remove their own network namespaces, with 198.18.0.0/15 addresses only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
+scripts/build-ramdisk.sh   # the VM scenarios boot it
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

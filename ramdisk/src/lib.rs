@@ -1,0 +1,21 @@
+//! The Paddock introspection ramdisk.
+//!
+//! * The **agent** (`paddock-agent`, a static binary that is `/init`): mounts the API file
+//!   systems, loads the listed kernel modules, finds the boot NIC (`BOOTIF`), gets an address
+//!   by DHCP (busybox `udhcpc`), collects the inventory in the Ironic Python Agent format
+//!   ([`paddock_inventory`]), posts it to `{paddock.url}/v1/continue`, then asks the appliance
+//!   what to do next (power off, reboot, wait). It never exits.
+//! * The **builder** ([`initramfs::build`]): a reproducible gzip'd `newc` cpio with the agent,
+//!   busybox and the modules, plus Debian's kernel, extracted into a cache.
+//!
+//! Pure parts (command line, collectors over a root directory, LLDP, HTTP framing, retry
+//! policy, cpio, module resolution) are unit-tested; [`agent`] is the thin shell around them.
+
+pub mod agent;
+pub mod api;
+pub mod cmdline;
+pub mod collect;
+pub mod console;
+pub mod http;
+pub mod initramfs;
+pub mod lldp;

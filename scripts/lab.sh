@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The lab, from a fresh Debian 12 machine, as root: builds Paddock and its discovery ramdisk,
+# starts the appliance in a network namespace with a bridge, PXE-boots a VM (SeaBIOS + iPXE)
+# through it, forwards the console to http://127.0.0.1:8080/ui and prints the node's state
+# as it changes. Ctrl-C removes everything. Options: --vms N, --uefi, --port P.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cargo build --release --locked -p paddock -p paddock-vm-tests
+scripts/build-ramdisk.sh
+PADDOCK_BIN=target/release/paddock PADDOCK_RAMDISK_DIR=target/ramdisk exec target/release/paddock-lab "$@"

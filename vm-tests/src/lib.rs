@@ -1,0 +1,492 @@
+//! The QEMU PXE harness.
+//!
+//! A [`Lab`] is a network namespace with a bridge (`198.18.0.1/24`), the real `paddock serve`
+//! bound to it, and QEMU VMs (`-accel tcg`) whose NICs are taps on that bridge. VMs boot real
+//! firmware: SeaBIOS with QEMU's iPXE option ROM, or OVMF (UEFI PXE → `snponly.efi` over our
+//! TFTP → iPXE). Everything lives inside the namespace and is removed on drop.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+pub const SERVER_IP: &str = "198.18.0.1";
+pub const URL: &str = "http://198.18.0.1:8080";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// What a lab needs from the build: the appliance binary and the discovery ramdisk.
+#[derive(Clone, Debug)]
+pub struct Artifacts {
+    pub paddock: PathBuf,
+    /// Holds `vmlinuz` and `initrd.img`.
+    pub ramdisk_dir: PathBuf,
+    /// Holds `undionly.kpxe`, `snponly.efi`, `ipxe.efi` (Debian's `ipxe`).
+    pub ipxe_dir: PathBuf,
+    pub ovmf_code: PathBuf,
+    pub ovmf_vars: PathBuf,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+impl Artifacts {
+    /// From `PADDOCK_BIN` (default `target/debug/paddock`) and `PADDOCK_RAMDISK_DIR` (default
+    /// `target/ramdisk`), which `scripts/build-ramdisk.sh` fills.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let root = workspace_root();
+        let pick = |var: &str, default: &str| {
+            std::env::var_os(var)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join(default))
+        };
+        let a = Artifacts {
+            paddock: pick("PADDOCK_BIN", "target/debug/paddock"),
+            ramdisk_dir: pick("PADDOCK_RAMDISK_DIR", "target/ramdisk"),
+            ipxe_dir: PathBuf::from("/usr/lib/ipxe"),
+            ovmf_code: PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.fd"),
+            ovmf_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.fd"),
+        };
+        for (what, p) in [
+            (
+                "the paddock binary (cargo build -p paddock, or set PADDOCK_BIN)",
+                a.paddock.clone(),
+            ),
+            (
+                "the discovery kernel (run scripts/build-ramdisk.sh)",
+                a.ramdisk_dir.join("vmlinuz"),
+            ),
+            (
+                "the discovery initrd (run scripts/build-ramdisk.sh)",
+                a.ramdisk_dir.join("initrd.img"),
+            ),
+            (
+                "iPXE's undionly.kpxe (apt-get install ipxe)",
+                a.ipxe_dir.join("undionly.kpxe"),
+            ),
+            ("OVMF (apt-get install ovmf)", a.ovmf_code.clone()),
+        ] {
+            if !p.exists() {
+                bail!("{} is missing: {what}", p.display());
+            }
+        }
+        Ok(a)
+    }
+}
+
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn sh(cmd: &str) -> anyhow::Result<Output> {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .with_context(|| format!("running {cmd}"))
+}
+
+fn sh_ok(cmd: &str) -> anyhow::Result<String> {
+    let out = sh(cmd)?;
+    if !out.status.success() {
+        bail!(
+            "`{cmd}` failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Firmware {
+    /// SeaBIOS with QEMU's iPXE option ROM.
+    Bios,
+    /// OVMF: UEFI PXE, then `snponly.efi` over TFTP.
+    Uefi,
+}
+
+#[derive(Clone, Debug)]
+pub struct VmSpec {
+    pub name: String,
+    pub firmware: Firmware,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub disks_mb: Vec<u64>,
+    pub macs: Vec<String>,
+}
+
+impl VmSpec {
+    pub fn bios(name: &str, mac: &str) -> Self {
+        VmSpec {
+            name: name.into(),
+            firmware: Firmware::Bios,
+            cpus: 1,
+            memory_mb: 512,
+            disks_mb: vec![1024],
+            macs: vec![mac.into()],
+        }
+    }
+}
+
+pub struct Vm {
+    pub spec: VmSpec,
+    pub console: PathBuf,
+    pub powered_on: Instant,
+    /// Unix milliseconds at power-on, to compare with timeline entries.
+    pub powered_on_ms: i64,
+    child: Child,
+}
+
+impl Vm {
+    /// The VM has exited (powered itself off).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+    pub fn console_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
+    }
+}
+
+/// A namespace with a bridge, the appliance, and VMs.
+pub struct Lab {
+    pub ns: String,
+    pub dir: PathBuf,
+    pub tag: String,
+    pub vms: Vec<Vm>,
+    appliance: Option<Child>,
+    artifacts: Artifacts,
+    keep: bool,
+}
+
+impl Lab {
+    /// Starts a lab; `extra` is appended to the appliance's configuration.
+    pub fn start(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
+        Self::start_with(name, artifacts, "console=ttyS0", extra)
+    }
+
+    /// Starts a lab whose discovery ramdisk gets `cmdline`.
+    pub fn start_with(
+        name: &str,
+        artifacts: &Artifacts,
+        cmdline: &str,
+        extra: &str,
+    ) -> anyhow::Result<Lab> {
+        let tag = format!(
+            "pdkv{}x{}",
+            std::process::id() % 100_000,
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let ns = format!("{tag}-{name}");
+        let dir = std::env::temp_dir().join(format!("paddock-lab-{ns}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
+        sh_ok(&format!(
+            "ip netns add {ns} && ip -n {ns} link set lo up && ip -n {ns} link add br0 type bridge && \
+             ip -n {ns} addr add {SERVER_IP}/24 dev br0 && ip -n {ns} link set br0 up"
+        ))?;
+        let mut lab = Lab {
+            ns,
+            dir,
+            tag,
+            vms: Vec::new(),
+            appliance: None,
+            artifacts: artifacts.clone(),
+            keep: false,
+        };
+        let config = format!(
+            r#"data_dir = "{data}"
+[http]
+listen = "{SERVER_IP}:8080"
+assets_dir = "{assets}"
+[dhcp]
+interfaces = ["br0"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100-198.18.0.250"]
+routers = ["{SERVER_IP}"]
+lease_time = 600
+[tftp]
+listen = ["{SERVER_IP}:69"]
+root = "{ipxe}"
+[boot.discovery]
+kernel = "{URL}/boot/assets/vmlinuz"
+initrd = "{URL}/boot/assets/initrd.img"
+cmdline = "{cmdline}"
+{extra}"#,
+            data = lab.dir.join("data").display(),
+            assets = artifacts.ramdisk_dir.display(),
+            ipxe = artifacts.ipxe_dir.display(),
+        );
+        let config_path = lab.dir.join("paddock.toml");
+        std::fs::write(&config_path, config)?;
+        let log = std::fs::File::create(lab.dir.join("paddock.log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &lab.ns])
+            .arg(&artifacts.paddock)
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting paddock")?;
+        lab.appliance = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while lab.api("GET", "/healthz", None).map(|(s, _)| s).ok() != Some(200) {
+            if Instant::now() > deadline {
+                bail!("paddock did not start:\n{}", lab.appliance_log());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(lab)
+    }
+
+    /// Keep the lab directory after drop (for inspection).
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    pub fn appliance_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("paddock.log")).unwrap_or_default()
+    }
+
+    /// Calls the appliance's HTTP API from inside the namespace: (status, body).
+    pub fn api(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.ns,
+            "curl",
+            "-s",
+            "-m",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        if let Some(b) = body {
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        cmd.arg(format!("{URL}{path}"));
+        let out = cmd.output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+    }
+
+    pub fn api_json(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<Value> {
+        let (status, text) = self.api(method, path, body)?;
+        if !(200..300).contains(&status) {
+            bail!("{method} {path}: {status} {text}");
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// Creates disks and a tap per NIC, and powers the VM on.
+    pub fn boot(&mut self, spec: VmSpec) -> anyhow::Result<usize> {
+        let idx = self.vms.len();
+        let vmdir = self.dir.join(&spec.name);
+        std::fs::create_dir_all(&vmdir)?;
+        let mut args: Vec<String> = vec![
+            "-accel".into(),
+            "tcg".into(),
+            "-m".into(),
+            spec.memory_mb.to_string(),
+            "-smp".into(),
+            spec.cpus.to_string(),
+            "-display".into(),
+            "none".into(),
+            "-monitor".into(),
+            "none".into(),
+            "-no-reboot".into(),
+            "-serial".into(),
+            format!("file:{}", vmdir.join("console.log").display()),
+        ];
+        for (i, mac) in spec.macs.iter().enumerate() {
+            let tap = format!("{}t{idx}n{i}", self.tag);
+            sh_ok(&format!(
+                "ip -n {ns} tuntap add dev {tap} mode tap && ip -n {ns} link set {tap} master br0 && ip -n {ns} link set {tap} up",
+                ns = self.ns
+            ))?;
+            args.push("-netdev".into());
+            args.push(format!("tap,id=n{i},ifname={tap},script=no,downscript=no"));
+            args.push("-device".into());
+            let boot = if i == 0 { ",bootindex=1" } else { "" };
+            args.push(format!("virtio-net-pci,netdev=n{i},mac={mac}{boot}"));
+        }
+        for (i, mb) in spec.disks_mb.iter().enumerate() {
+            let img = vmdir.join(format!("disk{i}.img"));
+            std::fs::File::create(&img)?.set_len(mb * 1024 * 1024)?;
+            args.push("-drive".into());
+            args.push(format!("file={},if=none,id=d{i},format=raw", img.display()));
+            args.push("-device".into());
+            args.push(format!(
+                "virtio-blk-pci,drive=d{i},serial={}-disk{i}",
+                spec.name
+            ));
+        }
+        if spec.firmware == Firmware::Uefi {
+            let vars = vmdir.join("OVMF_VARS.fd");
+            std::fs::copy(&self.artifacts.ovmf_vars, &vars)?;
+            args.push("-drive".into());
+            args.push(format!(
+                "if=pflash,format=raw,unit=0,readonly=on,file={}",
+                self.artifacts.ovmf_code.display()
+            ));
+            args.push("-drive".into());
+            args.push(format!(
+                "if=pflash,format=raw,unit=1,file={}",
+                vars.display()
+            ));
+        }
+        let log = std::fs::File::create(vmdir.join("qemu.log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "qemu-system-x86_64"])
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86 ipxe-qemu)")?;
+        self.vms.push(Vm {
+            console: vmdir.join("console.log"),
+            powered_on: Instant::now(),
+            powered_on_ms: unix_ms(),
+            spec,
+            child,
+        });
+        Ok(idx)
+    }
+
+    /// The node that owns `mac`, if any.
+    pub fn node_by_mac(&self, mac: &str) -> anyhow::Result<Option<Value>> {
+        let nodes = self.api_json("GET", "/api/v1/nodes", None)?;
+        Ok(nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| {
+                n["macs"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|x| x == mac))
+            })
+            .cloned())
+    }
+
+    /// Waits until the node owning the VM's first MAC reaches `finished` or `error`; returns
+    /// the node (with its timeline) and the time since power-on.
+    pub fn wait_enrolled(
+        &mut self,
+        vm: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<(Value, Duration)> {
+        let mac = self.vms[vm].spec.macs[0].clone();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(n) = self.node_by_mac(&mac)?
+                && matches!(
+                    n["introspection"]["state"].as_str(),
+                    Some("finished" | "error")
+                )
+            {
+                let full = self.api_json(
+                    "GET",
+                    &format!("/api/v1/nodes/{}", n["uuid"].as_str().unwrap_or("")),
+                    None,
+                )?;
+                // Power-on to the moment the inventory was processed, from the timeline.
+                let done_ms = full["timeline"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| {
+                        matches!(
+                            e["kind"].as_str(),
+                            Some("introspection-finished" | "introspection-failed")
+                        )
+                    })
+                    .filter_map(|e| e["at_ms"].as_i64())
+                    .max()
+                    .unwrap_or_else(unix_ms);
+                let took =
+                    Duration::from_millis((done_ms - self.vms[vm].powered_on_ms).max(0) as u64);
+                return Ok((full, took));
+            }
+            if Instant::now() > deadline {
+                let mut msg = format!(
+                    "VM {} did not enrol within {timeout:?}\n--- console (tail) ---\n",
+                    self.vms[vm].spec.name
+                );
+                let console = self.vms[vm].console_text();
+                let tail: String = console
+                    .chars()
+                    .rev()
+                    .take(3000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                let _ = writeln!(msg, "{tail}\n--- paddock log (tail) ---");
+                let log = self.appliance_log();
+                let tail: String = log
+                    .chars()
+                    .rev()
+                    .take(3000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                msg.push_str(&tail);
+                self.keep();
+                bail!(msg);
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// The processed introspection data of a node.
+    pub fn data(&self, uuid: &str) -> anyhow::Result<Value> {
+        self.api_json("GET", &format!("/v1/introspection/{uuid}/data"), None)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for vm in &mut self.vms {
+            let _ = vm.child.kill();
+            let _ = vm.child.wait();
+        }
+        if let Some(mut a) = self.appliance.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        let _ = sh(&format!(
+            "ip netns pids {} | xargs -r kill -9 2>/dev/null",
+            self.ns
+        ));
+        let _ = sh(&format!("ip netns del {}", self.ns));
+        if self.keep || std::thread::panicking() {
+            eprintln!("lab files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! VM scenarios: real firmware PXE-boots through Paddock into the discovery ramdisk and
+//! enrols. Each scenario has its own namespace, bridge and appliance. They need root, QEMU,
+//! iPXE, OVMF and the ramdisk (`scripts/build-ramdisk.sh`); `./scripts/test.sh` prepares all.
+
+use std::time::Duration;
+
+use paddock_vm_tests::{Artifacts, Firmware, Lab, VmSpec};
+use serde_json::Value;
+
+const MIB: u64 = 1024 * 1024;
+
+fn artifacts() -> Artifacts {
+    Artifacts::from_env().unwrap_or_else(|e| panic!("VM scenarios cannot run: {e:#}"))
+}
+
+/// The inventory the ramdisk reported matches the VM's QEMU configuration exactly.
+fn assert_inventory_matches(data: &Value, spec: &VmSpec, boot_mode: &str) {
+    let inv = &data["inventory"];
+    assert_eq!(
+        inv["cpu"]["count"].as_u64(),
+        Some(u64::from(spec.cpus)),
+        "vCPUs: {}",
+        inv["cpu"]
+    );
+    assert_eq!(
+        inv["memory"]["physical_mb"].as_u64(),
+        Some(spec.memory_mb),
+        "memory: {}",
+        inv["memory"]
+    );
+    let disks: Vec<u64> = inv["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["size"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = spec.disks_mb.iter().map(|m| m * MIB).collect();
+    assert_eq!(disks, want, "disk sizes: {}", inv["disks"]);
+    let macs: Vec<&str> = inv["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["mac_address"].as_str())
+        .collect();
+    for m in &spec.macs {
+        assert!(macs.contains(&m.as_str()), "NIC {m} missing from {macs:?}");
+    }
+    assert_eq!(inv["boot"]["current_boot_mode"], boot_mode);
+    assert_eq!(inv["boot"]["pxe_interface"], spec.macs[0].as_str());
+}
+
+fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
+    let mut lab = Lab::start(name, &artifacts(), "").expect("lab");
+    let spec = VmSpec {
+        name: name.into(),
+        firmware,
+        cpus: 2,
+        memory_mb: 512,
+        disks_mb: vec![1024, 3072],
+        macs: vec![
+            format!(
+                "52:54:00:{}:00:01",
+                if firmware == Firmware::Bios {
+                    "b1"
+                } else {
+                    "e1"
+                }
+            ),
+            format!(
+                "52:54:00:{}:00:02",
+                if firmware == Firmware::Bios {
+                    "b1"
+                } else {
+                    "e1"
+                }
+            ),
+        ],
+    };
+    let vm = lab.boot(spec.clone()).expect("boot VM");
+    let (node, took) = lab
+        .wait_enrolled(vm, timeout)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!("{name}: power-on → enrolled {:.1} s", took.as_secs_f64());
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    assert_eq!(node["auto_discovered"], true);
+    let data = lab
+        .data(node["uuid"].as_str().unwrap())
+        .expect("processed data");
+    let mode = if firmware == Firmware::Bios {
+        "bios"
+    } else {
+        "uefi"
+    };
+    assert_inventory_matches(&data, &spec, mode);
+    // The properties the scheduler hook derived.
+    assert_eq!(node["properties"]["cpus"], 2);
+    assert_eq!(node["properties"]["memory_mb"], 512);
+    // The timeline covers the whole path: DHCP, script, ramdisk, inventory, finished.
+    let kinds: Vec<&str> = node["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    for k in [
+        "dhcp",
+        "boot-script",
+        "ramdisk-booted",
+        "ramdisk-network-up",
+        "inventory-received",
+        "introspection-finished",
+    ] {
+        assert!(
+            kinds.contains(&k),
+            "{k} missing from the timeline {kinds:?}"
+        );
+    }
+    // And then the ramdisk powers the VM off.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !lab.vms[vm].exited() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VM did not power off:\n{}",
+            lab.vms[vm].console_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn bios_vm_enrols_with_its_exact_inventory() {
+    enrol_one(Firmware::Bios, "bios", Duration::from_secs(240));
+}
+
+#[test]
+fn uefi_vm_enrols_with_its_exact_inventory() {
+    enrol_one(Firmware::Uefi, "uefi", Duration::from_secs(900));
+}
+
+#[test]
+fn four_vms_started_together_all_enrol() {
+    let mut lab = Lab::start("four", &artifacts(), "").expect("lab");
+    for i in 0..4 {
+        let mut spec = VmSpec::bios(&format!("vm{i}"), &format!("52:54:00:f4:00:0{i}"));
+        spec.disks_mb = vec![512 + 256 * i];
+        lab.boot(spec).expect("boot");
+    }
+    let mut uuids = Vec::new();
+    for i in 0..4 {
+        let (node, took) = lab
+            .wait_enrolled(i as usize, Duration::from_secs(400))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        println!("vm{i}: power-on → enrolled {:.1} s", took.as_secs_f64());
+        assert_eq!(node["introspection"]["state"], "finished");
+        let data = lab.data(node["uuid"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            data["inventory"]["disks"][0]["size"].as_u64(),
+            Some((512 + 256 * i) * MIB)
+        );
+        uuids.push(node["uuid"].as_str().unwrap().to_string());
+    }
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(uuids.len(), 4, "four distinct nodes");
+    let nodes = lab.api_json("GET", "/api/v1/nodes", None).unwrap();
+    assert_eq!(
+        nodes.as_array().unwrap().len(),
+        4,
+        "each machine enrolled once"
+    );
+}
+
+#[test]
+fn a_ramdisk_error_ends_in_error_with_its_message() {
+    let mut lab = Lab::start_with(
+        "fails",
+        &artifacts(),
+        "console=ttyS0 paddock.collectors=default,bogus",
+        "",
+    )
+    .expect("lab");
+    let vm = lab
+        .boot(VmSpec::bios("fails", "52:54:00:ee:00:01"))
+        .expect("boot");
+    let (node, _) = lab
+        .wait_enrolled(vm, Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(node["introspection"]["state"], "error", "{node}");
+    let err = node["introspection"]["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("Ramdisk reported error:") && err.contains("bogus"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_aborted_introspection_refuses_the_inventory() {
+    let mut lab = Lab::start("abort", &artifacts(), "").expect("lab");
+    let mac = "52:54:00:ab:00:01";
+    let node = lab
+        .api_json(
+            "POST",
+            "/api/v1/nodes",
+            Some(&format!(r#"{{"name":"victim","macs":["{mac}"]}}"#)),
+        )
+        .unwrap();
+    let uuid = node["uuid"].as_str().unwrap().to_string();
+    let (status, body) = lab.api("POST", "/v1/introspection/victim", None).unwrap();
+    assert_eq!(status, 202, "{body}");
+    let vm = lab.boot(VmSpec::bios("abort", mac)).expect("boot");
+    // Once the machine has fetched its script (it is loading the ramdisk), abort.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let n = lab
+            .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
+            .unwrap();
+        if n["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "boot-script")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VM never fetched its script:\n{}",
+            lab.vms[vm].console_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (status, body) = lab
+        .api("POST", "/v1/introspection/victim/abort", None)
+        .unwrap();
+    assert_eq!(status, 202, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let n = lab
+            .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
+            .unwrap();
+        if n["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "inventory-refused")
+        {
+            assert_eq!(n["introspection"]["state"], "error");
+            assert_eq!(n["introspection"]["error"], "Canceled by operator");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the inventory was never posted:\n{}",
+            lab.vms[vm].console_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let data = lab
+        .api("GET", &format!("/v1/introspection/{uuid}/data"), None)
+        .unwrap();
+    assert_eq!(data.0, 404, "nothing was stored for the aborted run");
+}
