@@ -31,7 +31,9 @@ pub fn script(
             match (&discovery.kernel, &discovery.initrd) {
                 (Some(kernel), Some(initrd)) => {
                     // BOOTIF names the NIC we booted from (pxelinux syntax: 01-<mac with dashes>);
-                    // initrd=<name> is needed by EFI iPXE builds to hand the initrd over.
+                    // initrd=<name> is needed by EFI iPXE builds to hand the initrd over. The
+                    // IPA callback argument lets an unmodified Ironic Python Agent ramdisk
+                    // report to us too.
                     let bootif = format!("01-{}", mac.to_string().replace(':', "-"));
                     let extra = if discovery.cmdline.is_empty() {
                         String::new()
@@ -41,7 +43,7 @@ pub fn script(
                     format!(
                         "#!ipxe\n\
                          echo Paddock: {mac} is {why}: booting the discovery ramdisk\n\
-                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={public_url}{extra} || goto retry\n\
+                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={public_url} paddock.log=info ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
                          initrd --name initrd {initrd} || goto retry\n\
                          boot || goto retry\n\
                          :retry\n\
@@ -85,7 +87,7 @@ mod tests {
     fn unknown_machines_boot_the_discovery_ramdisk() {
         let s = script(MAC, None, &discovery(), "http://p");
         assert!(s.starts_with("#!ipxe\n"));
-        assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p console=ttyS0"), "{s}");
+        assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p paddock.log=info ipa-inspection-callback-url=http://p/v1/continue console=ttyS0"), "{s}");
         assert!(s.contains("initrd --name initrd http://p/i"));
         assert!(s.contains("is unknown"));
     }

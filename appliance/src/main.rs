@@ -34,6 +34,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ConfigCmd,
     },
+    /// The discovery ramdisk.
+    Ramdisk {
+        #[command(subcommand)]
+        cmd: RamdiskCmd,
+    },
     /// Nodes of a running appliance.
     Node {
         /// The appliance's HTTP base URL.
@@ -46,6 +51,29 @@ enum Cmd {
         api: String,
         #[command(subcommand)]
         cmd: NodeCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum RamdiskCmd {
+    /// Build the discovery ramdisk (vmlinuz + initrd.img) from Debian's linux-image-amd64, the
+    /// static agent and busybox; the same inputs give the same bytes.
+    Build {
+        /// The static agent binary (`scripts/build-ramdisk.sh` builds it), which becomes /init.
+        #[arg(long)]
+        agent: PathBuf,
+        /// Output directory for vmlinuz and initrd.img.
+        #[arg(long)]
+        out: PathBuf,
+        /// Where kernel packages are downloaded and extracted.
+        #[arg(long, default_value = "/var/cache/paddock/ramdisk")]
+        cache: PathBuf,
+        /// Extra drivers to carry, on top of the default set (virtio, e1000/e1000e, igb, ixgbe, ahci, nvme).
+        #[arg(long, value_delimiter = ',')]
+        add_modules: Vec<String>,
+        /// A static busybox.
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
     },
 }
 
@@ -114,6 +142,33 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Cmd::Ramdisk {
+            cmd:
+                RamdiskCmd::Build {
+                    agent,
+                    out,
+                    cache,
+                    add_modules,
+                    busybox,
+                },
+        } => {
+            let mut spec = paddock_ramdisk::initramfs::BuildSpec::new(&agent, &out, &cache);
+            spec.busybox = busybox;
+            spec.modules.extend(add_modules);
+            match paddock_ramdisk::initramfs::build(&spec) {
+                Ok(b) => {
+                    println!("kernel   {}", b.kernel_version);
+                    println!("vmlinuz  {}", b.vmlinuz.display());
+                    println!("initrd   {}", b.initrd.display());
+                    println!("modules  {}", b.modules.join(" "));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("paddock: building the ramdisk: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Node { api, cmd } => {
             let res = match cmd {
                 NodeCmd::List => paddock::cli::node_list(&api),

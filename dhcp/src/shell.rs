@@ -148,98 +148,144 @@ impl DhcpService {
         Ok(())
     }
 
+    /// The packet loop of one socket. Replies that need no durable change (OFFER, NAK,
+    /// INFORM) leave at once. Lease changes are gathered into a batch that is written as ONE
+    /// store transaction while packets keep being handled; when it commits, its ACKs are sent
+    /// and the next batch (everything that arrived meanwhile) is written. An ACK therefore
+    /// always follows the fsync of its lease, and the number of fsyncs adapts to the load.
     async fn serve(self: Arc<Self>, socket: Arc<UdpSocket>, l: Listener) -> Result<(), ShellError> {
         let mut buf = vec![0u8; 4096];
+        let mut next = Batch::default();
+        let mut writing: Option<(CommitFuture, Vec<Reply>, usize)> = None;
         loop {
-            let (n, peer) = socket
-                .recv_from(&mut buf)
-                .await
-                .map_err(|source| ShellError::Io {
-                    interface: l.interface.clone(),
-                    source,
-                })?;
-            self.stats.received.fetch_add(1, Ordering::Relaxed);
-            let msg = match decode_request(&buf[..n]) {
-                Ok(m) => m,
-                Err(e) => {
-                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, error = %e, "dhcp: dropped malformed packet");
-                    continue;
+            tokio::select! {
+                res = socket.recv_from(&mut buf) => {
+                    let (n, peer) = res.map_err(|source| ShellError::Io {
+                        interface: l.interface.clone(),
+                        source,
+                    })?;
+                    self.packet(&socket, &buf[..n], peer, l.address, &mut next).await;
                 }
-            };
-            let outcome = {
-                let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
-                server.handle(&msg, l.address, unix_now(), self.policy.as_ref())
-            };
-            tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
-            let Some((reply, to)) = outcome.reply else {
-                self.stats.ignored.fetch_add(1, Ordering::Relaxed);
-                if let Some(change) = outcome.change {
-                    let me = self.clone();
-                    tokio::spawn(async move { me.persist(change).await });
-                }
-                continue;
-            };
-            if let (Some(obs), Some(boot), Some(mac)) = (
-                &self.observer,
-                &outcome.boot,
-                MacAddr::from_chaddr(msg.chaddr()),
-            ) && let Some(kind) = reply.opts().msg_type()
-            {
-                obs.pxe_answered(mac, kind, reply.yiaddr(), boot);
-            }
-            let counter = match reply.opts().msg_type() {
-                Some(dhcproto::v4::MessageType::Offer) => &self.stats.offers,
-                Some(dhcproto::v4::MessageType::Nak) => &self.stats.naks,
-                _ => &self.stats.acks,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            let bytes = match encode(&reply) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, "dhcp: cannot encode reply");
-                    continue;
-                }
-            };
-            match outcome.change {
-                None => send(&socket, &bytes, to).await,
-                Some(change) => {
-                    // The ACK waits for the store: group commit makes this cheap under load.
-                    let me = self.clone();
-                    let socket = socket.clone();
-                    tokio::spawn(async move {
-                        if me.persist(change).await {
-                            send(&socket, &bytes, to).await;
+                res = async { writing.as_mut().expect("guarded").0.as_mut().await }, if writing.is_some() => {
+                    let (_, replies, leases) = writing.take().expect("guarded");
+                    match res {
+                        Ok(_) => {
+                            for (bytes, to) in &replies {
+                                send(&socket, bytes, *to).await;
+                            }
                         }
-                    });
+                        Err(e) => {
+                            self.stats.persist_errors.fetch_add(leases as u64, Ordering::Relaxed);
+                            tracing::error!(leases, error = %e, "dhcp: leases not stored, their ACKs withheld");
+                        }
+                    }
                 }
+            }
+            if writing.is_none() && !next.ops.is_empty() {
+                let Batch { ops, replies } = std::mem::take(&mut next);
+                let leases = ops.len();
+                let txn = Txn {
+                    success: ops,
+                    ..Txn::default()
+                };
+                let store = self.store.clone();
+                writing = Some((
+                    Box::pin(async move { store.txn(txn).await }),
+                    replies,
+                    leases,
+                ));
             }
         }
     }
 
-    async fn persist(&self, change: LeaseChange) -> bool {
-        let LeaseChange::Put(lease) = change;
-        let value = match serde_json::to_vec(&lease) {
-            Ok(v) => v,
-            Err(_) => return false,
-        };
-        let txn = Txn {
-            success: vec![Op::put(lease_key(lease.ip), value)],
-            ..Txn::default()
-        };
-        match self.store.txn(txn).await {
-            Ok(_) => true,
+    /// Handles one received packet: sends what can go now, queues lease changes.
+    async fn packet(
+        &self,
+        socket: &UdpSocket,
+        data: &[u8],
+        peer: SocketAddr,
+        local: Ipv4Addr,
+        next: &mut Batch,
+    ) {
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let msg = match decode_request(data) {
+            Ok(m) => m,
             Err(e) => {
-                self.stats.persist_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(ip = %lease.ip, error = %e, "dhcp: lease not stored, reply withheld");
-                false
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, error = %e, "dhcp: dropped malformed packet");
+                return;
+            }
+        };
+        let outcome = {
+            let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+            server.handle(&msg, local, unix_now(), self.policy.as_ref())
+        };
+        tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
+        let change = outcome.change.and_then(|c| {
+            let LeaseChange::Put(lease) = c;
+            serde_json::to_vec(&lease)
+                .ok()
+                .map(|v| Op::put(lease_key(lease.ip), v))
+        });
+        let Some((reply, to)) = outcome.reply else {
+            self.stats.ignored.fetch_add(1, Ordering::Relaxed);
+            // RELEASE and DECLINE: stored with the next batch, nothing to send.
+            next.ops.extend(change);
+            return;
+        };
+        if let (Some(obs), Some(boot), Some(mac)) = (
+            &self.observer,
+            &outcome.boot,
+            MacAddr::from_chaddr(msg.chaddr()),
+        ) && let Some(kind) = reply.opts().msg_type()
+        {
+            obs.pxe_answered(mac, kind, reply.yiaddr(), boot);
+        }
+        let counter = match reply.opts().msg_type() {
+            Some(MessageType::Offer) => &self.stats.offers,
+            Some(MessageType::Nak) => &self.stats.naks,
+            _ => &self.stats.acks,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let bytes = match encode(&reply) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "dhcp: cannot encode reply");
+                return;
+            }
+        };
+        match change {
+            None => send(socket, &bytes, to).await,
+            Some(op) => {
+                next.ops.push(op);
+                next.replies.push((bytes, to));
             }
         }
     }
 }
 
+/// An encoded reply and where it goes.
+type Reply = (Vec<u8>, SocketAddrV4);
+
+/// Lease writes waiting for the next transaction, and the replies that follow them.
+#[derive(Default)]
+struct Batch {
+    ops: Vec<Op>,
+    replies: Vec<Reply>,
+}
+
+type CommitFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<paddock_store::TxnResponse, StoreError>> + Send>,
+>;
+
 async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddrV4) {
-    if let Err(e) = socket.send_to(bytes, SocketAddr::V4(to)).await {
+    // Straight to the socket when it has room (nearly always); through the reactor otherwise.
+    let to = SocketAddr::V4(to);
+    let res = match socket.try_send_to(bytes, to) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => socket.send_to(bytes, to).await,
+        other => other,
+    };
+    if let Err(e) = res {
         tracing::debug!(%to, error = %e, "dhcp: send failed");
     }
 }

@@ -35,8 +35,12 @@ PIDS=()
 OK=0
 
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Our background processes, then anything else still running in our namespace (qemu when
+    # interrupted): deleting a namespace's name does not stop its processes.
+    local p
+    for p in "${PIDS[@]}" $(ip netns pids "$NS" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    for _ in $(seq 20); do [ -z "$(ip netns pids "$NS" 2>/dev/null)" ] && break; sleep 0.1; done
     ip netns del "$NS" 2>/dev/null || true
     if [ "$OK" = 1 ] && [ -z "${PDKRD_KEEP:-}" ]; then
         rm -rf "$WORK"
@@ -85,9 +89,11 @@ nsx ip link set "$TAP" master "$BR"
 nsx ip link set "$TAP" up
 nsx ip link set "$BR" up
 
-nsx dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --interface="$BR" --bind-interfaces \
+# Background processes are started with `ip netns exec` itself (it execs the command), never
+# through a shell function, so that $! is the process to stop.
+ip netns exec "$NS" dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --interface="$BR" --bind-interfaces \
     --dhcp-range=198.18.0.100,198.18.0.150,255.255.255.0,10m --dhcp-option=option:router,$SERVER_IP \
-    --dhcp-leasefile="$WORK/dnsmasq.leases" --pid-file= --log-dhcp --log-facility="$WORK/dnsmasq.log" &
+    --dhcp-leasefile="$WORK/dnsmasq.leases" --pid-file= --log-dhcp --log-facility="$WORK/dnsmasq.log" </dev/null >"$WORK/dnsmasq.out" 2>&1 &
 PIDS+=($!)
 
 cat > "$WORK/server.py" <<'PY'
@@ -147,7 +153,7 @@ class H(http.server.BaseHTTPRequestHandler):
 
 http.server.ThreadingHTTPServer((ip, port), H).serve_forever()
 PY
-nsx python3 "$WORK/server.py" "$WORK" "$SERVER_IP" "$PORT" >"$WORK/server.log" 2>&1 &
+ip netns exec "$NS" python3 "$WORK/server.py" "$WORK" "$SERVER_IP" "$PORT" </dev/null >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 50); do
     nsx python3 -c "import socket;socket.create_connection(('$SERVER_IP',$PORT),0.2)" 2>/dev/null && break
@@ -266,7 +272,7 @@ while True:
         pass  # no VM on the tap yet
     time.sleep(1)
 PY
-    nsx python3 "$WORK/lldp.py" "$TAP" &
+    ip netns exec "$NS" python3 "$WORK/lldp.py" "$TAP" </dev/null >"$WORK/lldp.log" 2>&1 &
     PIDS+=($!)
     nsx python3 -c "import urllib.request as u;u.urlopen(u.Request('http://$SERVER_IP:$PORT/control/wait',data=b'{\"n\":1}',method='POST'))"
     boot bad-collector "paddock.collectors=default,bogus paddock.log=debug paddock.lldp=1 paddock.lldp_timeout=5"
