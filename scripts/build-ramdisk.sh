@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-RUSTFLAGS="-C target-feature=+crt-static" \
+RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
   cargo build --release --locked -p paddock-ramdisk --bin paddock-agent --target x86_64-unknown-linux-gnu
 cargo build --release --locked -p paddock-ramdisk --bin paddock-ramdisk-build
 target/release/paddock-ramdisk-build \

@@ -168,14 +168,17 @@ boot() {
     start=$(date +%s.%N)
     echo "qemu-smoke: [$name] booting (TCG, 512 MiB, 2 CPUs)"
     set +e
-    nsx timeout "$BOOT_TIMEOUT" qemu-system-x86_64 -accel tcg -m 512 -smp 2 -nographic -no-reboot \
+    # In the background plus `wait`, so that a signal interrupts the boot at once (bash runs
+    # traps only between foreground commands).
+    ip netns exec "$NS" timeout "$BOOT_TIMEOUT" qemu-system-x86_64 -accel tcg -m 512 -smp 2 -nographic -no-reboot \
         -kernel "$WORK/out/vmlinuz" -initrd "$WORK/out/initrd.img" \
         -append "console=ttyS0 BOOTIF=01-${MAC//:/-} paddock.url=http://$SERVER_IP:$PORT $extra" \
         -netdev tap,id=n0,ifname=$TAP,script=no,downscript=no \
         -device virtio-net-pci,netdev=n0,mac=$MAC \
         -drive file="$WORK/disk.img",if=none,id=d0,format=raw \
         -device virtio-blk-pci,drive=d0,serial=PDKRD-SMOKE-1 \
-        </dev/null >"$WORK/console-$name.log" 2>&1
+        </dev/null >"$WORK/console-$name.log" 2>&1 &
+    wait $!
     rc=$?
     set -e
     end=$(date +%s.%N)
