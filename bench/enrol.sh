@@ -59,7 +59,7 @@ baseline_once() {
   ip netns exec $NS dnsmasq --no-daemon --port=0 --interface=br0 --bind-interfaces \
     --dhcp-range=198.18.0.100,198.18.0.200,1h --dhcp-userclass=set:ipxe,iPXE \
     --dhcp-boot=tag:ipxe,boot.ipxe --enable-tftp --tftp-root="$SCRATCH/tftp" \
-    --dhcp-leasefile="$SCRATCH/leases" --log-facility="$SCRATCH/dnsmasq.log" &
+    --dhcp-leasefile="$SCRATCH/leases" --log-facility="$SCRATCH/dnsmasq.log" 2>>"$SCRATCH/dnsmasq.err" &
   sleep 0.5
   : >"$SCRATCH/console.log"
   local t0=$(date +%s.%N)
