@@ -10,4 +10,6 @@ scripts/install-deps.sh
 scripts/build-ramdisk.sh   # the VM scenarios boot it
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
+# The VM scenarios print each VM's power-on → enrolled time.
+cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture

@@ -82,6 +82,15 @@ impl Artifacts {
     }
 }
 
+/// The last `n` bytes of `s` (at a character boundary).
+fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
 pub fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -435,26 +444,12 @@ cmdline = "{cmdline}"
                     "VM {} did not enrol within {timeout:?}\n--- console (tail) ---\n",
                     self.vms[vm].spec.name
                 );
-                let console = self.vms[vm].console_text();
-                let tail: String = console
-                    .chars()
-                    .rev()
-                    .take(3000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                let _ = writeln!(msg, "{tail}\n--- paddock log (tail) ---");
-                let log = self.appliance_log();
-                let tail: String = log
-                    .chars()
-                    .rev()
-                    .take(3000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                msg.push_str(&tail);
+                let _ = writeln!(
+                    msg,
+                    "{}\n--- paddock log (tail) ---",
+                    tail(&self.vms[vm].console_text(), 3000)
+                );
+                msg.push_str(tail(&self.appliance_log(), 3000));
                 self.keep();
                 bail!(msg);
             }
