@@ -1,0 +1,432 @@
+//! The PXE filter.
+//!
+//! A pure model ([`Filter`]: allow set, deny set, discovery policy for unknown MACs, pass
+//! rule) is rendered into one nftables table, `inet paddock`, and applied with
+//! `nft -j -f -` as one atomic batch:
+//!
+//! ```text
+//! chain input      iifname <prov> udp dport {67, 69, 4011} jump whitelist
+//! chain whitelist  ether saddr @allow jump pass ; jump blacklist
+//! chain blacklist  ether saddr @deny drop ; [discovery: jump pass] ; drop
+//! chain pass       [this host may serve PXE: accept]
+//! ```
+//!
+//! An empty `pass` chain returns, and the packet ends in `drop`: without the pass rule the
+//! interface is closed (fail closed). Set membership changes are element adds and deletes,
+//! never a rebuild.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use paddock_dhcp::MacAddr;
+use serde_json::{Value, json};
+
+pub const TABLE: &str = "paddock";
+/// DHCP, TFTP and PXE boot-server discovery.
+pub const PORTS: [u16; 3] = [67, 69, 4011];
+
+/// The filter's desired (or applied) state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Machines under introspection or being provisioned.
+    pub allow: BTreeSet<MacAddr>,
+    /// Every other known machine.
+    pub deny: BTreeSet<MacAddr>,
+    /// Unknown MACs may PXE-boot (discovery on).
+    pub discovery: bool,
+    /// This host may answer PXE (the leader's pass rule).
+    pub pass: bool,
+}
+
+impl Filter {
+    /// The state for these machines: `(mac, wanted)` where `wanted` means "may PXE-boot now".
+    /// A MAC both wanted and not (two nodes) is allowed.
+    pub fn from_machines(
+        machines: impl IntoIterator<Item = (MacAddr, bool)>,
+        discovery: bool,
+        pass: bool,
+    ) -> Self {
+        let mut f = Filter {
+            discovery,
+            pass,
+            ..Filter::default()
+        };
+        for (mac, wanted) in machines {
+            if wanted {
+                f.allow.insert(mac);
+            } else {
+                f.deny.insert(mac);
+            }
+        }
+        f.deny.retain(|m| !f.allow.contains(m));
+        f
+    }
+
+    /// The decision the DHCP server applies by `chaddr` (for relayed requests, whose
+    /// link-layer source is the relay): the same as the ruleset's.
+    pub fn admits(&self, mac: MacAddr) -> bool {
+        self.pass && (self.allow.contains(&mac) || (!self.deny.contains(&mac) && self.discovery))
+    }
+}
+
+/// One change from the applied state to the desired one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Add(SetName, MacAddr),
+    Delete(SetName, MacAddr),
+    Discovery(bool),
+    Pass(bool),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SetName {
+    Allow,
+    Deny,
+}
+
+impl SetName {
+    fn as_str(self) -> &'static str {
+        match self {
+            SetName::Allow => "allow",
+            SetName::Deny => "deny",
+        }
+    }
+}
+
+/// What turns `from` into `to`. Removals come first so a MAC moving between sets is never in
+/// both.
+pub fn diff(from: &Filter, to: &Filter) -> Vec<Change> {
+    let mut out = Vec::new();
+    for (name, a, b) in [
+        (SetName::Allow, &from.allow, &to.allow),
+        (SetName::Deny, &from.deny, &to.deny),
+    ] {
+        out.extend(a.difference(b).map(|m| Change::Delete(name, *m)));
+    }
+    for (name, a, b) in [
+        (SetName::Allow, &from.allow, &to.allow),
+        (SetName::Deny, &from.deny, &to.deny),
+    ] {
+        out.extend(b.difference(a).map(|m| Change::Add(name, *m)));
+    }
+    if from.discovery != to.discovery {
+        out.push(Change::Discovery(to.discovery));
+    }
+    if from.pass != to.pass {
+        out.push(Change::Pass(to.pass));
+    }
+    out
+}
+
+fn base() -> Value {
+    json!({"family": "inet", "table": TABLE})
+}
+
+fn with(mut v: Value, extra: Value) -> Value {
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    v
+}
+
+fn rule(chain: &str, expr: Value) -> Value {
+    json!({"add": {"rule": with(base(), json!({"chain": chain, "expr": expr}))}})
+}
+
+fn saddr_in(set: &str) -> Value {
+    json!({"match": {"op": "==", "left": {"payload": {"protocol": "ether", "field": "saddr"}}, "right": format!("@{set}")}})
+}
+
+fn blacklist_rules(discovery: bool) -> Vec<Value> {
+    let mut v = vec![rule("blacklist", json!([saddr_in("deny"), {"drop": null}]))];
+    if discovery {
+        v.push(rule("blacklist", json!([{"jump": {"target": "pass"}}])));
+    }
+    v.push(rule("blacklist", json!([{"drop": null}])));
+    v
+}
+
+fn pass_rules(pass: bool) -> Vec<Value> {
+    if pass {
+        vec![rule("pass", json!([{"accept": null}]))]
+    } else {
+        Vec::new()
+    }
+}
+
+fn elements(op: &str, set: SetName, macs: &[MacAddr]) -> Value {
+    let elem: Vec<String> = macs.iter().map(MacAddr::to_string).collect();
+    json!({op: {"element": with(base(), json!({"name": set.as_str(), "elem": elem}))}})
+}
+
+/// The whole table for `f` on interface `iface`, replacing any previous one (one batch).
+pub fn render_full(iface: &str, f: &Filter) -> Value {
+    let table = json!({"family": "inet", "name": TABLE});
+    let chain = |name: &str| json!({"add": {"chain": with(base(), json!({"name": name}))}});
+    let mut cmds = vec![
+        json!({"add": {"table": table}}),
+        json!({"delete": {"table": table}}),
+        json!({"add": {"table": table}}),
+        json!({"add": {"set": with(base(), json!({"name": "allow", "type": "ether_addr"}))}}),
+        json!({"add": {"set": with(base(), json!({"name": "deny", "type": "ether_addr"}))}}),
+        json!({"add": {"chain": with(base(), json!({"name": "input", "type": "filter", "hook": "input", "prio": -150, "policy": "accept"}))}}),
+        chain("whitelist"),
+        chain("blacklist"),
+        chain("pass"),
+        rule(
+            "input",
+            json!([
+                {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": iface}},
+                {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": {"set": PORTS.to_vec()}}},
+                {"jump": {"target": "whitelist"}}
+            ]),
+        ),
+        rule(
+            "whitelist",
+            json!([saddr_in("allow"), {"jump": {"target": "pass"}}]),
+        ),
+        rule("whitelist", json!([{"jump": {"target": "blacklist"}}])),
+    ];
+    cmds.extend(blacklist_rules(f.discovery));
+    cmds.extend(pass_rules(f.pass));
+    for (set, macs) in [(SetName::Allow, &f.allow), (SetName::Deny, &f.deny)] {
+        let macs: Vec<MacAddr> = macs.iter().copied().collect();
+        if !macs.is_empty() {
+            cmds.push(elements("add", set, &macs));
+        }
+    }
+    json!({"nftables": cmds})
+}
+
+/// The closed table: nothing passes until the first full sync.
+pub fn render_closed(iface: &str) -> Value {
+    render_full(iface, &Filter::default())
+}
+
+/// A batch for these changes: element adds/deletes, and the blacklist or pass chain
+/// rewritten when the policy or the pass rule changes.
+pub fn render_changes(changes: &[Change]) -> Value {
+    let mut cmds = Vec::new();
+    for set in [SetName::Allow, SetName::Deny] {
+        for op in ["delete", "add"] {
+            let macs: Vec<MacAddr> = changes
+                .iter()
+                .filter_map(|c| match (c, op) {
+                    (Change::Delete(s, m), "delete") | (Change::Add(s, m), "add") if *s == set => {
+                        Some(*m)
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !macs.is_empty() {
+                cmds.push(elements(op, set, &macs));
+            }
+        }
+    }
+    for c in changes {
+        match c {
+            Change::Discovery(on) => {
+                cmds.push(json!({"flush": {"chain": with(base(), json!({"name": "blacklist"}))}}));
+                cmds.extend(blacklist_rules(*on));
+            }
+            Change::Pass(on) => {
+                cmds.push(json!({"flush": {"chain": with(base(), json!({"name": "pass"}))}}));
+                cmds.extend(pass_rules(*on));
+            }
+            _ => {}
+        }
+    }
+    json!({"nftables": cmds})
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("cannot run nft (apt-get install nftables): {0}")]
+    Spawn(std::io::Error),
+    #[error("nft refused the batch: {0}")]
+    Refused(String),
+    #[error("nft printed something that is not its JSON: {0}")]
+    Output(String),
+}
+
+/// How to run `nft`: on this host, or inside a network namespace (tests, labs).
+#[derive(Clone, Debug)]
+pub struct Nft {
+    argv: Vec<String>,
+}
+
+impl Nft {
+    pub fn local() -> Self {
+        Nft {
+            argv: vec!["nft".into()],
+        }
+    }
+
+    pub fn in_netns(ns: &str) -> Self {
+        Nft {
+            argv: ["ip", "netns", "exec", ns, "nft"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.argv[0]);
+        c.args(&self.argv[1..]);
+        c
+    }
+
+    /// Applies a batch with `nft -j -f -` (atomic: all or nothing), returning nft's own
+    /// error text when it refuses.
+    pub fn apply(&self, batch: &Value) -> Result<(), NftError> {
+        let mut child = self
+            .command()
+            .args(["-j", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(NftError::Spawn)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(batch.to_string().as_bytes())
+                .map_err(NftError::Spawn)?;
+        }
+        let out = child.wait_with_output().map_err(NftError::Spawn)?;
+        if !out.status.success() {
+            return Err(NftError::Refused(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the applied state back from the kernel (`None`: the table does not exist).
+    pub fn read(&self) -> Result<Option<Filter>, NftError> {
+        let out = self
+            .command()
+            .args(["-j", "list", "table", "inet", TABLE])
+            .output()
+            .map_err(NftError::Spawn)?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| NftError::Output(e.to_string()))?;
+        let mut f = Filter::default();
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            if let Some(set) = item.get("set") {
+                let target = match set["name"].as_str() {
+                    Some("allow") => &mut f.allow,
+                    Some("deny") => &mut f.deny,
+                    _ => continue,
+                };
+                for e in set["elem"].as_array().into_iter().flatten() {
+                    if let Some(m) = e.as_str().and_then(|s| s.parse().ok()) {
+                        target.insert(m);
+                    }
+                }
+            }
+            if let Some(rule) = item.get("rule") {
+                let expr = rule["expr"].to_string();
+                match rule["chain"].as_str() {
+                    Some("pass") if expr.contains("accept") => f.pass = true,
+                    Some("blacklist") if expr.contains("\"jump\"") => f.discovery = true,
+                    _ => {}
+                }
+            }
+        }
+        Ok(Some(f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(n: u8) -> MacAddr {
+        MacAddr([0x52, 0x54, 0, 0, 0, n])
+    }
+
+    #[test]
+    fn the_model() {
+        let f = Filter::from_machines(
+            [
+                (mac(1), true),
+                (mac(2), false),
+                (mac(3), false),
+                (mac(3), true),
+            ],
+            true,
+            true,
+        );
+        assert_eq!(f.allow, [mac(1), mac(3)].into());
+        assert_eq!(f.deny, [mac(2)].into());
+        let cases = [
+            (true, true, mac(1), true),
+            (true, true, mac(2), false),
+            (true, true, mac(9), true),
+            (false, true, mac(9), false),
+            (false, true, mac(1), true),
+            (true, false, mac(1), false),
+            (true, false, mac(9), false),
+        ];
+        for (discovery, pass, m, want) in cases {
+            let f = Filter {
+                discovery,
+                pass,
+                ..f.clone()
+            };
+            assert_eq!(f.admits(m), want, "discovery={discovery} pass={pass} {m}");
+        }
+    }
+
+    #[test]
+    fn diff_moves_macs_between_sets_without_overlap() {
+        let a = Filter::from_machines([(mac(1), true), (mac(2), false)], true, false);
+        let b = Filter::from_machines([(mac(1), false), (mac(3), true)], false, true);
+        assert_eq!(
+            diff(&a, &b),
+            [
+                Change::Delete(SetName::Allow, mac(1)),
+                Change::Delete(SetName::Deny, mac(2)),
+                Change::Add(SetName::Allow, mac(3)),
+                Change::Add(SetName::Deny, mac(1)),
+                Change::Discovery(false),
+                Change::Pass(true),
+            ]
+        );
+        assert!(diff(&b, &b).is_empty());
+    }
+
+    #[test]
+    fn rendering() {
+        let f = Filter::from_machines([(mac(1), true), (mac(2), false)], true, true);
+        let full = render_full("br0", &f).to_string();
+        for needle in [
+            r#"{"delete":{"table":{"family":"inet","name":"paddock"}}}"#,
+            r#""hook":"input""#,
+            r#""right":"br0""#,
+            r#""right":{"set":[67,69,4011]}"#,
+            r#""op":"==","right":"@allow"}},{"jump":{"target":"pass"}}"#,
+            r#""chain":"pass","expr":[{"accept":null}]"#,
+            r#"{"elem":["52:54:00:00:00:01"],"family":"inet","name":"allow""#,
+            r#"{"elem":["52:54:00:00:00:02"],"family":"inet","name":"deny""#,
+        ] {
+            assert!(full.contains(needle), "{needle} missing from {full}");
+        }
+        let closed = render_closed("br0").to_string();
+        assert!(
+            !closed.contains(r#"{"accept":null}"#),
+            "closed: no pass rule"
+        );
+        assert!(!closed.contains("\"elem\""));
+        let changes =
+            render_changes(&[Change::Add(SetName::Deny, mac(5)), Change::Pass(false)]).to_string();
+        assert_eq!(
+            changes,
+            r#"{"nftables":[{"add":{"element":{"elem":["52:54:00:00:00:05"],"family":"inet","name":"deny","table":"paddock"}}},{"flush":{"chain":{"family":"inet","name":"pass","table":"paddock"}}}]}"#
+        );
+    }
+}

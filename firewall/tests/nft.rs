@@ -1,0 +1,100 @@
+//! The renderer against the kernel: real nft in a network namespace the test creates.
+
+use std::process::Command;
+use std::time::Instant;
+
+use paddock_dhcp::MacAddr;
+use paddock_firewall::{Filter, Nft, diff, render_changes, render_closed, render_full};
+
+struct Ns(String);
+
+impl Ns {
+    fn new(tag: &str) -> Self {
+        let name = format!("pdkfw{}-{tag}", std::process::id() % 100_000);
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .unwrap()
+                .success(),
+            "ip netns add (run as root)"
+        );
+        Ns(name)
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn mac(i: u32) -> MacAddr {
+    MacAddr([0x52, 0x54, 0x02, (i >> 16) as u8, (i >> 8) as u8, i as u8])
+}
+
+#[test]
+fn applied_state_reads_back_and_changes_are_incremental() {
+    let ns = Ns::new("a");
+    let nft = Nft::in_netns(&ns.0);
+    assert_eq!(nft.read().unwrap(), None, "no table yet");
+    nft.apply(&render_closed("br0")).unwrap();
+    assert_eq!(
+        nft.read().unwrap(),
+        Some(Filter::default()),
+        "closed: empty sets, no pass rule"
+    );
+    let a = Filter::from_machines(
+        [(mac(1), true), (mac(2), false), (mac(3), false)],
+        true,
+        true,
+    );
+    nft.apply(&render_full("br0", &a)).unwrap();
+    assert_eq!(nft.read().unwrap(), Some(a.clone()));
+    let b = Filter::from_machines(
+        [(mac(1), false), (mac(2), false), (mac(4), true)],
+        false,
+        false,
+    );
+    nft.apply(&render_changes(&diff(&a, &b))).unwrap();
+    assert_eq!(nft.read().unwrap(), Some(b.clone()));
+    // A batch nft refuses changes nothing, and its own error text comes back.
+    let bad = serde_json::json!({"nftables": [
+        {"add": {"element": {"family": "inet", "table": "paddock", "name": "allow", "elem": ["52:54:00:00:00:77"]}}},
+        {"add": {"element": {"family": "inet", "table": "paddock", "name": "nope", "elem": ["52:54:00:00:00:78"]}}}
+    ]});
+    let e = nft.apply(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("nft refused the batch") && e.contains("No such file or directory"),
+        "{e}"
+    );
+    assert_eq!(
+        nft.read().unwrap(),
+        Some(b),
+        "the refused batch left nothing behind"
+    );
+}
+
+/// Timings for 10,000 MACs (printed; bench/filter.sh compares against iptables).
+#[test]
+fn ten_thousand_macs() {
+    let ns = Ns::new("b");
+    let nft = Nft::in_netns(&ns.0);
+    nft.apply(&render_closed("br0")).unwrap();
+    let big = Filter::from_machines((0..10_000).map(|i| (mac(i), i % 10 == 0)), true, true);
+    let t = Instant::now();
+    nft.apply(&render_full("br0", &big)).unwrap();
+    let full = t.elapsed();
+    let mut one = big.clone();
+    one.deny.insert(mac(20_000));
+    let t = Instant::now();
+    nft.apply(&render_changes(&diff(&big, &one))).unwrap();
+    let add = t.elapsed();
+    assert_eq!(nft.read().unwrap(), Some(one));
+    println!(
+        "nft: 10,000-MAC table {:.1} ms, one MAC added {:.1} ms",
+        full.as_secs_f64() * 1e3,
+        add.as_secs_f64() * 1e3
+    );
+}
