@@ -12,6 +12,7 @@ packages=(
   qemu-system-x86 ipxe-qemu  # VMs with SeaBIOS and QEMU's iPXE option ROMs
   ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware
   socat            # the lab's console forwarder
+  nftables         # the PXE filter
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)

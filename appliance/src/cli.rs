@@ -118,3 +118,41 @@ pub fn node_abort(api: &str, node: &str) -> anyhow::Result<()> {
     println!("introspection of {node} aborted");
     Ok(())
 }
+
+pub fn firewall_status(api: &str) -> anyhow::Result<()> {
+    let st = call(api, "GET", "/api/v1/firewall")?;
+    if st["enabled"] == Value::Bool(false) {
+        println!("PXE filter: off ([firewall] enabled = false)");
+        return Ok(());
+    }
+    println!("interface       {}", s(&st["interface"]));
+    println!(
+        "pass rule       {}",
+        if st["pass"] == Value::Bool(true) {
+            "present (this host answers PXE)"
+        } else {
+            "absent (closed)"
+        }
+    );
+    println!(
+        "unknown MACs    {}",
+        if st["discovery"] == Value::Bool(true) {
+            "allowed"
+        } else {
+            "blocked"
+        }
+    );
+    let at = st["last_sync_ms"].as_i64().unwrap_or(0);
+    println!(
+        "last sync       {} UTC",
+        paddock_inspector::node::iso(at / 1000)
+    );
+    println!("syncs           {}", s(&st["syncs"]));
+    println!("drift repaired  {}", s(&st["drift_repaired"]));
+    println!("last error      {}", s(&st["last_error"]));
+    for k in ["allow", "deny"] {
+        let macs: Vec<String> = st[k].as_array().into_iter().flatten().map(s).collect();
+        println!("{k:<15} {} {}", macs.len(), macs.join(" "));
+    }
+    Ok(())
+}

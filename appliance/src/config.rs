@@ -24,6 +24,20 @@ pub struct FileConfig {
     pub tftp: TftpFile,
     pub boot: BootFile,
     pub inspector: InspectorFile,
+    pub firewall: FirewallFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FirewallFile {
+    /// Keep the PXE filter (nftables table `inet paddock`) in step with the nodes (default false).
+    pub enabled: Option<bool>,
+    /// The provisioning interface (default: the first DHCP interface).
+    pub interface: Option<String>,
+    /// Unknown MACs may PXE-boot (default: inspector.auto_enrol).
+    pub discovery: Option<bool>,
+    /// Seconds between reconciliations that repair drift (default 10, at most 15).
+    pub reconcile_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,6 +196,14 @@ pub struct Config {
     pub discovery: Discovery,
     pub inspector: paddock_inspector::service::InspectorConfig,
     pub clean_up_period: Duration,
+    pub firewall: Option<FirewallConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub struct FirewallConfig {
+    pub interface: String,
+    pub discovery: bool,
+    pub reconcile: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -316,6 +338,7 @@ impl FileConfig {
             .as_deref()
             .and_then(|s| parse_or(&mut p, "boot.tftp_server", s));
 
+        let first_dhcp_interface = self.dhcp.interfaces.first().cloned();
         let dhcp = if self.dhcp.enabled.unwrap_or(true) {
             validate_dhcp(self.dhcp, &mut p)
         } else {
@@ -350,6 +373,29 @@ impl FileConfig {
             after_inspection,
             public_url: public_url.clone(),
         };
+        let fw = &self.firewall;
+        let firewall = if fw.enabled.unwrap_or(false) {
+            let interface = fw.interface.clone().or(first_dhcp_interface);
+            let reconcile = fw.reconcile_secs.unwrap_or(10);
+            if !(1..=15).contains(&reconcile) {
+                p.push(format!(
+                    "firewall.reconcile_secs: {reconcile} is outside 1..=15"
+                ));
+            }
+            match interface {
+                Some(interface) => Some(FirewallConfig {
+                    interface,
+                    discovery: fw.discovery.unwrap_or(inspector.auto_enrol),
+                    reconcile: Duration::from_secs(reconcile.clamp(1, 15)),
+                }),
+                None => {
+                    p.push("firewall.interface: name the provisioning interface (there is no DHCP interface to default to)".into());
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let tftp = if self.tftp.enabled.unwrap_or(true) {
             validate_tftp(self.tftp, &mut p)
         } else {
@@ -376,6 +422,7 @@ impl FileConfig {
             },
             inspector,
             clean_up_period: Duration::from_secs(clean_up.max(1)),
+            firewall,
         })
     }
 }

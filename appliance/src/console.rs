@@ -39,7 +39,7 @@ body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}} h1{{font-size:1.
 table{{border-collapse:collapse}} td,th{{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}}
 .state{{font-weight:600}} .error{{color:#b00}} .finished{{color:#070}} .waiting,.enrolling,.processing{{color:#a60}}
 code{{font-size:.9em}} nav a{{margin-right:1rem}}
-</style></head><body><nav><a href="/ui">Nodes</a><a href="/ui/leases">Leases</a><a href="/metrics">Metrics</a></nav>
+</style></head><body><nav><a href="/ui">Nodes</a><a href="/ui/leases">Leases</a><a href="/ui/firewall">PXE filter</a><a href="/metrics">Metrics</a></nav>
 <h1>{t}</h1>{body}</body></html>"#,
         t = esc(title)
     ))
@@ -219,6 +219,56 @@ pub async fn node(State(s): State<AppState>, Path(ident): Path<String>) -> Respo
     }
     body.push_str("</table>");
     page(&n.label(), n.inspecting(), &body).into_response()
+}
+
+pub async fn firewall(State(s): State<AppState>) -> Response {
+    let Some(f) = &s.filter else {
+        return page(
+            "PXE filter",
+            false,
+            "<p>The PXE filter is off (<code>[firewall] enabled = false</code>).</p>",
+        )
+        .into_response();
+    };
+    let st = f.status();
+    let list = |k: &str| {
+        st[k]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| m.as_str())
+                    .map(esc)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let body = format!(
+        "<table><tr><th>Interface</th><td>{}</td></tr><tr><th>Pass rule</th><td>{}</td></tr><tr><th>Unknown MACs</th><td>{}</td></tr><tr><th>Last sync (UTC)</th><td>{}</td></tr><tr><th>Syncs</th><td>{}</td></tr><tr><th>Drift repaired</th><td>{}</td></tr><tr><th>Last error</th><td class=error>{}</td></tr><tr><th>Allow ({})</th><td><code>{}</code></td></tr><tr><th>Deny ({})</th><td><code>{}</code></td></tr></table>",
+        esc(st["interface"].as_str().unwrap_or("")),
+        if st["pass"] == true {
+            "present: this host answers PXE"
+        } else {
+            "absent: closed"
+        },
+        if st["discovery"] == true {
+            "allowed (discovery on)"
+        } else {
+            "blocked (discovery off)"
+        },
+        st["last_sync_ms"]
+            .as_i64()
+            .map(|ms| iso(ms / 1000))
+            .unwrap_or_default(),
+        st["syncs"],
+        st["drift_repaired"],
+        esc(st["last_error"].as_str().unwrap_or("")),
+        st["allow"].as_array().map_or(0, Vec::len),
+        list("allow"),
+        st["deny"].as_array().map_or(0, Vec::len),
+        list("deny"),
+    );
+    page("PXE filter", true, &body).into_response()
 }
 
 pub async fn leases(State(s): State<AppState>) -> Response {

@@ -23,6 +23,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub inspector: Arc<Inspector>,
     pub dhcp: Option<Arc<DhcpService>>,
+    pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -31,6 +32,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/boot/{name}", get(boot_script))
         .route("/api/v1/leases", get(leases))
+        .route("/api/v1/firewall", get(firewall))
+        .route("/ui/firewall", get(crate::console::firewall))
         .route("/ui", get(crate::console::nodes))
         .route("/ui/", get(crate::console::nodes))
         .route("/ui/nodes/{node}", get(crate::console::node))
@@ -95,6 +98,13 @@ async fn boot_script(
     }
     tracing::info!(%mac, known = node.is_some(), what, "boot: script served");
     Ok(ipxe(script))
+}
+
+async fn firewall(State(s): State<AppState>) -> Response {
+    match &s.filter {
+        Some(f) => Json(f.status()).into_response(),
+        None => Json(serde_json::json!({"enabled": false})).into_response(),
+    }
 }
 
 async fn leases(State(s): State<AppState>) -> Response {

@@ -6,4 +6,5 @@ pub mod cli;
 pub mod config;
 pub mod console;
 pub mod http;
+pub mod pxe_filter;
 pub mod serve;

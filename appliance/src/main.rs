@@ -39,6 +39,19 @@ enum Cmd {
         #[command(subcommand)]
         cmd: RamdiskCmd,
     },
+    /// The PXE filter of a running appliance.
+    Firewall {
+        /// The appliance's HTTP base URL.
+        #[arg(
+            long,
+            env = "PADDOCK_API",
+            default_value = "http://127.0.0.1:8080",
+            global = true
+        )]
+        api: String,
+        #[command(subcommand)]
+        cmd: FirewallCmd,
+    },
     /// Nodes of a running appliance.
     Node {
         /// The appliance's HTTP base URL.
@@ -75,6 +88,12 @@ enum RamdiskCmd {
         #[arg(long, default_value = "/bin/busybox")]
         busybox: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum FirewallCmd {
+    /// The sets, the pass rule, the last sync and the drift repaired.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -169,6 +188,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Firewall {
+            api,
+            cmd: FirewallCmd::Status,
+        } => match paddock::cli::firewall_status(&api) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("paddock: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Node { api, cmd } => {
             let res = match cmd {
                 NodeCmd::List => paddock::cli::node_list(&api),

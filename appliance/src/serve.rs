@@ -1,13 +1,13 @@
 //! `paddock serve`: wires the store, DHCP, TFTP and HTTP together and runs until SIGTERM.
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use dhcproto::v4::MessageType;
 use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
-use paddock_dhcp::{Admission, ClientPolicy, Leases, MacAddr, Server, ServerConfig};
+use paddock_dhcp::{Leases, MacAddr, Server, ServerConfig};
+use paddock_firewall::Nft;
 use paddock_inspector::service::{Inspector, Subject, now_secs};
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
@@ -15,6 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::boot;
 use crate::config::{Config, DhcpConfig, LogFormat};
 use crate::http::{AppState, router};
+use crate::pxe_filter::{Admit, PxeFilter};
 
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
@@ -25,19 +26,6 @@ pub fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Human => b.init(),
         LogFormat::Json => b.json().init(),
-    }
-}
-
-/// The DHCP-level filter by chaddr: MACs listed in `dhcp.deny_macs` get no answer.
-struct DenyList(BTreeSet<MacAddr>);
-
-impl ClientPolicy for DenyList {
-    fn admit(&self, mac: MacAddr) -> Admission {
-        if self.0.contains(&mac) {
-            Admission::Ignore
-        } else {
-            Admission::Serve
-        }
     }
 }
 
@@ -83,6 +71,32 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
+    let filter = match &cfg.firewall {
+        Some(fw) => {
+            let f = PxeFilter::start(
+                Nft::local(),
+                fw.interface.clone(),
+                fw.discovery,
+                inspector.clone(),
+            )
+            .await
+            .context("starting the PXE filter (nftables)")?;
+            inspector.observe(f.clone());
+            let (r, period) = (f.clone(), fw.reconcile);
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = r.sync().await {
+                        tracing::error!(error = %e, "pxe filter: reconcile failed");
+                    }
+                }
+            });
+            tracing::info!(interface = %fw.interface, discovery = fw.discovery, "pxe filter: on");
+            Some(f)
+        }
+        None => None,
+    };
 
     let dhcp = match &cfg.dhcp {
         Some(d) => {
@@ -106,7 +120,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     relay_port: d.relay_port,
                 },
             );
-            let policy = Arc::new(DenyList(d.deny_macs.clone()));
+            let policy = Arc::new(Admit {
+                deny: d.deny_macs.clone(),
+                filter: filter.clone(),
+            });
             let observer = Arc::new(TimelineObserver(inspector.clone()));
             let service = DhcpService::new(server, store.clone(), policy, Some(observer)).await?;
             let run = service.clone().run(listeners);
@@ -148,6 +165,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         config: cfg.clone(),
         inspector,
         dhcp,
+        filter: filter.clone(),
     };
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
@@ -170,5 +188,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     tasks.abort_all();
+    if let Some(f) = &filter {
+        f.close().await; // fail closed: no pass rule once this host stops serving
+    }
     Ok(())
 }

@@ -199,9 +199,17 @@ fn node_txn(node: &Node, old: Option<&Node>, rev: Revision) -> Txn {
     txn
 }
 
+/// Told after every change of node records (the PXE filter follows them). Awaited before
+/// the API call that caused the change returns.
+pub trait NodeObserver: Send + Sync {
+    fn nodes_changed(&self)
+    -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
 pub struct Inspector {
     store: Arc<dyn Store>,
     pub config: InspectorConfig,
+    observer: std::sync::OnceLock<Arc<dyn NodeObserver>>,
 }
 
 /// A node with the revision its record had when read.
@@ -212,7 +220,22 @@ pub struct Versioned {
 
 impl Inspector {
     pub fn new(store: Arc<dyn Store>, config: InspectorConfig) -> Self {
-        Inspector { store, config }
+        Inspector {
+            store,
+            config,
+            observer: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets the observer of node changes (once).
+    pub fn observe(&self, observer: Arc<dyn NodeObserver>) {
+        let _ = self.observer.set(observer);
+    }
+
+    async fn changed(&self) {
+        if let Some(o) = self.observer.get() {
+            o.nodes_changed().await;
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -278,6 +301,7 @@ impl Inspector {
             false,
         ));
         if self.store.txn(txn).await?.succeeded {
+            self.changed().await;
             return Ok(());
         }
         for mac in &node.macs {
@@ -380,6 +404,7 @@ impl Inspector {
                 Ok(())
             })
             .await?;
+        self.changed().await;
         Ok(node)
     }
 
@@ -411,11 +436,18 @@ impl Inspector {
                 Ok(())
             })
             .await?;
+        self.changed().await;
         Ok(node)
     }
 
     /// `POST /v1/continue`: returns the node's UUID.
     pub async fn process(&self, body: &[u8], now: i64) -> Result<Uuid> {
+        let res = self.process_inner(body, now).await;
+        self.changed().await;
+        res
+    }
+
+    async fn process_inner(&self, body: &[u8], now: i64) -> Result<Uuid> {
         let data =
             IntrospectionData::parse(body).map_err(|e| InspectorError::bad(e.to_string()))?;
         let ramdisk_error = hooks::ramdisk_error(&data).err();
@@ -731,7 +763,7 @@ impl Inspector {
             i.state = State::Waiting;
         }
         let pre = hooks::ramdisk_error(&data).err();
-        match self
+        let res = match self
             .finish_processing(&data, &raw, node, v.rev, false, pre, now)
             .await?
         {
@@ -740,7 +772,9 @@ impl Inspector {
                 "node changed during reapply, try again",
             )),
             Some(_) => Ok(()),
-        }
+        };
+        self.changed().await;
+        res
     }
 
     /// Ends introspections that ran past the timeout; returns how many.
@@ -784,6 +818,9 @@ impl Inspector {
                     tracing::warn!(node = %node.uuid, error = %e, "inspector: timeout not recorded")
                 }
             }
+        }
+        if n > 0 {
+            self.changed().await;
         }
         Ok(n)
     }
