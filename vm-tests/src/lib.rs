@@ -162,6 +162,12 @@ impl Vm {
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
+    /// Pulls the plug.
+    pub fn power_off(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn console_text(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
     }

@@ -260,3 +260,71 @@ fn an_aborted_introspection_refuses_the_inventory() {
         .unwrap();
     assert_eq!(data.0, 404, "nothing was stored for the aborted run");
 }
+
+/// The PXE filter: an enrolled machine that boots again gets no answer from Paddock (it
+/// would boot from its disk or the site's DHCP); once an introspection is started it boots
+/// into the ramdisk again.
+#[test]
+fn the_pxe_filter_ignores_enrolled_machines_until_introspection() {
+    let mut lab = Lab::start("filter", &artifacts(), "[firewall]\nenabled = true\n").expect("lab");
+    let mac = "52:54:00:f1:00:01";
+    let first = lab.boot(VmSpec::bios("first", mac)).expect("boot");
+    let (node, took) = lab
+        .wait_enrolled(first, Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!("filter: power-on → enrolled {:.1} s", took.as_secs_f64());
+    let uuid = node["uuid"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !lab.vms[first].exited() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VM did not power off"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let dhcp_answers = |lab: &Lab| {
+        let n = lab
+            .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
+            .unwrap();
+        n["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "dhcp")
+            .count()
+    };
+    let before = dhcp_answers(&lab);
+    assert!(before > 0);
+    // Boots again: denied by the kernel filter, so no DHCP answer at all.
+    let second = lab.boot(VmSpec::bios("second", mac)).expect("boot");
+    std::thread::sleep(Duration::from_secs(40));
+    assert_eq!(
+        dhcp_answers(&lab),
+        before,
+        "an enrolled machine was answered"
+    );
+    let st = lab.api_json("GET", "/api/v1/firewall", None).unwrap();
+    assert!(
+        st["deny"].as_array().unwrap().iter().any(|m| m == mac),
+        "{st}"
+    );
+    lab.vms[second].power_off();
+    // Introspection started: the next boot is answered and runs the ramdisk again.
+    let (status, body) = lab
+        .api("POST", &format!("/v1/introspection/{uuid}"), None)
+        .unwrap();
+    assert_eq!(status, 202, "{body}");
+    let third = lab.boot(VmSpec::bios("third", mac)).expect("boot");
+    let (node, _) = lab
+        .wait_enrolled(third, Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(node["uuid"], uuid.as_str(), "the same node");
+    assert_eq!(node["introspection"]["state"], "finished");
+    let inventories = node["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "inventory-received")
+        .count();
+    assert_eq!(inventories, 2, "inspected twice");
+}
