@@ -12,8 +12,14 @@ fn mac(i: u32) -> MacAddr {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let ns = args.next().ok_or("usage: paddock-filter-bench NETNS [COUNT]")?;
-    let count: u32 = args.next().map(|c| c.parse()).transpose()?.unwrap_or(10_000);
+    let ns = args
+        .next()
+        .ok_or("usage: paddock-filter-bench NETNS [COUNT]")?;
+    let count: u32 = args
+        .next()
+        .map(|c| c.parse())
+        .transpose()?
+        .unwrap_or(10_000);
     let nft = Nft::in_netns(&ns);
     nft.apply(&render_closed("pdkbench0"))?;
     let full = Filter::from_machines((0..count).map(|i| (mac(i), false)), true, true);
@@ -41,6 +47,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if back.deny.len() != count as usize {
         return Err(format!("read back {} MACs, wanted {count}", back.deny.len()).into());
     }
-    println!("filter paddock macs={count} full_ms={full_ms:.1} add_one_ms={add_ms:.1} remove_one_ms={remove_ms:.1}");
+    println!(
+        "filter paddock macs={count} full_ms={full_ms:.1} add_one_ms={add_ms:.1} remove_one_ms={remove_ms:.1}"
+    );
     Ok(())
 }
