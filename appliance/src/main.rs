@@ -41,30 +41,31 @@ enum Cmd {
     },
     /// The PXE filter of a running appliance.
     Firewall {
-        /// The appliance's HTTP base URL.
-        #[arg(
-            long,
-            env = "PADDOCK_API",
-            default_value = "http://127.0.0.1:8080",
-            global = true
-        )]
-        api: String,
+        #[command(flatten)]
+        api: Api,
         #[command(subcommand)]
         cmd: FirewallCmd,
     },
     /// Nodes of a running appliance.
     Node {
-        /// The appliance's HTTP base URL.
-        #[arg(
-            long,
-            env = "PADDOCK_API",
-            default_value = "http://127.0.0.1:8080",
-            global = true
-        )]
-        api: String,
+        #[command(flatten)]
+        api: Api,
         #[command(subcommand)]
         cmd: NodeCmd,
     },
+}
+
+/// Where a running appliance's API is.
+#[derive(clap::Args)]
+struct Api {
+    /// The appliance's HTTP base URL.
+    #[arg(
+        long = "api",
+        env = "PADDOCK_API",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    url: String,
 }
 
 #[derive(Subcommand)]
@@ -191,7 +192,7 @@ fn main() -> ExitCode {
         Cmd::Firewall {
             api,
             cmd: FirewallCmd::Status,
-        } => match paddock::cli::firewall_status(&api) {
+        } => match paddock::cli::firewall_status(&api.url) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("paddock: {e:#}");
@@ -199,6 +200,7 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Node { api, cmd } => {
+            let api = api.url;
             let res = match cmd {
                 NodeCmd::List => paddock::cli::node_list(&api),
                 NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),

@@ -463,6 +463,22 @@ cmdline = "{cmdline}"
         }
     }
 
+    /// Waits until the VM has powered itself off.
+    pub fn wait_powered_off(&mut self, vm: usize, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.vms[vm].exited() {
+            if Instant::now() > deadline {
+                bail!(
+                    "VM {} did not power off:\n{}",
+                    self.vms[vm].spec.name,
+                    tail(&self.vms[vm].console_text(), 3000)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Ok(())
+    }
+
     /// The processed introspection data of a node.
     pub fn data(&self, uuid: &str) -> anyhow::Result<Value> {
         self.api_json("GET", &format!("/v1/introspection/{uuid}/data"), None)

@@ -116,15 +116,8 @@ fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
         );
     }
     // And then the ramdisk powers the VM off.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !lab.vms[vm].exited() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the VM did not power off:\n{}",
-            lab.vms[vm].console_text()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    lab.wait_powered_off(vm, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 #[test]
@@ -274,14 +267,8 @@ fn the_pxe_filter_ignores_enrolled_machines_until_introspection() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     println!("filter: power-on → enrolled {:.1} s", took.as_secs_f64());
     let uuid = node["uuid"].as_str().unwrap().to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !lab.vms[first].exited() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the VM did not power off"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    lab.wait_powered_off(first, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let dhcp_answers = |lab: &Lab| {
         let n = lab
             .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
