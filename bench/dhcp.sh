@@ -32,12 +32,15 @@
 #   CLIENTS=100000    simulated clients (perfdhcp -R; must stay below the pool size)
 #   RATES="500 1000 2000 4000 6000 8000 10000 12000 16000 20000 24000 32000 48000"
 #   BISECT=2          extra steps bisecting between the last good and first bad rate
-#   PIN_CPUS=0        1: pin the server to CPU 0 and perfdhcp to CPU 1
+#   PIN_CPUS=1        pin every server (all its threads) to CPU 0 and perfdhcp to CPU 1, so the
+#                     load generator, which needs a whole core, never takes the server's; each
+#                     server gets exactly one core. 0: let the scheduler mix them.
 # Output: per-step lines and a summary on stdout; progress/log notes on stderr.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SERVERS=${SERVERS:-paddock kea dnsmasq}
+export PIN_CPUS=${PIN_CPUS:-1}
 DURATION=${DURATION:-10}
 CLIENTS=${CLIENTS:-100000}
 RATES=${RATES:-500 1000 2000 4000 6000 8000 10000 12000 16000 20000 24000 32000 48000}
