@@ -13,6 +13,17 @@ fn client_mac(link: &Link) -> String {
         .to_string()
 }
 
+/// Creates a node for `mac` through the API; returns its UUID.
+fn create_node(link: &Link, mac: &str) -> String {
+    let created = link.server.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn status(link: &Link) -> serde_json::Value {
     serde_json::from_str(
         &link
@@ -46,13 +57,7 @@ fn the_filter_follows_node_state_repairs_drift_and_fails_closed() {
         "{st}"
     );
     // Enrolled and not under introspection: denied, in the kernel set, before the API returns.
-    let created = link.server.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
-    ));
-    let uuid = serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uuid = create_node(&link, &mac);
     let deny = link.server.sh_ok("nft list set inet paddock deny");
     assert!(deny.contains(&mac), "{deny}");
     assert!(
@@ -124,12 +129,10 @@ fn discovery_off_blocks_unknown_macs() {
         "unknown MAC with discovery off gets no answer"
     );
     let mac = client_mac(&link);
-    let created = link.server.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"],\"name\":\"n\"}}' {PUBLIC_URL}/api/v1/nodes"
+    let uuid = create_node(&link, &mac);
+    link.server.sh_ok(&format!(
+        "curl -sf -X POST {PUBLIC_URL}/v1/introspection/{uuid}"
     ));
-    assert!(created.contains(&mac));
-    link.server
-        .sh_ok(&format!("curl -sf -X POST {PUBLIC_URL}/v1/introspection/n"));
     assert!(
         udhcpc(&link, &scratch, "").is_some(),
         "allowed once under introspection"

@@ -463,6 +463,35 @@ cmdline = "{cmdline}"
         }
     }
 
+    /// Waits until the node's timeline has an entry of `kind`; returns the node then.
+    pub fn wait_for_event(
+        &self,
+        vm: usize,
+        uuid: &str,
+        kind: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)?;
+            if n["timeline"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["kind"] == kind)
+            {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {kind} on the timeline within {timeout:?}:\n{}",
+                    tail(&self.vms[vm].console_text(), 3000)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// Waits until the VM has powered itself off.
     pub fn wait_powered_off(&mut self, vm: usize, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;

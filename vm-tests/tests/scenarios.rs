@@ -202,52 +202,17 @@ fn an_aborted_introspection_refuses_the_inventory() {
     assert_eq!(status, 202, "{body}");
     let vm = lab.boot(VmSpec::bios("abort", mac)).expect("boot");
     // Once the machine has fetched its script (it is loading the ramdisk), abort.
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let n = lab
-            .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
-            .unwrap();
-        if n["timeline"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["kind"] == "boot-script")
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the VM never fetched its script:\n{}",
-            lab.vms[vm].console_text()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    lab.wait_for_event(vm, &uuid, "boot-script", Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let (status, body) = lab
         .api("POST", "/v1/introspection/victim/abort", None)
         .unwrap();
     assert_eq!(status, 202, "{body}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(240);
-    loop {
-        let n = lab
-            .api_json("GET", &format!("/api/v1/nodes/{uuid}"), None)
-            .unwrap();
-        if n["timeline"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["kind"] == "inventory-refused")
-        {
-            assert_eq!(n["introspection"]["state"], "error");
-            assert_eq!(n["introspection"]["error"], "Canceled by operator");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the inventory was never posted:\n{}",
-            lab.vms[vm].console_text()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let n = lab
+        .wait_for_event(vm, &uuid, "inventory-refused", Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(n["introspection"]["state"], "error");
+    assert_eq!(n["introspection"]["error"], "Canceled by operator");
     let data = lab
         .api("GET", &format!("/v1/introspection/{uuid}/data"), None)
         .unwrap();
