@@ -50,7 +50,7 @@ impl PxeFilter {
             status: Mutex::new(Status::default()),
             one_at_a_time: tokio::sync::Mutex::new(()),
         });
-        f.sync().await?;
+        f.reconcile().await?;
         Ok(f)
     }
 
@@ -70,11 +70,59 @@ impl PxeFilter {
         ))
     }
 
-    /// Brings the kernel to the desired state from what the kernel actually holds, so a
-    /// flushed set or a deleted table is repaired too. On failure the pass rule is removed.
-    pub async fn sync(&self) -> anyhow::Result<()> {
+    /// After a node change (event path, before the API call returns): the difference from
+    /// what was last applied, sent as one netlink batch. No kernel read, no nft process. If
+    /// it fails (someone removed the table), falls back to [`PxeFilter::reconcile`].
+    pub async fn update(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
         let desired = self.desired().await?;
+        let last = self
+            .applied
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(last) = last else {
+            return self.reconcile_locked(desired).await;
+        };
+        let changes = diff(&last, &desired);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let nft = self.nft.clone();
+        match tokio::task::spawn_blocking(move || nft.apply_changes(&changes)).await? {
+            Ok(()) => {
+                self.record_success(false);
+                *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pxe filter: incremental update failed; reconciling");
+                self.reconcile_locked(desired).await
+            }
+        }
+    }
+
+    /// Brings the kernel to the desired state from what the kernel actually holds, so a
+    /// flushed set or a deleted table is repaired too (the periodic loop). On failure the
+    /// pass rule is removed.
+    pub async fn reconcile(&self) -> anyhow::Result<()> {
+        let _one = self.one_at_a_time.lock().await;
+        let desired = self.desired().await?;
+        self.reconcile_locked(desired).await
+    }
+
+    fn record_success(&self, drift: bool) {
+        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if drift {
+            st.drift_repaired += 1;
+            tracing::warn!("pxe filter: the kernel's ruleset had drifted; repaired");
+        }
+        st.syncs += 1;
+        st.last_sync_ms = Some(now_ms());
+        st.last_error = None;
+    }
+
+    async fn reconcile_locked(&self, desired: Filter) -> anyhow::Result<()> {
         let nft = self.nft.clone();
         let iface = self.iface.clone();
         let last = self
@@ -92,7 +140,7 @@ impl PxeFilter {
                     Some(cur) => {
                         let changes = diff(&cur, &want);
                         if !changes.is_empty() {
-                            nft.apply(&render_changes(&changes))?;
+                            nft.apply_changes(&changes)?;
                         }
                     }
                 }
@@ -101,16 +149,7 @@ impl PxeFilter {
             .await?;
         match res {
             Ok(drift) => {
-                {
-                    let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
-                    if drift {
-                        st.drift_repaired += 1;
-                        tracing::warn!("pxe filter: the kernel's ruleset had drifted; repaired");
-                    }
-                    st.syncs += 1;
-                    st.last_sync_ms = Some(now_ms());
-                    st.last_error = None;
-                }
+                self.record_success(drift);
                 *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
                 Ok(())
             }
@@ -189,8 +228,8 @@ impl NodeObserver for PxeFilter {
         &self,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            if let Err(e) = self.sync().await {
-                tracing::error!(error = %e, "pxe filter: sync after a node change failed");
+            if let Err(e) = self.update().await {
+                tracing::error!(error = %e, "pxe filter: update after a node change failed");
             }
         })
     }

@@ -87,7 +87,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 let mut tick = tokio::time::interval(period);
                 loop {
                     tick.tick().await;
-                    if let Err(e) = r.sync().await {
+                    if let Err(e) = r.reconcile().await {
                         tracing::error!(error = %e, "pxe filter: reconcile failed");
                     }
                 }

@@ -18,6 +18,9 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+pub mod netlink;
 
 use paddock_dhcp::MacAddr;
 use serde_json::{Value, json};
@@ -248,18 +251,27 @@ pub enum NftError {
     Refused(String),
     #[error("nft printed something that is not its JSON: {0}")]
     Output(String),
+    #[error("{0}")]
+    Netlink(std::io::Error),
 }
 
 /// How to run `nft`: on this host, or inside a network namespace (tests, labs).
+///
+/// Set membership changes go over a netlink socket that stays open ([`netlink::SetLink`]);
+/// everything else through the `nft` program.
 #[derive(Clone, Debug)]
 pub struct Nft {
     argv: Vec<String>,
+    netns: Option<String>,
+    link: Arc<Mutex<Option<netlink::SetLink>>>,
 }
 
 impl Nft {
     pub fn local() -> Self {
         Nft {
             argv: vec!["nft".into()],
+            netns: None,
+            link: Arc::default(),
         }
     }
 
@@ -268,7 +280,50 @@ impl Nft {
             argv: ["ip", "netns", "exec", ns, "nft"]
                 .map(String::from)
                 .to_vec(),
+            netns: Some(ns.to_string()),
+            link: Arc::default(),
         }
+    }
+
+    /// Applies changes from [`diff`] atomically: membership-only changes as one netlink
+    /// batch (no process, no deletion stall), anything touching rules with nft.
+    pub fn apply_changes(&self, changes: &[Change]) -> Result<(), NftError> {
+        let elements: Option<Vec<netlink::Element>> = changes
+            .iter()
+            .map(|c| match *c {
+                Change::Add(set, mac) => Some(netlink::Element {
+                    add: true,
+                    set,
+                    mac,
+                }),
+                Change::Delete(set, mac) => Some(netlink::Element {
+                    add: false,
+                    set,
+                    mac,
+                }),
+                Change::Discovery(_) | Change::Pass(_) => None,
+            })
+            .collect();
+        let Some(elements) = elements else {
+            return self.apply(&render_changes(changes));
+        };
+        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        if link.is_none() {
+            let opened = match &self.netns {
+                None => netlink::SetLink::open(),
+                Some(ns) => netlink::SetLink::open_in_netns(ns),
+            };
+            *link = Some(opened.map_err(NftError::Netlink)?);
+        }
+        let res = link
+            .as_mut()
+            .map_or(Ok(()), |l| l.apply(&elements))
+            .map_err(NftError::Netlink);
+        if res.is_err() {
+            // A fresh socket next time: never reuse one in an unknown state.
+            *link = None;
+        }
+        res
     }
 
     fn command(&self) -> Command {

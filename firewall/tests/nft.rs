@@ -98,3 +98,62 @@ fn ten_thousand_macs() {
         add.as_secs_f64() * 1e3
     );
 }
+
+/// Membership changes over the open netlink socket land exactly as nft's would, are atomic,
+/// and a missing table is reported with the kernel's reason and changes nothing.
+#[test]
+fn membership_over_netlink() {
+    let ns = Ns::new("c");
+    let nft = Nft::in_netns(&ns.0);
+    let e = nft
+        .apply_changes(&[paddock_firewall::Change::Add(
+            paddock_firewall::SetName::Deny,
+            mac(1),
+        )])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("inet paddock") && e.contains("No such file or directory"),
+        "{e}"
+    );
+    nft.apply(&render_closed("br0")).unwrap();
+    let a = Filter::from_machines((0..100).map(|i| (mac(i), i < 10)), true, true);
+    nft.apply(&render_full("br0", &a)).unwrap();
+    // Move ten machines from allow to deny and two from deny to allow, add and drop others.
+    let b = Filter::from_machines(
+        (5..120).map(|i| (mac(i), (10..12).contains(&i) || i >= 110)),
+        true,
+        true,
+    );
+    let changes = diff(&a, &b);
+    assert!(changes.len() > 20);
+    nft.apply_changes(&changes).unwrap();
+    assert_eq!(nft.read().unwrap(), Some(b.clone()));
+    // Back again, one at a time, as node changes arrive.
+    for c in diff(&b, &a) {
+        nft.apply_changes(&[c]).unwrap();
+    }
+    assert_eq!(nft.read().unwrap(), Some(a.clone()));
+    // Deleting an element that is not there fails the whole batch: the add before it in the
+    // same batch does not land either.
+    let e = nft
+        .apply_changes(&[
+            paddock_firewall::Change::Add(paddock_firewall::SetName::Allow, mac(500)),
+            paddock_firewall::Change::Delete(paddock_firewall::SetName::Deny, mac(501)),
+        ])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("deleting 1 element(s) from set deny"), "{e}");
+    assert_eq!(
+        nft.read().unwrap(),
+        Some(a),
+        "the refused batch left nothing"
+    );
+    // The socket is reopened after an error and works again.
+    nft.apply_changes(&[paddock_firewall::Change::Add(
+        paddock_firewall::SetName::Deny,
+        mac(600),
+    )])
+    .unwrap();
+    assert!(nft.read().unwrap().unwrap().deny.contains(&mac(600)));
+}
