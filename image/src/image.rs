@@ -1,0 +1,178 @@
+//! An image (a tree, its filter and triggers, and who made it when) and the MDB, the list of
+//! machines and the images they must run, in Dominator's JSON.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::filter::Filter;
+use crate::tree::FileSystem;
+use crate::triggers::Triggers;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    pub name: String,
+    pub fs: FileSystem,
+    /// `None`: a sparse image (never deletes what it does not name).
+    #[serde(default)]
+    pub filter: Option<Filter>,
+    #[serde(default)]
+    pub triggers: Triggers,
+    pub created_on_ms: i64,
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "bad image name {0:?}: use letters, digits and . _ - + @ in /-separated parts (no leading /, no . or .. parts, at most 255 bytes)"
+)]
+pub struct BadImageName(pub String);
+
+/// Image names are POSIX-like paths (`debian/minbase.1`), usable as file names below the
+/// image directory.
+pub fn check_name(name: &str) -> Result<(), BadImageName> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name.split('/').all(|p| {
+            !p.is_empty()
+                && p != "."
+                && p != ".."
+                && !p.starts_with('.')
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-+@".contains(&b))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(BadImageName(name.chars().take(300).collect()))
+    }
+}
+
+/// One machine in the MDB. Unknown fields are ignored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Machine {
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ip_address: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub required_image: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub planned_image: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disable_updates: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_groups: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The MDB: machines by hostname.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mdb {
+    pub machines: BTreeMap<String, Machine>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MdbError {
+    #[error("MDB is not a JSON array of machines: {0}")]
+    Json(String),
+    #[error("MDB machine {0} has no Hostname")]
+    NoHostname(usize),
+    #[error("MDB names {0:?} twice")]
+    Duplicate(String),
+}
+
+impl Mdb {
+    pub fn parse(json: &str) -> Result<Self, MdbError> {
+        let list: Vec<Machine> =
+            serde_json::from_str(json).map_err(|e| MdbError::Json(e.to_string()))?;
+        Self::from_machines(list)
+    }
+
+    pub fn from_machines(list: Vec<Machine>) -> Result<Self, MdbError> {
+        let mut machines = BTreeMap::new();
+        for (i, m) in list.into_iter().enumerate() {
+            if m.hostname.trim().is_empty() {
+                return Err(MdbError::NoHostname(i));
+            }
+            let h = m.hostname.clone();
+            if machines.insert(h.clone(), m).is_some() {
+                return Err(MdbError::Duplicate(h));
+            }
+        }
+        Ok(Mdb { machines })
+    }
+
+    /// Dominator's JSON, one machine per line, in hostname order.
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("[\n");
+        let n = self.machines.len();
+        for (i, m) in self.machines.values().enumerate() {
+            s.push_str("  ");
+            s.push_str(&serde_json::to_string(m).unwrap_or_default());
+            if i + 1 < n {
+                s.push(',');
+            }
+            s.push('\n');
+        }
+        s.push_str("]\n");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["minbase", "debian/minbase.1", "a-b_c+d@e"] {
+            check_name(ok).unwrap();
+        }
+        for bad in [
+            "",
+            "/abs",
+            "a//b",
+            "a/../b",
+            "..",
+            ".hidden",
+            "a b",
+            "x/",
+            &"a".repeat(256),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mdb_is_dominators_json() {
+        // The design document's example, plus a field Paddock does not know.
+        let text = r#"[ {"Hostname": "mailhost", "RequiredImage": "mail.0", "PlannedImage": "mail.1"},
+  {"Hostname": "compute0", "IpAddress": "10.0.0.5", "RequiredImage": "ubuntu-14.04",
+   "DisableUpdates": false, "OwnerGroups": ["ops"], "Tags": {"DisableSafetyCheck": ""},
+   "Location": "rack 4"} ]"#;
+        let m = Mdb::parse(text).unwrap();
+        assert_eq!(m.machines.len(), 2);
+        assert_eq!(m.machines["compute0"].ip_address, "10.0.0.5");
+        assert_eq!(m.machines["compute0"].tags["DisableSafetyCheck"], "");
+        assert_eq!(m.machines["mailhost"].planned_image, "mail.1");
+        assert_eq!(Mdb::parse(&m.to_json()).unwrap(), m);
+        assert!(matches!(Mdb::parse("{}"), Err(MdbError::Json(_))));
+        assert!(matches!(
+            Mdb::parse("[{\"RequiredImage\": \"x\"}]"),
+            Err(MdbError::Json(_))
+        ));
+        assert!(matches!(
+            Mdb::parse("[{\"Hostname\": \" \"}]"),
+            Err(MdbError::NoHostname(0))
+        ));
+        assert!(matches!(
+            Mdb::parse("[{\"Hostname\": \"a\"}, {\"Hostname\": \"a\"}]"),
+            Err(MdbError::Duplicate(_))
+        ));
+    }
+}

@@ -1,0 +1,1 @@
+//! The update planner: `plan(sub tree, sub object cache, image) → UpdateRequest`.
