@@ -1,0 +1,1 @@
+//! subd: the agent on every provisioned machine.
