@@ -1,0 +1,626 @@
+//! Tar ingest: a tarball (plain, gzip or zstd, detected by magic) streamed into a tree and
+//! the object store. Nothing is unpacked: a member's path only ever becomes a key in the
+//! tree, its bytes only ever an object named by their hash, so no archive can write outside
+//! the object store.
+//!
+//! Refused, with the member's path in the error: absolute paths, `..`, NUL, non-UTF-8
+//! names, hard links to paths not earlier in the archive, relative symlinks that climb
+//! above the root, GNU sparse members, extension headers over 1 MiB (a "giant header" would
+//! otherwise be read into memory), a PAX size that disagrees with the header, a path that
+//! appears twice (other than a directory), truncated archives. Devices and fifos are kept as
+//! metadata. `/.subd` and paths the image's filter matches are dropped.
+//!
+//! GNU long names (`L`, `K`) and PAX records (`x`: path, linkpath, size, uid, gid, mtime)
+//! are handled here, on raw entries, so that their size is bounded before anything is read.
+
+use std::io::{self, BufRead, BufReader, Read};
+
+use paddock_image::tree::{self, TreeError, normalize};
+use paddock_image::{FileSystem, Filter, Inode, Mtime, ObjectId, SpecialKind};
+use serde::Serialize;
+use sha2::{Digest, Sha512};
+
+use crate::objects::{ObjectError, ObjectStore};
+
+/// Extension headers (long names, PAX records) larger than this are refused.
+pub const MAX_EXTENSION: u64 = 1 << 20;
+/// Members up to this size are hashed in memory; larger ones stream through a temporary file.
+const IN_MEMORY: u64 = 64 << 20;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IngestStats {
+    /// Tar members read (including filtered ones).
+    pub members: u64,
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    pub specials: u64,
+    pub hardlinks: u64,
+    pub filtered: u64,
+    /// Bytes of regular-file content (each member that carries data).
+    pub bytes: u64,
+    /// Distinct objects the image refers to.
+    pub objects: u64,
+    /// Objects this ingest stored for the first time, and their bytes.
+    pub new_objects: u64,
+    pub new_bytes: u64,
+    /// Bytes not stored because an identical object was already there.
+    pub dedup_bytes: u64,
+    /// Bytes of the (possibly compressed) input consumed so far.
+    pub input_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("reading the archive: {0}")]
+    Io(#[from] io::Error),
+    #[error("tar member {index} ({path}): {why}")]
+    Member {
+        index: u64,
+        path: String,
+        why: String,
+    },
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+}
+
+/// Counts bytes consumed from the input (for progress).
+struct Counting<R> {
+    inner: R,
+    n: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let k = self.inner.read(buf)?;
+        self.n
+            .fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(k)
+    }
+}
+
+/// Reads the archive into a tree, storing every regular file's content once.
+pub fn ingest(
+    input: impl Read,
+    store: &ObjectStore,
+    filter: Option<&Filter>,
+    progress: &mut dyn FnMut(&IngestStats),
+) -> Result<(FileSystem, IngestStats), IngestError> {
+    let consumed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut buffered = BufReader::with_capacity(
+        1 << 20,
+        Counting {
+            inner: input,
+            n: consumed.clone(),
+        },
+    );
+    let head = buffered.fill_buf()?;
+    let decoded: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Box::new(zstd::stream::read::Decoder::with_buffer(buffered)?)
+    } else {
+        Box::new(buffered)
+    };
+    let mut archive = tar::Archive::new(decoded);
+    let mut ing = Ingest {
+        fs: FileSystem::with_root(0o755, 0, 0),
+        stats: IngestStats::default(),
+        seen: std::collections::BTreeSet::new(),
+        store,
+        filter,
+    };
+    let mut pending = Extensions::default();
+    let mut index = 0u64;
+    let mut saw_member = false;
+    // Raw entries: long names and PAX records come to us, bounded, instead of being read
+    // whole by the tar crate.
+    for entry in archive.entries()?.raw(true) {
+        let mut entry = entry.map_err(|e| IngestError::Member {
+            index,
+            path: pending.path_hint(),
+            why: format!("unreadable header or data: {e}"),
+        })?;
+        let kind = entry.header().entry_type();
+        let size = entry.header().entry_size().unwrap_or(u64::MAX);
+        let at = index + 1;
+        let member = move |why: String, path: &str| IngestError::Member {
+            index: at,
+            path: path.to_string(),
+            why,
+        };
+        if kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions()
+        {
+            if size > MAX_EXTENSION {
+                return Err(member(
+                    format!("extension header of {size} bytes (at most {MAX_EXTENSION})"),
+                    "(extension header)",
+                ));
+            }
+            let mut data = Vec::with_capacity(size as usize);
+            entry
+                .read_to_end(&mut data)
+                .map_err(|e| member(format!("truncated extension header: {e}"), "?"))?;
+            if kind.is_gnu_longname() {
+                pending.path = Some(trim_nul(data));
+            } else if kind.is_gnu_longlink() {
+                pending.link = Some(trim_nul(data));
+            } else if kind.is_pax_local_extensions() {
+                pending
+                    .pax(&data)
+                    .map_err(|why| member(why, "(PAX header)"))?;
+            }
+            continue;
+        }
+        index = at;
+        saw_member = true;
+        let ext = std::mem::take(&mut pending);
+        let path_bytes = ext
+            .path
+            .clone()
+            .unwrap_or_else(|| entry.path_bytes().into_owned());
+        let shown = String::from_utf8_lossy(&path_bytes).into_owned();
+        let path = String::from_utf8(path_bytes)
+            .map_err(|_| member("the name is not UTF-8".into(), &shown))?;
+        if let Some(pax_size) = ext.size
+            && pax_size != size
+        {
+            return Err(member(
+                format!("PAX size {pax_size} disagrees with the header's {size}"),
+                &path,
+            ));
+        }
+        let link = match ext.link.clone() {
+            Some(l) => Some(l),
+            None => entry.link_name_bytes().map(|c| c.into_owned()),
+        };
+        let link = link
+            .map(|l| {
+                String::from_utf8(l).map_err(|_| member("link target is not UTF-8".into(), &path))
+            })
+            .transpose()?;
+        let h = entry.header().clone();
+        let uid = ext
+            .uid
+            .or_else(|| h.uid().ok())
+            .ok_or_else(|| member("bad uid".into(), &path))?;
+        let gid = ext
+            .gid
+            .or_else(|| h.gid().ok())
+            .ok_or_else(|| member("bad gid".into(), &path))?;
+        let (uid, gid) = (
+            u32::try_from(uid).map_err(|_| member(format!("uid {uid} too large"), &path))?,
+            u32::try_from(gid).map_err(|_| member(format!("gid {gid} too large"), &path))?,
+        );
+        let mode = h
+            .mode()
+            .map_err(|e| member(format!("bad mode: {e}"), &path))?
+            & 0o7777;
+        let mtime = ext.mtime.unwrap_or(Mtime {
+            sec: h.mtime().unwrap_or(0) as i64,
+            nsec: 0,
+        });
+        let meta = Meta {
+            uid,
+            gid,
+            mode,
+            mtime,
+        };
+        ing.member(&mut entry, kind, size, &path, link.as_deref(), meta, &h)
+            .map_err(|e| match e {
+                MemberError::Why(why) => member(why, &path),
+                MemberError::Tree(t) => member(t.to_string(), &path),
+                MemberError::Object(o) => IngestError::Object(o),
+                MemberError::Io(e) => member(format!("truncated or unreadable data: {e}"), &path),
+            })?;
+        ing.stats.members = index;
+        ing.stats.input_bytes = consumed.load(std::sync::atomic::Ordering::Relaxed);
+        if index.is_multiple_of(256) {
+            progress(&ing.stats);
+        }
+    }
+    if pending.path.is_some() || pending.link.is_some() || pending.any_pax {
+        return Err(IngestError::Member {
+            index,
+            path: pending.path_hint(),
+            why: "the archive ends after an extension header, before its member".into(),
+        });
+    }
+    if !saw_member {
+        return Err(IngestError::Member {
+            index: 0,
+            path: String::new(),
+            why: "the archive has no members (empty, or not a tar archive)".into(),
+        });
+    }
+    ing.fs.validate().map_err(|e| IngestError::Member {
+        index,
+        path: String::new(),
+        why: format!("the tree is inconsistent: {e}"),
+    })?;
+    ing.stats.objects = ing.fs.objects().len() as u64;
+    ing.stats.input_bytes = consumed.load(std::sync::atomic::Ordering::Relaxed);
+    progress(&ing.stats);
+    Ok((ing.fs, ing.stats))
+}
+
+#[derive(Default)]
+struct Extensions {
+    path: Option<Vec<u8>>,
+    link: Option<Vec<u8>>,
+    size: Option<u64>,
+    uid: Option<u64>,
+    gid: Option<u64>,
+    mtime: Option<Mtime>,
+    any_pax: bool,
+}
+
+impl Extensions {
+    fn path_hint(&self) -> String {
+        self.path
+            .as_ref()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// PAX records: `"<len> <key>=<value>\n"`.
+    fn pax(&mut self, mut data: &[u8]) -> Result<(), String> {
+        self.any_pax = true;
+        while !data.is_empty() {
+            let sp = data
+                .iter()
+                .position(|b| *b == b' ')
+                .ok_or("PAX record without a length")?;
+            let len: usize = std::str::from_utf8(&data[..sp])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("PAX record with a bad length")?;
+            if len <= sp + 1 || len > data.len() || data[len - 1] != b'\n' {
+                return Err("PAX record length does not match its text".into());
+            }
+            let rec = &data[sp + 1..len - 1];
+            let eq = rec
+                .iter()
+                .position(|b| *b == b'=')
+                .ok_or("PAX record without `=`")?;
+            let (key, value) = (&rec[..eq], &rec[eq + 1..]);
+            let num = || -> Result<u64, String> {
+                std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| format!("PAX {} is not a number", String::from_utf8_lossy(key)))
+            };
+            match key {
+                b"path" => self.path = Some(value.to_vec()),
+                b"linkpath" => self.link = Some(value.to_vec()),
+                b"size" => self.size = Some(num()?),
+                b"uid" => self.uid = Some(num()?),
+                b"gid" => self.gid = Some(num()?),
+                b"mtime" => {
+                    let s = std::str::from_utf8(value).map_err(|_| "PAX mtime is not text")?;
+                    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
+                    let sec: i64 = sec.parse().map_err(|_| "PAX mtime is not a number")?;
+                    let digits: String = frac.chars().take(9).collect();
+                    let nsec = if digits.is_empty() {
+                        0
+                    } else {
+                        format!("{digits:0<9}")
+                            .parse()
+                            .map_err(|_| "PAX mtime is not a number")?
+                    };
+                    self.mtime = Some(Mtime { sec, nsec });
+                }
+                _ => {} // atime, ctime, uname, gname, xattrs: not part of an image
+            }
+            data = &data[len..];
+        }
+        Ok(())
+    }
+}
+
+fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
+    while v.last() == Some(&0) {
+        v.pop();
+    }
+    v
+}
+
+#[derive(Clone, Copy)]
+struct Meta {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    mtime: Mtime,
+}
+
+enum MemberError {
+    Why(String),
+    Tree(TreeError),
+    Object(ObjectError),
+    Io(io::Error),
+}
+
+impl From<TreeError> for MemberError {
+    fn from(e: TreeError) -> Self {
+        MemberError::Tree(e)
+    }
+}
+
+struct Ingest<'s> {
+    fs: FileSystem,
+    stats: IngestStats,
+    seen: std::collections::BTreeSet<ObjectId>,
+    store: &'s ObjectStore,
+    filter: Option<&'s Filter>,
+}
+
+impl Ingest<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn member(
+        &mut self,
+        entry: &mut impl Read,
+        kind: tar::EntryType,
+        size: u64,
+        raw_path: &str,
+        link: Option<&str>,
+        m: Meta,
+        h: &tar::Header,
+    ) -> Result<(), MemberError> {
+        if raw_path.starts_with('/') {
+            return Err(MemberError::Why("absolute path".into()));
+        }
+        let path = normalize(raw_path)?;
+        let filtered = path == "/.subd"
+            || path.starts_with("/.subd/")
+            || self.filter.is_some_and(|f| path != "/" && f.matches(&path));
+        if filtered {
+            self.stats.filtered += 1;
+            // Still consume the data so the stream stays in step (the tar crate skips it).
+            return Ok(());
+        }
+        if path != "/" {
+            self.parents(&path)?;
+        }
+        use tar::EntryType as T;
+        match kind {
+            T::Directory => {
+                if path != "/"
+                    && self.fs.paths.contains_key(&path)
+                    && !self.fs.get(&path).is_some_and(Inode::is_dir)
+                {
+                    return Err(MemberError::Why("named twice".into()));
+                }
+                self.fs.insert(
+                    &path,
+                    Inode::Directory {
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                    },
+                )?;
+                self.stats.directories += 1;
+            }
+            T::Regular | T::Continuous => {
+                let object = if size == 0 {
+                    None
+                } else {
+                    Some(self.store_content(entry, size)?)
+                };
+                self.fs.insert(
+                    &path,
+                    Inode::Regular {
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                        mtime: m.mtime,
+                        size,
+                        object,
+                    },
+                )?;
+                self.stats.files += 1;
+                self.stats.bytes += size;
+            }
+            T::Link => {
+                let target =
+                    link.ok_or_else(|| MemberError::Why("hard link without a target".into()))?;
+                if target.starts_with('/') {
+                    return Err(MemberError::Why(format!(
+                        "hard link to an absolute path {target:?}"
+                    )));
+                }
+                let target = normalize(target).map_err(|_| {
+                    MemberError::Why(format!("hard link target {target:?} escapes the archive"))
+                })?;
+                if !self.fs.paths.contains_key(&target) {
+                    return Err(MemberError::Why(format!(
+                        "hard link to {target:?}, which is not earlier in the archive (or was filtered out)"
+                    )));
+                }
+                self.fs.link(&path, &target)?;
+                self.stats.hardlinks += 1;
+            }
+            T::Symlink => {
+                let target = link
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| MemberError::Why("symlink without a target".into()))?;
+                if !target.starts_with('/') && climbs_above_root(&path, target) {
+                    return Err(MemberError::Why(format!(
+                        "symlink target {target:?} climbs above the image's root"
+                    )));
+                }
+                if target.contains('\0') {
+                    return Err(MemberError::Why("symlink target has a NUL byte".into()));
+                }
+                self.fs.insert(
+                    &path,
+                    Inode::Symlink {
+                        uid: m.uid,
+                        gid: m.gid,
+                        target: target.to_string(),
+                    },
+                )?;
+                self.stats.symlinks += 1;
+            }
+            T::Char | T::Block | T::Fifo => {
+                let special = match kind {
+                    T::Char => SpecialKind::Char,
+                    T::Block => SpecialKind::Block,
+                    _ => SpecialKind::Fifo,
+                };
+                let rdev = if special == SpecialKind::Fifo {
+                    0
+                } else {
+                    let major = h.device_major().ok().flatten().unwrap_or(0) as u64;
+                    let minor = h.device_minor().ok().flatten().unwrap_or(0) as u64;
+                    nix::sys::stat::makedev(major, minor)
+                };
+                self.fs.insert(
+                    &path,
+                    Inode::Special {
+                        special,
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                        mtime: m.mtime,
+                        rdev,
+                    },
+                )?;
+                self.stats.specials += 1;
+            }
+            T::GNUSparse => {
+                return Err(MemberError::Why(
+                    "GNU sparse member: create the tarball without --sparse".into(),
+                ));
+            }
+            other => {
+                return Err(MemberError::Why(format!(
+                    "unsupported member type {:?}",
+                    other.as_byte() as char
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates missing parent directories (as `tar -x` would), 0755 root-owned.
+    fn parents(&mut self, path: &str) -> Result<(), MemberError> {
+        let mut missing = Vec::new();
+        let mut p = tree::parent(path);
+        while let Some(d) = p {
+            match self.fs.get(d) {
+                Some(i) if i.is_dir() => break,
+                Some(_) => {
+                    return Err(MemberError::Why(format!("{d:?} is not a directory")));
+                }
+                None => missing.push(d.to_string()),
+            }
+            p = tree::parent(d);
+        }
+        for d in missing.into_iter().rev() {
+            self.fs.insert(
+                &d,
+                Inode::Directory {
+                    mode: 0o755,
+                    uid: 0,
+                    gid: 0,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn store_content(&mut self, entry: &mut impl Read, size: u64) -> Result<ObjectId, MemberError> {
+        let (id, new) = if size <= IN_MEMORY {
+            let mut buf = Vec::with_capacity(size as usize);
+            entry
+                .take(size)
+                .read_to_end(&mut buf)
+                .map_err(MemberError::Io)?;
+            if buf.len() as u64 != size {
+                return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+            let id = ObjectId(Sha512::digest(&buf).into());
+            // An object this ingest already stored is not compared again.
+            let new = if self.seen.contains(&id) {
+                false
+            } else {
+                self.store.put(id, &buf).map_err(MemberError::Object)?
+            };
+            (id, new)
+        } else {
+            let (id, n, new) = self
+                .store
+                .put_reader(entry.take(size), None)
+                .map_err(MemberError::Object)?;
+            if n != size {
+                return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+            (id, new)
+        };
+        if new {
+            self.stats.new_objects += 1;
+            self.stats.new_bytes += size;
+        } else {
+            self.stats.dedup_bytes += size;
+        }
+        self.seen.insert(id);
+        Ok(id)
+    }
+}
+
+/// Whether a relative symlink at `path` pointing to `target` leaves the root when resolved
+/// lexically from the link's directory.
+fn climbs_above_root(path: &str, target: &str) -> bool {
+    let mut depth = path.matches('/').count() as i64 - 1; // components of the parent
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlink_escape() {
+        assert!(!climbs_above_root("/lib", "usr/lib"));
+        assert!(!climbs_above_root("/usr/bin/x", "../lib/y"));
+        assert!(!climbs_above_root("/usr/bin/x", "../../etc"));
+        assert!(climbs_above_root("/usr/bin/x", "../../../etc"));
+        assert!(climbs_above_root("/x", "../etc"));
+        assert!(!climbs_above_root("/a/b", "c/../../d"));
+        assert!(climbs_above_root("/a/b", "../../d"));
+    }
+
+    #[test]
+    fn pax_records() {
+        let mut e = Extensions::default();
+        e.pax(b"19 path=/a/long/nm\n11 size=42\n28 mtime=1700000000.5000000\n")
+            .unwrap();
+        assert_eq!(e.path.as_deref(), Some(&b"/a/long/nm"[..]));
+        assert_eq!(e.size, Some(42));
+        assert_eq!(
+            e.mtime,
+            Some(Mtime {
+                sec: 1_700_000_000,
+                nsec: 500_000_000
+            })
+        );
+        assert!(Extensions::default().pax(b"99 path=x\n").is_err());
+        assert!(Extensions::default().pax(b"x path=x\n").is_err());
+        assert!(Extensions::default().pax(b"9 pathx\n").is_err());
+    }
+}
