@@ -1,5 +1,9 @@
-//! The image server: a content-addressed SHA-512 object store, tar ingest, the image index
-//! (in the store), and the MDB.
+//! The image server: a content-addressed SHA-512 object store ([`objects`]), streaming tar
+//! ingest ([`ingest`]), the image index kept in the store ([`images`]), the MDB ([`mdb`]),
+//! and their HTTP routes ([`api`]).
 
+pub mod api;
+pub mod images;
 pub mod ingest;
+pub mod mdb;
 pub mod objects;

@@ -1,0 +1,328 @@
+//! The image server's HTTP routes, one per `Service.Method` under `/rpc/` (so that a
+//! certificate can later grant methods by glob, as Dominator's do).
+//!
+//! `ImageServer.AddImage` takes a framed body: one line of JSON (`{"name", "filter",
+//! "triggers", "expires_in_secs"}`, at most 1 MiB) then the tarball, streamed straight into
+//! ingest. `ObjectServer.GetObjects` answers with each object as an 8-byte big-endian length
+//! and its bytes, after checking that every one exists (a missing one fails the whole
+//! request before anything is sent). Errors are `{"error": {"message"}}` with a status.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::TryStreamExt;
+use paddock_image::{Filter, Machine, ObjectId, Triggers};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+use crate::images::{ImageError, ImageServer};
+use crate::mdb::{MdbService, MdbServiceError, Source};
+
+#[derive(Clone)]
+pub struct DominatorState {
+    pub images: Arc<ImageServer>,
+    pub mdb: Arc<MdbService>,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn router(state: DominatorState) -> Router {
+    Router::new()
+        .route("/rpc/ImageServer.AddImage", post(add_image))
+        .route("/rpc/ImageServer.ListImages", get(list_images))
+        .route("/rpc/ImageServer.GetImage", get(get_image))
+        .route("/rpc/ImageServer.ShowImage", get(show_image))
+        .route("/rpc/ImageServer.DeleteImage", post(delete_image))
+        .route(
+            "/rpc/ImageServer.ChangeImageExpiration",
+            post(change_expiration),
+        )
+        .route("/rpc/ImageServer.CheckImage", post(check_image))
+        .route(
+            "/rpc/ImageServer.DeleteUnreferencedObjects",
+            post(collect_garbage),
+        )
+        .route("/rpc/ObjectServer.CheckObjects", post(check_objects))
+        .route("/rpc/ObjectServer.GetObjects", post(get_objects))
+        .route("/rpc/Mdb.GetMdb", get(get_mdb))
+        .route("/rpc/Mdb.ListMachines", get(list_machines))
+        .route("/rpc/Mdb.SetMachine", post(set_machine))
+        .route("/rpc/Mdb.DeleteMachine", post(delete_machine))
+        .with_state(state)
+}
+
+pub struct ApiError(pub u16, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(json!({"error": {"message": self.1}}))).into_response()
+    }
+}
+
+impl From<ImageError> for ApiError {
+    fn from(e: ImageError) -> Self {
+        ApiError(e.status(), e.to_string())
+    }
+}
+
+impl From<MdbServiceError> for ApiError {
+    fn from(e: MdbServiceError) -> Self {
+        let status = match e {
+            MdbServiceError::Mdb(_) => 400,
+            MdbServiceError::NotFound(_) => 404,
+            _ => 500,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(400, msg.into())
+}
+
+#[derive(Deserialize)]
+struct AddHeader {
+    name: String,
+    #[serde(default)]
+    filter: Option<String>,
+    #[serde(default)]
+    triggers: Option<String>,
+    #[serde(default)]
+    expires_in_secs: Option<i64>,
+    #[serde(default)]
+    created_by: Option<String>,
+}
+
+async fn add_image(State(s): State<DominatorState>, body: Body) -> ApiResult<Json<Value>> {
+    let stream = body
+        .into_data_stream()
+        .map_err(|e| std::io::Error::other(e.to_string()));
+    let mut reader = tokio_util::io::StreamReader::new(stream);
+    let mut line = Vec::new();
+    (&mut reader)
+        .take(1 << 20)
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| bad(format!("reading the request header line: {e}")))?;
+    if line.last() != Some(&b'\n') {
+        return Err(bad(
+            "the body must start with one line of JSON (name, filter, triggers) of at most 1 MiB, then the tarball",
+        ));
+    }
+    let h: AddHeader = serde_json::from_slice(&line)
+        .map_err(|e| bad(format!("the header line is not valid JSON: {e}")))?;
+    let filter = h
+        .filter
+        .as_deref()
+        .map(Filter::parse)
+        .transpose()
+        .map_err(|e| bad(e.to_string()))?;
+    let triggers = match h.triggers.as_deref() {
+        Some(t) => Triggers::parse(t).map_err(|e| bad(e.to_string()))?,
+        None => Triggers::default(),
+    };
+    let now = now_ms();
+    let expires = h.expires_in_secs.map(|s| now + s.max(0) * 1000);
+    let tar = tokio_util::io::SyncIoBridge::new(reader);
+    let name = h.name.clone();
+    let summary = s
+        .images
+        .add(
+            h.name,
+            Box::new(tar),
+            filter,
+            triggers,
+            h.created_by.unwrap_or_default(),
+            expires,
+            Box::new(move |st| {
+                tracing::debug!(image = %name, members = st.members, bytes = st.bytes, "adding image");
+            }),
+            now,
+        )
+        .await?;
+    Ok(Json(serde_json::to_value(summary).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+struct NameQuery {
+    name: String,
+}
+
+async fn list_images(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+    let list = s.images.list().await?;
+    Ok(Json(json!({ "images": list })))
+}
+
+async fn get_image(
+    State(s): State<DominatorState>,
+    Query(q): Query<NameQuery>,
+) -> ApiResult<Json<Value>> {
+    let img = s.images.get(&q.name).await?;
+    Ok(Json(serde_json::to_value(img).unwrap_or_default()))
+}
+
+async fn show_image(
+    State(s): State<DominatorState>,
+    Query(q): Query<NameQuery>,
+) -> ApiResult<Json<Value>> {
+    let d = s.images.show(&q.name).await?;
+    Ok(Json(serde_json::to_value(d).unwrap_or_default()))
+}
+
+async fn delete_image(
+    State(s): State<DominatorState>,
+    Query(q): Query<NameQuery>,
+) -> ApiResult<Json<Value>> {
+    s.images.delete(&q.name, now_ms()).await?;
+    Ok(Json(json!({"deleted": q.name})))
+}
+
+#[derive(Deserialize)]
+struct ExpiryQuery {
+    name: String,
+    /// Absent: never expires.
+    expires_in_secs: Option<i64>,
+}
+
+async fn change_expiration(
+    State(s): State<DominatorState>,
+    Query(q): Query<ExpiryQuery>,
+) -> ApiResult<Json<Value>> {
+    let at = q.expires_in_secs.map(|x| now_ms() + x.max(0) * 1000);
+    s.images.set_expiry(&q.name, at).await?;
+    Ok(Json(json!({"name": q.name, "expires_at_ms": at})))
+}
+
+async fn check_image(
+    State(s): State<DominatorState>,
+    Query(q): Query<NameQuery>,
+) -> ApiResult<Json<Value>> {
+    let bad = s.images.check(&q.name).await?;
+    Ok(Json(json!({
+        "name": q.name,
+        "ok": bad.is_empty(),
+        "bad": bad.iter().map(|(id, why)| json!({"object": id, "problem": why})).collect::<Vec<_>>(),
+    })))
+}
+
+async fn collect_garbage(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+    let r = s.images.collect_garbage().await?;
+    Ok(Json(serde_json::to_value(r).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+struct ObjectList {
+    objects: Vec<ObjectId>,
+}
+
+async fn check_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Json<Value>> {
+    let l: ObjectList = serde_json::from_slice(&body).map_err(|e| bad(format!("objects: {e}")))?;
+    let sizes: Vec<u64> = l
+        .objects
+        .iter()
+        .map(|id| s.images.objects().size(id).unwrap_or(0))
+        .collect();
+    Ok(Json(json!({ "sizes": sizes })))
+}
+
+async fn get_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Response> {
+    let l: ObjectList = serde_json::from_slice(&body).map_err(|e| bad(format!("objects: {e}")))?;
+    let missing: Vec<String> = l
+        .objects
+        .iter()
+        .filter(|id| !s.images.objects().contains(id))
+        .map(|id| id.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(ApiError(
+            404,
+            format!("{} object(s) missing, first {}", missing.len(), missing[0]),
+        ));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    let objects = s.images.objects().clone();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        for id in l.objects {
+            let res = (|| -> std::io::Result<()> {
+                let mut f = objects
+                    .open_object(&id)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let len = f.metadata()?.len();
+                tx.blocking_send(Ok(Bytes::copy_from_slice(&len.to_be_bytes())))
+                    .map_err(|_| std::io::Error::other("client went away"))?;
+                let mut left = len;
+                let mut buf = vec![0u8; 256 << 10];
+                while left > 0 {
+                    let n = f.read(&mut buf[..(left.min(256 << 10)) as usize])?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    left -= n as u64;
+                    tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                        .map_err(|_| std::io::Error::other("client went away"))?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = res {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Response::builder()
+        .header("content-type", "application/octet-stream")
+        .body(Body::from_stream(stream))
+        .map_err(|e| ApiError(500, e.to_string()))
+}
+
+async fn get_mdb(State(s): State<DominatorState>) -> ApiResult<Response> {
+    let mdb = s.mdb.mdb().await?;
+    Ok(([("content-type", "application/json")], mdb.to_json()).into_response())
+}
+
+async fn list_machines(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+    let entries = s.mdb.entries().await?;
+    Ok(Json(json!({
+        "machines": entries.values().collect::<Vec<_>>(),
+        "file": s.mdb.status(),
+    })))
+}
+
+async fn set_machine(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Json<Value>> {
+    let m: Machine = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("a machine in Dominator's MDB JSON: {e}")))?;
+    s.mdb.set(m.clone(), Source::Api).await?;
+    Ok(Json(serde_json::to_value(m).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+struct HostQuery {
+    hostname: String,
+}
+
+async fn delete_machine(
+    State(s): State<DominatorState>,
+    Query(q): Query<HostQuery>,
+) -> ApiResult<Json<Value>> {
+    s.mdb.delete(&q.hostname).await?;
+    Ok(Json(json!({"deleted": q.hostname})))
+}

@@ -1,0 +1,557 @@
+//! The image index: images recorded in the store (`images/<name>`), their trees kept as
+//! objects like any file's bytes, so that everything an image needs is content-addressed.
+//!
+//! Invariants:
+//! - An image record is written only after its objects and its tree object are durable
+//!   (one syncfs), and only if no record of that name ever existed (compare-and-swap on
+//!   absence): a deleted image leaves a tombstone and its name is never reused.
+//! - Garbage collection never runs while an add is in flight (adds hold a shared lock, GC
+//!   the exclusive one), so an object written for an image being added is never collected.
+//! - Expired images are removed entirely (Dominator's rule), tombstone and all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::sync::Arc;
+
+use paddock_image::image::check_name;
+use paddock_image::{FileSystem, Filter, Image, ObjectId, Triggers};
+use paddock_store::{Compare, Op, Store, Txn};
+use serde::{Deserialize, Serialize};
+
+use crate::ingest::{IngestError, IngestStats, ingest};
+use crate::objects::{ObjectError, ObjectStore};
+
+const PREFIX: &str = "images/";
+
+/// What the store holds per image name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    pub name: String,
+    /// The tree, as a JSON object in the object store. `None` for a deleted image.
+    #[serde(default)]
+    pub tree: Option<ObjectId>,
+    #[serde(default)]
+    pub filter: Option<Filter>,
+    #[serde(default)]
+    pub triggers: Triggers,
+    pub created_on_ms: i64,
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default)]
+    pub expires_at_ms: Option<i64>,
+    #[serde(default)]
+    pub files: u64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub objects: u64,
+    #[serde(default)]
+    pub deleted: bool,
+    #[serde(default)]
+    pub deleted_on_ms: Option<i64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(transparent)]
+    Name(#[from] paddock_image::image::BadImageName),
+    #[error("image {0:?} already exists")]
+    Exists(String),
+    #[error("image name {0:?} belonged to a deleted image and cannot be used again")]
+    NameRetired(String),
+    #[error("no image {0:?}")]
+    NotFound(String),
+    #[error(
+        "image {0:?} is not a sparse image and lacks {1:?} (every full image needs /etc, /etc/passwd, /usr and /usr/bin; add a filter-less image for a sparse one)"
+    )]
+    MissingRequired(String, String),
+    #[error("the tarball was refused: {0}")]
+    Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("store: {0}")]
+    Store(#[from] paddock_store::StoreError),
+    #[error("image {0:?}: its tree object is missing or damaged: {1}")]
+    Damaged(String, String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl ImageError {
+    /// The HTTP status an API answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ImageError::Name(_) | ImageError::MissingRequired(..) | ImageError::Ingest(_) => 400,
+            ImageError::Exists(_) | ImageError::NameRetired(_) => 409,
+            ImageError::NotFound(_) => 404,
+            _ => 500,
+        }
+    }
+}
+
+/// The outcome of an add, for the CLI's summary.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AddSummary {
+    pub name: String,
+    pub stats: IngestStatsView,
+    pub seconds: f64,
+}
+
+/// [`IngestStats`] as sent over the API.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct IngestStatsView {
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    pub specials: u64,
+    pub hardlinks: u64,
+    pub filtered: u64,
+    pub bytes: u64,
+    pub objects: u64,
+    pub new_objects: u64,
+    pub new_bytes: u64,
+    pub dedup_bytes: u64,
+    pub input_bytes: u64,
+}
+
+impl From<&IngestStats> for IngestStatsView {
+    fn from(s: &IngestStats) -> Self {
+        IngestStatsView {
+            files: s.files,
+            directories: s.directories,
+            symlinks: s.symlinks,
+            specials: s.specials,
+            hardlinks: s.hardlinks,
+            filtered: s.filtered,
+            bytes: s.bytes,
+            objects: s.objects,
+            new_objects: s.new_objects,
+            new_bytes: s.new_bytes,
+            dedup_bytes: s.dedup_bytes,
+            input_bytes: s.input_bytes,
+        }
+    }
+}
+
+/// What `show` reports beyond the record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ImageDetail {
+    pub record: ImageRecord,
+    /// Objects only this image uses, and their bytes.
+    pub unique_objects: u64,
+    pub unique_bytes: u64,
+    /// Objects other images use too, and their bytes.
+    pub shared_objects: u64,
+    pub shared_bytes: u64,
+    pub missing_objects: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GcReport {
+    pub deleted_objects: u64,
+    pub deleted_bytes: u64,
+    pub kept_objects: u64,
+}
+
+pub struct ImageServer {
+    store: Arc<dyn Store>,
+    objects: Arc<ObjectStore>,
+    /// Adds share it, garbage collection takes it alone.
+    gc: tokio::sync::RwLock<()>,
+    trees: std::sync::Mutex<BTreeMap<ObjectId, Arc<FileSystem>>>,
+}
+
+pub type Result<T> = std::result::Result<T, ImageError>;
+
+fn required_paths(fs: &FileSystem) -> std::result::Result<(), String> {
+    for (p, dir) in [
+        ("/etc", true),
+        ("/etc/passwd", false),
+        ("/usr", true),
+        ("/usr/bin", true),
+    ] {
+        match fs.get(p) {
+            Some(i) if i.is_dir() == dir => {}
+            _ => return Err(p.to_string()),
+        }
+    }
+    Ok(())
+}
+
+impl ImageServer {
+    pub fn new(store: Arc<dyn Store>, objects: Arc<ObjectStore>) -> Arc<Self> {
+        Arc::new(ImageServer {
+            store,
+            objects,
+            gc: tokio::sync::RwLock::new(()),
+            trees: Default::default(),
+        })
+    }
+
+    pub fn objects(&self) -> &Arc<ObjectStore> {
+        &self.objects
+    }
+
+    pub async fn record(&self, name: &str) -> Result<Option<ImageRecord>> {
+        match self.store.get(&format!("{PREFIX}{name}")).await? {
+            None => Ok(None),
+            Some(kv) => serde_json::from_slice(&kv.value)
+                .map(Some)
+                .map_err(|e| ImageError::Internal(format!("image record {name}: {e}"))),
+        }
+    }
+
+    /// Adds an image from a tarball (a blocking reader: call from a blocking context or
+    /// through [`ImageServer::add_blocking`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn add(
+        self: &Arc<Self>,
+        name: String,
+        tarball: Box<dyn Read + Send>,
+        filter: Option<Filter>,
+        triggers: Triggers,
+        created_by: String,
+        expires_at_ms: Option<i64>,
+        progress: Box<dyn FnMut(&IngestStats) + Send>,
+        now_ms: i64,
+    ) -> Result<AddSummary> {
+        check_name(&name)?;
+        match self.record(&name).await? {
+            Some(r) if r.deleted => return Err(ImageError::NameRetired(name)),
+            Some(_) => return Err(ImageError::Exists(name)),
+            None => {}
+        }
+        let _shared = self.gc.read().await;
+        let started = std::time::Instant::now();
+        let objects = self.objects.clone();
+        let f = filter.clone();
+        let mut progress = progress;
+        let (fs, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let (fs, stats) = ingest(tarball, &objects, f.as_ref(), &mut *progress)?;
+            Ok((fs, stats))
+        })
+        .await
+        .map_err(|e| ImageError::Internal(e.to_string()))??;
+        if filter.is_some() {
+            required_paths(&fs).map_err(|p| ImageError::MissingRequired(name.clone(), p))?;
+        }
+        let tree_json = serde_json::to_vec(&fs).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let tree = ObjectId::of(&tree_json);
+        let objects = self.objects.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            objects.put(tree, &tree_json)?;
+            objects.sync()?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| ImageError::Internal(e.to_string()))??;
+        let record = ImageRecord {
+            name: name.clone(),
+            tree: Some(tree),
+            filter,
+            triggers,
+            created_on_ms: now_ms,
+            created_by,
+            expires_at_ms,
+            files: stats.files + stats.hardlinks,
+            bytes: fs.total_bytes(),
+            objects: stats.objects,
+            deleted: false,
+            deleted_on_ms: None,
+        };
+        let key = format!("{PREFIX}{name}");
+        let value = serde_json::to_vec(&record).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let created = self.store.create(&key, value).await?;
+        if !created {
+            return Err(match self.record(&name).await? {
+                Some(r) if r.deleted => ImageError::NameRetired(name),
+                _ => ImageError::Exists(name),
+            });
+        }
+        self.trees
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tree, Arc::new(fs));
+        tracing::info!(image = %name, files = stats.files, new_objects = stats.new_objects, "image added");
+        Ok(AddSummary {
+            name,
+            stats: (&stats).into(),
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Every record (deleted ones included, flagged).
+    pub async fn list(&self) -> Result<Vec<ImageRecord>> {
+        let mut out = Vec::new();
+        for kv in self.store.range(PREFIX).await? {
+            out.push(
+                serde_json::from_slice(&kv.value)
+                    .map_err(|e| ImageError::Internal(format!("{}: {e}", kv.key)))?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn tree(&self, rec: &ImageRecord) -> Result<Arc<FileSystem>> {
+        let id = rec
+            .tree
+            .ok_or_else(|| ImageError::NotFound(rec.name.clone()))?;
+        if let Some(t) = self
+            .trees
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            return Ok(t.clone());
+        }
+        let objects = self.objects.clone();
+        let name = rec.name.clone();
+        let fs = tokio::task::spawn_blocking(move || -> Result<FileSystem> {
+            let mut bytes = Vec::new();
+            objects
+                .open_object(&id)
+                .and_then(|mut f| {
+                    f.read_to_end(&mut bytes).map_err(|e| ObjectError::Io {
+                        path: id.path(),
+                        source: e,
+                    })
+                })
+                .map_err(|e| ImageError::Damaged(name.clone(), e.to_string()))?;
+            if ObjectId::of(&bytes) != id {
+                return Err(ImageError::Damaged(name, "hash mismatch".into()));
+            }
+            serde_json::from_slice(&bytes).map_err(|e| ImageError::Damaged(name, e.to_string()))
+        })
+        .await
+        .map_err(|e| ImageError::Internal(e.to_string()))??;
+        let fs = Arc::new(fs);
+        self.trees
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, fs.clone());
+        Ok(fs)
+    }
+
+    /// The whole image (tree, filter, triggers).
+    pub async fn get(&self, name: &str) -> Result<Image> {
+        let rec = self
+            .record(name)
+            .await?
+            .filter(|r| !r.deleted)
+            .ok_or_else(|| ImageError::NotFound(name.into()))?;
+        let fs = self.tree(&rec).await?;
+        Ok(Image {
+            name: rec.name,
+            fs: (*fs).clone(),
+            filter: rec.filter,
+            triggers: rec.triggers,
+            created_on_ms: rec.created_on_ms,
+            created_by: rec.created_by,
+            expires_at_ms: rec.expires_at_ms,
+        })
+    }
+
+    /// The record plus which objects are this image's alone and which are shared.
+    pub async fn show(&self, name: &str) -> Result<ImageDetail> {
+        let rec = self
+            .record(name)
+            .await?
+            .ok_or_else(|| ImageError::NotFound(name.into()))?;
+        let mine = if rec.deleted {
+            BTreeMap::new()
+        } else {
+            self.tree(&rec).await?.objects()
+        };
+        let mut others: BTreeSet<ObjectId> = BTreeSet::new();
+        for r in self.list().await? {
+            if r.name != rec.name && !r.deleted {
+                others.extend(self.tree(&r).await?.objects().into_keys());
+            }
+        }
+        let mut d = ImageDetail {
+            record: rec,
+            unique_objects: 0,
+            unique_bytes: 0,
+            shared_objects: 0,
+            shared_bytes: 0,
+            missing_objects: 0,
+        };
+        for (id, size) in mine {
+            if !self.objects.contains(&id) {
+                d.missing_objects += 1;
+            }
+            if others.contains(&id) {
+                d.shared_objects += 1;
+                d.shared_bytes += size;
+            } else {
+                d.unique_objects += 1;
+                d.unique_bytes += size;
+            }
+        }
+        Ok(d)
+    }
+
+    /// Deletes an image, leaving a tombstone: the name can never be used again.
+    pub async fn delete(&self, name: &str, now_ms: i64) -> Result<()> {
+        let key = format!("{PREFIX}{name}");
+        let kv = self
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ImageError::NotFound(name.into()))?;
+        let mut rec: ImageRecord =
+            serde_json::from_slice(&kv.value).map_err(|e| ImageError::Internal(e.to_string()))?;
+        if rec.deleted {
+            return Err(ImageError::NotFound(name.into()));
+        }
+        rec.deleted = true;
+        rec.deleted_on_ms = Some(now_ms);
+        rec.tree = None;
+        let value = serde_json::to_vec(&rec).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let res = self
+            .store
+            .txn(Txn {
+                compare: vec![Compare::ModRevision {
+                    key: key.clone(),
+                    revision: kv.mod_revision,
+                }],
+                success: vec![Op::put(&key, value)],
+                failure: vec![],
+            })
+            .await?;
+        if !res.succeeded {
+            return Err(ImageError::Internal(format!(
+                "image {name} changed while it was being deleted; try again"
+            )));
+        }
+        tracing::info!(image = %name, "image deleted");
+        Ok(())
+    }
+
+    /// Sets or clears an image's expiry.
+    pub async fn set_expiry(&self, name: &str, expires_at_ms: Option<i64>) -> Result<()> {
+        let key = format!("{PREFIX}{name}");
+        let kv = self
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ImageError::NotFound(name.into()))?;
+        let mut rec: ImageRecord =
+            serde_json::from_slice(&kv.value).map_err(|e| ImageError::Internal(e.to_string()))?;
+        if rec.deleted {
+            return Err(ImageError::NotFound(name.into()));
+        }
+        rec.expires_at_ms = expires_at_ms;
+        let value = serde_json::to_vec(&rec).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let ok = self
+            .store
+            .txn(Txn {
+                compare: vec![Compare::ModRevision {
+                    key: key.clone(),
+                    revision: kv.mod_revision,
+                }],
+                success: vec![Op::put(&key, value)],
+                failure: vec![],
+            })
+            .await?
+            .succeeded;
+        if ok {
+            Ok(())
+        } else {
+            Err(ImageError::Internal(format!(
+                "image {name} changed meanwhile; try again"
+            )))
+        }
+    }
+
+    /// Removes images whose expiry has passed (entirely: an expired name may be reused).
+    pub async fn expire(&self, now_ms: i64) -> Result<Vec<String>> {
+        let mut gone = Vec::new();
+        for kv in self.store.range(PREFIX).await? {
+            let rec: ImageRecord = match serde_json::from_slice(&kv.value) {
+                Ok(r) => r,
+                Err(_) => continue,
+            };
+            if !rec.deleted && rec.expires_at_ms.is_some_and(|t| t <= now_ms) {
+                let ok = self
+                    .store
+                    .txn(Txn {
+                        compare: vec![Compare::ModRevision {
+                            key: kv.key.clone(),
+                            revision: kv.mod_revision,
+                        }],
+                        success: vec![Op::delete(&kv.key)],
+                        failure: vec![],
+                    })
+                    .await?
+                    .succeeded;
+                if ok {
+                    tracing::info!(image = %rec.name, "image expired");
+                    gone.push(rec.name);
+                }
+            }
+        }
+        Ok(gone)
+    }
+
+    /// Deletes every object no image refers to. Waits for adds in flight to finish and
+    /// keeps new ones out until it is done.
+    pub async fn collect_garbage(&self) -> Result<GcReport> {
+        let _alone = self.gc.write().await;
+        let mut live: BTreeSet<ObjectId> = BTreeSet::new();
+        for r in self.list().await? {
+            if r.deleted {
+                continue;
+            }
+            if let Some(t) = r.tree {
+                live.insert(t);
+            }
+            live.extend(self.tree(&r).await?.objects().into_keys());
+        }
+        let objects = self.objects.clone();
+        let report = tokio::task::spawn_blocking(move || -> Result<GcReport> {
+            let mut rep = GcReport::default();
+            for (id, size) in objects.list()? {
+                if live.contains(&id) {
+                    rep.kept_objects += 1;
+                } else {
+                    objects.delete(&id)?;
+                    rep.deleted_objects += 1;
+                    rep.deleted_bytes += size;
+                }
+            }
+            Ok(rep)
+        })
+        .await
+        .map_err(|e| ImageError::Internal(e.to_string()))??;
+        self.trees
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| self.objects.contains(id));
+        tracing::info!(
+            deleted = report.deleted_objects,
+            bytes = report.deleted_bytes,
+            "objects collected"
+        );
+        Ok(report)
+    }
+
+    /// Re-reads every object of an image and reports the missing and damaged ones.
+    pub async fn check(&self, name: &str) -> Result<Vec<(ObjectId, &'static str)>> {
+        let img = self.get(name).await?;
+        let objects = self.objects.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut bad = Vec::new();
+            for id in img.fs.objects().into_keys() {
+                match objects.verify(&id) {
+                    Ok(true) => {}
+                    Ok(false) => bad.push((id, "damaged")),
+                    Err(_) => bad.push((id, "missing")),
+                }
+            }
+            bad
+        })
+        .await
+        .map_err(|e| ImageError::Internal(e.to_string()))
+    }
+}
