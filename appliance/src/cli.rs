@@ -156,3 +156,362 @@ pub fn firewall_status(api: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(timeout)
+        .build()
+        .into()
+}
+
+fn answer(
+    method: &str,
+    path: &str,
+    resp: ureq::http::Response<ureq::Body>,
+) -> anyhow::Result<Value> {
+    let status = resp.status().as_u16();
+    let text = resp.into_body().read_to_string().unwrap_or_default();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if status >= 400 {
+        let msg = body["error"]["message"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| body.to_string());
+        bail!("{method} {path}: {status}: {msg}");
+    }
+    Ok(body)
+}
+
+fn call_body(api: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", api.trim_end_matches('/'));
+    let resp = agent(Some(std::time::Duration::from_secs(600)))
+        .post(&url)
+        .send_json(body)
+        .with_context(|| {
+            format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)")
+        })?;
+    answer("POST", path, resp)
+}
+
+/// Sends the tarball while drawing a progress bar on stderr.
+struct Progress<R> {
+    inner: R,
+    sent: u64,
+    total: u64,
+    started: std::time::Instant,
+    last: std::time::Instant,
+    tty: bool,
+}
+
+impl<R: std::io::Read> Progress<R> {
+    fn draw(&self, done: bool) {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        let pct = if self.total == 0 {
+            100.0
+        } else {
+            self.sent as f64 * 100.0 / self.total as f64
+        };
+        let width = 30usize;
+        let filled = ((pct / 100.0) * width as f64) as usize;
+        let line = format!(
+            "  [{}{}] {pct:5.1}%  {:.1}/{:.1} MiB  {:.1} MiB/s",
+            "#".repeat(filled.min(width)),
+            " ".repeat(width - filled.min(width)),
+            self.sent as f64 / 1048576.0,
+            self.total as f64 / 1048576.0,
+            self.sent as f64 / 1048576.0 / secs
+        );
+        if self.tty {
+            eprint!("\r{line}{}", if done { "\n" } else { "" });
+        } else if done {
+            eprintln!("{line}");
+        }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Progress<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.sent += n as u64;
+        if self.last.elapsed() >= std::time::Duration::from_millis(200) {
+            self.last = std::time::Instant::now();
+            self.draw(false);
+        }
+        Ok(n)
+    }
+}
+
+pub struct ImageAdd<'a> {
+    pub name: &'a str,
+    pub tarball: &'a std::path::Path,
+    pub filter: Option<&'a std::path::Path>,
+    pub triggers: Option<&'a std::path::Path>,
+    pub expires_in_secs: Option<i64>,
+}
+
+pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Read};
+    let read_text = |p: Option<&std::path::Path>| -> anyhow::Result<Option<String>> {
+        p.map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+            .transpose()
+    };
+    let filter = read_text(a.filter)?;
+    let triggers = read_text(a.triggers)?;
+    // Check the files here too, so a typo fails before the upload.
+    if let Some(f) = &filter {
+        paddock_image::Filter::parse(f).with_context(|| {
+            a.filter
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        })?;
+    }
+    if let Some(t) = &triggers {
+        paddock_image::Triggers::parse(t).with_context(|| {
+            a.triggers
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        })?;
+    }
+    // The server refuses a taken or retired name before reading the upload; ask first so
+    // that the answer is a message, not a broken pipe half-way through the tarball.
+    match call(
+        api,
+        "GET",
+        &format!("/rpc/ImageServer.ShowImage?name={}", q(a.name)),
+    ) {
+        Ok(v) if v["record"]["deleted"] == Value::Bool(true) => {
+            bail!(
+                "image name {:?} belonged to a deleted image and cannot be used again",
+                a.name
+            )
+        }
+        Ok(_) => bail!("image {:?} already exists", a.name),
+        Err(e) if e.to_string().contains(": 404:") => {}
+        Err(e) => return Err(e),
+    }
+    let file = std::fs::File::open(a.tarball)
+        .with_context(|| format!("opening {}", a.tarball.display()))?;
+    let total = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut header = serde_json::to_vec(&serde_json::json!({
+        "name": a.name,
+        "filter": filter,
+        "triggers": triggers,
+        "expires_in_secs": a.expires_in_secs,
+        "created_by": std::env::var("USER").unwrap_or_default(),
+    }))?;
+    header.push(b'\n');
+    let now = std::time::Instant::now();
+    let mut body = std::io::Cursor::new(header).chain(Progress {
+        inner: file,
+        sent: 0,
+        total,
+        started: now,
+        last: now,
+        tty: std::io::stderr().is_terminal(),
+    });
+    eprintln!("adding image {} from {}", a.name, a.tarball.display());
+    let path = "/rpc/ImageServer.AddImage";
+    let url = format!("{}{path}", api.trim_end_matches('/'));
+    let resp = agent(None)
+        .post(&url)
+        .header("content-type", "application/octet-stream")
+        .send(ureq::SendBody::from_reader(&mut body))
+        .with_context(|| {
+            format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)")
+        })?;
+    body.get_ref().1.draw(true);
+    let v = answer("POST", path, resp)?;
+    let st = &v["stats"];
+    let mib = |k: &str| st[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
+    println!(
+        "image {} added in {:.1} s",
+        a.name,
+        v["seconds"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "  files {}  directories {}  symlinks {}  devices/fifos {}  hard links {}  filtered {}",
+        st["files"],
+        st["directories"],
+        st["symlinks"],
+        st["specials"],
+        st["hardlinks"],
+        st["filtered"]
+    );
+    println!(
+        "  bytes {:.1} MiB in {} objects",
+        mib("bytes"),
+        st["objects"]
+    );
+    println!(
+        "  new objects {} ({:.1} MiB)  deduplicated {:.1} MiB",
+        st["new_objects"],
+        mib("new_bytes"),
+        mib("dedup_bytes")
+    );
+    Ok(())
+}
+
+pub fn image_list(api: &str) -> anyhow::Result<()> {
+    let v = call(api, "GET", "/rpc/ImageServer.ListImages")?;
+    println!(
+        "{:<32}  {:>8}  {:>10}  {:>8}  {:<7}  CREATED",
+        "IMAGE", "FILES", "MIB", "OBJECTS", "FILTER"
+    );
+    for r in v["images"].as_array().into_iter().flatten() {
+        if r["deleted"] == Value::Bool(true) {
+            continue;
+        }
+        println!(
+            "{:<32}  {:>8}  {:>10.1}  {:>8}  {:<7}  {}",
+            s(&r["name"]),
+            s(&r["files"]),
+            r["bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+            s(&r["objects"]),
+            if r["filter"].is_null() {
+                "sparse"
+            } else {
+                "yes"
+            },
+            paddock_inspector::node::iso(r["created_on_ms"].as_i64().unwrap_or(0) / 1000)
+        );
+    }
+    Ok(())
+}
+
+fn q(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+pub fn image_show(api: &str, name: &str) -> anyhow::Result<()> {
+    let d = call(
+        api,
+        "GET",
+        &format!("/rpc/ImageServer.ShowImage?name={}", q(name)),
+    )?;
+    let r = &d["record"];
+    let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1048576.0;
+    println!("image       {}", s(&r["name"]));
+    if r["deleted"] == Value::Bool(true) {
+        println!("deleted     yes (the name cannot be used again)");
+        return Ok(());
+    }
+    println!("files       {}", s(&r["files"]));
+    println!("bytes       {:.1} MiB", mib(&r["bytes"]));
+    println!(
+        "objects     {} ({} only here, {:.1} MiB; {} shared, {:.1} MiB; {} missing)",
+        s(&r["objects"]),
+        s(&d["unique_objects"]),
+        mib(&d["unique_bytes"]),
+        s(&d["shared_objects"]),
+        mib(&d["shared_bytes"]),
+        s(&d["missing_objects"])
+    );
+    println!(
+        "filter      {}",
+        r["filter"]
+            .as_array()
+            .map_or("none (sparse image)".to_string(), |l| format!(
+                "{} line(s)",
+                l.len()
+            ))
+    );
+    println!(
+        "triggers    {}",
+        r["triggers"].as_array().map_or(0, |l| l.len())
+    );
+    println!(
+        "created     {}",
+        paddock_inspector::node::iso(r["created_on_ms"].as_i64().unwrap_or(0) / 1000)
+    );
+    if let Some(e) = r["expires_at_ms"].as_i64() {
+        println!("expires     {}", paddock_inspector::node::iso(e / 1000));
+    }
+    Ok(())
+}
+
+pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
+    call(
+        api,
+        "POST",
+        &format!("/rpc/ImageServer.DeleteImage?name={}", q(name)),
+    )?;
+    println!(
+        "image {name} deleted (its name cannot be used again; run `paddock image gc` to free its objects)"
+    );
+    Ok(())
+}
+
+pub fn image_gc(api: &str) -> anyhow::Result<()> {
+    let r = call_body(
+        api,
+        "/rpc/ImageServer.DeleteUnreferencedObjects",
+        &Value::Null,
+    )?;
+    println!(
+        "deleted {} unreferenced object(s), {:.1} MiB; {} kept",
+        s(&r["deleted_objects"]),
+        r["deleted_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+        s(&r["kept_objects"])
+    );
+    Ok(())
+}
+
+pub fn image_check(api: &str, name: &str) -> anyhow::Result<()> {
+    let r = call_body(
+        api,
+        &format!("/rpc/ImageServer.CheckImage?name={}", q(name)),
+        &Value::Null,
+    )?;
+    if r["ok"] == Value::Bool(true) {
+        println!("image {name}: every object present and intact");
+        return Ok(());
+    }
+    for b in r["bad"].as_array().into_iter().flatten() {
+        println!("{}  {}", s(&b["problem"]), s(&b["object"]));
+    }
+    bail!("image {name} has damaged or missing objects")
+}
+
+pub fn mdb_list(api: &str) -> anyhow::Result<()> {
+    let v = call(api, "GET", "/rpc/Mdb.ListMachines")?;
+    println!(
+        "{:<28}  {:<15}  {:<24}  {:<24}  SOURCE",
+        "HOSTNAME", "IP", "REQUIRED", "PLANNED"
+    );
+    for e in v["machines"].as_array().into_iter().flatten() {
+        let m = &e["machine"];
+        println!(
+            "{:<28}  {:<15}  {:<24}  {:<24}  {}",
+            s(&m["Hostname"]),
+            s(&m["IpAddress"]),
+            s(&m["RequiredImage"]),
+            s(&m["PlannedImage"]),
+            s(&e["source"])
+        );
+    }
+    Ok(())
+}
+
+pub fn mdb_set(api: &str, machine: &Value) -> anyhow::Result<()> {
+    call_body(api, "/rpc/Mdb.SetMachine", machine)?;
+    println!("mdb: {} set", s(&machine["Hostname"]));
+    Ok(())
+}
+
+pub fn mdb_delete(api: &str, hostname: &str) -> anyhow::Result<()> {
+    call(
+        api,
+        "POST",
+        &format!("/rpc/Mdb.DeleteMachine?hostname={}", q(hostname)),
+    )?;
+    println!("mdb: {hostname} deleted");
+    Ok(())
+}

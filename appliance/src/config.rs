@@ -25,6 +25,22 @@ pub struct FileConfig {
     pub boot: BootFile,
     pub inspector: InspectorFile,
     pub firewall: FirewallFile,
+    pub images: ImagesFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesFile {
+    /// The object store and image server's directory (default `<data_dir>/images`).
+    pub dir: Option<PathBuf>,
+    /// An MDB file in Dominator's JSON to load and watch (replace it with write-then-rename).
+    pub mdb_file: Option<PathBuf>,
+    /// Seconds between checks of the MDB file (default 2).
+    pub mdb_poll_secs: Option<u64>,
+    /// Record machines that finish enrolment in the MDB (default true).
+    pub record_enrolled: Option<bool>,
+    /// Seconds between checks for expired images (default 60).
+    pub expire_check_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -197,6 +213,16 @@ pub struct Config {
     pub inspector: paddock_inspector::service::InspectorConfig,
     pub clean_up_period: Duration,
     pub firewall: Option<FirewallConfig>,
+    pub images: ImagesConfig,
+}
+
+#[derive(Clone, Debug)]
+pub struct ImagesConfig {
+    pub dir: PathBuf,
+    pub mdb_file: Option<PathBuf>,
+    pub mdb_poll: Duration,
+    pub record_enrolled: bool,
+    pub expire_check: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -401,13 +427,32 @@ impl FileConfig {
         } else {
             None
         };
+        let im = &self.images;
+        let mdb_poll = im.mdb_poll_secs.unwrap_or(2);
+        let expire_check = im.expire_check_secs.unwrap_or(60);
+        for (k, v) in [
+            ("images.mdb_poll_secs", mdb_poll),
+            ("images.expire_check_secs", expire_check),
+        ] {
+            if v == 0 {
+                p.push(format!("{k}: must be at least 1"));
+            }
+        }
         if !p.is_empty() {
             return Err(ConfigError { problems: p });
         }
+        let data_dir = self
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/paddock"));
+        let images = ImagesConfig {
+            dir: im.dir.clone().unwrap_or_else(|| data_dir.join("images")),
+            mdb_file: im.mdb_file.clone(),
+            mdb_poll: Duration::from_secs(mdb_poll.max(1)),
+            record_enrolled: im.record_enrolled.unwrap_or(true),
+            expire_check: Duration::from_secs(expire_check.max(1)),
+        };
         Ok(Config {
-            data_dir: self
-                .data_dir
-                .unwrap_or_else(|| PathBuf::from("/var/lib/paddock")),
+            data_dir,
             log_format,
             http_listen: http_listen.expect("checked above"),
             public_url,
@@ -423,6 +468,7 @@ impl FileConfig {
             inspector,
             clean_up_period: Duration::from_secs(clean_up.max(1)),
             firewall,
+            images,
         })
     }
 }

@@ -39,7 +39,7 @@ body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}} h1{{font-size:1.
 table{{border-collapse:collapse}} td,th{{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}}
 .state{{font-weight:600}} .error{{color:#b00}} .finished{{color:#070}} .waiting,.enrolling,.processing{{color:#a60}}
 code{{font-size:.9em}} nav a{{margin-right:1rem}}
-</style></head><body><nav><a href="/ui">Nodes</a><a href="/ui/leases">Leases</a><a href="/ui/firewall">PXE filter</a><a href="/metrics">Metrics</a></nav>
+</style></head><body><nav><a href="/ui">Nodes</a><a href="/ui/leases">Leases</a><a href="/ui/firewall">PXE filter</a><a href="/ui/images">Images</a><a href="/ui/mdb">MDB</a><a href="/metrics">Metrics</a></nav>
 <h1>{t}</h1>{body}</body></html>"#,
         t = esc(title)
     ))
@@ -294,6 +294,169 @@ pub async fn leases(State(s): State<AppState>) -> Response {
         &format!("<table><tr><th>IP</th><th>MAC</th><th>State</th><th>Expires (UTC)</th><th>Relay</th></tr>{rows}</table>"),
     )
     .into_response()
+}
+
+fn bytes(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+fn ms_iso(ms: Option<i64>) -> String {
+    ms.map(|m| iso(m / 1000)).unwrap_or_else(|| "-".into())
+}
+
+pub async fn images(State(s): State<AppState>) -> Response {
+    let list = match s.dominator.images.list().await {
+        Ok(l) => l,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
+    };
+    let mut rows = String::new();
+    for r in list.iter().filter(|r| !r.deleted) {
+        rows.push_str(&format!(
+            r#"<tr><td><a href="/ui/images/{n}">{n}</a></td><td>{files}</td><td>{bytes}</td><td>{objects}</td><td>{filter}</td><td>{triggers}</td><td>{created}</td><td>{expires}</td></tr>"#,
+            n = esc(&r.name),
+            files = r.files,
+            bytes = bytes(r.bytes),
+            objects = r.objects,
+            filter = r.filter.as_ref().map_or("sparse (no filter)".to_string(), |f| format!("{} line(s)", f.lines().len())),
+            triggers = r.triggers.list().len(),
+            created = ms_iso(Some(r.created_on_ms)),
+            expires = ms_iso(r.expires_at_ms),
+        ));
+    }
+    let deleted: Vec<String> = list
+        .iter()
+        .filter(|r| r.deleted)
+        .map(|r| esc(&r.name))
+        .collect();
+    let body = format!(
+        r#"<p>Add with <code>paddock image add NAME TARBALL [--filter F] [--triggers T]</code>.</p>
+<table><tr><th>Image</th><th>Files</th><th>Bytes</th><th>Objects</th><th>Filter</th><th>Triggers</th><th>Created</th><th>Expires</th></tr>{rows}</table>
+<h2>Retired names</h2><p>{}</p>"#,
+        if deleted.is_empty() {
+            "none".to_string()
+        } else {
+            deleted.join(", ")
+        }
+    );
+    page("Images", false, &body).into_response()
+}
+
+pub async fn image(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+    let d = match s.dominator.images.show(&name).await {
+        Ok(d) => d,
+        Err(e) => {
+            return (
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                esc(&e.to_string()),
+            )
+                .into_response();
+        }
+    };
+    let r = &d.record;
+    let filter = r
+        .filter
+        .as_ref()
+        .map_or("(none: a sparse image)".to_string(), |f| {
+            esc(&f.lines().join("\n"))
+        });
+    let triggers = r
+        .triggers
+        .list()
+        .iter()
+        .map(|t| {
+            format!(
+                "<tr><td>{}</td><td><code>{}</code></td><td>{}</td></tr>",
+                esc(&t.service),
+                esc(&t.match_lines.join(" ")),
+                [
+                    (t.do_reload, "reload"),
+                    (t.do_reboot, "reboot"),
+                    (t.high_impact, "high impact")
+                ]
+                .iter()
+                .filter(|x| x.0)
+                .map(|x| x.1)
+                .collect::<Vec<_>>()
+                .join(", ")
+            )
+        })
+        .collect::<String>();
+    let body = format!(
+        r#"<table>
+<tr><th>Files</th><td>{files}</td></tr><tr><th>Bytes</th><td>{bytes}</td></tr>
+<tr><th>Objects</th><td>{objects}: {uo} only in this image ({ub}), {so} shared with other images ({sb}), {mo} missing</td></tr>
+<tr><th>Created</th><td>{created} by {by}</td></tr><tr><th>Expires</th><td>{exp}</td></tr>
+<tr><th>Deleted</th><td>{del}</td></tr></table>
+<h2>Filter</h2><pre>{filter}</pre><h2>Triggers</h2><table><tr><th>Service</th><th>Match</th><th>Flags</th></tr>{triggers}</table>"#,
+        files = r.files,
+        bytes = bytes(r.bytes),
+        objects = r.objects,
+        uo = d.unique_objects,
+        ub = bytes(d.unique_bytes),
+        so = d.shared_objects,
+        sb = bytes(d.shared_bytes),
+        mo = d.missing_objects,
+        created = ms_iso(Some(r.created_on_ms)),
+        by = esc(if r.created_by.is_empty() {
+            "-"
+        } else {
+            &r.created_by
+        }),
+        exp = ms_iso(r.expires_at_ms),
+        del = if r.deleted {
+            ms_iso(r.deleted_on_ms)
+        } else {
+            "no".into()
+        },
+    );
+    page(&format!("Image {name}"), false, &body).into_response()
+}
+
+pub async fn mdb(State(s): State<AppState>) -> Response {
+    let entries = match s.dominator.mdb.entries().await {
+        Ok(e) => e,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
+    };
+    let mut rows = String::new();
+    for e in entries.values() {
+        let m = &e.machine;
+        rows.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:?}</td></tr>",
+            esc(&m.hostname),
+            esc(&m.ip_address),
+            esc(&m.required_image),
+            esc(&m.planned_image),
+            if m.disable_updates { "disabled" } else { "" },
+            esc(&m.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
+            e.source,
+        ));
+    }
+    let st = s.dominator.mdb.status();
+    let file = match &st.path {
+        None => "No MDB file is configured (<code>[images] mdb_file</code>); machines come from the API and enrolment.".to_string(),
+        Some(p) => format!(
+            "File <code>{}</code>: {} machine(s), last loaded {}{}",
+            esc(p),
+            st.machines,
+            ms_iso(st.last_load_ms),
+            st.last_error.as_ref().map(|e| format!(r#" — <span class="error">{}</span>"#, esc(e))).unwrap_or_default()
+        ),
+    };
+    let body = format!(
+        r#"<p>{file}</p><table><tr><th>Hostname</th><th>IpAddress</th><th>RequiredImage</th><th>PlannedImage</th><th>Updates</th><th>Tags</th><th>Source</th></tr>{rows}</table>"#
+    );
+    page("MDB", true, &body).into_response()
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub struct AppState {
     pub inspector: Arc<Inspector>,
     pub dhcp: Option<Arc<DhcpService>>,
     pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
+    pub dominator: paddock_dominator::api::DominatorState,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -37,13 +38,17 @@ pub fn router(state: AppState) -> Router {
         .route("/ui", get(crate::console::nodes))
         .route("/ui/", get(crate::console::nodes))
         .route("/ui/nodes/{node}", get(crate::console::node))
-        .route("/ui/leases", get(crate::console::leases));
+        .route("/ui/leases", get(crate::console::leases))
+        .route("/ui/images", get(crate::console::images))
+        .route("/ui/images/{*name}", get(crate::console::image))
+        .route("/ui/mdb", get(crate::console::mdb));
     if let Some(dir) = &state.config.assets_dir {
         // ServeDir answers Range requests (206) and refuses paths that leave the directory.
         r = r.nest_service("/boot/assets", ServeDir::new(dir));
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
-    r.with_state(state).merge(inspector)
+    let dominator = paddock_dominator::api::router(state.dominator.clone());
+    r.with_state(state).merge(inspector).merge(dominator)
 }
 
 fn api_error(status: StatusCode, message: impl Into<String>) -> InspectorError {

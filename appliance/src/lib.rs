@@ -6,5 +6,6 @@ pub mod cli;
 pub mod config;
 pub mod console;
 pub mod http;
+pub mod images;
 pub mod pxe_filter;
 pub mod serve;

@@ -53,6 +53,70 @@ enum Cmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
+    /// Images on a running appliance's image server.
+    Image {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: ImageCmd,
+    },
+    /// The MDB (machines and the images they must run) of a running appliance.
+    Mdb {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: MdbCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Add an image from a tarball (tar, tar.gz or tar.zst), with a progress bar and a summary.
+    Add {
+        /// The image name, e.g. debian/minbase.1 (never reusable once deleted).
+        name: String,
+        tarball: PathBuf,
+        /// A filter file (Dominator's: one start-anchored regex per line). Without one the
+        /// image is sparse: it never deletes files it does not name.
+        #[arg(long)]
+        filter: Option<PathBuf>,
+        /// A trigger file (Dominator's JSON).
+        #[arg(long)]
+        triggers: Option<PathBuf>,
+        /// Remove the image after this many seconds.
+        #[arg(long)]
+        expires_in: Option<i64>,
+    },
+    /// Every image.
+    List,
+    /// One image: sizes, objects shared with other images, filter, triggers.
+    Show { name: String },
+    /// Delete an image (its name is retired).
+    Delete { name: String },
+    /// Delete the objects no image uses.
+    Gc,
+    /// Re-read every object of an image and report damaged or missing ones.
+    Check { name: String },
+}
+
+#[derive(Subcommand)]
+enum MdbCmd {
+    /// Every machine with where it came from (file, API, inspector).
+    List,
+    /// Add or replace a machine.
+    Set {
+        hostname: String,
+        #[arg(long)]
+        ip: Option<String>,
+        #[arg(long)]
+        required_image: Option<String>,
+        #[arg(long)]
+        planned_image: Option<String>,
+        #[arg(long)]
+        disable_updates: bool,
+    },
+    /// Remove a machine.
+    Delete { hostname: String },
 }
 
 /// Where a running appliance's API is.
@@ -113,6 +177,16 @@ enum NodeCmd {
 enum ConfigCmd {
     /// Validate a configuration file and explain every problem found.
     Check { file: PathBuf },
+}
+
+fn report(res: anyhow::Result<()>) -> ExitCode {
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("paddock: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -199,6 +273,57 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Cmd::Image { api, cmd } => {
+            let api = api.url;
+            let res = match cmd {
+                ImageCmd::Add {
+                    name,
+                    tarball,
+                    filter,
+                    triggers,
+                    expires_in,
+                } => paddock::cli::image_add(
+                    &api,
+                    &paddock::cli::ImageAdd {
+                        name: &name,
+                        tarball: &tarball,
+                        filter: filter.as_deref(),
+                        triggers: triggers.as_deref(),
+                        expires_in_secs: expires_in,
+                    },
+                ),
+                ImageCmd::List => paddock::cli::image_list(&api),
+                ImageCmd::Show { name } => paddock::cli::image_show(&api, &name),
+                ImageCmd::Delete { name } => paddock::cli::image_delete(&api, &name),
+                ImageCmd::Gc => paddock::cli::image_gc(&api),
+                ImageCmd::Check { name } => paddock::cli::image_check(&api, &name),
+            };
+            report(res)
+        }
+        Cmd::Mdb { api, cmd } => {
+            let api = api.url;
+            let res = match cmd {
+                MdbCmd::List => paddock::cli::mdb_list(&api),
+                MdbCmd::Set {
+                    hostname,
+                    ip,
+                    required_image,
+                    planned_image,
+                    disable_updates,
+                } => paddock::cli::mdb_set(
+                    &api,
+                    &serde_json::json!({
+                        "Hostname": hostname,
+                        "IpAddress": ip.unwrap_or_default(),
+                        "RequiredImage": required_image.unwrap_or_default(),
+                        "PlannedImage": planned_image.unwrap_or_default(),
+                        "DisableUpdates": disable_updates,
+                    }),
+                ),
+                MdbCmd::Delete { hostname } => paddock::cli::mdb_delete(&api, &hostname),
+            };
+            report(res)
+        }
         Cmd::Node { api, cmd } => {
             let api = api.url;
             let res = match cmd {

@@ -8,7 +8,7 @@ use dhcproto::v4::MessageType;
 use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{Leases, MacAddr, Server, ServerConfig};
 use paddock_firewall::Nft;
-use paddock_inspector::service::{Inspector, Subject, now_secs};
+use paddock_inspector::service::{Inspector, Subject, now_ms, now_secs};
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -71,6 +71,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
+    let objects = Arc::new(
+        paddock_dominator::objects::ObjectStore::open(&cfg.images.dir)
+            .with_context(|| format!("opening the object store at {}", cfg.images.dir.display()))?,
+    );
+    let images = paddock_dominator::images::ImageServer::new(store.clone(), objects);
+    let mdb = paddock_dominator::mdb::MdbService::new(store.clone(), cfg.images.mdb_file.clone());
+    let mut observers: Vec<Arc<dyn paddock_inspector::service::NodeObserver>> = Vec::new();
     let filter = match &cfg.firewall {
         Some(fw) => {
             let f = PxeFilter::start(
@@ -81,7 +88,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             )
             .await
             .context("starting the PXE filter (nftables)")?;
-            inspector.observe(f.clone());
+            observers.push(f.clone());
             let (r, period) = (f.clone(), fw.reconcile);
             tasks.spawn(async move {
                 let mut tick = tokio::time::interval(period);
@@ -97,6 +104,33 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
+
+    if cfg.images.record_enrolled {
+        observers.push(crate::images::MdbRecorder::new(
+            inspector.clone(),
+            mdb.clone(),
+        ));
+    }
+    inspector.observe(Arc::new(crate::images::Observers(observers)));
+    if cfg.images.mdb_file.is_some() {
+        let (m, period) = (mdb.clone(), cfg.images.mdb_poll);
+        tasks.spawn(async move {
+            m.watch(period, now_ms).await;
+            Ok(())
+        });
+    }
+    {
+        let (im, period) = (images.clone(), cfg.images.expire_check);
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                if let Err(e) = im.expire(now_ms()).await {
+                    tracing::error!(error = %e, "images: expiry check failed");
+                }
+            }
+        });
+    }
 
     let dhcp = match &cfg.dhcp {
         Some(d) => {
@@ -166,6 +200,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         inspector,
         dhcp,
         filter: filter.clone(),
+        dominator: paddock_dominator::api::DominatorState { images, mdb },
     };
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await

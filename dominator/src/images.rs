@@ -353,6 +353,7 @@ impl ImageServer {
 
     /// The record plus which objects are this image's alone and which are shared.
     pub async fn show(&self, name: &str) -> Result<ImageDetail> {
+        check_name(name)?;
         let rec = self
             .record(name)
             .await?
