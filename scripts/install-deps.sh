@@ -13,6 +13,7 @@ packages=(
   ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware
   socat            # the lab's console forwarder
   nftables         # the PXE filter
+  debootstrap      # the Debian minbase test images (scripts/test-images.sh)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)

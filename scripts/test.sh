@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine, as root:
-#   installs the client tools and QEMU the tests use, builds the discovery ramdisk, checks
+#   installs the client tools and QEMU the tests use, builds the discovery ramdisk and the
+#   Debian minbase test images (debootstrap, from the mirror apt uses), checks
 #   formatting and lints, then runs every unit, integration and VM test (they build and
 #   remove their own network namespaces, with 198.18.0.0/15 addresses only).
 set -euo pipefail
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 scripts/build-ramdisk.sh   # the VM scenarios boot it
+scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked --all-targets --exclude paddock-vm-tests

@@ -95,21 +95,76 @@ pub fn ingest(
         },
     );
     let head = buffered.fill_buf()?;
-    let decoded: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
+    let decoded: Box<dyn Read + '_> = if head.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         Box::new(zstd::stream::read::Decoder::with_buffer(buffered)?)
     } else {
         Box::new(buffered)
     };
-    let mut archive = tar::Archive::new(decoded);
+    let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<Job>(64);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
+    let job_rx = std::sync::Mutex::new(job_rx);
     let mut ing = Ingest {
         fs: FileSystem::with_root(0o755, 0, 0),
         stats: IngestStats::default(),
         seen: std::collections::BTreeSet::new(),
         store,
         filter,
+        jobs: Some(job_tx),
     };
+    let res = std::thread::scope(|sc| {
+        for _ in 0..2 {
+            let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+            sc.spawn(move || worker(store, job_rx, done_tx));
+        }
+        drop(done_tx);
+        let res = read_members(decoded, &mut ing, &consumed, progress);
+        ing.jobs = None; // the workers finish what is queued, then stop
+        res
+    });
+    let mut first_error = res.err();
+    for d in done_rx {
+        match d {
+            Ok((ino, id, new, size)) => {
+                if let Some(Inode::Regular { object, .. }) = ing.fs.inodes.get_mut(&ino) {
+                    *object = Some(id);
+                }
+                if new {
+                    ing.stats.new_objects += 1;
+                    ing.stats.new_bytes += size;
+                } else {
+                    ing.stats.dedup_bytes += size;
+                }
+            }
+            Err(e) => {
+                if first_error.is_none() {
+                    first_error = Some(IngestError::Object(e));
+                }
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    ing.fs.validate().map_err(|e| IngestError::Member {
+        index: ing.stats.members,
+        path: String::new(),
+        why: format!("the tree is inconsistent: {e}"),
+    })?;
+    ing.stats.objects = ing.fs.objects().len() as u64;
+    ing.stats.input_bytes = consumed.load(std::sync::atomic::Ordering::Relaxed);
+    progress(&ing.stats);
+    Ok((ing.fs, ing.stats))
+}
+
+fn read_members(
+    decoded: Box<dyn Read + '_>,
+    ing: &mut Ingest,
+    consumed: &std::sync::atomic::AtomicU64,
+    progress: &mut dyn FnMut(&IngestStats),
+) -> Result<(), IngestError> {
+    let mut archive = tar::Archive::new(decoded);
     let mut pending = Extensions::default();
     let mut index = 0u64;
     let mut saw_member = false;
@@ -236,15 +291,7 @@ pub fn ingest(
             why: "the archive has no members (empty, or not a tar archive)".into(),
         });
     }
-    ing.fs.validate().map_err(|e| IngestError::Member {
-        index,
-        path: String::new(),
-        why: format!("the tree is inconsistent: {e}"),
-    })?;
-    ing.stats.objects = ing.fs.objects().len() as u64;
-    ing.stats.input_bytes = consumed.load(std::sync::atomic::Ordering::Relaxed);
-    progress(&ing.stats);
-    Ok((ing.fs, ing.stats))
+    Ok(())
 }
 
 #[derive(Default)]
@@ -355,6 +402,39 @@ struct Ingest<'s> {
     seen: std::collections::BTreeSet<ObjectId>,
     store: &'s ObjectStore,
     filter: Option<&'s Filter>,
+    /// Regular files' bytes go to the hashing workers; their ids are filled in at the end.
+    jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+}
+
+/// One regular file's bytes, for the inode `ino` of the tree being built.
+struct Job {
+    ino: u64,
+    buf: Vec<u8>,
+}
+
+/// What a worker did with a job: `(ino, object, created, size)`.
+type Done = Result<(u64, ObjectId, bool, u64), ObjectError>;
+
+/// Hashes and stores jobs until the channel closes (two of these run while the archive is
+/// read: SHA-512 is the bulk of the work, and a machine has more than one core).
+fn worker(
+    store: &ObjectStore,
+    jobs: &std::sync::Mutex<std::sync::mpsc::Receiver<Job>>,
+    done: std::sync::mpsc::Sender<Done>,
+) {
+    loop {
+        let job = match jobs.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let id = ObjectId(Sha512::digest(&job.buf).into());
+        let res = store
+            .put(id, &job.buf)
+            .map(|new| (job.ino, id, new, job.buf.len() as u64));
+        if done.send(res).is_err() {
+            return;
+        }
+    }
 }
 
 impl Ingest<'_> {
@@ -404,12 +484,22 @@ impl Ingest<'_> {
                 self.stats.directories += 1;
             }
             T::Regular | T::Continuous => {
-                let object = if size == 0 {
-                    None
+                let (object, pending) = if size == 0 {
+                    (None, None)
+                } else if size <= IN_MEMORY && self.jobs.is_some() {
+                    let mut buf = Vec::with_capacity(size as usize);
+                    entry
+                        .take(size)
+                        .read_to_end(&mut buf)
+                        .map_err(MemberError::Io)?;
+                    if buf.len() as u64 != size {
+                        return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
+                    }
+                    (None, Some(buf))
                 } else {
-                    Some(self.store_content(entry, size)?)
+                    (Some(self.store_content(entry, size)?), None)
                 };
-                self.fs.insert(
+                let ino = self.fs.insert(
                     &path,
                     Inode::Regular {
                         mode: m.mode,
@@ -420,6 +510,10 @@ impl Ingest<'_> {
                         object,
                     },
                 )?;
+                if let (Some(buf), Some(jobs)) = (pending, &self.jobs) {
+                    jobs.send(Job { ino, buf })
+                        .map_err(|_| MemberError::Why("the hashing workers stopped".into()))?;
+                }
                 self.stats.files += 1;
                 self.stats.bytes += size;
             }
