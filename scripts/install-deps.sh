@@ -14,6 +14,8 @@ packages=(
   socat            # the lab's console forwarder
   nftables         # the PXE filter
   debootstrap      # the Debian minbase test images (scripts/test-images.sh)
+  protobuf-compiler  # protoc: etcd-client's build script
+  etcd-server etcd-client  # the etcd backend's conformance tests and the HA scenarios
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)

@@ -7,11 +7,14 @@
 //! a write returns only after it is on disk. Writes from all callers are group-committed by a
 //! single writer thread, so many small durable writes (DHCP leases) share one fsync.
 
+pub mod election;
+mod etcd;
 mod sqlite;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+pub use etcd::EtcdStore;
 pub use sqlite::SqliteStore;
 
 /// A store revision: increases by one for every transaction that changed something.
@@ -109,6 +112,12 @@ pub struct Watch {
 }
 
 impl Watch {
+    pub(crate) fn from_receiver(
+        rx: tokio::sync::mpsc::Receiver<Result<Event, StoreError>>,
+    ) -> Self {
+        Watch { rx }
+    }
+
     /// The next event, or `None` when the store has shut down.
     pub async fn next(&mut self) -> Option<Result<Event, StoreError>> {
         self.rx.recv().await
@@ -139,6 +148,8 @@ pub enum StoreError {
     },
     #[error("watcher fell behind by {0} events; re-read the prefix and watch again")]
     WatchLagged(u64),
+    #[error("etcd: {0}")]
+    Etcd(String),
 }
 
 /// The state every Paddock process shares. See the crate documentation.

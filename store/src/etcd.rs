@@ -1,0 +1,256 @@
+//! The etcd v3 backend, for an appliance of several hosts: every call is one etcd request,
+//! so revisions, transactions, watches and leases have etcd's own semantics (which the
+//! [`crate::Store`] contract was modelled on). The conformance suite in `tests/` runs the
+//! same checks against this backend and the SQLite one.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare as ECompare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    PutOptions, Txn as ETxn, TxnOp, WatchOptions,
+};
+use tokio::sync::mpsc;
+
+use crate::{
+    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn,
+    TxnResponse, Watch,
+};
+
+/// A store on an etcd cluster. Cloning shares the connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+}
+
+fn err(e: etcd_client::Error) -> StoreError {
+    StoreError::Etcd(e.to_string())
+}
+
+fn convert(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: (kv.lease() != 0).then_some(kv.lease()),
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster (any of `endpoints`, e.g. `http://198.18.0.1:2379`). Requests
+    /// time out after `timeout`, so a partitioned member fails calls instead of hanging.
+    pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout);
+        let client = Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(|e| StoreError::Etcd(format!("connecting to etcd at {endpoints:?}: {e}")))?;
+        Ok(EtcdStore { client })
+    }
+}
+
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    // The first key after every key that starts with `prefix` (etcd's range_end).
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn ops(list: &[Op]) -> Vec<TxnOp> {
+    list.iter()
+        .map(|op| match op {
+            Op::Put { key, value, lease } => TxnOp::put(
+                key.as_bytes(),
+                value.clone(),
+                lease.map(|l| PutOptions::new().with_lease(l)),
+            ),
+            Op::Delete { key } => TxnOp::delete(key.as_bytes(), None),
+            Op::DeletePrefix { prefix } => TxnOp::delete(
+                prefix.as_bytes(),
+                Some(DeleteOptions::new().with_range(prefix_end(prefix))),
+            ),
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let r = self.client.clone().get(key, None).await.map_err(err)?;
+        Ok(r.kvs().first().map(convert))
+    }
+
+    async fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        let r = self
+            .client
+            .clone()
+            .get(
+                prefix,
+                Some(GetOptions::new().with_range(prefix_end(prefix))),
+            )
+            .await
+            .map_err(err)?;
+        Ok(r.kvs().iter().map(convert).collect())
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let compares: Vec<ECompare> = txn
+            .compare
+            .iter()
+            .map(|c| match c {
+                Compare::ModRevision { key, revision } => {
+                    ECompare::mod_revision(key.as_bytes(), CompareOp::Equal, *revision)
+                }
+                Compare::Value { key, value } => {
+                    ECompare::value(key.as_bytes(), CompareOp::Equal, value.clone())
+                }
+            })
+            .collect();
+        let t = ETxn::new()
+            .when(compares)
+            .and_then(ops(&txn.success))
+            .or_else(ops(&txn.failure));
+        let r = self.client.clone().txn(t).await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("requested lease not found") {
+                // Which lease is not in the answer; say what we can.
+                StoreError::Etcd(format!("a lease in the transaction does not exist: {text}"))
+            } else {
+                err(e)
+            }
+        })?;
+        Ok(TxnResponse {
+            succeeded: r.succeeded(),
+            revision: r.header().map_or(0, |h| h.revision()),
+        })
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<Watch, StoreError> {
+        let mut opts = WatchOptions::new().with_range(prefix_end(prefix));
+        if from > 0 {
+            opts = opts.with_start_revision(from);
+        }
+        let mut stream = self
+            .client
+            .clone()
+            .watch(prefix, Some(opts))
+            .await
+            .map_err(err)?;
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            loop {
+                let msg = match stream.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(err(e))).await;
+                        return;
+                    }
+                };
+                if msg.compact_revision() > 0 {
+                    let _ = tx
+                        .send(Err(StoreError::Compacted {
+                            requested: from,
+                            oldest: msg.compact_revision(),
+                        }))
+                        .await;
+                    return;
+                }
+                if msg.canceled() {
+                    let _ = tx
+                        .send(Err(StoreError::Etcd(format!(
+                            "etcd cancelled the watch: {}",
+                            msg.cancel_reason()
+                        ))))
+                        .await;
+                    return;
+                }
+                for e in msg.events() {
+                    let Some(kv) = e.kv() else { continue };
+                    let kind = match e.event_type() {
+                        EventType::Put => EventKind::Put,
+                        EventType::Delete => EventKind::Delete,
+                    };
+                    let mut kv = convert(kv);
+                    if kind == EventKind::Delete {
+                        kv.value.clear();
+                    }
+                    if tx.send(Ok(Event { kind, kv })).await.is_err() {
+                        return; // the watcher was dropped; dropping the stream cancels it
+                    }
+                }
+            }
+        });
+        Ok(Watch::from_receiver(rx))
+    }
+
+    async fn revision(&self) -> Result<Revision, StoreError> {
+        // A get of a key that never exists answers with the current revision.
+        let r = self
+            .client
+            .clone()
+            .get("\0paddock-revision", None)
+            .await
+            .map_err(err)?;
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        let secs = ttl.as_secs().max(1) as i64;
+        let r = self
+            .client
+            .clone()
+            .lease_grant(secs, None)
+            .await
+            .map_err(err)?;
+        Ok(r.id())
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
+        let lease_err = |e: etcd_client::Error| {
+            if e.to_string().contains("not found") {
+                StoreError::LeaseNotFound(lease)
+            } else {
+                err(e)
+            }
+        };
+        let (mut keeper, mut stream) = self
+            .client
+            .clone()
+            .lease_keep_alive(lease)
+            .await
+            .map_err(lease_err)?;
+        keeper.keep_alive().await.map_err(lease_err)?;
+        match stream.message().await.map_err(lease_err)? {
+            Some(r) if r.ttl() > 0 => Ok(()),
+            _ => Err(StoreError::LeaseNotFound(lease)),
+        }
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        match self.client.clone().lease_revoke(lease).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("not found") => Err(StoreError::LeaseNotFound(lease)),
+            Err(e) => Err(err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(super::prefix_end("nodes/"), b"nodes0".to_vec());
+        assert_eq!(super::prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert_eq!(super::prefix_end(""), vec![0]);
+    }
+}
