@@ -17,6 +17,7 @@ pub mod tree;
 pub mod triggers;
 
 pub use filter::Filter;
+pub use plan::{UpdateRequest, plan};
 pub use image::{Image, Machine, Mdb};
 pub use object::ObjectId;
 pub use tree::{FileSystem, Inode, Mtime, SpecialKind};
