@@ -35,6 +35,11 @@ pub fn script(
                     // IPA callback argument lets an unmodified Ironic Python Agent ramdisk
                     // report to us too.
                     let bootif = format!("01-{}", mac.to_string().replace(':', "-"));
+                    let agent_url = if discovery.agent_urls.is_empty() {
+                        public_url.to_string()
+                    } else {
+                        discovery.agent_urls.join(",")
+                    };
                     let extra = if discovery.cmdline.is_empty() {
                         String::new()
                     } else {
@@ -43,7 +48,7 @@ pub fn script(
                     format!(
                         "#!ipxe\n\
                          echo Paddock: {mac} is {why}: booting the discovery ramdisk\n\
-                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={public_url} paddock.log=info ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
+                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
                          initrd --name initrd {initrd} || goto retry\n\
                          boot || goto retry\n\
                          :retry\n\
@@ -80,7 +85,22 @@ mod tests {
             kernel: Some("http://p/k".into()),
             initrd: Some("http://p/i".into()),
             cmdline: "console=ttyS0".into(),
+            agent_urls: Vec::new(),
         }
+    }
+
+    #[test]
+    fn several_hosts_are_all_given_to_the_agent() {
+        let d = Discovery {
+            agent_urls: vec!["http://a".into(), "http://b".into()],
+            ..discovery()
+        };
+        let s = script(MAC, None, &d, "http://a");
+        assert!(s.contains(" paddock.url=http://a,http://b "), "{s}");
+        assert!(
+            s.contains("ipa-inspection-callback-url=http://a/v1/continue"),
+            "{s}"
+        );
     }
 
     #[test]

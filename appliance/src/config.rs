@@ -26,6 +26,22 @@ pub struct FileConfig {
     pub inspector: InspectorFile,
     pub firewall: FirewallFile,
     pub images: ImagesFile,
+    pub cluster: ClusterFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterFile {
+    /// "sqlite" (one host, the default) or "etcd" (several hosts sharing an etcd cluster).
+    pub store: Option<String>,
+    /// The etcd members' client URLs, e.g. "http://198.18.0.11:2379".
+    pub etcd_endpoints: Vec<String>,
+    /// This host's name in the election and the console (default: the system's hostname).
+    pub host: Option<String>,
+    /// Seconds of the leader's lease (default 3): a dead leader is replaced after about this.
+    pub lease_ttl_secs: Option<u64>,
+    /// Every host's public URL; the discovery ramdisk is given all of them and fails over.
+    pub peers: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -214,6 +230,15 @@ pub struct Config {
     pub clean_up_period: Duration,
     pub firewall: Option<FirewallConfig>,
     pub images: ImagesConfig,
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// Several hosts on one etcd cluster (`None`: one host on the embedded store).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub etcd_endpoints: Vec<String>,
+    pub host: String,
+    pub lease_ttl: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -255,6 +280,9 @@ pub struct Discovery {
     pub kernel: Option<String>,
     pub initrd: Option<String>,
     pub cmdline: String,
+    /// `paddock.url` for the agent when there are several hosts (this one first); empty:
+    /// the public URL alone.
+    pub agent_urls: Vec<String>,
 }
 
 /// All problems found in a configuration, each with the setting it concerns.
@@ -438,6 +466,66 @@ impl FileConfig {
                 p.push(format!("{k}: must be at least 1"));
             }
         }
+        let cl = &self.cluster;
+        let cluster = match cl.store.as_deref().unwrap_or("sqlite") {
+            "sqlite" => {
+                if !cl.etcd_endpoints.is_empty() {
+                    p.push(
+                        "cluster.etcd_endpoints: set cluster.store = \"etcd\" to use them".into(),
+                    );
+                }
+                None
+            }
+            "etcd" => {
+                if cl.etcd_endpoints.is_empty() {
+                    p.push("cluster.etcd_endpoints: list the etcd members' client URLs".into());
+                }
+                for e in &cl.etcd_endpoints {
+                    if !e.starts_with("http://") && !e.starts_with("https://") {
+                        p.push(format!(
+                            "cluster.etcd_endpoints: {e:?} must start with http:// or https://"
+                        ));
+                    }
+                }
+                let ttl = cl.lease_ttl_secs.unwrap_or(3);
+                if !(2..=60).contains(&ttl) {
+                    p.push(format!("cluster.lease_ttl_secs: {ttl} is outside 2..=60"));
+                }
+                let host = cl.host.clone().unwrap_or_else(|| {
+                    std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .map(|h| h.trim().to_string())
+                        .unwrap_or_else(|_| "paddock".into())
+                });
+                Some(ClusterConfig {
+                    etcd_endpoints: cl.etcd_endpoints.clone(),
+                    host,
+                    lease_ttl: Duration::from_secs(ttl.clamp(2, 60)),
+                })
+            }
+            other => {
+                p.push(format!(
+                    "cluster.store: {other:?} is neither \"sqlite\" nor \"etcd\""
+                ));
+                None
+            }
+        };
+        for peer in &cl.peers {
+            if !peer.starts_with("http://") && !peer.starts_with("https://") {
+                p.push(format!(
+                    "cluster.peers: {peer:?} must start with http:// or https://"
+                ));
+            }
+        }
+        let mut agent_urls = Vec::new();
+        if !cl.peers.is_empty() {
+            agent_urls.push(public_url.clone());
+            for peer in &cl.peers {
+                let peer = peer.trim_end_matches('/').to_string();
+                if !agent_urls.contains(&peer) {
+                    agent_urls.push(peer);
+                }
+            }
+        }
         if !p.is_empty() {
             return Err(ConfigError { problems: p });
         }
@@ -464,11 +552,13 @@ impl FileConfig {
                 kernel: self.boot.discovery.kernel,
                 initrd: self.boot.discovery.initrd,
                 cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
+                agent_urls,
             },
             inspector,
             clean_up_period: Duration::from_secs(clean_up.max(1)),
             firewall,
             images,
+            cluster,
         })
     }
 }

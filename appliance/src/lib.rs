@@ -7,5 +7,6 @@ pub mod config;
 pub mod console;
 pub mod http;
 pub mod images;
+pub mod leader;
 pub mod pxe_filter;
 pub mod serve;

@@ -19,6 +19,10 @@ struct Status {
 }
 
 pub struct PxeFilter {
+    /// Several hosts: the right to serve is the timed element in the kernel's `leader` set,
+    /// kept alive until the tenure deadline; the static pass rule is never used.
+    timed: Option<Arc<crate::leader::TenureClock>>,
+    leading: AtomicBool,
     nft: Nft,
     iface: String,
     discovery: bool,
@@ -36,21 +40,29 @@ impl PxeFilter {
         iface: String,
         discovery: bool,
         inspector: Arc<Inspector>,
+        pass: bool,
+        timed: Option<Arc<crate::leader::TenureClock>>,
     ) -> anyhow::Result<Arc<Self>> {
         let closed = render_closed(&iface);
         let n = nft.clone();
         tokio::task::spawn_blocking(move || n.apply(&closed)).await??;
         let f = Arc::new(PxeFilter {
+            leading: AtomicBool::new(pass),
+            pass: AtomicBool::new(pass && timed.is_none()),
+            timed,
             nft,
             iface,
             discovery,
-            pass: AtomicBool::new(true),
             inspector,
             applied: RwLock::new(Some(Filter::default())),
             status: Mutex::new(Status::default()),
             one_at_a_time: tokio::sync::Mutex::new(()),
         });
-        f.reconcile().await?;
+        // The store may be out of reach for a moment (an etcd cluster electing): the table
+        // stays closed and the reconcile loop catches up.
+        if let Err(e) = f.reconcile().await {
+            tracing::warn!(error = %e, "pxe filter: first sync failed; the table stays closed until the next");
+        }
         Ok(f)
     }
 
@@ -167,6 +179,10 @@ impl PxeFilter {
 
     async fn close_now(&self) {
         self.pass.store(false, Ordering::SeqCst);
+        if self.timed.is_some() {
+            self.leading.store(false, Ordering::SeqCst);
+            self.drop_leader_element().await;
+        }
         let nft = self.nft.clone();
         let batch = render_changes(&[Change::Pass(false)]);
         match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
@@ -182,6 +198,98 @@ impl PxeFilter {
             }
             Ok(Err(e)) => tracing::error!(error = %e, "pxe filter: cannot remove the pass rule"),
             Err(e) => tracing::error!(error = %e, "pxe filter: cannot remove the pass rule"),
+        }
+    }
+
+    /// Gives or takes the right to serve PXE (leadership). Taking it away removes the pass
+    /// rule at once, whatever else is queued.
+    pub async fn set_pass(&self, pass: bool) {
+        self.leading.store(pass, Ordering::SeqCst);
+        if self.timed.is_some() {
+            if !pass {
+                self.drop_leader_element().await;
+                let _one = self.one_at_a_time.lock().await;
+                self.drop_leader_element().await;
+                tracing::info!("pxe filter: leader element removed (not the leader)");
+            } else {
+                self.refresh_leader_element().await;
+                tracing::info!("pxe filter: leader element in place (this host serves PXE)");
+            }
+            return;
+        }
+        if !pass {
+            self.pass.store(false, Ordering::SeqCst);
+            self.close_now().await;
+            // A sync that was in flight may have computed its target with the pass rule;
+            // once it is done, close again.
+            let _one = self.one_at_a_time.lock().await;
+            self.close_now().await;
+            tracing::info!("pxe filter: pass rule removed (not the leader)");
+            return;
+        }
+        let _one = self.one_at_a_time.lock().await;
+        self.pass.store(true, Ordering::SeqCst);
+        let nft = self.nft.clone();
+        let batch = render_changes(&[Change::Pass(true)]);
+        match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
+            Ok(Ok(())) => {
+                if let Some(f) = self
+                    .applied
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                {
+                    f.pass = true;
+                }
+                tracing::info!("pxe filter: pass rule in place (this host serves PXE)");
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "pxe filter: cannot add the pass rule"),
+            Err(e) => tracing::error!(error = %e, "pxe filter: cannot add the pass rule"),
+        }
+    }
+
+    async fn drop_leader_element(&self) {
+        let (nft, iface) = (self.nft.clone(), self.iface.clone());
+        match tokio::task::spawn_blocking(move || nft.refresh_leader(&iface, None)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "pxe filter: cannot remove the leader element")
+            }
+            Err(e) => tracing::error!(error = %e, "pxe filter: cannot remove the leader element"),
+        }
+    }
+
+    /// Gives the kernel's leader element the rest of this host's tenure to live.
+    async fn refresh_leader_element(&self) {
+        let Some(deadline) = self.timed.as_ref().and_then(|c| c.deadline()) else {
+            return;
+        };
+        if !self.leading.load(Ordering::SeqCst) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let (nft, iface) = (self.nft.clone(), self.iface.clone());
+        match tokio::task::spawn_blocking(move || nft.refresh_leader(&iface, Some(left))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "pxe filter: cannot refresh the leader element")
+            }
+            Err(e) => tracing::error!(error = %e, "pxe filter: cannot refresh the leader element"),
+        }
+    }
+
+    /// Several hosts: refreshes the leader element every 200 ms while this host leads. If
+    /// this process dies, the element expires by itself at the tenure deadline.
+    pub async fn keep_leader_element(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            tick.tick().await;
+            if self.leading.load(Ordering::SeqCst) {
+                self.refresh_leader_element().await;
+            }
         }
     }
 
@@ -203,7 +311,8 @@ impl PxeFilter {
         json!({
             "interface": self.iface,
             "discovery": applied.discovery,
-            "pass": applied.pass,
+            "pass": if self.timed.is_some() { self.leading.load(Ordering::SeqCst) } else { applied.pass },
+            "pass_kind": if self.timed.is_some() { "leader element (timed, several hosts)" } else { "static rule (one host)" },
             "allow": applied.allow.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
             "deny": applied.deny.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
             "last_sync_ms": st.last_sync_ms,
@@ -215,11 +324,13 @@ impl PxeFilter {
 
     /// The DHCP-level decision by `chaddr` (relayed requests arrive from the relay's MAC).
     pub fn admits(&self, mac: MacAddr) -> bool {
+        let timed = self.timed.is_some();
+        let leading = self.leading.load(Ordering::SeqCst);
         self.applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .is_some_and(|f| f.admits(mac))
+            .is_some_and(|f| f.admits_if(mac, if timed { leading } else { f.pass }))
     }
 }
 
@@ -239,11 +350,16 @@ impl NodeObserver for PxeFilter {
 pub struct Admit {
     pub deny: std::collections::BTreeSet<MacAddr>,
     pub filter: Option<Arc<PxeFilter>>,
+    /// Several hosts: only the leader answers.
+    pub leader: Option<crate::leader::LeaderRx>,
 }
 
 impl ClientPolicy for Admit {
     fn admit(&self, mac: MacAddr) -> Admission {
-        let ok = !self.deny.contains(&mac) && self.filter.as_ref().is_none_or(|f| f.admits(mac));
+        let leads = self.leader.as_ref().is_none_or(|l| l.borrow().is_some());
+        let ok = leads
+            && !self.deny.contains(&mac)
+            && self.filter.as_ref().is_none_or(|f| f.admits(mac));
         if ok {
             Admission::Serve
         } else {

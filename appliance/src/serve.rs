@@ -66,10 +66,37 @@ fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Ad
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-    let store: Arc<dyn Store> =
-        Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?);
+    let store: Arc<dyn Store> = match &cfg.cluster {
+        None => {
+            Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?)
+        }
+        Some(c) => Arc::new(
+            paddock_store::EtcdStore::connect(&c.etcd_endpoints, std::time::Duration::from_secs(5))
+                .await
+                .context("connecting to the etcd cluster")?,
+        ),
+    };
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
+    // Leadership: one host alone always leads; several elect one through the store.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (leader_tx, leader_rx) = match &cfg.cluster {
+        None => crate::leader::always(),
+        Some(_) => tokio::sync::watch::channel(None),
+    };
+    let clock = cfg
+        .cluster
+        .as_ref()
+        .map(|c| crate::leader::TenureClock::new(c.lease_ttl, c.lease_ttl / 3));
+    let elector = cfg.cluster.as_ref().zip(clock.clone()).map(|(c, clock)| {
+        let e = crate::leader::Elector {
+            store: store.clone(),
+            host: c.host.clone(),
+            clock,
+        };
+        tracing::info!(host = %c.host, endpoints = ?c.etcd_endpoints, "cluster: campaigning for leadership");
+        tokio::spawn(e.run(leader_tx, stop_rx))
+    });
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
     let objects = Arc::new(
         paddock_dominator::objects::ObjectStore::open(&cfg.images.dir)
@@ -85,10 +112,38 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 fw.interface.clone(),
                 fw.discovery,
                 inspector.clone(),
+                leader_rx.borrow().is_some(),
+                clock.clone(),
             )
             .await
             .context("starting the PXE filter (nftables)")?;
+            if clock.is_some() {
+                let kf = f.clone();
+                tasks.spawn(async move {
+                    kf.keep_leader_element().await;
+                    Ok(())
+                });
+            }
             observers.push(f.clone());
+            // The pass rule follows leadership.
+            let (lf, mut lrx) = (f.clone(), leader_rx.clone());
+            tasks.spawn(async move {
+                while lrx.changed().await.is_ok() {
+                    let leads = lrx.borrow_and_update().is_some();
+                    lf.set_pass(leads).await;
+                }
+                // One host: leadership never changes (the sender is gone).
+                std::future::pending::<()>().await;
+                Ok(())
+            });
+            // Changes made through other hosts arrive through the store.
+            if cfg.cluster.is_some() {
+                let (wf, st) = (f.clone(), store.clone());
+                tasks.spawn(async move {
+                    follow_nodes(st, wf).await;
+                    Ok(())
+                });
+            }
             let (r, period) = (f.clone(), fw.reconcile);
             tasks.spawn(async move {
                 let mut tick = tokio::time::interval(period);
@@ -121,10 +176,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     {
         let (im, period) = (images.clone(), cfg.images.expire_check);
+        let lrx_images = leader_rx.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
+                if !leads(&lrx_images) {
+                    continue;
+                }
                 if let Err(e) = im.expire(now_ms()).await {
                     tracing::error!(error = %e, "images: expiry check failed");
                 }
@@ -157,6 +216,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             let policy = Arc::new(Admit {
                 deny: d.deny_macs.clone(),
                 filter: filter.clone(),
+                leader: cfg.cluster.as_ref().map(|_| leader_rx.clone()),
             });
             let observer = Arc::new(TimelineObserver(inspector.clone()));
             let service = DhcpService::new(server, store.clone(), policy, Some(observer)).await?;
@@ -181,13 +241,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     {
         // Introspection timeouts (Inspector's periodic clean-up).
+        // Leader-only work: each write carries the leader's fence.
         let inspector = inspector.clone();
         let period = cfg.clean_up_period;
+        let lrx = leader_rx.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
-                match inspector.expire(now_secs()).await {
+                let Some(leader) = lrx.borrow().clone() else {
+                    continue;
+                };
+                let fence = (!leader.key.is_empty()).then(|| leader.fence());
+                match inspector.expire_fenced(now_secs(), fence.as_ref()).await {
                     Ok(0) => {}
                     Ok(n) => tracing::warn!(count = n, "inspector: introspections timed out"),
                     Err(e) => tracing::error!(error = %e, "inspector: timeout check failed"),
@@ -222,9 +288,57 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             }
         }
     }
-    tasks.abort_all();
+    // Fail closed first: no pass rule once this host stops serving; then leave the
+    // election so another host takes over at once; then stop everything else.
     if let Some(f) = &filter {
-        f.close().await; // fail closed: no pass rule once this host stops serving
+        f.close().await;
     }
+    let _ = stop_tx.send(true);
+    if let Some(e) = elector {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), e).await;
+    }
+    tasks.abort_all();
     Ok(())
+}
+
+fn leads(rx: &crate::leader::LeaderRx) -> bool {
+    rx.borrow().is_some()
+}
+
+/// Keeps this host's filter sets in step with node changes made through any host: every
+/// change under `nodes/` triggers an update (bursts are folded into one).
+async fn follow_nodes(store: Arc<dyn Store>, filter: Arc<PxeFilter>) {
+    loop {
+        let mut w = match store.watch("nodes/", 0).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "pxe filter: cannot watch nodes; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        // Changes that happened before the watch started are caught by this update.
+        if let Err(e) = filter.update().await {
+            tracing::warn!(error = %e, "pxe filter: update failed");
+        }
+        loop {
+            match w.next().await {
+                Some(Ok(_)) => {
+                    // Fold a burst: take whatever else is already queued.
+                    while let Ok(Some(Ok(_))) =
+                        tokio::time::timeout(std::time::Duration::from_millis(5), w.next()).await
+                    {
+                    }
+                    if let Err(e) = filter.update().await {
+                        tracing::warn!(error = %e, "pxe filter: update failed");
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "pxe filter: node watch ended; watching again");
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
 }

@@ -104,7 +104,12 @@ fn the_filter_follows_node_state_repairs_drift_and_fails_closed() {
     // SIGTERM: the pass rule goes, the table stays, nothing passes.
     app.stop();
     let pass = link.server.sh_ok("nft list chain inet paddock pass");
-    assert!(!pass.contains("accept"), "{pass}");
+    assert!(
+        !pass.lines().any(|l| l.trim() == "accept"),
+        "no static pass rule: {pass}"
+    );
+    let leader = link.server.sh_ok("nft list set inet paddock leader");
+    assert!(!leader.contains("elements"), "no leader element: {leader}");
     assert!(
         link.server
             .sh_ok("nft list set inet paddock allow")

@@ -8,8 +8,13 @@
 //! chain input      iifname <prov> udp dport {67, 69, 4011} jump whitelist
 //! chain whitelist  ether saddr @allow jump pass ; jump blacklist
 //! chain blacklist  ether saddr @deny drop ; [discovery: jump pass] ; drop
-//! chain pass       [this host may serve PXE: accept]
+//! chain pass       iifname @leader accept ; [this host alone serves PXE: accept]
 //! ```
+//!
+//! With several hosts the leader's right to serve is an element of the `leader` set with a
+//! timeout no later than its election lease could expire; the leader refreshes it
+//! ([`Nft::refresh_leader`]). A leader that is killed stops refreshing, and its interface
+//! closes by itself before another host can be elected.
 //!
 //! An empty `pass` chain returns, and the packet ends in `drop`: without the pass rule the
 //! interface is closed (fail closed). Set membership changes are element adds and deletes,
@@ -19,6 +24,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub mod netlink;
 
@@ -69,7 +75,12 @@ impl Filter {
     /// The decision the DHCP server applies by `chaddr` (for relayed requests, whose
     /// link-layer source is the relay): the same as the ruleset's.
     pub fn admits(&self, mac: MacAddr) -> bool {
-        self.pass && (self.allow.contains(&mac) || (!self.deny.contains(&mac) && self.discovery))
+        self.admits_if(mac, self.pass)
+    }
+
+    /// The same decision with the right to serve given (several hosts: leadership).
+    pub fn admits_if(&self, mac: MacAddr, pass: bool) -> bool {
+        pass && (self.allow.contains(&mac) || (!self.deny.contains(&mac) && self.discovery))
     }
 }
 
@@ -150,12 +161,21 @@ fn blacklist_rules(discovery: bool) -> Vec<Value> {
     v
 }
 
+/// The pass chain: the timed leader rule (several hosts: accepted while this host's
+/// element in the `leader` set lives, so a leader that dies closes by itself), then the
+/// static pass rule of a host that alone serves PXE.
 fn pass_rules(pass: bool) -> Vec<Value> {
+    let mut v = vec![rule(
+        "pass",
+        json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "@leader"}},
+            {"accept": null}
+        ]),
+    )];
     if pass {
-        vec![rule("pass", json!([{"accept": null}]))]
-    } else {
-        Vec::new()
+        v.push(rule("pass", json!([{"accept": null}])));
     }
+    v
 }
 
 fn elements(op: &str, set: SetName, macs: &[MacAddr]) -> Value {
@@ -173,6 +193,7 @@ pub fn render_full(iface: &str, f: &Filter) -> Value {
         json!({"add": {"table": table}}),
         json!({"add": {"set": with(base(), json!({"name": "allow", "type": "ether_addr"}))}}),
         json!({"add": {"set": with(base(), json!({"name": "deny", "type": "ether_addr"}))}}),
+        json!({"add": {"set": with(base(), json!({"name": "leader", "type": "ifname", "flags": ["timeout"]}))}}),
         json!({"add": {"chain": with(base(), json!({"name": "input", "type": "filter", "hook": "input", "prio": -150, "policy": "accept"}))}}),
         chain("whitelist"),
         chain("blacklist"),
@@ -285,6 +306,27 @@ impl Nft {
         }
     }
 
+    /// Several hosts: keeps this host's element in the `leader` set alive for `timeout`
+    /// from now (`None`: removes it; the pass chain then accepts nothing for the leader).
+    pub fn refresh_leader(&self, iface: &str, timeout: Option<Duration>) -> Result<(), NftError> {
+        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        if link.is_none() {
+            let opened = match &self.netns {
+                None => netlink::SetLink::open(),
+                Some(ns) => netlink::SetLink::open_in_netns(ns),
+            };
+            *link = Some(opened.map_err(NftError::Netlink)?);
+        }
+        let res = link
+            .as_mut()
+            .map_or(Ok(()), |l| l.refresh_leader(iface, timeout))
+            .map_err(NftError::Netlink);
+        if res.is_err() {
+            *link = None;
+        }
+        res
+    }
+
     /// Applies changes from [`diff`] atomically: membership-only changes as one netlink
     /// batch (no process, no deletion stall), anything touching rules with nft.
     pub fn apply_changes(&self, changes: &[Change]) -> Result<(), NftError> {
@@ -386,7 +428,7 @@ impl Nft {
             if let Some(rule) = item.get("rule") {
                 let expr = rule["expr"].to_string();
                 match rule["chain"].as_str() {
-                    Some("pass") if expr.contains("accept") => f.pass = true,
+                    Some("pass") if rule["expr"] == json!([{"accept": null}]) => f.pass = true,
                     Some("blacklist") if expr.contains("\"jump\"") => f.discovery = true,
                     _ => {}
                 }
@@ -473,15 +515,28 @@ mod tests {
         }
         let closed = render_closed("br0").to_string();
         assert!(
-            !closed.contains(r#"{"accept":null}"#),
-            "closed: no pass rule"
+            !closed.contains(r#""expr":[{"accept":null}]"#),
+            "closed: no static pass rule"
         );
-        assert!(!closed.contains("\"elem\""));
+        assert!(
+            !closed.contains("\"elem\""),
+            "closed: no element, the leader's included"
+        );
+        // The leader rule accepts only while the leader set holds an element (several hosts).
+        assert!(
+            closed.contains(r#""name":"leader","table":"paddock","type":"ifname""#)
+                || closed.contains(r#""flags":["timeout"]"#),
+            "{closed}"
+        );
+        assert!(
+            closed.contains(r#""right":"@leader"}},{"accept":null}"#),
+            "{closed}"
+        );
         let changes =
             render_changes(&[Change::Add(SetName::Deny, mac(5)), Change::Pass(false)]).to_string();
         assert_eq!(
             changes,
-            r#"{"nftables":[{"add":{"element":{"elem":["52:54:00:00:00:05"],"family":"inet","name":"deny","table":"paddock"}}},{"flush":{"chain":{"family":"inet","name":"pass","table":"paddock"}}}]}"#
+            r#"{"nftables":[{"add":{"element":{"elem":["52:54:00:00:00:05"],"family":"inet","name":"deny","table":"paddock"}}},{"flush":{"chain":{"family":"inet","name":"pass","table":"paddock"}}},{"add":{"rule":{"chain":"pass","expr":[{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"@leader"}},{"accept":null}],"family":"inet","table":"paddock"}}}]}"#
         );
     }
 }

@@ -39,6 +39,9 @@ const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+/// Interface names are matched as 16 bytes (IFNAMSIZ), zero-padded.
+const IFNAMSIZ: usize = 16;
 
 /// One membership change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +155,73 @@ pub fn encode(seq: u32, changes: &[Element]) -> (Vec<u8>, Vec<u32>) {
     (buf, acked)
 }
 
+/// The batch that flushes the `leader` set and, with a timeout, puts `iface` back in it
+/// for that long (milliseconds): one atomic refresh of the leader's right to serve.
+pub fn encode_leader(seq: u32, iface: &str, timeout_ms: Option<u64>) -> (Vec<u8>, Vec<u32>) {
+    let mut buf = Vec::with_capacity(160);
+    let mut acked = Vec::new();
+    let mut n = seq;
+    message(
+        &mut buf,
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        n,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+        |_| {},
+    );
+    n += 1;
+    message(
+        &mut buf,
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELSETELEM,
+        NLM_F_REQUEST | NLM_F_ACK,
+        n,
+        NFPROTO_INET,
+        0,
+        |b| {
+            attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
+            attr(b, NFTA_SET_ELEM_LIST_SET, &cstr("leader"));
+        },
+    );
+    acked.push(n);
+    if let Some(ms) = timeout_ms {
+        let mut key = [0u8; IFNAMSIZ];
+        let name = iface.as_bytes();
+        key[..name.len().min(IFNAMSIZ - 1)].copy_from_slice(&name[..name.len().min(IFNAMSIZ - 1)]);
+        n += 1;
+        message(
+            &mut buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM,
+            NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK,
+            n,
+            NFPROTO_INET,
+            0,
+            |b| {
+                attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
+                attr(b, NFTA_SET_ELEM_LIST_SET, &cstr("leader"));
+                nested(b, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
+                    nested(b, NFTA_LIST_ELEM, |b| {
+                        nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
+                        attr(b, NFTA_SET_ELEM_TIMEOUT, &ms.max(1).to_be_bytes());
+                    });
+                });
+            },
+        );
+        acked.push(n);
+    }
+    n += 1;
+    message(
+        &mut buf,
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        n,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+        |_| {},
+    );
+    (buf, acked)
+}
+
 /// What the kernel said about one message: `(seq, errno)`, errno 0 for an acknowledgement.
 pub fn parse_acks(mut bytes: &[u8]) -> Result<Vec<(u32, i32)>, String> {
     let mut out = Vec::new();
@@ -218,6 +288,70 @@ impl SetLink {
         })
     }
 
+    /// Flushes the `leader` set and (with a timeout) puts `iface` back for that long.
+    pub fn refresh_leader(
+        &mut self,
+        iface: &str,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<()> {
+        let (buf, acked) = encode_leader(self.seq, iface, timeout.map(|t| t.as_millis() as u64));
+        self.seq = self.seq.wrapping_add(acked.len() as u32 + 2);
+        self.exchange(&buf, &acked).map_err(|(seq, errno)| {
+            io::Error::new(
+                io::Error::from_raw_os_error(errno).kind(),
+                format!(
+                    "nf_tables refused refreshing the leader set (message {seq}) in inet {TABLE}: {}",
+                    io::Error::from_raw_os_error(errno)
+                ),
+            )
+        })?
+    }
+
+    /// Sends a batch and waits for the acknowledgement of each message in `acked`.
+    /// `Err((seq, errno))` names the first refused message.
+    fn exchange(&mut self, buf: &[u8], acked: &[u32]) -> Result<io::Result<()>, (u32, i32)> {
+        if let Err(e) = sendto(
+            self.fd.as_raw_fd(),
+            buf,
+            &NetlinkAddr::new(0, 0),
+            MsgFlags::empty(),
+        ) {
+            return Ok(Err(e.into()));
+        }
+        let mut pending: std::collections::BTreeSet<u32> = acked.iter().copied().collect();
+        let mut first_error = None;
+        let mut rx = vec![0u8; 65536];
+        while !pending.is_empty() {
+            let n = match recv(self.fd.as_raw_fd(), &mut rx, MsgFlags::empty()) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EAGAIN) => {
+                    return Ok(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "nf_tables did not answer in 2 s",
+                    )));
+                }
+                Err(e) => return Ok(Err(e.into())),
+            };
+            let acks = match parse_acks(&rx[..n]) {
+                Ok(a) => a,
+                Err(e) => return Ok(Err(io::Error::other(e))),
+            };
+            for (seq, errno) in acks {
+                if errno != 0 && first_error.is_none() {
+                    first_error = Some((seq, errno));
+                }
+                pending.remove(&seq);
+                if !acked.contains(&seq) && errno != 0 {
+                    pending.clear();
+                }
+            }
+        }
+        match first_error {
+            None => Ok(Ok(())),
+            Some(e) => Err(e),
+        }
+    }
+
     /// Applies the changes as one atomic batch. An error names the kernel's reason (a
     /// missing table or set is `No such file or directory`: the caller rebuilds with nft).
     pub fn apply(&mut self, changes: &[Element]) -> io::Result<()> {
@@ -226,34 +360,10 @@ impl SetLink {
         }
         let (buf, acked) = encode(self.seq, changes);
         self.seq = self.seq.wrapping_add(acked.len() as u32 + 2);
-        sendto(
-            self.fd.as_raw_fd(),
-            &buf,
-            &NetlinkAddr::new(0, 0),
-            MsgFlags::empty(),
-        )?;
-        let mut pending: std::collections::BTreeSet<u32> = acked.iter().copied().collect();
-        let mut first_error = None;
-        let mut rx = vec![0u8; 65536];
-        while !pending.is_empty() {
-            let n = recv(self.fd.as_raw_fd(), &mut rx, MsgFlags::empty()).map_err(|e| {
-                if e == nix::errno::Errno::EAGAIN {
-                    io::Error::new(io::ErrorKind::TimedOut, "nf_tables did not answer in 2 s")
-                } else {
-                    e.into()
-                }
-            })?;
-            for (seq, errno) in parse_acks(&rx[..n]).map_err(io::Error::other)? {
-                if errno != 0 && first_error.is_none() {
-                    first_error = Some((seq, errno));
-                }
-                pending.remove(&seq);
-                // An error on the batch framing (not one of ours) ends the batch.
-                if !acked.contains(&seq) && errno != 0 {
-                    pending.clear();
-                }
-            }
-        }
+        let first_error = match self.exchange(&buf, &acked) {
+            Ok(r) => return r,
+            Err(e) => Some(e),
+        };
         match first_error {
             None => Ok(()),
             Some((seq, errno)) => {

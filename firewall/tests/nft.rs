@@ -157,3 +157,40 @@ fn membership_over_netlink() {
     .unwrap();
     assert!(nft.read().unwrap().unwrap().deny.contains(&mac(600)));
 }
+
+/// The leader's timed element: present for the timeout given, then gone by itself (a
+/// leader that dies closes its interface without doing anything).
+#[test]
+fn the_leader_element_expires_by_itself() {
+    let ns = Ns::new("d");
+    let nft = Nft::in_netns(&ns.0);
+    nft.apply(&render_closed("br0")).unwrap();
+    let listed = || {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.0, "nft", "-j", "list", "set", "inet", "paddock", "leader",
+            ])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["nftables"][1]["set"]["elem"].clone()
+    };
+    assert!(listed().is_null(), "closed: no leader element");
+    nft.refresh_leader("br0", Some(std::time::Duration::from_millis(600)))
+        .unwrap();
+    let e = listed();
+    assert_eq!(e[0]["elem"]["val"], "br0", "{e}");
+    // Refreshing replaces it (one batch: flush, add).
+    nft.refresh_leader("br0", Some(std::time::Duration::from_millis(600)))
+        .unwrap();
+    assert_eq!(listed().as_array().map(|a| a.len()), Some(1));
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    assert!(listed().is_null(), "expired: {}", listed());
+    // Removed at once when leadership is lost.
+    nft.refresh_leader("br0", Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    nft.refresh_leader("br0", None).unwrap();
+    assert!(listed().is_null());
+    // The static rule reads back as before; the leader rule is not mistaken for it.
+    assert!(!nft.read().unwrap().unwrap().pass);
+}

@@ -331,6 +331,17 @@ impl Inspector {
     async fn update<T>(
         &self,
         ident: &str,
+        change: impl FnMut(&mut Node, &mut Vec<Op>) -> Result<T>,
+    ) -> Result<(Node, T)> {
+        self.update_fenced(ident, None, change).await
+    }
+
+    /// [`Inspector::update`] guarded by a leader's fence: the write happens only while the
+    /// fence (a compare on the leader key's revision) holds.
+    async fn update_fenced<T>(
+        &self,
+        ident: &str,
+        fence: Option<&Compare>,
         mut change: impl FnMut(&mut Node, &mut Vec<Op>) -> Result<T>,
     ) -> Result<(Node, T)> {
         for _ in 0..16 {
@@ -344,8 +355,18 @@ impl Inspector {
             let out = change(&mut node, &mut extra)?;
             let mut txn = node_txn(&node, Some(&old), v.rev);
             txn.success.extend(extra);
+            txn.compare.extend(fence.cloned());
             if self.store.txn(txn).await?.succeeded {
                 return Ok((node, out));
+            }
+            if let Some(Compare::ModRevision { key, revision }) = fence {
+                let now = self.store.get(key).await?.map_or(0, |kv| kv.mod_revision);
+                if now != *revision {
+                    return Err(InspectorError::new(
+                        503,
+                        "this host is no longer the leader; the new leader does this work",
+                    ));
+                }
             }
             if self
                 .get(&node.uuid.to_string())
@@ -779,6 +800,11 @@ impl Inspector {
 
     /// Ends introspections that ran past the timeout; returns how many.
     pub async fn expire(&self, now: i64) -> Result<usize> {
+        self.expire_fenced(now, None).await
+    }
+
+    /// [`Inspector::expire`] as leader-only work: every write carries the leader's fence.
+    pub async fn expire_fenced(&self, now: i64, fence: Option<&Compare>) -> Result<usize> {
         let mut n = 0;
         for node in self.list().await? {
             let overdue = node.introspection.as_ref().is_some_and(|i| {
@@ -790,7 +816,7 @@ impl Inspector {
                 continue;
             }
             let res = self
-                .update(&node.uuid.to_string(), |node, ops| {
+                .update_fenced(&node.uuid.to_string(), fence, |node, ops| {
                     let Some(i) = node.introspection.as_mut() else {
                         return Ok(false);
                     };

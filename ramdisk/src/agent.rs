@@ -172,7 +172,15 @@ impl Agent<'_> {
             .url
             .clone()
             .ok_or("no paddock.url= on the kernel command line; the boot script must set it")?;
-        let url = Url::parse(&url_s).map_err(|e| format!("paddock.url: {e}"))?;
+        // Several appliance hosts: `paddock.url=http://a:8080,http://b:8080`.
+        let urls = url_s
+            .split(',')
+            .filter(|u| !u.trim().is_empty())
+            .map(|u| {
+                Url::parse(u.trim().trim_end_matches('/')).map_err(|e| format!("paddock.url: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let url = urls.first().cloned().ok_or("paddock.url= is empty")?;
 
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let modules_msg = self.load_modules();
@@ -188,11 +196,7 @@ impl Agent<'_> {
         );
 
         let (ifname, ip) = self.network()?;
-        self.client = Some(TcpClient::new(
-            url.clone(),
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-        ));
+        self.client = TcpClient::with_hosts(urls, Duration::from_secs(5), Duration::from_secs(30));
         self.flush_events();
         self.step(
             "network-up",

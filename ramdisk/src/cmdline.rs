@@ -3,7 +3,7 @@
 //! | parameter | meaning |
 //! |---|---|
 //! | `BOOTIF=01-aa-bb-cc-dd-ee-ff` | the NIC the machine PXE-booted from (pxelinux form; plain MACs accepted) |
-//! | `paddock.url=http://host:port` | the appliance's base URL (required) |
+//! | `paddock.url=http://host:port[,http://host2:port…]` | the appliance's base URL (required); several hosts of an HA appliance, comma-separated, tried in turn |
 //! | `paddock.collectors=default[,pci-devices][,lldp]` | collectors to run (`default` when absent) |
 //! | `paddock.log=info\|debug` | console verbosity |
 //! | `paddock.lldp=1` | listen for LLDP frames on every NIC (also collector `lldp`) |

@@ -280,8 +280,12 @@ pub trait Transport {
     ) -> Result<Response, HttpError>;
 }
 
+/// A client of the appliance. With several appliance hosts (`paddock.url=A,B,C`) a host
+/// that cannot be reached is skipped: the request goes to the next, which then stays
+/// current. HTTP-level answers (5xx, 409) are not failed over; the caller retries them.
 pub struct TcpClient {
     pub url: Url,
+    pub others: Vec<Url>,
     pub connect_timeout: Duration,
     pub io_timeout: Duration,
 }
@@ -290,14 +294,54 @@ impl TcpClient {
     pub fn new(url: Url, connect_timeout: Duration, io_timeout: Duration) -> Self {
         Self {
             url,
+            others: Vec::new(),
             connect_timeout,
             io_timeout,
         }
+    }
+
+    /// A client for several appliance hosts, the first tried first.
+    pub fn with_hosts(
+        urls: Vec<Url>,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+    ) -> Option<Self> {
+        let mut it = urls.into_iter();
+        let url = it.next()?;
+        Some(Self {
+            url,
+            others: it.collect(),
+            connect_timeout,
+            io_timeout,
+        })
     }
 }
 
 impl Transport for TcpClient {
     fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Response, HttpError> {
+        let mut last = self.send_one(method, path, body);
+        for _ in 0..self.others.len() {
+            match &last {
+                Err(HttpError::Connect { .. } | HttpError::Resolve { .. }) => {
+                    let next = self.others.remove(0);
+                    let old = std::mem::replace(&mut self.url, next);
+                    self.others.push(old);
+                    last = self.send_one(method, path, body);
+                }
+                _ => break,
+            }
+        }
+        last
+    }
+}
+
+impl TcpClient {
+    fn send_one(
         &mut self,
         method: &str,
         path: &str,

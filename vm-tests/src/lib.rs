@@ -17,6 +17,8 @@ use serde_json::Value;
 pub const SERVER_IP: &str = "198.18.0.1";
 pub const URL: &str = "http://198.18.0.1:8080";
 
+pub mod ha;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// What a lab needs from the build: the appliance binary and the discovery ramdisk.
@@ -173,6 +175,86 @@ impl Vm {
     }
 }
 
+/// Creates disks and a tap per NIC on `br0` of namespace `ns`, and powers the VM on.
+pub fn start_vm(
+    ns: &str,
+    tag: &str,
+    dir: &Path,
+    artifacts: &Artifacts,
+    idx: usize,
+    spec: VmSpec,
+) -> anyhow::Result<Vm> {
+    let vmdir = dir.join(&spec.name);
+    std::fs::create_dir_all(&vmdir)?;
+    let mut args: Vec<String> = vec![
+        "-accel".into(),
+        "tcg".into(),
+        "-m".into(),
+        spec.memory_mb.to_string(),
+        "-smp".into(),
+        spec.cpus.to_string(),
+        "-display".into(),
+        "none".into(),
+        "-monitor".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-serial".into(),
+        format!("file:{}", vmdir.join("console.log").display()),
+    ];
+    for (i, mac) in spec.macs.iter().enumerate() {
+        let tap = format!("{tag}t{idx}n{i}");
+        sh_ok(&format!(
+            "ip -n {ns} tuntap add dev {tap} mode tap && ip -n {ns} link set {tap} master br0 && ip -n {ns} link set {tap} up"
+        ))?;
+        args.push("-netdev".into());
+        args.push(format!("tap,id=n{i},ifname={tap},script=no,downscript=no"));
+        args.push("-device".into());
+        let boot = if i == 0 { ",bootindex=1" } else { "" };
+        args.push(format!("virtio-net-pci,netdev=n{i},mac={mac}{boot}"));
+    }
+    for (i, mb) in spec.disks_mb.iter().enumerate() {
+        let img = vmdir.join(format!("disk{i}.img"));
+        std::fs::File::create(&img)?.set_len(mb * 1024 * 1024)?;
+        args.push("-drive".into());
+        args.push(format!("file={},if=none,id=d{i},format=raw", img.display()));
+        args.push("-device".into());
+        args.push(format!(
+            "virtio-blk-pci,drive=d{i},serial={}-disk{i}",
+            spec.name
+        ));
+    }
+    if spec.firmware == Firmware::Uefi {
+        let vars = vmdir.join("OVMF_VARS.fd");
+        std::fs::copy(&artifacts.ovmf_vars, &vars)?;
+        args.push("-drive".into());
+        args.push(format!(
+            "if=pflash,format=raw,unit=0,readonly=on,file={}",
+            artifacts.ovmf_code.display()
+        ));
+        args.push("-drive".into());
+        args.push(format!(
+            "if=pflash,format=raw,unit=1,file={}",
+            vars.display()
+        ));
+    }
+    let log = std::fs::File::create(vmdir.join("qemu.log"))?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, "qemu-system-x86_64"])
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86 ipxe-qemu)")?;
+    Ok(Vm {
+        console: vmdir.join("console.log"),
+        powered_on: Instant::now(),
+        powered_on_ms: unix_ms(),
+        spec,
+        child,
+    })
+}
+
 /// A namespace with a bridge, the appliance, and VMs.
 pub struct Lab {
     pub ns: String,
@@ -318,76 +400,8 @@ cmdline = "{cmdline}"
     /// Creates disks and a tap per NIC, and powers the VM on.
     pub fn boot(&mut self, spec: VmSpec) -> anyhow::Result<usize> {
         let idx = self.vms.len();
-        let vmdir = self.dir.join(&spec.name);
-        std::fs::create_dir_all(&vmdir)?;
-        let mut args: Vec<String> = vec![
-            "-accel".into(),
-            "tcg".into(),
-            "-m".into(),
-            spec.memory_mb.to_string(),
-            "-smp".into(),
-            spec.cpus.to_string(),
-            "-display".into(),
-            "none".into(),
-            "-monitor".into(),
-            "none".into(),
-            "-no-reboot".into(),
-            "-serial".into(),
-            format!("file:{}", vmdir.join("console.log").display()),
-        ];
-        for (i, mac) in spec.macs.iter().enumerate() {
-            let tap = format!("{}t{idx}n{i}", self.tag);
-            sh_ok(&format!(
-                "ip -n {ns} tuntap add dev {tap} mode tap && ip -n {ns} link set {tap} master br0 && ip -n {ns} link set {tap} up",
-                ns = self.ns
-            ))?;
-            args.push("-netdev".into());
-            args.push(format!("tap,id=n{i},ifname={tap},script=no,downscript=no"));
-            args.push("-device".into());
-            let boot = if i == 0 { ",bootindex=1" } else { "" };
-            args.push(format!("virtio-net-pci,netdev=n{i},mac={mac}{boot}"));
-        }
-        for (i, mb) in spec.disks_mb.iter().enumerate() {
-            let img = vmdir.join(format!("disk{i}.img"));
-            std::fs::File::create(&img)?.set_len(mb * 1024 * 1024)?;
-            args.push("-drive".into());
-            args.push(format!("file={},if=none,id=d{i},format=raw", img.display()));
-            args.push("-device".into());
-            args.push(format!(
-                "virtio-blk-pci,drive=d{i},serial={}-disk{i}",
-                spec.name
-            ));
-        }
-        if spec.firmware == Firmware::Uefi {
-            let vars = vmdir.join("OVMF_VARS.fd");
-            std::fs::copy(&self.artifacts.ovmf_vars, &vars)?;
-            args.push("-drive".into());
-            args.push(format!(
-                "if=pflash,format=raw,unit=0,readonly=on,file={}",
-                self.artifacts.ovmf_code.display()
-            ));
-            args.push("-drive".into());
-            args.push(format!(
-                "if=pflash,format=raw,unit=1,file={}",
-                vars.display()
-            ));
-        }
-        let log = std::fs::File::create(vmdir.join("qemu.log"))?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "qemu-system-x86_64"])
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86 ipxe-qemu)")?;
-        self.vms.push(Vm {
-            console: vmdir.join("console.log"),
-            powered_on: Instant::now(),
-            powered_on_ms: unix_ms(),
-            spec,
-            child,
-        });
+        let vm = start_vm(&self.ns, &self.tag, &self.dir, &self.artifacts, idx, spec)?;
+        self.vms.push(vm);
         Ok(idx)
     }
 

@@ -1,0 +1,571 @@
+//! The several-host harness: three appliance hosts, each in its own namespace with its own
+//! etcd member (one three-member cluster), joined by veth pairs to the provisioning bridge
+//! of a fabric namespace where the VMs' taps are. Host `i` is `198.18.0.1{i+1}`.
+//!
+//! Hosts can be killed (`SIGKILL`), restarted, and cut off (their veth taken down, so
+//! neither VMs nor the other etcd members reach them). A [`Sampler`] reads every host's
+//! `pass` chain every 100 ms and remembers the most hosts it ever saw holding a pass rule.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::{Artifacts, COUNTER, Vm, VmSpec, sh, sh_ok, start_vm};
+
+/// The fabric namespace's own address on the bridge, for clients that are not VMs.
+pub const CLIENT_IP: &str = "198.18.0.2";
+
+pub struct Host {
+    pub name: String,
+    pub ns: String,
+    pub ip: String,
+    pub dir: PathBuf,
+    appliance: Option<Child>,
+    etcd: Option<Child>,
+    starts: u32,
+}
+
+impl Host {
+    pub fn url(&self) -> String {
+        format!("http://{}:8080", self.ip)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("paddock.{}.log", self.starts)))
+            .unwrap_or_default()
+    }
+}
+
+pub struct HaLab {
+    pub net: String,
+    pub tag: String,
+    pub dir: PathBuf,
+    pub hosts: Vec<Host>,
+    pub vms: Vec<Vm>,
+    artifacts: Artifacts,
+    keep: bool,
+}
+
+fn ip_of(i: usize) -> String {
+    format!("198.18.0.{}", 11 + i)
+}
+
+/// A host holds the pass rule when its `leader` set has a live element (several hosts) or
+/// its pass chain has the static accept rule (one host). `None`: no table, or the namespace
+/// cannot be read.
+pub fn has_pass(ns: &str) -> Option<bool> {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", ns, "nft", "-j", "list", "table", "inet", "paddock",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let items = v["nftables"].as_array()?;
+    Some(items.iter().any(|i| {
+        (i["set"]["name"] == "leader" && i["set"]["elem"].as_array().is_some_and(|e| !e.is_empty()))
+            || (i["rule"]["chain"] == "pass"
+                && i["rule"]["expr"] == serde_json::json!([{"accept": null}]))
+    }))
+}
+
+impl HaLab {
+    /// Namespaces, bridge, veths and the etcd cluster; appliances are started with
+    /// [`HaLab::start_appliance`].
+    pub fn start(name: &str, artifacts: &Artifacts, hosts: usize) -> anyhow::Result<HaLab> {
+        let tag = format!(
+            "pdkh{}x{}",
+            std::process::id() % 100_000,
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let net = format!("{tag}-{name}");
+        let dir = std::env::temp_dir().join(format!("paddock-ha-{net}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        sh_ok(&format!(
+            "ip netns add {net} && ip -n {net} link set lo up && ip -n {net} link add br0 type bridge && \
+             ip -n {net} addr add {CLIENT_IP}/24 dev br0 && ip -n {net} link set br0 up"
+        ))?;
+        let mut lab = HaLab {
+            net,
+            tag: tag.clone(),
+            dir,
+            hosts: Vec::new(),
+            vms: Vec::new(),
+            artifacts: artifacts.clone(),
+            keep: false,
+        };
+        for i in 0..hosts {
+            let ns = format!("{tag}-h{}", i + 1);
+            let ip = ip_of(i);
+            let hdir = lab.dir.join(format!("h{}", i + 1));
+            std::fs::create_dir_all(&hdir)?;
+            sh_ok(&format!(
+                "ip netns add {ns} && ip -n {ns} link set lo up && \
+                 ip -n {net} link add {tag}v{i} type veth peer name eth0 netns {ns} && \
+                 ip -n {net} link set {tag}v{i} master br0 up && \
+                 ip -n {ns} addr add {ip}/24 dev eth0 && ip -n {ns} link set eth0 up",
+                net = lab.net
+            ))?;
+            lab.hosts.push(Host {
+                name: format!("h{}", i + 1),
+                ns,
+                ip,
+                dir: hdir,
+                appliance: None,
+                etcd: None,
+                starts: 0,
+            });
+        }
+        for i in 0..hosts {
+            lab.start_etcd(i)?;
+        }
+        // The cluster answers once a majority is up.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = sh(&format!(
+                "ip netns exec {} env ETCDCTL_API=3 etcdctl --endpoints http://{}:2379 endpoint health",
+                lab.hosts[0].ns, lab.hosts[0].ip
+            ))?
+            .status
+            .success();
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the etcd cluster did not become healthy");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(lab)
+    }
+
+    fn cluster_spec(&self) -> String {
+        (0..self.hosts.len())
+            .map(|i| format!("h{}=http://{}:2380", i + 1, ip_of(i)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn start_etcd(&mut self, i: usize) -> anyhow::Result<()> {
+        let cluster = self.cluster_spec();
+        let h = &mut self.hosts[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(h.dir.join("etcd.log"))?;
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &h.ns,
+                "etcd",
+                "--name",
+                &h.name,
+                "--data-dir",
+            ])
+            .arg(h.dir.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &format!("http://{}:2379", h.ip),
+                "--advertise-client-urls",
+                &format!("http://{}:2379", h.ip),
+                "--listen-peer-urls",
+                &format!("http://{}:2380", h.ip),
+                "--initial-advertise-peer-urls",
+                &format!("http://{}:2380", h.ip),
+                "--initial-cluster",
+                &cluster,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                &self.tag,
+                "--log-level",
+                "warn",
+                // A member coming back from a partition must not force an election.
+                "--pre-vote=true",
+            ])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting etcd (apt-get install etcd-server)")?;
+        h.etcd = Some(child);
+        Ok(())
+    }
+
+    /// Writes host `i`'s configuration and starts `paddock serve` there (again, after a
+    /// kill); returns when its API answers.
+    pub fn start_appliance(&mut self, i: usize) -> anyhow::Result<()> {
+        let endpoints: Vec<String> = std::iter::once(i)
+            .chain((0..self.hosts.len()).filter(|j| *j != i))
+            .map(|j| format!("\"http://{}:2379\"", ip_of(j)))
+            .collect();
+        let peers: Vec<String> = (0..self.hosts.len())
+            .map(|j| format!("\"http://{}:8080\"", ip_of(j)))
+            .collect();
+        let a = &self.artifacts;
+        let h = &mut self.hosts[i];
+        let url = h.url();
+        let (lo, hi) = (100 + 30 * i, 129 + 30 * i);
+        let config = format!(
+            r#"data_dir = "{data}"
+[http]
+listen = "{ip}:8080"
+assets_dir = "{assets}"
+[dhcp]
+interfaces = ["eth0"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.{lo}-198.18.0.{hi}"]
+routers = ["{ip}"]
+lease_time = 600
+[tftp]
+listen = ["{ip}:69"]
+root = "{ipxe}"
+[boot.discovery]
+kernel = "{url}/boot/assets/vmlinuz"
+initrd = "{url}/boot/assets/initrd.img"
+cmdline = "console=ttyS0"
+[firewall]
+enabled = true
+interface = "eth0"
+reconcile_secs = 2
+[cluster]
+store = "etcd"
+etcd_endpoints = [{endpoints}]
+host = "{name}"
+lease_ttl_secs = 3
+peers = [{peers}]
+"#,
+            data = h.dir.join("data").display(),
+            ip = h.ip,
+            assets = a.ramdisk_dir.display(),
+            ipxe = a.ipxe_dir.display(),
+            name = h.name,
+            endpoints = endpoints.join(", "),
+            peers = peers.join(", "),
+        );
+        let path = h.dir.join("paddock.toml");
+        std::fs::write(&path, config)?;
+        h.starts += 1;
+        let log = std::fs::File::create(h.dir.join(format!("paddock.{}.log", h.starts)))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &h.ns])
+            .arg(&a.paddock)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("PADDOCK_LOG", "info,paddock=debug")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting paddock")?;
+        h.appliance = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.api(i, "GET", "/healthz", None).map(|(s, _)| s).ok() != Some(200) {
+            if Instant::now() > deadline {
+                bail!(
+                    "paddock on {} did not start:\n{}",
+                    self.hosts[i].name,
+                    self.hosts[i].log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: the appliance gets no chance to remove its pass rule or resign.
+    pub fn kill_appliance(&mut self, i: usize) {
+        if let Some(mut c) = self.hosts[i].appliance.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The appliance's process id on host `i` (to kill it from another thread).
+    pub fn appliance_pid(&self, i: usize) -> Option<u32> {
+        self.hosts[i].appliance.as_ref().map(|c| c.id())
+    }
+
+    /// SIGTERM and wait (graceful: the host closes its filter and resigns).
+    pub fn stop_appliance(&mut self, i: usize) {
+        if let Some(mut c) = self.hosts[i].appliance.take() {
+            let _ = sh(&format!("kill -TERM {}", c.id()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Cuts host `i` off the provisioning network (and so from the other etcd members), or
+    /// reconnects it.
+    pub fn partition(&self, i: usize, cut: bool) -> anyhow::Result<()> {
+        sh_ok(&format!(
+            "ip -n {} link set {}v{i} {}",
+            self.net,
+            self.tag,
+            if cut { "down" } else { "up" }
+        ))?;
+        Ok(())
+    }
+
+    /// Which hosts hold a pass rule now.
+    pub fn pass_rules(&self) -> Vec<bool> {
+        self.hosts
+            .iter()
+            .map(|h| has_pass(&h.ns).unwrap_or(false))
+            .collect()
+    }
+
+    /// The one host holding the pass rule; waits up to `timeout` for exactly one.
+    pub fn wait_leader(&self, timeout: Duration, not: Option<usize>) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let p = self.pass_rules();
+            let holders: Vec<usize> = (0..p.len()).filter(|i| p[*i]).collect();
+            if holders.len() == 1 && Some(holders[0]) != not {
+                return Ok(holders[0]);
+            }
+            if Instant::now() > deadline {
+                bail!("no single leader within {timeout:?}: pass rules {p:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Calls host `i`'s API from inside its namespace: (status, body).
+    pub fn api(
+        &self,
+        i: usize,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        let h = &self.hosts[i];
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &h.ns,
+            "curl",
+            "-s",
+            "-m",
+            "5",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        if let Some(b) = body {
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        cmd.arg(format!("{}{path}", h.url()));
+        let out = cmd.output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+    }
+
+    /// The API of the first host that answers (any host serves the whole API).
+    pub fn api_json_any(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<Value> {
+        let mut last = String::new();
+        for i in 0..self.hosts.len() {
+            if self.hosts[i].appliance.is_none() {
+                continue;
+            }
+            match self.api(i, method, path, body) {
+                Ok((s, text)) if (200..300).contains(&s) => {
+                    return Ok(serde_json::from_str(&text)?);
+                }
+                Ok((s, text)) => last = format!("{s} {text}"),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        bail!("{method} {path}: no host answered: {last}")
+    }
+
+    /// An HTTP request from the fabric (a client on the provisioning network, like a
+    /// ramdisk agent): (status, body); status 0 when the host could not be reached.
+    pub fn client(&self, url: &str, method: &str, body: Option<&str>) -> (u16, String) {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.net,
+            "curl",
+            "-s",
+            "-m",
+            "5",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        if let Some(b) = body {
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        cmd.arg(url);
+        let Ok(out) = cmd.output() else {
+            return (0, String::new());
+        };
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// Powers a VM on, on the provisioning bridge.
+    pub fn boot(&mut self, spec: VmSpec) -> anyhow::Result<usize> {
+        let idx = self.vms.len();
+        let vm = start_vm(&self.net, &self.tag, &self.dir, &self.artifacts, idx, spec)?;
+        self.vms.push(vm);
+        Ok(idx)
+    }
+
+    /// Starts sampling every host's pass chain every 100 ms.
+    pub fn sampler(&self) -> Sampler {
+        let namespaces: Vec<String> = self.hosts.iter().map(|h| h.ns.clone()).collect();
+        let (stop, max, samples, doubles) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let s = (stop.clone(), max.clone(), samples.clone(), doubles.clone());
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            while !stop.load(Ordering::SeqCst) {
+                let tick = Instant::now();
+                let holders: Vec<usize> = namespaces
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, ns)| has_pass(ns) == Some(true))
+                    .map(|(i, _)| i)
+                    .collect();
+                max.fetch_max(holders.len(), Ordering::SeqCst);
+                samples.fetch_add(1, Ordering::SeqCst);
+                if holders.len() > 1 {
+                    doubles
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((start.elapsed(), holders));
+                }
+                std::thread::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed()));
+            }
+        });
+        Sampler {
+            stop: s.0,
+            max: s.1,
+            samples: s.2,
+            doubles: s.3,
+            thread: Some(t),
+        }
+    }
+
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    /// Every host's log, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for h in &self.hosts {
+            let log = h.log();
+            let tail = &log[log.len().saturating_sub(4000)..];
+            s.push_str(&format!("--- {} ({}) ---\n{}\n", h.name, h.ip, tail));
+        }
+        s
+    }
+}
+
+impl Drop for HaLab {
+    fn drop(&mut self) {
+        for vm in &mut self.vms {
+            let _ = vm.child.kill();
+            let _ = vm.child.wait();
+        }
+        for h in &mut self.hosts {
+            for c in [h.appliance.take(), h.etcd.take()].into_iter().flatten() {
+                let mut c = c;
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let _ = sh(&format!(
+                "ip netns pids {} | xargs -r kill -9 2>/dev/null",
+                h.ns
+            ));
+            let _ = sh(&format!("ip netns del {}", h.ns));
+        }
+        let _ = sh(&format!(
+            "ip netns pids {} | xargs -r kill -9 2>/dev/null",
+            self.net
+        ));
+        let _ = sh(&format!("ip netns del {}", self.net));
+        if self.keep || std::thread::panicking() {
+            eprintln!("HA lab files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// When (since the sampler started) two or more hosts held a pass rule, and which.
+pub type Doubles = Vec<(Duration, Vec<usize>)>;
+
+/// Reads every host's pass chain every 100 ms until dropped or stopped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    max: Arc<AtomicUsize>,
+    samples: Arc<AtomicUsize>,
+    doubles: Arc<Mutex<Doubles>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    /// Stops and returns (samples taken, most hosts ever holding a pass rule at once,
+    /// the moments two or more did).
+    pub fn finish(mut self) -> (usize, usize, Doubles) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let doubles = self
+            .doubles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (
+            self.samples.load(Ordering::SeqCst),
+            self.max.load(Ordering::SeqCst),
+            doubles,
+        )
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Three appliance hosts on one etcd cluster (one member per host), on one provisioning
+//! bridge. A sampler reads every host's pass chain every 100 ms throughout and must never
+//! see two pass rules.
+
+use std::time::{Duration, Instant};
+
+use paddock_vm_tests::ha::HaLab;
+use paddock_vm_tests::{Artifacts, VmSpec};
+use serde_json::{Value, json};
+
+fn artifacts() -> Artifacts {
+    Artifacts::from_env().expect("build artifacts (scripts/test.sh builds them)")
+}
+
+fn start(name: &str) -> HaLab {
+    let mut lab = HaLab::start(name, &artifacts(), 3).expect("HA lab");
+    for i in 0..3 {
+        lab.start_appliance(i).expect("appliance");
+    }
+    lab
+}
+
+#[test]
+fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
+    let mut lab = start("lead");
+    let sampler = lab.sampler();
+    let leader = lab
+        .wait_leader(Duration::from_secs(20), None)
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+
+    // SIGKILL: no resignation; another host leads once the lease runs out.
+    let t = Instant::now();
+    lab.kill_appliance(leader);
+    let second = lab
+        .wait_leader(Duration::from_secs(15), Some(leader))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    println!(
+        "ha: SIGKILL of the leader → new pass rule in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    // The killed host comes back as a follower: the leader does not change.
+    lab.start_appliance(leader).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        lab.wait_leader(Duration::from_secs(1), None).unwrap(),
+        second,
+        "the old leader rejoined as a follower"
+    );
+
+    // Partition: the leader's etcd member is cut off; it drops its pass rule by itself.
+    let t = Instant::now();
+    lab.partition(second, true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.pass_rules()[second] {
+        assert!(
+            Instant::now() < deadline,
+            "a partitioned leader kept its pass rule\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "ha: partitioned leader dropped its pass rule after {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    let _during_partition = lab
+        .wait_leader(Duration::from_secs(15), Some(second))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    lab.partition(second, false).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let now = lab.wait_leader(Duration::from_secs(10), None).unwrap();
+    assert_ne!(now, second, "the healed host rejoined as a follower");
+    let third = now;
+
+    // SIGTERM: the leader closes its filter and resigns, so another takes over at once.
+    let t = Instant::now();
+    lab.stop_appliance(third);
+    let fourth = lab
+        .wait_leader(Duration::from_secs(10), Some(third))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    println!(
+        "ha: SIGTERM of the leader → new pass rule in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_ne!(fourth, third);
+    assert!(
+        !lab.pass_rules()[third],
+        "a stopped host keeps its interface closed"
+    );
+
+    let (samples, max, doubles) = sampler.finish();
+    println!("ha: sampler read {samples} times; at most {max} pass rule(s) at once");
+    assert!(samples > 50);
+    assert!(
+        max <= 1,
+        "two pass rules at once: {doubles:?}\n{}",
+        lab.logs()
+    );
+}
+
+/// An IPA-shaped inventory with one NIC.
+fn inventory(mac: &str) -> Value {
+    json!({
+        "inventory": {
+            "interfaces": [{"name": "eth0", "mac_address": mac, "ipv4_address": "198.18.0.99", "has_carrier": true}],
+            "cpu": {"model_name": "test", "count": 2, "architecture": "x86_64"},
+            "memory": {"total": 1_000_000_000u64, "physical_mb": 1024},
+            "disks": [{"name": "/dev/vda", "size": 10u64 << 30, "rotational": true}],
+            "system_vendor": {"product_name": "test", "serial_number": "", "manufacturer": "test"},
+            "boot": {"current_boot_mode": "bios", "pxe_interface": mac},
+            "hostname": "localhost"
+        },
+        "boot_interface": format!("01-{}", mac.replace(':', "-")),
+    })
+}
+
+#[test]
+fn killing_a_host_during_twenty_introspections_loses_none() {
+    let mut lab = start("kill");
+    let urls: Vec<String> = lab.hosts.iter().map(|h| h.url()).collect();
+    let macs: Vec<String> = (0..20).map(|i| format!("52:54:00:77:00:{i:02x}")).collect();
+    let mut uuids = Vec::new();
+    for mac in &macs {
+        let n = lab
+            .api_json_any(
+                "POST",
+                "/api/v1/nodes",
+                Some(&json!({"macs": [mac]}).to_string()),
+            )
+            .unwrap();
+        let uuid = n["uuid"].as_str().unwrap().to_string();
+        lab.api_json_any("POST", &format!("/v1/introspection/{uuid}"), None)
+            .ok();
+        uuids.push(uuid);
+    }
+    // Twenty agents post their inventories, each to the hosts in turn (as the ramdisk does
+    // when a host cannot be reached), while host 1 is killed part-way through.
+    let victim = 0;
+    let victim_pid = lab.appliance_pid(victim).unwrap();
+    let lab_ref = &lab;
+    let results: Vec<(String, u16)> = std::thread::scope(|s| {
+        let handles: Vec<_> = macs
+            .iter()
+            .enumerate()
+            .map(|(i, mac)| {
+                let urls = urls.clone();
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(50 * i as u64));
+                    let body = inventory(mac).to_string();
+                    let mut k = i;
+                    for _ in 0..60 {
+                        let url = &urls[k % urls.len()];
+                        let (status, _) =
+                            lab_ref.client(&format!("{url}/v1/continue"), "POST", Some(&body));
+                        match status {
+                            200 => return (mac.clone(), 200),
+                            0 | 500..=599 | 409 => {
+                                k += 1;
+                                std::thread::sleep(Duration::from_millis(300));
+                            }
+                            other => return (mac.clone(), other),
+                        }
+                    }
+                    (mac.clone(), 0)
+                })
+            })
+            .collect();
+        // Part-way through the batch, host 1 dies (SIGKILL: mid-request for some agents).
+        std::thread::sleep(Duration::from_millis(400));
+        std::process::Command::new("kill")
+            .args(["-9", &victim_pid.to_string()])
+            .status()
+            .unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    lab.kill_appliance(victim); // reap it
+    for (mac, status) in &results {
+        assert_eq!(
+            *status,
+            200,
+            "the agent for {mac} never got its inventory in\n{}",
+            lab.logs()
+        );
+    }
+    for uuid in &uuids {
+        let n = lab
+            .api_json_any("GET", &format!("/api/v1/nodes/{uuid}"), None)
+            .unwrap();
+        let st = n["introspection"]["state"].as_str().unwrap_or("");
+        assert_eq!(st, "finished", "node {uuid}: {n}");
+    }
+}
+
+#[test]
+fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
+    let mut lab = start("vm");
+    let sampler = lab.sampler();
+    let leader = lab
+        .wait_leader(Duration::from_secs(20), None)
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let vm = lab.boot(VmSpec::bios("havm", "52:54:00:88:00:01")).unwrap();
+    // Wait until the VM runs the discovery ramdisk (the agent prints its banner).
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while !lab.vms[vm].console_text().contains("paddock-agent") {
+        assert!(
+            Instant::now() < deadline,
+            "the VM never reached the ramdisk:\n{}\n{}",
+            lab.vms[vm].console_text(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let t = Instant::now();
+    lab.kill_appliance(leader);
+    let next = lab
+        .wait_leader(Duration::from_secs(15), Some(leader))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    println!(
+        "ha: leader h{} killed while the VM was in the ramdisk; h{} leads after {:.2} s",
+        leader + 1,
+        next + 1,
+        t.elapsed().as_secs_f64()
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let node = loop {
+        let nodes = lab
+            .api_json_any("GET", "/api/v1/nodes", None)
+            .unwrap_or(Value::Null);
+        let found = nodes.as_array().into_iter().flatten().find(|n| {
+            n["macs"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|x| x == "52:54:00:88:00:01"))
+                && matches!(
+                    n["introspection"]["state"].as_str(),
+                    Some("finished" | "error")
+                )
+        });
+        if let Some(n) = found {
+            break n.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the VM's introspection did not complete:\n{}\n{}",
+            lab.vms[vm].console_text(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    println!(
+        "ha: the VM's introspection finished {:.1} s after power-on",
+        lab.vms[vm].powered_on.elapsed().as_secs_f64()
+    );
+    let (samples, max, doubles) = sampler.finish();
+    assert!(samples > 50);
+    assert!(
+        max <= 1,
+        "two pass rules at once: {doubles:?}\n{}",
+        lab.logs()
+    );
+}
