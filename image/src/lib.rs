@@ -17,8 +17,8 @@ pub mod tree;
 pub mod triggers;
 
 pub use filter::Filter;
-pub use plan::{UpdateRequest, plan};
 pub use image::{Image, Machine, Mdb};
 pub use object::ObjectId;
+pub use plan::{UpdateRequest, plan};
 pub use tree::{FileSystem, Inode, Mtime, SpecialKind};
 pub use triggers::{Trigger, Triggers};
