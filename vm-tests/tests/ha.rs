@@ -134,8 +134,9 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
         uuids.push(uuid);
     }
     // Twenty agents post their inventories, each to the hosts in turn (as the ramdisk does
-    // when a host cannot be reached), while host 1 is killed part-way through.
-    let victim = 0;
+    // when a host cannot be reached), while the leader is killed part-way through.
+    // The leader dies: the harshest case (its DHCP and its pass rule go too).
+    let victim = lab.wait_leader(Duration::from_secs(20), None).unwrap();
     let victim_pid = lab.appliance_pid(victim).unwrap();
     let lab_ref = &lab;
     let results: Vec<(String, u16)> = std::thread::scope(|s| {
@@ -165,7 +166,7 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
                 })
             })
             .collect();
-        // Part-way through the batch, host 1 dies (SIGKILL: mid-request for some agents).
+        // Part-way through the batch the leader dies (SIGKILL: mid-request for some agents).
         std::thread::sleep(Duration::from_millis(400));
         std::process::Command::new("kill")
             .args(["-9", &victim_pid.to_string()])
