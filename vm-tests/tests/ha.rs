@@ -12,6 +12,11 @@ fn artifacts() -> Artifacts {
     Artifacts::from_env().expect("build artifacts (scripts/test.sh builds them)")
 }
 
+/// One three-host lab at a time: each runs three appliances and three etcd members, and
+/// on two cores, two labs at once starve etcd's heartbeats (the hosts would still never
+/// both serve, but the timings the tests print would mean little).
+static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn start(name: &str) -> HaLab {
     let mut lab = HaLab::start(name, &artifacts(), 3).expect("HA lab");
     for i in 0..3 {
@@ -22,6 +27,7 @@ fn start(name: &str) -> HaLab {
 
 #[test]
 fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
     let mut lab = start("lead");
     let sampler = lab.sampler();
     let leader = lab
@@ -116,6 +122,7 @@ fn inventory(mac: &str) -> Value {
 
 #[test]
 fn killing_a_host_during_twenty_introspections_loses_none() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
     let mut lab = start("kill");
     let urls: Vec<String> = lab.hosts.iter().map(|h| h.url()).collect();
     let macs: Vec<String> = (0..20).map(|i| format!("52:54:00:77:00:{i:02x}")).collect();
@@ -194,6 +201,7 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
 
 #[test]
 fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
     let mut lab = start("vm");
     let sampler = lab.sampler();
     let leader = lab
