@@ -231,6 +231,20 @@ pub async fn firewall(State(s): State<AppState>) -> Response {
         .into_response();
     };
     let st = f.status();
+    let leads = s.leader.borrow().is_some();
+    let who = match &s.config.cluster {
+        None => "one host: this host serves PXE".to_string(),
+        Some(c) => format!(
+            "host {} of several ({}): {}",
+            esc(&c.host),
+            esc(&c.etcd_endpoints.join(", ")),
+            if leads {
+                "this host leads and serves PXE"
+            } else {
+                "a follower (another host serves PXE)"
+            }
+        ),
+    };
     let list = |k: &str| {
         st[k]
             .as_array()
@@ -244,7 +258,7 @@ pub async fn firewall(State(s): State<AppState>) -> Response {
             .unwrap_or_default()
     };
     let body = format!(
-        "<table><tr><th>Interface</th><td>{}</td></tr><tr><th>Pass rule</th><td>{}</td></tr><tr><th>Unknown MACs</th><td>{}</td></tr><tr><th>Last sync (UTC)</th><td>{}</td></tr><tr><th>Syncs</th><td>{}</td></tr><tr><th>Drift repaired</th><td>{}</td></tr><tr><th>Last error</th><td class=error>{}</td></tr><tr><th>Allow ({})</th><td><code>{}</code></td></tr><tr><th>Deny ({})</th><td><code>{}</code></td></tr></table>",
+        "<table><tr><th>Appliance</th><td>{who}</td></tr><tr><th>Interface</th><td>{}</td></tr><tr><th>Pass rule</th><td>{}</td></tr><tr><th>Unknown MACs</th><td>{}</td></tr><tr><th>Last sync (UTC)</th><td>{}</td></tr><tr><th>Syncs</th><td>{}</td></tr><tr><th>Drift repaired</th><td>{}</td></tr><tr><th>Last error</th><td class=error>{}</td></tr><tr><th>Allow ({})</th><td><code>{}</code></td></tr><tr><th>Deny ({})</th><td><code>{}</code></td></tr></table>",
         esc(st["interface"].as_str().unwrap_or("")),
         if st["pass"] == true {
             "present: this host answers PXE"

@@ -25,6 +25,8 @@ pub struct AppState {
     pub dhcp: Option<Arc<DhcpService>>,
     pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
     pub dominator: paddock_dominator::api::DominatorState,
+    pub leader: crate::leader::LeaderRx,
+    pub store: std::sync::Arc<dyn paddock_store::Store>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -34,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .route("/boot/{name}", get(boot_script))
         .route("/api/v1/leases", get(leases))
         .route("/api/v1/firewall", get(firewall))
+        .route("/api/v1/cluster", get(cluster))
         .route("/ui/firewall", get(crate::console::firewall))
         .route("/ui", get(crate::console::nodes))
         .route("/ui/", get(crate::console::nodes))
@@ -110,6 +113,30 @@ async fn firewall(State(s): State<AppState>) -> Response {
         Some(f) => Json(f.status()).into_response(),
         None => Json(serde_json::json!({"enabled": false})).into_response(),
     }
+}
+
+/// This host's place in the appliance: one host, or which host of several leads.
+async fn cluster(State(s): State<AppState>) -> Response {
+    let leading = s.leader.borrow().is_some();
+    let body = match &s.config.cluster {
+        None => serde_json::json!({"store": "sqlite", "hosts": 1, "leading": true}),
+        Some(c) => {
+            let leader = paddock_store::election::Election::new(s.store.clone(), "pxe")
+                .leader()
+                .await
+                .ok()
+                .flatten()
+                .map(|(_, v, rev)| serde_json::json!({"host": String::from_utf8_lossy(&v), "revision": rev}));
+            serde_json::json!({
+                "store": "etcd",
+                "etcd_endpoints": c.etcd_endpoints,
+                "host": c.host,
+                "leading": leading,
+                "leader": leader,
+            })
+        }
+    };
+    Json(body).into_response()
 }
 
 async fn leases(State(s): State<AppState>) -> Response {

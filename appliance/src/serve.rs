@@ -267,6 +267,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         dhcp,
         filter: filter.clone(),
         dominator: paddock_dominator::api::DominatorState { images, mdb },
+        leader: leader_rx.clone(),
+        store: store.clone(),
     };
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await

@@ -34,6 +34,14 @@ fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
         .wait_leader(Duration::from_secs(20), None)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
 
+    // Every host knows who leads.
+    for i in 0..3 {
+        let (status, body) = lab.api(i, "GET", "/api/v1/cluster", None).unwrap();
+        assert_eq!(status, 200);
+        let c: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(c["leading"], i == leader, "{c}");
+        assert_eq!(c["leader"]["host"], format!("h{}", leader + 1), "{c}");
+    }
     // SIGKILL: no resignation; another host leads once the lease runs out.
     let t = Instant::now();
     lab.kill_appliance(leader);
