@@ -191,6 +191,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         });
     }
 
+    if let (Some(c), Some(d)) = (&cfg.cluster, &cfg.dhcp) {
+        claim_pools(&store, &c.host, d).await?;
+    }
     let dhcp = match &cfg.dhcp {
         Some(d) => {
             let listeners = d
@@ -300,6 +303,44 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(3), e).await;
     }
     tasks.abort_all();
+    Ok(())
+}
+
+/// Several hosts share the lease records, so their DHCP pools must not overlap: each host
+/// records its pools under `cluster/pools/<host>` and refuses to start when another host's
+/// pools overlap its own.
+async fn claim_pools(
+    store: &Arc<dyn Store>,
+    host: &str,
+    d: &crate::config::DhcpConfig,
+) -> anyhow::Result<()> {
+    let mine: Vec<(u32, u32)> = d
+        .subnets
+        .iter()
+        .flat_map(|s| s.pools.iter())
+        .map(|p| (u32::from(p.start), u32::from(p.end)))
+        .collect();
+    for kv in store.range("cluster/pools/").await? {
+        let other = kv.key.trim_start_matches("cluster/pools/");
+        if other == host {
+            continue;
+        }
+        let theirs: Vec<(u32, u32)> = serde_json::from_slice(&kv.value).unwrap_or_default();
+        for (a, b) in &mine {
+            if let Some((c, e)) = theirs.iter().find(|(c, e)| a <= e && c <= b) {
+                bail!(
+                    "DHCP pool {}-{} overlaps host {other}'s pool {}-{}: hosts of one appliance need disjoint pools",
+                    Ipv4Addr::from(*a),
+                    Ipv4Addr::from(*b),
+                    Ipv4Addr::from(*c),
+                    Ipv4Addr::from(*e)
+                );
+            }
+        }
+    }
+    store
+        .put(&format!("cluster/pools/{host}"), serde_json::to_vec(&mine)?)
+        .await?;
     Ok(())
 }
 

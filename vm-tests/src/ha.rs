@@ -28,6 +28,8 @@ pub struct Host {
     appliance: Option<Child>,
     etcd: Option<Child>,
     starts: u32,
+    /// The last octets of this host's DHCP pool (default: its own 30 addresses).
+    pub pool: Option<(usize, usize)>,
 }
 
 impl Host {
@@ -124,6 +126,7 @@ impl HaLab {
                 appliance: None,
                 etcd: None,
                 starts: 0,
+                pool: None,
             });
         }
         for i in 0..hosts {
@@ -215,7 +218,7 @@ impl HaLab {
         let a = &self.artifacts;
         let h = &mut self.hosts[i];
         let url = h.url();
-        let (lo, hi) = (100 + 30 * i, 129 + 30 * i);
+        let (lo, hi) = h.pool.unwrap_or((100 + 30 * i, 129 + 30 * i));
         let config = format!(
             r#"data_dir = "{data}"
 [http]
@@ -271,6 +274,16 @@ peers = [{peers}]
         h.appliance = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.api(i, "GET", "/healthz", None).map(|(s, _)| s).ok() != Some(200) {
+            if let Some(c) = self.hosts[i].appliance.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                self.hosts[i].appliance = None;
+                bail!(
+                    "paddock on {} exited with {status}:\n{}",
+                    self.hosts[i].name,
+                    self.hosts[i].log()
+                );
+            }
             if Instant::now() > deadline {
                 bail!(
                     "paddock on {} did not start:\n{}",

@@ -190,6 +190,11 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     lab.kill_appliance(victim); // reap it
+    // A host whose DHCP pool overlaps another's refuses to start (leases are shared).
+    let other = (victim + 1) % 3;
+    lab.hosts[victim].pool = Some((100 + 30 * other + 5, 100 + 30 * other + 9));
+    let err = lab.start_appliance(victim).unwrap_err().to_string();
+    assert!(err.contains("overlaps host"), "{err}");
     for (mac, status) in &results {
         assert_eq!(
             *status,
