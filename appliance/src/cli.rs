@@ -16,21 +16,7 @@ fn call(api: &str, method: &str, path: &str) -> anyhow::Result<Value> {
         _ => agent.get(&url).call(),
     }
     .with_context(|| format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)"))?;
-    let status = resp.status().as_u16();
-    let text = resp.into_body().read_to_string().unwrap_or_default();
-    let body: Value = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    };
-    if status >= 400 {
-        let msg = body["error"]["message"]
-            .as_str()
-            .map(String::from)
-            .unwrap_or_else(|| body.to_string());
-        bail!("{method} {path}: {status}: {msg}");
-    }
-    Ok(body)
+    answer(method, path, resp)
 }
 
 fn s(v: &Value) -> String {
@@ -172,7 +158,11 @@ fn answer(
 ) -> anyhow::Result<Value> {
     let status = resp.status().as_u16();
     let text = resp.into_body().read_to_string().unwrap_or_default();
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    let body: Value = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
     if status >= 400 {
         let msg = body["error"]["message"]
             .as_str()

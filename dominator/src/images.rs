@@ -392,8 +392,8 @@ impl ImageServer {
         Ok(d)
     }
 
-    /// Deletes an image, leaving a tombstone: the name can never be used again.
-    pub async fn delete(&self, name: &str, now_ms: i64) -> Result<()> {
+    /// Changes a live image's record with one compare-and-swap.
+    async fn change_record(&self, name: &str, change: impl FnOnce(&mut ImageRecord)) -> Result<()> {
         let key = format!("{PREFIX}{name}");
         let kv = self
             .store
@@ -405,44 +405,7 @@ impl ImageServer {
         if rec.deleted {
             return Err(ImageError::NotFound(name.into()));
         }
-        rec.deleted = true;
-        rec.deleted_on_ms = Some(now_ms);
-        rec.tree = None;
-        let value = serde_json::to_vec(&rec).map_err(|e| ImageError::Internal(e.to_string()))?;
-        let res = self
-            .store
-            .txn(Txn {
-                compare: vec![Compare::ModRevision {
-                    key: key.clone(),
-                    revision: kv.mod_revision,
-                }],
-                success: vec![Op::put(&key, value)],
-                failure: vec![],
-            })
-            .await?;
-        if !res.succeeded {
-            return Err(ImageError::Internal(format!(
-                "image {name} changed while it was being deleted; try again"
-            )));
-        }
-        tracing::info!(image = %name, "image deleted");
-        Ok(())
-    }
-
-    /// Sets or clears an image's expiry.
-    pub async fn set_expiry(&self, name: &str, expires_at_ms: Option<i64>) -> Result<()> {
-        let key = format!("{PREFIX}{name}");
-        let kv = self
-            .store
-            .get(&key)
-            .await?
-            .ok_or_else(|| ImageError::NotFound(name.into()))?;
-        let mut rec: ImageRecord =
-            serde_json::from_slice(&kv.value).map_err(|e| ImageError::Internal(e.to_string()))?;
-        if rec.deleted {
-            return Err(ImageError::NotFound(name.into()));
-        }
-        rec.expires_at_ms = expires_at_ms;
+        change(&mut rec);
         let value = serde_json::to_vec(&rec).map_err(|e| ImageError::Internal(e.to_string()))?;
         let ok = self
             .store
@@ -463,6 +426,24 @@ impl ImageServer {
                 "image {name} changed meanwhile; try again"
             )))
         }
+    }
+
+    /// Deletes an image, leaving a tombstone: the name can never be used again.
+    pub async fn delete(&self, name: &str, now_ms: i64) -> Result<()> {
+        self.change_record(name, |rec| {
+            rec.deleted = true;
+            rec.deleted_on_ms = Some(now_ms);
+            rec.tree = None;
+        })
+        .await?;
+        tracing::info!(image = %name, "image deleted");
+        Ok(())
+    }
+
+    /// Sets or clears an image's expiry.
+    pub async fn set_expiry(&self, name: &str, expires_at_ms: Option<i64>) -> Result<()> {
+        self.change_record(name, |rec| rec.expires_at_ms = expires_at_ms)
+            .await
     }
 
     /// Removes images whose expiry has passed (entirely: an expired name may be reused).

@@ -309,6 +309,15 @@ impl Nft {
     /// Several hosts: keeps this host's element in the `leader` set alive for `timeout`
     /// from now (`None`: removes it; the pass chain then accepts nothing for the leader).
     pub fn refresh_leader(&self, iface: &str, timeout: Option<Duration>) -> Result<(), NftError> {
+        self.with_link(|l| l.refresh_leader(iface, timeout))
+    }
+
+    /// Runs `f` on the open netlink socket (opening it first if needed). After an error
+    /// the socket is dropped: a fresh one next time, never one in an unknown state.
+    fn with_link(
+        &self,
+        f: impl FnOnce(&mut netlink::SetLink) -> std::io::Result<()>,
+    ) -> Result<(), NftError> {
         let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
         if link.is_none() {
             let opened = match &self.netns {
@@ -317,10 +326,7 @@ impl Nft {
             };
             *link = Some(opened.map_err(NftError::Netlink)?);
         }
-        let res = link
-            .as_mut()
-            .map_or(Ok(()), |l| l.refresh_leader(iface, timeout))
-            .map_err(NftError::Netlink);
+        let res = link.as_mut().map_or(Ok(()), f).map_err(NftError::Netlink);
         if res.is_err() {
             *link = None;
         }
@@ -349,23 +355,7 @@ impl Nft {
         let Some(elements) = elements else {
             return self.apply(&render_changes(changes));
         };
-        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
-        if link.is_none() {
-            let opened = match &self.netns {
-                None => netlink::SetLink::open(),
-                Some(ns) => netlink::SetLink::open_in_netns(ns),
-            };
-            *link = Some(opened.map_err(NftError::Netlink)?);
-        }
-        let res = link
-            .as_mut()
-            .map_or(Ok(()), |l| l.apply(&elements))
-            .map_err(NftError::Netlink);
-        if res.is_err() {
-            // A fresh socket next time: never reuse one in an unknown state.
-            *link = None;
-        }
-        res
+        self.with_link(|l| l.apply(&elements))
     }
 
     fn command(&self) -> Command {

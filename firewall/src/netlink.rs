@@ -98,39 +98,73 @@ fn cstr(s: &str) -> Vec<u8> {
     v
 }
 
-/// The batch for these changes, its messages numbered from `seq`: batch begin, one
-/// acknowledged message per run of changes to the same set with the same direction, batch
-/// end. Returns the bytes and the sequence numbers of the acknowledged messages.
-pub fn encode(seq: u32, changes: &[Element]) -> (Vec<u8>, Vec<u32>) {
-    let mut buf = Vec::with_capacity(64 + changes.len() * 24);
-    let mut acked = Vec::new();
-    let mut n = seq;
+/// A batch: begin, the messages `body` writes (numbered from `seq + 1`, each returning the
+/// next free number), end. Returns the bytes.
+fn batch(seq: u32, body: impl FnOnce(&mut Vec<u8>, u32) -> u32) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(256);
     message(
         &mut buf,
         NFNL_MSG_BATCH_BEGIN,
         NLM_F_REQUEST,
-        n,
+        seq,
         0,
         NFNL_SUBSYS_NFTABLES,
         |_| {},
     );
-    for run in changes.chunk_by(|a, b| a.add == b.add && a.set == b.set) {
-        n += 1;
-        let (kind, flags) = if run[0].add {
-            (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK)
-        } else {
-            (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
-        };
-        message(
-            &mut buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | kind,
-            flags,
-            n,
-            NFPROTO_INET,
-            0,
-            |b| {
-                attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-                attr(b, NFTA_SET_ELEM_LIST_SET, &cstr(run[0].set.as_str()));
+    let end = body(&mut buf, seq + 1);
+    message(
+        &mut buf,
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        end,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+        |_| {},
+    );
+    buf
+}
+
+/// One acknowledged element message (`kind` NEWSETELEM or DELSETELEM) on `set`.
+fn elements_message(
+    buf: &mut Vec<u8>,
+    kind: u16,
+    n: u32,
+    set: &str,
+    elements: impl FnOnce(&mut Vec<u8>),
+) {
+    let flags = if kind == NFT_MSG_NEWSETELEM {
+        NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK
+    } else {
+        NLM_F_REQUEST | NLM_F_ACK
+    };
+    message(
+        buf,
+        (NFNL_SUBSYS_NFTABLES << 8) | kind,
+        flags,
+        n,
+        NFPROTO_INET,
+        0,
+        |b| {
+            attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
+            attr(b, NFTA_SET_ELEM_LIST_SET, &cstr(set));
+            elements(b);
+        },
+    );
+}
+
+/// The batch for these changes, its messages numbered from `seq`: batch begin, one
+/// acknowledged message per run of changes to the same set with the same direction, batch
+/// end. Returns the bytes and the sequence numbers of the acknowledged messages.
+pub fn encode(seq: u32, changes: &[Element]) -> (Vec<u8>, Vec<u32>) {
+    let mut acked = Vec::new();
+    let buf = batch(seq, |buf, mut n| {
+        for run in changes.chunk_by(|a, b| a.add == b.add && a.set == b.set) {
+            let kind = if run[0].add {
+                NFT_MSG_NEWSETELEM
+            } else {
+                NFT_MSG_DELSETELEM
+            };
+            elements_message(buf, kind, n, run[0].set.as_str(), |b| {
                 nested(b, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
                     for e in run {
                         nested(b, NFTA_LIST_ELEM, |b| {
@@ -138,87 +172,41 @@ pub fn encode(seq: u32, changes: &[Element]) -> (Vec<u8>, Vec<u32>) {
                         });
                     }
                 });
-            },
-        );
-        acked.push(n);
-    }
-    n += 1;
-    message(
-        &mut buf,
-        NFNL_MSG_BATCH_END,
-        NLM_F_REQUEST,
-        n,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-        |_| {},
-    );
+            });
+            acked.push(n);
+            n += 1;
+        }
+        n
+    });
     (buf, acked)
 }
 
 /// The batch that flushes the `leader` set and, with a timeout, puts `iface` back in it
 /// for that long (milliseconds): one atomic refresh of the leader's right to serve.
 pub fn encode_leader(seq: u32, iface: &str, timeout_ms: Option<u64>) -> (Vec<u8>, Vec<u32>) {
-    let mut buf = Vec::with_capacity(160);
     let mut acked = Vec::new();
-    let mut n = seq;
-    message(
-        &mut buf,
-        NFNL_MSG_BATCH_BEGIN,
-        NLM_F_REQUEST,
-        n,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-        |_| {},
-    );
-    n += 1;
-    message(
-        &mut buf,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELSETELEM,
-        NLM_F_REQUEST | NLM_F_ACK,
-        n,
-        NFPROTO_INET,
-        0,
-        |b| {
-            attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-            attr(b, NFTA_SET_ELEM_LIST_SET, &cstr("leader"));
-        },
-    );
-    acked.push(n);
-    if let Some(ms) = timeout_ms {
-        let mut key = [0u8; IFNAMSIZ];
-        let name = iface.as_bytes();
-        key[..name.len().min(IFNAMSIZ - 1)].copy_from_slice(&name[..name.len().min(IFNAMSIZ - 1)]);
+    let buf = batch(seq, |buf, mut n| {
+        // No element list: a flush of the set.
+        elements_message(buf, NFT_MSG_DELSETELEM, n, "leader", |_| {});
+        acked.push(n);
         n += 1;
-        message(
-            &mut buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM,
-            NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK,
-            n,
-            NFPROTO_INET,
-            0,
-            |b| {
-                attr(b, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-                attr(b, NFTA_SET_ELEM_LIST_SET, &cstr("leader"));
+        if let Some(ms) = timeout_ms {
+            let mut key = [0u8; IFNAMSIZ];
+            let name = &iface.as_bytes()[..iface.len().min(IFNAMSIZ - 1)];
+            key[..name.len()].copy_from_slice(name);
+            elements_message(buf, NFT_MSG_NEWSETELEM, n, "leader", |b| {
                 nested(b, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
                     nested(b, NFTA_LIST_ELEM, |b| {
                         nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
                         attr(b, NFTA_SET_ELEM_TIMEOUT, &ms.max(1).to_be_bytes());
                     });
                 });
-            },
-        );
-        acked.push(n);
-    }
-    n += 1;
-    message(
-        &mut buf,
-        NFNL_MSG_BATCH_END,
-        NLM_F_REQUEST,
-        n,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-        |_| {},
-    );
+            });
+            acked.push(n);
+            n += 1;
+        }
+        n
+    });
     (buf, acked)
 }
 
