@@ -217,28 +217,9 @@ impl HaLab {
             .collect();
         let a = &self.artifacts;
         let h = &mut self.hosts[i];
-        let url = h.url();
         let (lo, hi) = h.pool.unwrap_or((100 + 30 * i, 129 + 30 * i));
-        let config = format!(
-            r#"data_dir = "{data}"
-[http]
-listen = "{ip}:8080"
-assets_dir = "{assets}"
-[dhcp]
-interfaces = ["eth0"]
-[[dhcp.subnets]]
-network = "198.18.0.0/24"
-pools = ["198.18.0.{lo}-198.18.0.{hi}"]
-routers = ["{ip}"]
-lease_time = 600
-[tftp]
-listen = ["{ip}:69"]
-root = "{ipxe}"
-[boot.discovery]
-kernel = "{url}/boot/assets/vmlinuz"
-initrd = "{url}/boot/assets/initrd.img"
-cmdline = "console=ttyS0"
-[firewall]
+        let extra = format!(
+            r#"[firewall]
 enabled = true
 interface = "eth0"
 reconcile_secs = 2
@@ -249,13 +230,20 @@ host = "{name}"
 lease_ttl_secs = 3
 peers = [{peers}]
 "#,
-            data = h.dir.join("data").display(),
-            ip = h.ip,
-            assets = a.ramdisk_dir.display(),
-            ipxe = a.ipxe_dir.display(),
             name = h.name,
             endpoints = endpoints.join(", "),
             peers = peers.join(", "),
+        );
+        let config = crate::appliance_config(
+            &h.dir.join("data"),
+            a,
+            &crate::ApplianceSite {
+                ip: &h.ip,
+                iface: "eth0",
+                pool: (lo, hi),
+                cmdline: "console=ttyS0",
+            },
+            &extra,
         );
         let path = h.dir.join("paddock.toml");
         std::fs::write(&path, config)?;

@@ -255,6 +255,48 @@ pub fn start_vm(
     })
 }
 
+/// Where one appliance host sits on the lab network.
+pub struct ApplianceSite<'a> {
+    pub ip: &'a str,
+    pub iface: &'a str,
+    /// Last octets of its DHCP pool in 198.18.0.0/24.
+    pub pool: (usize, usize),
+    /// The discovery ramdisk's extra kernel command line.
+    pub cmdline: &'a str,
+}
+
+/// The configuration every lab appliance gets (DHCP, TFTP, HTTP boot of the discovery
+/// ramdisk from its own address), with `extra` TOML appended.
+pub fn appliance_config(data: &Path, a: &Artifacts, site: &ApplianceSite, extra: &str) -> String {
+    let (ip, lo, hi) = (site.ip, site.pool.0, site.pool.1);
+    format!(
+        r#"data_dir = "{data}"
+[http]
+listen = "{ip}:8080"
+assets_dir = "{assets}"
+[dhcp]
+interfaces = ["{iface}"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.{lo}-198.18.0.{hi}"]
+routers = ["{ip}"]
+lease_time = 600
+[tftp]
+listen = ["{ip}:69"]
+root = "{ipxe}"
+[boot.discovery]
+kernel = "http://{ip}:8080/boot/assets/vmlinuz"
+initrd = "http://{ip}:8080/boot/assets/initrd.img"
+cmdline = "{cmdline}"
+{extra}"#,
+        data = data.display(),
+        assets = a.ramdisk_dir.display(),
+        ipxe = a.ipxe_dir.display(),
+        iface = site.iface,
+        cmdline = site.cmdline,
+    )
+}
+
 /// A namespace with a bridge, the appliance, and VMs.
 pub struct Lab {
     pub ns: String,
@@ -302,29 +344,16 @@ impl Lab {
             artifacts: artifacts.clone(),
             keep: false,
         };
-        let config = format!(
-            r#"data_dir = "{data}"
-[http]
-listen = "{SERVER_IP}:8080"
-assets_dir = "{assets}"
-[dhcp]
-interfaces = ["br0"]
-[[dhcp.subnets]]
-network = "198.18.0.0/24"
-pools = ["198.18.0.100-198.18.0.250"]
-routers = ["{SERVER_IP}"]
-lease_time = 600
-[tftp]
-listen = ["{SERVER_IP}:69"]
-root = "{ipxe}"
-[boot.discovery]
-kernel = "{URL}/boot/assets/vmlinuz"
-initrd = "{URL}/boot/assets/initrd.img"
-cmdline = "{cmdline}"
-{extra}"#,
-            data = lab.dir.join("data").display(),
-            assets = artifacts.ramdisk_dir.display(),
-            ipxe = artifacts.ipxe_dir.display(),
+        let config = appliance_config(
+            &lab.dir.join("data"),
+            artifacts,
+            &ApplianceSite {
+                ip: SERVER_IP,
+                iface: "br0",
+                pool: (100, 250),
+                cmdline,
+            },
+            extra,
         );
         let config_path = lab.dir.join("paddock.toml");
         std::fs::write(&config_path, config)?;
