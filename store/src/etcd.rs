@@ -21,6 +21,7 @@ use crate::{
 #[derive(Clone)]
 pub struct EtcdStore {
     client: Client,
+    timeout: Duration,
 }
 
 fn err(e: etcd_client::Error) -> StoreError {
@@ -49,7 +50,22 @@ impl EtcdStore {
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(|e| StoreError::Etcd(format!("connecting to etcd at {endpoints:?}: {e}")))?;
-        Ok(EtcdStore { client })
+        Ok(EtcdStore { client, timeout })
+    }
+
+    /// Every request ends by the timeout, whatever state the connection is in (tonic's own
+    /// timeout does not cover a channel that is still connecting).
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r.map_err(err),
+            Err(_) => Err(StoreError::Etcd(format!(
+                "no answer from etcd within {:?}",
+                self.timeout
+            ))),
+        }
     }
 }
 
@@ -85,7 +101,8 @@ fn ops(list: &[Op]) -> Vec<TxnOp> {
 #[async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let r = self.client.clone().get(key, None).await.map_err(err)?;
+        let mut c = self.client.clone();
+        let r = self.bounded(c.get(key, None)).await?;
         Ok(r.kvs().first().map(convert))
     }
 
@@ -119,13 +136,14 @@ impl Store for EtcdStore {
             .when(compares)
             .and_then(ops(&txn.success))
             .or_else(ops(&txn.failure));
-        let r = self.client.clone().txn(t).await.map_err(|e| {
+        let mut c = self.client.clone();
+        let r = self.bounded(c.txn(t)).await.map_err(|e| {
             let text = e.to_string();
             if text.contains("requested lease not found") {
                 // Which lease is not in the answer; say what we can.
                 StoreError::Etcd(format!("a lease in the transaction does not exist: {text}"))
             } else {
-                err(e)
+                e
             }
         })?;
         Ok(TxnResponse {
@@ -139,12 +157,8 @@ impl Store for EtcdStore {
         if from > 0 {
             opts = opts.with_start_revision(from);
         }
-        let mut stream = self
-            .client
-            .clone()
-            .watch(prefix, Some(opts))
-            .await
-            .map_err(err)?;
+        let mut c = self.client.clone();
+        let mut stream = self.bounded(c.watch(prefix, Some(opts))).await?;
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(async move {
             loop {
@@ -195,23 +209,15 @@ impl Store for EtcdStore {
 
     async fn revision(&self) -> Result<Revision, StoreError> {
         // A get of a key that never exists answers with the current revision.
-        let r = self
-            .client
-            .clone()
-            .get("\0paddock-revision", None)
-            .await
-            .map_err(err)?;
+        let mut c = self.client.clone();
+        let r = self.bounded(c.get("\0paddock-revision", None)).await?;
         Ok(r.header().map_or(0, |h| h.revision()))
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
         let secs = ttl.as_secs().max(1) as i64;
-        let r = self
-            .client
-            .clone()
-            .lease_grant(secs, None)
-            .await
-            .map_err(err)?;
+        let mut c = self.client.clone();
+        let r = self.bounded(c.lease_grant(secs, None)).await?;
         Ok(r.id())
     }
 
@@ -223,24 +229,30 @@ impl Store for EtcdStore {
                 err(e)
             }
         };
-        let (mut keeper, mut stream) = self
-            .client
-            .clone()
-            .lease_keep_alive(lease)
-            .await
-            .map_err(lease_err)?;
-        keeper.keep_alive().await.map_err(lease_err)?;
-        match stream.message().await.map_err(lease_err)? {
-            Some(r) if r.ttl() > 0 => Ok(()),
-            _ => Err(StoreError::LeaseNotFound(lease)),
-        }
+        let mut c = self.client.clone();
+        let res = tokio::time::timeout(self.timeout, async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.map_err(lease_err)?;
+            keeper.keep_alive().await.map_err(lease_err)?;
+            match stream.message().await.map_err(lease_err)? {
+                Some(r) if r.ttl() > 0 => Ok(()),
+                _ => Err(StoreError::LeaseNotFound(lease)),
+            }
+        })
+        .await;
+        res.unwrap_or_else(|_| {
+            Err(StoreError::Etcd(format!(
+                "no keep-alive answer from etcd within {:?}",
+                self.timeout
+            )))
+        })
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
-        match self.client.clone().lease_revoke(lease).await {
+        let mut c = self.client.clone();
+        match self.bounded(c.lease_revoke(lease)).await {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("not found") => Err(StoreError::LeaseNotFound(lease)),
-            Err(e) => Err(err(e)),
+            Err(e) => Err(e),
         }
     }
 }

@@ -132,12 +132,19 @@ impl HaLab {
         for i in 0..hosts {
             lab.start_etcd(i)?;
         }
-        // The cluster answers once a majority is up.
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Every member healthy and a write committed before any appliance starts.
+        let endpoints: Vec<String> = lab
+            .hosts
+            .iter()
+            .map(|h| format!("http://{}:2379", h.ip))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ok = sh(&format!(
-                "ip netns exec {} env ETCDCTL_API=3 etcdctl --endpoints http://{}:2379 endpoint health",
-                lab.hosts[0].ns, lab.hosts[0].ip
+                "ip netns exec {ns} env ETCDCTL_API=3 etcdctl --endpoints {eps} endpoint health && \
+                 ip netns exec {ns} env ETCDCTL_API=3 etcdctl --endpoints {eps} put lab/ready 1",
+                ns = lab.hosts[0].ns,
+                eps = endpoints.join(",")
             ))?
             .status
             .success();
@@ -260,7 +267,7 @@ peers = [{peers}]
             .spawn()
             .context("starting paddock")?;
         h.appliance = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while self.api(i, "GET", "/healthz", None).map(|(s, _)| s).ok() != Some(200) {
             if let Some(c) = self.hosts[i].appliance.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
