@@ -9,13 +9,29 @@
 //! - [`scanner`]: the loop: scan, compare, bump the generation only on a difference, publish;
 //!   first scan unthrottled, then nice 15 and the configured limits; pause for updates.
 //! - [`fs2objectcache`]: turn an old root into a verified object cache (`.subd/objects`).
+//! - [`update`]: the Update applier (an [`paddock_image::UpdateRequest`] against a root and
+//!   its object cache), with the change window timed.
+//! - [`triggers`]: which services an update stops, starts, reloads or reboots for (pure), and
+//!   the command runner for triggers and the health check.
+//! - [`lock`]: the client lock (pure, capped at 15 s).
+//! - [`fetch`]: objects from an image server into the cache, at a share of the link.
+//! - [`service`]: Poll, Fetch, Update, Cleanup, GetFiles, configuration: the operations,
+//!   their mutual exclusion, the scanner pauses, recovery at start.
+//! - [`rpc`]: the HTTP routes (`/rpc/Subd.*`).
 
+pub mod fetch;
 pub mod fs2objectcache;
 pub mod fsbench;
+pub mod lock;
 pub mod ratelimit;
+pub mod rpc;
 pub mod scan;
 pub mod scanner;
+pub mod service;
+pub mod triggers;
+pub mod update;
 
 pub use ratelimit::{Limiter, Limits, Throttle, Usage};
 pub use scan::{Scan, ScanOptions, ScanResult, ScanStats, default_exclusions, scan};
 pub use scanner::{Generations, Scanner, ScannerConfig, ScannerHandle};
+pub use service::{Configuration, Subd, SubdConfig};

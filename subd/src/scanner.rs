@@ -108,6 +108,8 @@ struct State {
     boost: bool,
     io_percent: f64,
     cpu_percent: f64,
+    /// The scan exclusions (from the config, changed by `set_exclusions`).
+    exclusions: Option<Filter>,
     device: Option<DeviceSpeed>,
 }
 
@@ -160,6 +162,7 @@ impl Scanner {
             state: Mutex::new(State {
                 io_percent: config.io_percent,
                 cpu_percent: config.cpu_percent,
+                exclusions: Some(config.exclusions.clone()),
                 ..State::default()
             }),
             cond: Condvar::new(),
@@ -287,6 +290,19 @@ impl ScannerHandle {
         self.shared.throttle.set_limits(Limits::NONE);
     }
 
+    /// The scan exclusions in force.
+    pub fn exclusions(&self) -> Filter {
+        let st = self.shared.lock();
+        st.exclusions
+            .clone()
+            .unwrap_or_else(|| self.config.exclusions.clone())
+    }
+
+    /// Changes the scan exclusions (from the next scan on).
+    pub fn set_exclusions(&self, exclusions: Filter) {
+        self.shared.lock().exclusions = Some(exclusions);
+    }
+
     /// Changes the limits (from the next scan on, or at once if one is running throttled).
     pub fn set_limits(&self, io_percent: f64, cpu_percent: f64) {
         let mut st = self.shared.lock();
@@ -333,6 +349,7 @@ fn run(h: ScannerHandle) {
     loop {
         let boost;
         let limits;
+        let exclusions;
         {
             let mut st = shared.lock();
             while st.pauses > 0 && !st.shutdown {
@@ -343,6 +360,10 @@ fn run(h: ScannerHandle) {
             }
             st.scanning = true;
             boost = st.boost;
+            exclusions = st
+                .exclusions
+                .clone()
+                .unwrap_or_else(|| cfg.exclusions.clone());
             limits = if first || boost {
                 Limits::NONE
             } else {
@@ -351,7 +372,7 @@ fn run(h: ScannerHandle) {
             shared.throttle.set_limits(limits);
         }
         let started = Instant::now();
-        let mut opts = ScanOptions::new(&cfg.exclusions);
+        let mut opts = ScanOptions::new(&exclusions);
         opts.threads = if limits.is_unlimited() {
             cfg.threads
         } else {

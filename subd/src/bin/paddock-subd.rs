@@ -1,0 +1,189 @@
+//! subd, the agent on every provisioned machine: scans its root, answers Poll, fetches
+//! objects, applies updates, runs triggers and the health check (see `paddock_subd::rpc`).
+//!
+//! ```text
+//! paddock-subd --insecure [options]
+//!   --root DIR              the root it keeps in compliance (default /)
+//!   --listen ADDR           host:port (default 0.0.0.0:6969; port 0 picks one)
+//!   --insecure              serve plain HTTP (required: TLS is not built yet)
+//!   --trigger-command CMD   run as `CMD SERVICE stop|start|reload|restart` (default service)
+//!   --reboot-command CMD    after a rebooting update's triggers succeed (default reboot)
+//!   --health-command CMD    run after every update; its result is in the next Poll
+//!   --command-timeout S     kill a trigger or health command after S seconds (default 300)
+//!   --link-speed B          the link in bytes/s (default: /sys/class/net; unknown = unlimited)
+//!   --network-percent P     fetch share of the link (default 10)
+//!   --scan-percent P        scan media reads after the first scan, % of the device (default 2)
+//!   --cpu-percent P         scan CPU after the first scan (default 50)
+//!   --device-speed B        the device read speed in bytes/s (default: measured once per boot)
+//!   --fsbench-dir DIR       where the measured speed is cached (default /run/paddock-subd/fsbench)
+//!   --exclude REGEX         a scan exclusion (repeatable; replaces Dominator's defaults)
+//!   --no-default-exclusions scan everything (unless --exclude)
+//!   --min-cycle-ms N        shortest scan cycle (default 1000)
+//! ```
+//! Prints `paddock-subd: listening on ADDR` once it serves. Logs go to standard error
+//! (`PADDOCK_LOG`, default `info`). `PADDOCK_SUBD_TEST_STEP_DELAY_MS` (tests only) sleeps
+//! after each update operation, so a test can kill subd in the middle of an update.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use paddock_subd::triggers::split_command;
+use paddock_subd::{Subd, SubdConfig};
+
+const USAGE: &str = "usage: paddock-subd --insecure [--root DIR] [--listen ADDR] \
+[--trigger-command CMD] [--reboot-command CMD] [--health-command CMD] [--command-timeout S] \
+[--link-speed B] [--network-percent P] [--scan-percent P] [--cpu-percent P] [--device-speed B] \
+[--fsbench-dir DIR] [--exclude REGEX]... [--no-default-exclusions] [--min-cycle-ms N]";
+
+const INSECURE: &str = "paddock-subd: refusing to start without --insecure. TLS and \
+certificate permissions are not built yet, so subd can only serve plain HTTP, where anyone \
+who reaches the port can rewrite this machine. Pass --insecure to accept that (on a \
+trusted, isolated network only).";
+
+struct Args {
+    config: SubdConfig,
+    listen: String,
+    insecure: bool,
+}
+
+fn parse() -> Result<Args> {
+    let mut root = PathBuf::from("/");
+    let mut listen = "0.0.0.0:6969".to_string();
+    let mut insecure = false;
+    let mut trigger = None;
+    let mut reboot = None;
+    let mut health = None;
+    let mut timeout = None;
+    let mut link = None;
+    let mut net_pct = None;
+    let mut scan_pct = None;
+    let mut cpu_pct = None;
+    let mut device = None;
+    let mut fsbench = None;
+    let mut exclude: Vec<String> = Vec::new();
+    let mut no_defaults = false;
+    let mut min_cycle = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--root" => root = val("--root")?.into(),
+            "--listen" => listen = val("--listen")?,
+            "--insecure" => insecure = true,
+            "--trigger-command" => trigger = Some(val("--trigger-command")?),
+            "--reboot-command" => reboot = Some(val("--reboot-command")?),
+            "--health-command" => health = Some(val("--health-command")?),
+            "--command-timeout" => timeout = Some(val("--command-timeout")?.parse::<f64>()?),
+            "--link-speed" => link = Some(val("--link-speed")?.parse::<u64>()?),
+            "--network-percent" => net_pct = Some(val("--network-percent")?.parse::<f64>()?),
+            "--scan-percent" => scan_pct = Some(val("--scan-percent")?.parse::<f64>()?),
+            "--cpu-percent" => cpu_pct = Some(val("--cpu-percent")?.parse::<f64>()?),
+            "--device-speed" => device = Some(val("--device-speed")?.parse::<u64>()?),
+            "--fsbench-dir" => fsbench = Some(PathBuf::from(val("--fsbench-dir")?)),
+            "--exclude" => exclude.push(val("--exclude")?),
+            "--no-default-exclusions" => no_defaults = true,
+            "--min-cycle-ms" => min_cycle = Some(val("--min-cycle-ms")?.parse::<u64>()?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            s => bail!("unknown argument {s}\n{USAGE}"),
+        }
+    }
+    let mut c = SubdConfig::new(root);
+    if let Some(t) = trigger {
+        c.trigger_command = split_command(&t);
+        if c.trigger_command.is_empty() {
+            bail!("--trigger-command is empty");
+        }
+    }
+    if let Some(r) = reboot {
+        c.reboot_command = split_command(&r);
+    }
+    c.health_command = health.map(|h| split_command(&h)).filter(|h| !h.is_empty());
+    if let Some(t) = timeout {
+        c.command_timeout = Duration::try_from_secs_f64(t).context("--command-timeout")?;
+    }
+    c.link_bytes_per_sec = link;
+    if let Some(p) = net_pct {
+        c.configuration.network_speed_percent = p;
+    }
+    if let Some(p) = scan_pct {
+        c.configuration.scan_speed_percent = p;
+    }
+    if let Some(p) = cpu_pct {
+        c.configuration.cpu_percent = p;
+    }
+    if !exclude.is_empty() || no_defaults {
+        c.configuration.scan_exclusions = exclude;
+    }
+    c.scanner.device_speed = device;
+    if let Some(d) = fsbench {
+        c.scanner.fsbench_dir = d;
+    }
+    if let Some(ms) = min_cycle {
+        c.scanner.min_cycle = Duration::from_millis(ms);
+    }
+    if let Ok(ms) = std::env::var("PADDOCK_SUBD_TEST_STEP_DELAY_MS") {
+        c.step_delay =
+            Duration::from_millis(ms.parse().context("PADDOCK_SUBD_TEST_STEP_DELAY_MS")?);
+    }
+    c.configuration
+        .check()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Args {
+        config: c,
+        listen,
+        insecure,
+    })
+}
+
+fn run() -> Result<()> {
+    let args = parse()?;
+    if !args.insecure {
+        bail!("{INSECURE}");
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let root = args.config.root.display().to_string();
+    let subd = Subd::start(args.config).with_context(|| format!("starting on {root}"))?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::warn!(%addr, root = %root, "serving plain HTTP (--insecure)");
+        println!("paddock-subd: listening on {addr}");
+        std::io::stdout().flush()?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = paddock_subd::rpc::serve(listener, subd) => r.context("serving")?,
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+            _ = term.recv() => tracing::info!("terminated"),
+        }
+        anyhow::Ok(())
+    })?;
+    // Dropping the runtime waits for an update in progress to finish.
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("paddock-subd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Fetch (Dominator's `sub/rpcd/fetch.go`): objects from an image server's
+//! `ObjectServer.GetObjects` into the object cache, at a share of the link speed.
+//!
+//! The answer is each object as an 8-byte big-endian length then its bytes, in the order
+//! asked. Each is written to `<object path>~`, its length and SHA-512 checked (Dominator
+//! checks only the length; the hash is cheap next to the network and keeps a bad server from
+//! poisoning the cache), then renamed into place. Reading is paced by the shared limiter
+//! ([`crate::ratelimit::Throttle`], counting bytes): `max(configured, requested)` percent of
+//! the link speed, unlimited at 100 % or when the speed is unknown.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use paddock_image::ObjectId;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha512};
+
+use crate::ratelimit::{IoMeasure, Limits, Throttle, Usage};
+
+/// Bytes per read from the network.
+const CHUNK: usize = 256 << 10;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FetchStats {
+    pub objects: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// The pace asked for (bytes/s); `None`: unlimited.
+    pub rate_limit: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("object server {server}: {message}")]
+    Server { server: String, message: String },
+    #[error("object {object}: {message}")]
+    Object { object: String, message: String },
+    #[error("object cache: {0}")]
+    Cache(io::Error),
+}
+
+/// The rate for a fetch: `max(configured, requested)` percent of the link; `None` (no limit)
+/// at 100 % or more, or when the link speed is unknown.
+pub fn fetch_rate(
+    link_bytes_per_sec: Option<u64>,
+    configured_percent: f64,
+    requested_percent: f64,
+) -> Option<f64> {
+    let pct = configured_percent.max(requested_percent);
+    let link = link_bytes_per_sec.filter(|b| *b > 0)?;
+    Limits::io_percent(link, pct)
+}
+
+/// The fastest link among the interfaces that are up (not loopback), from
+/// `<sys_class_net>/*/speed` (Mb/s) → bytes/s; `None` if none says.
+pub fn link_speed(sys_class_net: &Path) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    for e in fs::read_dir(sys_class_net).ok()?.flatten() {
+        let dir = e.path();
+        if e.file_name() == "lo" {
+            continue;
+        }
+        let up = fs::read_to_string(dir.join("operstate")).is_ok_and(|s| s.trim() == "up");
+        let speed = fs::read_to_string(dir.join("speed"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|s| *s > 0);
+        if let (true, Some(mbit)) = (up, speed) {
+            let b = mbit as u64 * 125_000;
+            best = Some(best.map_or(b, |x| x.max(b)));
+        }
+    }
+    best
+}
+
+/// `host:port` or a URL → the URL of `ObjectServer.GetObjects`.
+pub fn objects_url(server: &str) -> String {
+    let s = server.trim().trim_end_matches('/');
+    if s.contains("://") {
+        format!("{s}/rpc/ObjectServer.GetObjects")
+    } else {
+        format!("http://{s}/rpc/ObjectServer.GetObjects")
+    }
+}
+
+/// Fetches `objects` from `server` into the cache directory `cache` (`xx/yy/<rest>`).
+/// `progress` is told the bytes written so far.
+pub fn fetch(
+    agent: &ureq::Agent,
+    server: &str,
+    objects: &[ObjectId],
+    cache: &Path,
+    rate: Option<f64>,
+    progress: &AtomicU64,
+) -> Result<FetchStats, FetchError> {
+    let started = Instant::now();
+    let mut stats = FetchStats {
+        rate_limit: rate,
+        ..FetchStats::default()
+    };
+    if objects.is_empty() {
+        return Ok(stats);
+    }
+    let url = objects_url(server);
+    let server_err = |message: String| FetchError::Server {
+        server: server.to_string(),
+        message,
+    };
+    let body = serde_json::json!({ "objects": objects });
+    let resp = agent
+        .post(&url)
+        .send_json(&body)
+        .map_err(|e| server_err(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let mut reader = resp.into_body().into_reader();
+    if status != 200 {
+        let mut text = String::new();
+        let _ = (&mut reader).take(64 << 10).read_to_string(&mut text);
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(String::from))
+            .unwrap_or(text);
+        return Err(server_err(format!("{status}: {}", message.trim())));
+    }
+    let throttle = Throttle::new(
+        Limits {
+            io_bytes_per_sec: rate,
+            cpu_share: None,
+        },
+        IoMeasure::Bytes,
+    );
+    let mut buf = vec![0u8; CHUNK];
+    for id in objects {
+        let obj_err = |message: String| FetchError::Object {
+            object: id.to_string(),
+            message,
+        };
+        let mut len = [0u8; 8];
+        reader
+            .read_exact(&mut len)
+            .map_err(|e| server_err(format!("reading the length of {}: {e}", id.short())))?;
+        let len = u64::from_be_bytes(len);
+        let dest = cache.join(id.path());
+        let tmp = tilde(&dest);
+        if let Some(p) = dest.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(p)
+                .map_err(FetchError::Cache)?;
+        }
+        let mut out = File::create(&tmp).map_err(FetchError::Cache)?;
+        let mut h = Sha512::new();
+        let mut left = len;
+        let res: Result<(), FetchError> = (|| {
+            while left > 0 {
+                let want = left.min(CHUNK as u64) as usize;
+                let n = match reader.read(&mut buf[..want]) {
+                    Ok(0) => {
+                        return Err(server_err(format!(
+                            "the stream ended {left} bytes into object {}",
+                            id.short()
+                        )));
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(server_err(format!("reading {}: {e}", id.short()))),
+                };
+                h.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(FetchError::Cache)?;
+                left -= n as u64;
+                progress.fetch_add(n as u64, Ordering::Relaxed);
+                if rate.is_some() {
+                    throttle.pace(
+                        Usage {
+                            bytes: n as u64,
+                            ..Usage::default()
+                        },
+                        &|| false,
+                    );
+                }
+            }
+            if ObjectId::from_hasher(h) != *id {
+                return Err(obj_err(
+                    "the server sent other bytes (SHA-512 differs)".into(),
+                ));
+            }
+            drop(out);
+            fs::rename(&tmp, &dest).map_err(FetchError::Cache)
+        })();
+        if let Err(e) = res {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        stats.objects += 1;
+        stats.bytes += len;
+    }
+    stats.seconds = started.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+fn tilde(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push("~");
+    PathBuf::from(s)
+}
+
+/// An agent for object servers: errors are answers, not transport failures; connecting
+/// times out, reading does not (a throttled fetch of a large object takes long).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_urls() {
+        assert_eq!(fetch_rate(Some(1_000_000), 10.0, 5.0), Some(100_000.0));
+        assert_eq!(fetch_rate(Some(1_000_000), 10.0, 50.0), Some(500_000.0));
+        assert_eq!(fetch_rate(Some(1_000_000), 10.0, 100.0), None);
+        assert_eq!(fetch_rate(None, 10.0, 5.0), None);
+        assert_eq!(fetch_rate(Some(0), 10.0, 5.0), None);
+        assert_eq!(
+            objects_url("img:6971"),
+            "http://img:6971/rpc/ObjectServer.GetObjects"
+        );
+        assert_eq!(
+            objects_url("http://img:6971/"),
+            "http://img:6971/rpc/ObjectServer.GetObjects"
+        );
+    }
+
+    #[test]
+    fn link_speed_from_sysfs() {
+        let d = tempfile::tempdir().unwrap();
+        let iface = |name: &str, state: &str, speed: &str| {
+            let p = d.path().join(name);
+            fs::create_dir(&p).unwrap();
+            fs::write(p.join("operstate"), state).unwrap();
+            fs::write(p.join("speed"), speed).unwrap();
+        };
+        assert_eq!(link_speed(d.path()), None);
+        iface("lo", "unknown\n", "10000\n");
+        iface("eth0", "up\n", "1000\n");
+        iface("eth1", "down\n", "25000\n");
+        iface("veth0", "up\n", "-1\n");
+        assert_eq!(link_speed(d.path()), Some(125_000_000));
+    }
+}

@@ -1,0 +1,229 @@
+//! The `paddock-subd` binary: `kill -9` in the middle of an update's change window, a
+//! restart, a fresh scan, plan and fetch, and a second update that converges on the image;
+//! and the refusal to serve plain HTTP without `--insecure`.
+
+mod support;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use paddock_image::Image;
+use paddock_image::plan::{missing_objects, plan};
+use paddock_subd::service::UpdateReport;
+use serde_json::json;
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_paddock-subd");
+
+struct Running {
+    child: Child,
+    url: String,
+}
+
+fn start(root: &Path, dir: &Path, trigger: &Path, step_delay_ms: Option<u64>, n: u32) -> Running {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--root",
+        root.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--insecure",
+    ])
+    .args(["--trigger-command", trigger.to_str().unwrap()])
+    .args(["--no-default-exclusions", "--device-speed", "1073741824"])
+    .args(["--link-speed", "1073741824", "--min-cycle-ms", "20"])
+    .env("PADDOCK_LOG", "debug")
+    .stdout(Stdio::piped())
+    .stderr(fs::File::create(dir.join(format!("subd-{n}.log"))).unwrap());
+    if let Some(ms) = step_delay_ms {
+        cmd.env("PADDOCK_SUBD_TEST_STEP_DELAY_MS", ms.to_string());
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("paddock-subd: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    Running {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
+
+/// Poll, plan, fetch the missing objects, plan again with them in the cache.
+fn plan_with_fetch(c: &Client, image: &Image, server: &str) -> paddock_image::UpdateRequest {
+    let p = c.fresh_scan();
+    let (fs_, cache) = (p.file_system.unwrap(), p.object_cache.unwrap());
+    let missing = missing_objects(&fs_, &cache, image);
+    c.ok(
+        "Subd.Fetch",
+        &json!({"server": server, "objects": missing, "speed_percent": 100}),
+    );
+    let p = c.poll(0);
+    plan(&p.file_system.unwrap(), &p.object_cache.unwrap(), image)
+}
+
+#[test]
+fn kill_9_during_an_update_then_a_restart_converges() {
+    let d = tempfile::tempdir().unwrap();
+    let (root, want, store) = (
+        d.path().join("root"),
+        d.path().join("want"),
+        d.path().join("store"),
+    );
+    for p in [&root, &want, &store] {
+        fs::create_dir(p).unwrap();
+    }
+    // 120 files change content, 40 are removed, 40 arrive in new directories, a content
+    // used three times, a hard-link group, a directory that becomes a file.
+    for i in 0..160 {
+        write(
+            &root,
+            &format!("app/f{i:03}"),
+            format!("old {i}\n").as_bytes(),
+            0o644,
+        );
+    }
+    for i in 0..120 {
+        write(
+            &want,
+            &format!("app/f{i:03}"),
+            format!("new {i}\n").as_bytes(),
+            0o644,
+        );
+    }
+    for i in 0..40 {
+        write(
+            &want,
+            &format!("new/d{}/g{i:02}", i % 4),
+            format!("g {i}\n").as_bytes(),
+            0o640,
+        );
+    }
+    for i in 0..3 {
+        write(&want, &format!("dup/{i}"), b"the same\n", 0o644);
+    }
+    write(&want, "bin/tool", &pattern(200_000, 5), 0o755);
+    fs::hard_link(want.join("bin/tool"), want.join("bin/tool-alias")).unwrap();
+    write(&root, "was-dir/x/y", b"y\n", 0o644);
+    write(&want, "was-dir", b"a file now\n", 0o644);
+    let scan = scan_tree(&want);
+    store_objects(&want, &scan.fs, &store);
+    let triggers = r#"[{"MatchLines": ["/app/.*"], "Service": "app"}]"#;
+    let image = image_of("app.2", scan.fs, triggers);
+    let log = d.path().join("trigger.log");
+    let trigger = trigger_script(d.path(), &log, &root.join("new"));
+    let rt = runtime();
+    let (server, _) = object_server(&rt, &store);
+
+    // First run, slowed down to 20 ms per operation; killed in the change window.
+    let mut first = start(&root, d.path(), &trigger, Some(20), 1);
+    let c = Client::new(&first.url, "dom");
+    let req = plan_with_fetch(&c, &image, &server);
+    assert!(
+        req.inodes_to_make.len() >= 160,
+        "{}",
+        req.inodes_to_make.len()
+    );
+    let url = first.url.clone();
+    let body = serde_json::to_value(&req).unwrap();
+    let update = std::thread::spawn(move || {
+        // Ends with the connection cut by the kill.
+        let _ = agent()
+            .post(format!("{url}/rpc/Subd.Update"))
+            .send_json(&body);
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let p = c.poll(0);
+        if p.update_progress
+            .is_some_and(|p| p.phase == "make inodes" && p.done >= 30)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the update never reached its change window"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.child.kill().unwrap(); // SIGKILL
+    first.child.wait().unwrap();
+    update.join().unwrap();
+    // Half done: some new content is in place, some old content is still there.
+    let half = scan_tree(&root);
+    assert_ne!(canonical(&half.fs), canonical(&image.fs));
+    assert_eq!(fs::read(root.join("app/f000")).unwrap(), b"new 0\n");
+    assert_eq!(fs::read(root.join("app/f119")).unwrap(), b"old 119\n");
+    assert_eq!(read_lines(&log), ["app stop old"]);
+    assert!(root.join(".subd/stopped-services").exists());
+    assert!(
+        !leftovers(&root).is_empty(),
+        "copies of the used-thrice object remain"
+    );
+
+    // Restart: leftovers removed, the stopped service started again; then the
+    // controller's next round converges.
+    let mut second = start(&root, d.path(), &trigger, None, 2);
+    let c = Client::new(&second.url, "dom");
+    let p = c.wait_scan(0);
+    assert_eq!(p.recovered_services.len(), 1);
+    assert!(p.recovered_services[0].ok && p.recovered_services[0].command.ends_with("app start"));
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+    assert!(!root.join(".subd/stopped-services").exists());
+    let req = plan_with_fetch(&c, &image, &server);
+    let report: UpdateReport =
+        serde_json::from_value(c.ok("Subd.Update", &serde_json::to_value(&req).unwrap())).unwrap();
+    assert!(report.error.is_none(), "{report:?}");
+    println!(
+        "second update: {} inodes made, {} deleted, change window {:.1} ms",
+        report.apply.inodes_made, report.apply.deleted, report.apply.change_window_ms
+    );
+    let after = c.fresh_scan();
+    assert_same_tree(&after.file_system.unwrap(), &image.fs);
+    assert_same_dirs(&root, &want);
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+    assert_eq!(
+        read_lines(&log),
+        // Stopped before the change window (no /new yet), started again at restart (the
+        // directories were made before the kill), stopped and started by the retry.
+        [
+            "app stop old",
+            "app start new",
+            "app stop new",
+            "app start new"
+        ]
+    );
+    assert_eq!(
+        c.poll(0).last_successful_image_name.as_deref(),
+        Some("app.2")
+    );
+    second.child.kill().unwrap();
+    second.child.wait().unwrap();
+}
+
+#[test]
+fn refuses_plain_http_without_insecure() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "--root",
+            d.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--insecure") && err.contains("TLS"), "{err}");
+    let out = Command::new(BIN).arg("--bogus").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown argument --bogus"));
+}
