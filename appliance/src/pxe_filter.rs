@@ -249,14 +249,7 @@ impl PxeFilter {
     }
 
     async fn drop_leader_element(&self) {
-        let (nft, iface) = (self.nft.clone(), self.iface.clone());
-        match tokio::task::spawn_blocking(move || nft.refresh_leader(&iface, None)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "pxe filter: cannot remove the leader element")
-            }
-            Err(e) => tracing::error!(error = %e, "pxe filter: cannot remove the leader element"),
-        }
+        self.set_leader_element(None).await;
     }
 
     /// Gives the kernel's leader element the rest of this host's tenure to live.
@@ -264,21 +257,21 @@ impl PxeFilter {
         let Some(deadline) = self.timed.as_ref().and_then(|c| c.deadline()) else {
             return;
         };
-        if !self.leading.load(Ordering::SeqCst) {
-            return;
-        }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return;
+        if self.leading.load(Ordering::SeqCst) && !left.is_zero() {
+            self.set_leader_element(Some(left)).await;
         }
+    }
+
+    async fn set_leader_element(&self, timeout: Option<std::time::Duration>) {
         let (nft, iface) = (self.nft.clone(), self.iface.clone());
-        match tokio::task::spawn_blocking(move || nft.refresh_leader(&iface, Some(left))).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "pxe filter: cannot refresh the leader element")
-            }
-            Err(e) => tracing::error!(error = %e, "pxe filter: cannot refresh the leader element"),
-        }
+        let res = tokio::task::spawn_blocking(move || nft.refresh_leader(&iface, timeout)).await;
+        let err = match res {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(error = %err, removing = timeout.is_none(), "pxe filter: cannot set the leader element");
     }
 
     /// Several hosts: refreshes the leader element every 200 ms while this host leads. If

@@ -93,44 +93,8 @@ impl ImageError {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AddSummary {
     pub name: String,
-    pub stats: IngestStatsView,
+    pub stats: IngestStats,
     pub seconds: f64,
-}
-
-/// [`IngestStats`] as sent over the API.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct IngestStatsView {
-    pub files: u64,
-    pub directories: u64,
-    pub symlinks: u64,
-    pub specials: u64,
-    pub hardlinks: u64,
-    pub filtered: u64,
-    pub bytes: u64,
-    pub objects: u64,
-    pub new_objects: u64,
-    pub new_bytes: u64,
-    pub dedup_bytes: u64,
-    pub input_bytes: u64,
-}
-
-impl From<&IngestStats> for IngestStatsView {
-    fn from(s: &IngestStats) -> Self {
-        IngestStatsView {
-            files: s.files,
-            directories: s.directories,
-            symlinks: s.symlinks,
-            specials: s.specials,
-            hardlinks: s.hardlinks,
-            filtered: s.filtered,
-            bytes: s.bytes,
-            objects: s.objects,
-            new_objects: s.new_objects,
-            new_bytes: s.new_bytes,
-            dedup_bytes: s.dedup_bytes,
-            input_bytes: s.input_bytes,
-        }
-    }
 }
 
 /// What `show` reports beyond the record.
@@ -275,7 +239,7 @@ impl ImageServer {
         tracing::info!(image = %name, files = stats.files, new_objects = stats.new_objects, "image added");
         Ok(AddSummary {
             name,
-            stats: (&stats).into(),
+            stats,
             seconds: started.elapsed().as_secs_f64(),
         })
     }

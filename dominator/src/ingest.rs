@@ -17,7 +17,7 @@ use std::io::{self, BufRead, BufReader, Read};
 
 use paddock_image::tree::{self, TreeError, normalize};
 use paddock_image::{FileSystem, Filter, Inode, Mtime, ObjectId, SpecialKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
 
 use crate::objects::{ObjectError, ObjectStore};
@@ -27,7 +27,7 @@ pub const MAX_EXTENSION: u64 = 1 << 20;
 /// Members up to this size are hashed in memory; larger ones stream through a temporary file.
 const IN_MEMORY: u64 = 64 << 20;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngestStats {
     /// Tar members read (including filtered ones).
     pub members: u64,
