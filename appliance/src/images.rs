@@ -16,10 +16,10 @@ type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '
 pub struct Observers(pub Vec<Arc<dyn NodeObserver>>);
 
 impl NodeObserver for Observers {
-    fn nodes_changed(&self) -> Fut<'_> {
+    fn nodes_changed<'a>(&'a self, changed: &'a [uuid::Uuid]) -> Fut<'a> {
         Box::pin(async move {
             for o in &self.0 {
-                o.nodes_changed().await;
+                o.nodes_changed(changed).await;
             }
         })
     }
@@ -99,7 +99,7 @@ impl MdbRecorder {
 }
 
 impl NodeObserver for MdbRecorder {
-    fn nodes_changed(&self) -> Fut<'_> {
+    fn nodes_changed<'a>(&'a self, _changed: &'a [uuid::Uuid]) -> Fut<'a> {
         Box::pin(async move {
             if let Err(e) = self.record_new().await {
                 tracing::error!(error = %e, "mdb: recording enrolled machines failed");

@@ -18,6 +18,9 @@ struct Status {
     drift_repaired: u64,
 }
 
+/// Each node's MACs and whether it may PXE-boot now.
+type NodeIndex = std::collections::BTreeMap<uuid::Uuid, (Vec<MacAddr>, bool)>;
+
 pub struct PxeFilter {
     /// Several hosts: the right to serve is the timed element in the kernel's `leader` set,
     /// kept alive until the tenure deadline; the static pass rule is never used.
@@ -28,6 +31,9 @@ pub struct PxeFilter {
     discovery: bool,
     pass: AtomicBool,
     inspector: Arc<Inspector>,
+    /// Every node's MACs and whether it may PXE-boot now, kept from the changes the
+    /// inspector reports and rebuilt from the store by every reconcile.
+    nodes: tokio::sync::Mutex<Option<NodeIndex>>,
     applied: RwLock<Option<Filter>>,
     status: Mutex<Status>,
     one_at_a_time: tokio::sync::Mutex<()>,
@@ -54,6 +60,7 @@ impl PxeFilter {
             iface,
             discovery,
             inspector,
+            nodes: tokio::sync::Mutex::new(None),
             applied: RwLock::new(Some(Filter::default())),
             status: Mutex::new(Status::default()),
             one_at_a_time: tokio::sync::Mutex::new(()),
@@ -66,15 +73,49 @@ impl PxeFilter {
         Ok(f)
     }
 
-    async fn desired(&self) -> anyhow::Result<Filter> {
-        let nodes = self
-            .inspector
-            .list()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        let machines = nodes
+    /// The desired filter. With the UUIDs of the nodes that changed, only those are read
+    /// (the event path); with none, every node is (reconcile, start, unknown changes).
+    async fn desired(&self, changed: &[uuid::Uuid]) -> anyhow::Result<Filter> {
+        let mut index = self.nodes.lock().await;
+        match (&mut *index, changed) {
+            (Some(idx), [_, ..]) => {
+                for uuid in changed {
+                    match self
+                        .inspector
+                        .get(&uuid.to_string())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{}", e.message))?
+                    {
+                        Some(v) => {
+                            idx.insert(*uuid, (v.node.macs.clone(), v.node.inspecting()));
+                        }
+                        None => {
+                            idx.remove(uuid);
+                        }
+                    }
+                }
+            }
+            _ => {
+                let nodes = self
+                    .inspector
+                    .list()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+                *index = Some(
+                    nodes
+                        .into_iter()
+                        .map(|n| {
+                            let inspecting = n.inspecting();
+                            (n.uuid, (n.macs, inspecting))
+                        })
+                        .collect(),
+                );
+            }
+        }
+        let machines = index
             .iter()
-            .flat_map(|n| n.macs.iter().map(move |m| (*m, n.inspecting())));
+            .flatten()
+            .flat_map(|(_, (macs, wanted))| macs.iter().map(move |m| (*m, *wanted)));
         Ok(Filter::from_machines(
             machines,
             self.discovery,
@@ -85,9 +126,9 @@ impl PxeFilter {
     /// After a node change (event path, before the API call returns): the difference from
     /// what was last applied, sent as one netlink batch. No kernel read, no nft process. If
     /// it fails (someone removed the table), falls back to [`PxeFilter::reconcile`].
-    pub async fn update(&self) -> anyhow::Result<()> {
+    pub async fn update(&self, changed: &[uuid::Uuid]) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        let desired = self.desired().await?;
+        let desired = self.desired(changed).await?;
         let last = self
             .applied
             .read()
@@ -119,7 +160,7 @@ impl PxeFilter {
     /// pass rule is removed.
     pub async fn reconcile(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        let desired = self.desired().await?;
+        let desired = self.desired(&[]).await?;
         self.reconcile_locked(desired).await
     }
 
@@ -328,11 +369,12 @@ impl PxeFilter {
 }
 
 impl NodeObserver for PxeFilter {
-    fn nodes_changed(
-        &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+    fn nodes_changed<'a>(
+        &'a self,
+        changed: &'a [uuid::Uuid],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            if let Err(e) = self.update().await {
+            if let Err(e) = self.update(changed).await {
                 tracing::error!(error = %e, "pxe filter: update after a node change failed");
             }
         })

@@ -360,19 +360,26 @@ async fn follow_nodes(store: Arc<dyn Store>, filter: Arc<PxeFilter>) {
                 continue;
             }
         };
-        // Changes that happened before the watch started are caught by this update.
-        if let Err(e) = filter.update().await {
+        // Changes that happened before the watch started are caught by this full update.
+        if let Err(e) = filter.update(&[]).await {
             tracing::warn!(error = %e, "pxe filter: update failed");
         }
         loop {
             match w.next().await {
-                Some(Ok(_)) => {
-                    // Fold a burst: take whatever else is already queued.
-                    while let Ok(Some(Ok(_))) =
+                Some(Ok(first)) => {
+                    // Fold a burst: take whatever else is already queued; read only the
+                    // nodes that changed.
+                    let mut keys = vec![first.kv.key];
+                    while let Ok(Some(Ok(ev))) =
                         tokio::time::timeout(std::time::Duration::from_millis(5), w.next()).await
                     {
+                        keys.push(ev.kv.key);
                     }
-                    if let Err(e) = filter.update().await {
+                    let uuids: Vec<uuid::Uuid> = keys
+                        .iter()
+                        .filter_map(|k| k.strip_prefix("nodes/")?.parse().ok())
+                        .collect();
+                    if let Err(e) = filter.update(&uuids).await {
                         tracing::warn!(error = %e, "pxe filter: update failed");
                     }
                 }

@@ -200,10 +200,13 @@ fn node_txn(node: &Node, old: Option<&Node>, rev: Revision) -> Txn {
 }
 
 /// Told after every change of node records (the PXE filter follows them). Awaited before
-/// the API call that caused the change returns.
+/// the API call that caused the change returns. `changed` names the nodes whose records
+/// changed; empty means "not known: look at every node".
 pub trait NodeObserver: Send + Sync {
-    fn nodes_changed(&self)
-    -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+    fn nodes_changed<'a>(
+        &'a self,
+        changed: &'a [Uuid],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 }
 
 pub struct Inspector {
@@ -232,9 +235,9 @@ impl Inspector {
         let _ = self.observer.set(observer);
     }
 
-    async fn changed(&self) {
+    async fn changed(&self, nodes: &[Uuid]) {
         if let Some(o) = self.observer.get() {
-            o.nodes_changed().await;
+            o.nodes_changed(nodes).await;
         }
     }
 
@@ -301,7 +304,7 @@ impl Inspector {
             false,
         ));
         if self.store.txn(txn).await?.succeeded {
-            self.changed().await;
+            self.changed(&[node.uuid]).await;
             return Ok(());
         }
         for mac in &node.macs {
@@ -425,7 +428,7 @@ impl Inspector {
                 Ok(())
             })
             .await?;
-        self.changed().await;
+        self.changed(&[node.uuid]).await;
         Ok(node)
     }
 
@@ -457,14 +460,18 @@ impl Inspector {
                 Ok(())
             })
             .await?;
-        self.changed().await;
+        self.changed(&[node.uuid]).await;
         Ok(node)
     }
 
     /// `POST /v1/continue`: returns the node's UUID.
     pub async fn process(&self, body: &[u8], now: i64) -> Result<Uuid> {
         let res = self.process_inner(body, now).await;
-        self.changed().await;
+        // A failure may have marked a node we cannot name here: look at every node.
+        match &res {
+            Ok(uuid) => self.changed(&[*uuid]).await,
+            Err(_) => self.changed(&[]).await,
+        }
         res
     }
 
@@ -794,7 +801,7 @@ impl Inspector {
             )),
             Some(_) => Ok(()),
         };
-        self.changed().await;
+        self.changed(&[v.node.uuid]).await;
         res
     }
 
@@ -805,7 +812,7 @@ impl Inspector {
 
     /// [`Inspector::expire`] as leader-only work: every write carries the leader's fence.
     pub async fn expire_fenced(&self, now: i64, fence: Option<&Compare>) -> Result<usize> {
-        let mut n = 0;
+        let mut expired = Vec::new();
         for node in self.list().await? {
             let overdue = node.introspection.as_ref().is_some_and(|i| {
                 i.state.is_active()
@@ -838,17 +845,17 @@ impl Inspector {
                 })
                 .await;
             match res {
-                Ok((_, true)) => n += 1,
+                Ok((_, true)) => expired.push(node.uuid),
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(node = %node.uuid, error = %e, "inspector: timeout not recorded")
                 }
             }
         }
-        if n > 0 {
-            self.changed().await;
+        if !expired.is_empty() {
+            self.changed(&expired).await;
         }
-        Ok(n)
+        Ok(expired.len())
     }
 
     /// What a ramdisk should do now.
