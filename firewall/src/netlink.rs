@@ -226,7 +226,9 @@ pub fn parse_acks(mut bytes: &[u8]) -> Result<Vec<(u32, i32)>, String> {
             if len < 20 {
                 return Err("short netlink error message".into());
             }
-            let errno = -i32::from_ne_bytes(bytes[16..20].try_into().unwrap_or_default());
+            // Wrapping: a (bogus) i32::MIN stays an error instead of overflowing.
+            let errno =
+                i32::from_ne_bytes(bytes[16..20].try_into().unwrap_or_default()).wrapping_neg();
             // The error carries the offending request's header: its sequence number.
             let seq = if len >= 36 {
                 u32::from_ne_bytes(bytes[28..32].try_into().unwrap_or_default())
@@ -479,5 +481,30 @@ mod tests {
         let mut bad = b.clone();
         bad[0] = 200;
         assert!(parse_acks(&bad).is_err());
+    }
+
+    #[test]
+    fn parse_acks_survives_errno_i32_min() {
+        // Found by the `netlink_acks` fuzz target: an error message whose error field is
+        // i32::MIN overflowed the negation.
+        let crash: &[u8] = &[
+            0x24, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0xff, 0x00, 0x00, 0x00, 0x80, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x00, 0x39, 0xff, 0xff, 0xff, 0xfe, 0xfe, 0xef, 0xff, 0x00, 0x12, 0x00,
+            0x00, 0x00, 0x02, 0x00, 0x12, 0x41, 0x64, 0x00, 0x00, 0x00, 0x21, 0x00, 0x00, 0x03,
+            0x01, 0x00, 0x00, 0x00, 0x00,
+        ];
+        let _ = parse_acks(crash);
+        let mut b = Vec::new();
+        b.extend_from_slice(&20u32.to_ne_bytes());
+        b.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        b.extend_from_slice(&0u16.to_ne_bytes());
+        b.extend_from_slice(&5u32.to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&i32::MIN.to_ne_bytes());
+        let acks = parse_acks(&b).unwrap();
+        assert_eq!(acks.len(), 1);
+        assert_eq!(acks[0].0, 5);
+        assert_ne!(acks[0].1, 0, "still an error");
     }
 }
