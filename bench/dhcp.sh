@@ -53,7 +53,7 @@ for s in $SERVERS; do
     case $s in paddock | kea | dnsmasq) ;; *) die "unknown server '$s' in SERVERS" ;; esac
 done
 [[ " $SERVERS " == *" paddock "* ]] && paddock_bin
-ensure_pkgs kea-dhcp4-server kea-admin dnsmasq-base iproute2
+bench_deps
 netns_up
 
 # --- servers: each start_<name> launches one fresh server with an empty lease db ---

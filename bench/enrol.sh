@@ -17,8 +17,7 @@ RUNS=${RUNS:-2}
 for f in target/release/paddock target/release/paddock-lab target/ramdisk/vmlinuz target/ramdisk/initrd.img; do
   [[ -e $f ]] || { echo "missing $f: cargo build --release -p paddock -p paddock-vm-tests && scripts/build-ramdisk.sh" >&2; exit 1; }
 done
-command -v cpio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cpio >/dev/null
-command -v dnsmasq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null
+scripts/install-deps.sh --bench   # cpio, dnsmasq: the one list of packages
 
 NS=pdk-enrol
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/paddock-enrol.XXXXXX")

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $EUID -eq 0 ]] || { echo "run as root (network namespaces)" >&2; exit 1; }
-command -v etcd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
+scripts/install-deps.sh --bench   # etcd: the one list of packages
 BIN=target/debug/paddock-failover
 [[ -x $BIN && -x target/debug/paddock ]] || { echo "missing binaries: cargo build -p paddock -p paddock-vm-tests" >&2; exit 1; }
 $BIN "${ROUNDS:-10}"

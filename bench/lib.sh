@@ -12,7 +12,6 @@ SRV_IP=198.18.0.1
 CLI_IP=198.18.0.2
 SRV_PID=
 SCRATCH=
-POLICY_RC_CREATED=0
 
 die() { echo "error: $*" >&2; exit 1; }
 log() { echo "# $*" >&2; }
@@ -34,7 +33,6 @@ bench_cleanup() {
     set +e
     stop_server
     netns_down
-    if [[ $POLICY_RC_CREATED == 1 ]]; then rm -f /usr/sbin/policy-rc.d; fi
     if [[ -n $SCRATCH && -d $SCRATCH ]]; then
         if [[ ($rc -ne 0 || ${KEEP_SCRATCH:-0} == 1) && -n $(ls -A "$SCRATCH") ]]; then
             find "$SCRATCH" -name '*.bin' -delete 2>/dev/null
@@ -46,22 +44,9 @@ bench_cleanup() {
     exit "$rc"
 }
 
-# ensure_pkgs PKG...: apt-get install whatever is missing; never starts services.
-ensure_pkgs() {
-    local p missing=()
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-    done
-    ((${#missing[@]} == 0)) && return 0
-    log "installing missing packages: ${missing[*]}"
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then # keep tftpd-hpa/kea services from starting
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        POLICY_RC_CREATED=1
-    fi
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-    if [[ $POLICY_RC_CREATED == 1 ]]; then rm -f /usr/sbin/policy-rc.d; POLICY_RC_CREATED=0; fi
+# bench_deps: every package the benches use, from the one list (scripts/install-deps.sh --bench).
+bench_deps() {
+    "$(dirname "${BASH_SOURCE[0]}")/../scripts/install-deps.sh" --bench >&2
 }
 
 netns_up() {

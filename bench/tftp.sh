@@ -42,7 +42,7 @@ for s in $SERVERS; do
     case $s in paddock | tftp-hpa | dnsmasq) ;; *) die "unknown server '$s' in SERVERS" ;; esac
 done
 [[ " $SERVERS " == *" paddock "* ]] && paddock_bin
-ensure_pkgs tftpd-hpa tftp-hpa atftp dnsmasq-base iproute2
+bench_deps
 netns_up
 
 TROOT=$SCRATCH/tftp-root

@@ -3,9 +3,16 @@
 # Idempotent: does nothing when everything is present. Must run as root.
 set -euo pipefail
 
+# Every Debian package the build, the tests, the lab and (with --bench) the benchmarks use,
+# named here and installed without recommends: nothing may rely on what a machine happens to
+# hold. scripts/fresh-check.sh proves the list in a pristine Debian 12 root.
 packages=(
-  iproute2 curl python3 ca-certificates
-  busybox-static   # udhcpc: the DHCP client of the PXE tests
+  ca-certificates curl  # crates.io over HTTPS for cargo; curl: the HTTP client of the tests
+  gcc libc6-dev    # C builds of bundled SQLite and zstd; the static (glibc) ramdisk agent
+  protobuf-compiler libprotobuf-dev  # protoc and the well-known .proto files etcd-client imports
+  iproute2 procps  # ip: namespaces, veth, bridges, taps; kill
+  python3 python3-venv  # a raw-socket test client; the OpenStack CLI in a venv
+  busybox-static   # udhcpc: the DHCP client of the PXE tests; the ramdisk's shell tools
   isc-dhcp-client  # dhclient: lease and renewal
   isc-dhcp-relay   # dhcrelay: relayed requests with option 82
   atftp tftp-hpa   # TFTP clients
@@ -13,12 +20,17 @@ packages=(
   ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware
   socat            # the lab's console forwarder
   nftables         # the PXE filter
-  debootstrap      # the Debian minbase test images (scripts/test-images.sh)
-  protobuf-compiler  # protoc: etcd-client's build script
+  debootstrap      # the Debian minbase test images and the fresh-root check
   etcd-server etcd-client  # the etcd backend's conformance tests and the HA scenarios
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa)
+  packages+=(
+    kea-dhcp4-server kea-admin  # Kea and perfdhcp (bench/dhcp.sh)
+    dnsmasq-base     # DHCP+TFTP peer (bench/dhcp.sh, tftp.sh, enrol.sh)
+    tftpd-hpa        # TFTP peer (bench/tftp.sh)
+    iptables         # Inspector's PXE filter (bench/filter.sh)
+    cpio             # the baseline ramdisk (bench/enrol.sh)
+  )
 fi
 
 missing=()

@@ -1,28 +1,26 @@
 #!/usr/bin/env bash
 # The real test images: a Debian minbase tree made by debootstrap, and a second one with a
-# few packages changed and added (the same mirror apt uses). Output in target/images/:
+# few packages changed and added (from the mirror apt uses; none is assumed). Output in target/images/:
 #   minbase/        the tree (root-owned; devices kept)
 #   minbase.tar     a tarball of it (numeric owners)
 #   minbase2/ minbase2.tar   the second image
 #   changed-bytes   bytes of regular files that differ or are new in minbase2 (truly changed)
-# Cached: a second run does nothing. Needs root (debootstrap, chroot).
+# Cached: a second run does nothing; the debootstrap root is cached in $PADDOCK_CACHE
+# (default /var/cache/paddock) so fresh clones reuse it. Needs root (debootstrap, chroot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=target/images
-MIRROR=${MIRROR:-$(awk '/^URIs:/ { print $2; exit } /^deb / { print $2; exit }' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-SUITE=${SUITE:-bookworm}
+OUT=${IMAGES_OUT:-target/images}
 [[ $EUID -eq 0 ]] || { echo "test-images.sh: run as root" >&2; exit 1; }
-command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+source scripts/debian.sh
 mkdir -p "$OUT"
 if [[ ! -s $OUT/minbase.tar ]]; then
+  # The pristine minbase root (debootstrap from the mirror apt uses, cached across clones).
+  base=$(minbase_tarball) || { echo "test-images.sh: no minbase root" >&2; exit 1; }
   rm -rf "$OUT/minbase" "$OUT/minbase.tmp"
-  echo "test-images: debootstrap --variant=minbase $SUITE from $MIRROR" >&2
-  debootstrap --variant=minbase "$SUITE" "$OUT/minbase.tmp" "$MIRROR" >"$OUT/debootstrap.log" 2>&1 \
-    || { tail -20 "$OUT/debootstrap.log" >&2; exit 1; }
-  rm -rf "$OUT/minbase.tmp/var/cache/apt/archives/"*.deb
+  mkdir "$OUT/minbase.tmp"
+  tar --numeric-owner -C "$OUT/minbase.tmp" -xpf "$base"
   mv "$OUT/minbase.tmp" "$OUT/minbase"
-  tar --numeric-owner -C "$OUT/minbase" -cf "$OUT/minbase.tar.tmp" .
+  cp "$base" "$OUT/minbase.tar.tmp"
   mv "$OUT/minbase.tar.tmp" "$OUT/minbase.tar"
 fi
 if [[ ! -s $OUT/minbase2.tar ]]; then

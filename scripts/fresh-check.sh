@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Proves scripts/install-deps.sh on a machine that holds nothing: unpacks a pristine Debian 12
+# minbase root (debootstrap from the mirror apt uses, cached as a tarball in $PADDOCK_CACHE,
+# default /var/cache/paddock), runs scripts/install-deps.sh --bench in it, then proves there
+# that every prerequisite of the build, the tests, the lab and the benches works: each tool
+# starts, protoc compiles a proto that imports google/protobuf/descriptor.proto, gcc links a
+# static binary, the firmware files the VMs boot exist. A failure names the tool, who uses it,
+# and the package scripts/install-deps.sh must install. Downloaded .deb files are cached too,
+# so a later run takes a minute or two. Needs root (chroot). Options: --keep (leave the root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $EUID -eq 0 ]] || { echo "fresh-check: run as root (chroot)" >&2; exit 1; }
+KEEP=0
+[[ ${1:-} == --keep ]] && KEEP=1
+source scripts/debian.sh
+
+t0=$(date +%s)
+base=$(minbase_tarball) || { echo "fresh-check: could not make the pristine root" >&2; exit 1; }
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/paddock-fresh.XXXXXX")
+mounts=()
+cleanup() {
+  local rc=$? m
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
+  # --one-file-system: never into a mount that failed to go away (the .deb cache, /proc).
+  if [[ $KEEP == 1 ]]; then echo "fresh-check: root kept in $ROOT" >&2; else rm -rf --one-file-system "$ROOT"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+bind() { mkdir -p "$ROOT$2"; mount --bind "$1" "$ROOT$2"; mounts+=("$ROOT$2"); }
+
+tar --numeric-owner -C "$ROOT" -xpf "$base"
+# The host's apt configuration (mirror, proxies, validity settings), not its cache cleaner, so
+# that the .deb files land in the cache below; the host's resolver for the mirror's name.
+rm -f "$ROOT/etc/apt/sources.list"
+cp -a /etc/apt/sources.list.d/. "$ROOT/etc/apt/sources.list.d/" 2>/dev/null || true
+[[ -f /etc/apt/sources.list ]] && cp /etc/apt/sources.list "$ROOT/etc/apt/"
+for f in /etc/apt/apt.conf.d/*; do
+  grep -q 'Post-Invoke' "$f" 2>/dev/null || cp "$f" "$ROOT/etc/apt/apt.conf.d/"
+done
+cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+mkdir -p "$PADDOCK_CACHE/apt-archives/partial"
+bind "$PADDOCK_CACHE/apt-archives" /var/cache/apt/archives
+mount -t proc proc "$ROOT/proc"
+mounts+=("$ROOT/proc")
+mkdir -p "$ROOT/paddock"
+cp scripts/install-deps.sh "$ROOT/paddock/"
+
+echo "fresh-check: installing with scripts/install-deps.sh --bench in a pristine $SUITE root" >&2
+if ! chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  bash /paddock/install-deps.sh --bench >"$ROOT/paddock/install.log" 2>&1; then
+  tail -30 "$ROOT/paddock/install.log" >&2
+  echo "fresh-check: FAILED: scripts/install-deps.sh --bench failed in a fresh root (log above)" >&2
+  exit 1
+fi
+
+# Each check: package | who uses it | a command that must succeed in the root.
+checks=(
+  "iproute2|every network test (namespaces, veth, bridges)|ip -V"
+  "procps|tests that stop processes|kill -l"
+  "curl|HTTP tests|curl --version"
+  "ca-certificates|cargo fetching from crates.io|test -s /etc/ssl/certs/ca-certificates.crt"
+  "python3|the raw-socket DHCP client test|python3 --version"
+  "python3-venv|the OpenStack CLI compatibility test (a venv)|python3 -m venv /tmp/venv-check"
+  "busybox-static|udhcpc in the PXE tests; the ramdisk's tools|/bin/busybox udhcpc --help"
+  "isc-dhcp-client|dhclient lease and renewal tests|dhclient --version"
+  "isc-dhcp-relay|relayed DHCP (option 82) tests|dhcrelay --version"
+  "atftp|TFTP tests and the boot-storm bench|atftp --help"
+  "tftp-hpa|TFTP tests|tftp -V"
+  "qemu-system-x86|VM scenarios and the lab|qemu-system-x86_64 --version"
+  "ipxe-qemu|QEMU's iPXE option ROM (VM scenarios)|test -s /usr/lib/ipxe/qemu/efi-virtio.rom"
+  "ipxe|the TFTP root (undionly.kpxe, snponly.efi)|test -s /usr/lib/ipxe/undionly.kpxe -a -s /usr/lib/ipxe/snponly.efi"
+  "ovmf|UEFI VM scenarios|test -s /usr/share/OVMF/OVMF_CODE_4M.fd -a -s /usr/share/OVMF/OVMF_VARS_4M.fd"
+  "socat|the lab's console forwarder|socat -V"
+  "nftables|the PXE filter|nft --version"
+  "debootstrap|the Debian test images|debootstrap --version"
+  "etcd-server|etcd conformance and HA tests|etcd --version"
+  "etcd-client|the HA lab's etcdctl|etcdctl version"
+  "protobuf-compiler|etcd-client's build script (protoc)|protoc --version"
+  "libprotobuf-dev|etcd-client's protos import google/protobuf/descriptor.proto|protoc_check"
+  "gcc|bundled SQLite and zstd (cc)|gcc --version"
+  "libc6-dev|the static glibc ramdisk agent|static_c_check"
+  "apt|the ramdisk builder's kernel download|apt-cache --version"
+  "dpkg|the ramdisk builder's kernel extraction|dpkg-deb --version"
+  "kea-dhcp4-server|bench/dhcp.sh (the Kea peer)|kea-dhcp4 -V"
+  "kea-admin|bench/dhcp.sh (perfdhcp)|perfdhcp -v"
+  "dnsmasq-base|bench/dhcp.sh, tftp.sh, enrol.sh (the dnsmasq peer)|dnsmasq --version"
+  "tftpd-hpa|bench/tftp.sh (the tftp-hpa peer)|in.tftpd -V"
+  "iptables|bench/filter.sh (Inspector's iptables way)|iptables --version"
+  "cpio|bench/enrol.sh (the baseline ramdisk)|cpio --version"
+)
+cat >"$ROOT/paddock/check.sh" <<'EOF'
+set -u
+protoc_check() {
+  mkdir -p /tmp/protoc && cd /tmp/protoc &&
+    printf 'syntax = "proto3";\nimport "google/protobuf/descriptor.proto";\nmessage M { google.protobuf.FileDescriptorProto f = 1; }\n' >m.proto &&
+    protoc --include_imports --descriptor_set_out=/tmp/protoc/m.pb m.proto && test -s /tmp/protoc/m.pb
+}
+static_c_check() {
+  mkdir -p /tmp/cc && printf '#include <stdio.h>\nint main(void){puts("ok");return 0;}\n' >/tmp/cc/m.c &&
+    gcc -static -o /tmp/cc/m /tmp/cc/m.c && test "$(/tmp/cc/m)" = ok
+}
+eval "$1"
+EOF
+failed=0
+for c in "${checks[@]}"; do
+  IFS='|' read -r pkg who cmd <<<"$c"
+  if ! out=$(chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    bash /paddock/check.sh "$cmd" 2>&1); then
+    echo "fresh-check: FAILED: \`$cmd\` in a fresh $SUITE root after scripts/install-deps.sh --bench:" \
+      "$who needs package '$pkg'; name it in scripts/install-deps.sh" >&2
+    [[ -n $out ]] && sed 's/^/    /' <<<"${out:0:600}" >&2
+    failed=$((failed + 1))
+  fi
+done
+if ((failed > 0)); then
+  echo "fresh-check: $failed of ${#checks[@]} prerequisites missing" >&2
+  exit 1
+fi
+echo "fresh-check: ${#checks[@]} prerequisites proven in a fresh $SUITE root in $(($(date +%s) - t0)) s"
