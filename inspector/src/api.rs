@@ -88,19 +88,6 @@ async fn versioning(mut req: Request, next: Next) -> Response {
     resp
 }
 
-fn require(v: Version, minor: u32, what: &str) -> Result<(), InspectorError> {
-    if v.0 < minor {
-        return Err(err(
-            404,
-            format!(
-                "{what} requires API version 1.{minor} or newer (requested 1.{})",
-                v.0
-            ),
-        ));
-    }
-    Ok(())
-}
-
 type Api = Arc<Inspector>;
 
 /// The Inspector API router; the appliance merges it into its HTTP server.
@@ -151,32 +138,24 @@ async fn v1_index(State(api): State<Api>) -> Json<Value> {
     Json(json!({"resources": [res("introspection"), res("continue"), res("rules")]}))
 }
 
-/// The introspection status object, with the fields the requested version has.
-fn status_json(api: &Inspector, node: &Node, v: Version) -> Value {
+/// The introspection status object (`generate_introspection_status`): every field at every
+/// version, as Inspector sends them (the version history says when a field appeared; Inspector
+/// never hides one from an older client).
+fn status_json(api: &Inspector, node: &Node) -> Value {
     let i = node.introspection.as_ref();
-    let mut s = json!({
+    json!({
+        "uuid": node.uuid,
         "finished": i.is_some_and(|i| i.finished()),
+        "state": i.map(|i| i.state.as_str()),
+        "started_at": i.and_then(|i| i.started_at).map(iso),
+        "finished_at": i.and_then(|i| i.finished_at).map(iso),
         "error": i.and_then(|i| i.error.clone()),
-    });
-    if v.0 >= 7 {
-        s["uuid"] = json!(node.uuid);
-        s["started_at"] = json!(i.and_then(|i| i.started_at).map(iso));
-        s["finished_at"] = json!(i.and_then(|i| i.finished_at).map(iso));
-        s["links"] = json!([{"rel": "self", "href": format!("{}/v1/introspection/{}", base(api), node.uuid)}]);
-    }
-    if v.0 >= 10 {
-        s["state"] = json!(i.map(|i| i.state.as_str()));
-    }
-    s
+        "links": [{"rel": "self", "href": format!("{}/v1/introspection/{}", base(api), node.uuid)}],
+    })
 }
 
-async fn node_for(api: &Inspector, ident: &str, v: Version) -> Result<Node, InspectorError> {
-    if v.0 < 5 && uuid::Uuid::parse_str(ident).is_err() {
-        return Err(err(
-            400,
-            format!("Invalid UUID value {ident} (node names need API version 1.5)"),
-        ));
-    }
+/// A node by UUID or name, at any version (Inspector's `node_cache.get_node`).
+async fn node_for(api: &Inspector, ident: &str) -> Result<Node, InspectorError> {
     let n = api
         .find(ident)
         .await?
@@ -199,7 +178,6 @@ fn parse_bool(s: &str) -> Option<bool> {
 
 async fn start(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
     Query(q): Query<StartQuery>,
 ) -> Result<Response, InspectorError> {
@@ -208,10 +186,7 @@ async fn start(
         Some(s) => parse_bool(s)
             .ok_or_else(|| err(400, format!("Invalid boolean value for manage_boot: {s}")))?,
     };
-    if q.manage_boot.is_some() {
-        require(v, 13, "manage_boot")?;
-    }
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     api.start(&node.uuid.to_string(), manage_boot, now_secs())
         .await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))).into_response())
@@ -219,14 +194,13 @@ async fn start(
 
 async fn status(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
 ) -> Result<Json<Value>, InspectorError> {
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     if node.introspection.is_none() {
         return Err(err(404, format!("Could not find node {ident} in cache")));
     }
-    Ok(Json(status_json(&api, &node, v)))
+    Ok(Json(status_json(&api, &node)))
 }
 
 #[derive(Deserialize)]
@@ -238,10 +212,8 @@ struct ListQuery {
 
 async fn list(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, InspectorError> {
-    require(v, 8, "Listing introspection statuses")?;
     let limit = match q.limit.as_deref() {
         None => MAX_LIMIT,
         Some(l) => match l.parse::<usize>() {
@@ -263,17 +235,13 @@ async fn list(
     };
     let states = match q.state.as_deref() {
         None => None,
-        Some(s) => {
-            require(v, 18, "Filtering by state")?;
-            Some(
-                s.split(',')
-                    .map(|x| {
-                        IState::parse(x.trim())
-                            .ok_or_else(|| err(400, format!("Invalid state {x:?}")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            )
-        }
+        Some(s) => Some(
+            s.split(',')
+                .map(|x| {
+                    IState::parse(x.trim()).ok_or_else(|| err(400, format!("Invalid state {x:?}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
     };
     let mut nodes: Vec<Node> = api
         .list()
@@ -300,17 +268,15 @@ async fn list(
     }
     nodes.truncate(limit);
     Ok(Json(
-        json!({"introspection": nodes.iter().map(|n| status_json(&api, n, v)).collect::<Vec<_>>()}),
+        json!({"introspection": nodes.iter().map(|n| status_json(&api, n)).collect::<Vec<_>>()}),
     ))
 }
 
 async fn abort(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
 ) -> Result<Response, InspectorError> {
-    require(v, 3, "Abort")?;
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     api.abort(&node.uuid.to_string(), now_secs()).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
@@ -321,35 +287,29 @@ fn json_bytes(bytes: Vec<u8>) -> Response {
 
 async fn data(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
 ) -> Result<Response, InspectorError> {
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     Ok(json_bytes(api.data(&node.uuid.to_string(), true).await?))
 }
 
 async fn unprocessed(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
 ) -> Result<Response, InspectorError> {
-    require(v, 17, "Getting unprocessed data")?;
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     Ok(json_bytes(api.data(&node.uuid.to_string(), false).await?))
 }
 
 async fn reapply(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> Result<Response, InspectorError> {
-    require(v, 4, "Reapply")?;
-    let node = node_for(&api, &ident, v).await?;
+    let node = node_for(&api, &ident).await?;
     let body = if body.is_empty() {
         None
     } else {
-        require(v, 15, "Reapply with a body")?;
         Some(
             serde_json::from_slice::<Value>(&body)
                 .map_err(|e| err(400, format!("Invalid JSON body: {e}")))?,
@@ -396,11 +356,7 @@ fn rule_json(api: &Inspector, r: &Rule, full: bool) -> Value {
     v
 }
 
-async fn list_rules(
-    State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
-) -> Result<Json<Value>, InspectorError> {
-    require(v, 2, "Rules")?;
+async fn list_rules(State(api): State<Api>) -> Result<Json<Value>, InspectorError> {
     let mut rules = api.rules().await?;
     rules.sort_by_key(|r| (r.created_at, r.uuid));
     Ok(Json(
@@ -413,7 +369,6 @@ async fn create_rule(
     axum::Extension(v): axum::Extension<Version>,
     body: Bytes,
 ) -> Result<Response, InspectorError> {
-    require(v, 2, "Rules")?;
     let body: Value =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid JSON body: {e}")))?;
     let rule = api.create_rule(&body, now_secs()).await?;
@@ -427,10 +382,8 @@ async fn create_rule(
 
 async fn get_rule(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(uuid): Path<String>,
 ) -> Result<Json<Value>, InspectorError> {
-    require(v, 2, "Rules")?;
     Ok(Json(rule_json(&api, &api.rule(&uuid).await?, true)))
 }
 
@@ -447,19 +400,13 @@ fn no_content() -> Response {
 
 async fn delete_rule(
     State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
     Path(uuid): Path<String>,
 ) -> Result<Response, InspectorError> {
-    require(v, 2, "Rules")?;
     api.delete_rule(&uuid).await?;
     Ok(no_content())
 }
 
-async fn delete_rules(
-    State(api): State<Api>,
-    axum::Extension(v): axum::Extension<Version>,
-) -> Result<Response, InspectorError> {
-    require(v, 2, "Rules")?;
+async fn delete_rules(State(api): State<Api>) -> Result<Response, InspectorError> {
     api.delete_rules().await?;
     Ok(no_content())
 }

@@ -499,9 +499,10 @@ impl Inspector {
             ),
         };
         if macs.is_empty() && bmcs.is_empty() {
-            let why = interfaces
-                .err()
-                .or(ramdisk_error)
+            // Inspector runs its `ramdisk_error` hook first: what the ramdisk said is the
+            // cause the operator needs, not the inventory it could therefore not send.
+            let why = ramdisk_error
+                .or(interfaces.err())
                 .unwrap_or_else(|| "no lookup attributes".into());
             return Err(InspectorError::bad(why));
         }
