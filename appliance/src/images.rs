@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use paddock_dominator::mdb::{MdbService, Source};
+use paddock_dominator::mdb::{MdbService, MdbServiceError, Source};
 use paddock_image::Machine;
-use paddock_inspector::service::{Inspector, NodeObserver};
+use paddock_inspector::node::Node;
+use paddock_inspector::service::{DATA, Inspector, InspectorError, NodeObserver};
 use paddock_inspector::state::State;
 
 type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
@@ -25,9 +26,28 @@ impl NodeObserver for Observers {
     }
 }
 
+/// Why recording enrolled machines failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("reading node records: {}", .0.message)]
+    Nodes(InspectorError),
+    #[error("reading the processed data of node {node}: {source}")]
+    Data {
+        node: uuid::Uuid,
+        source: paddock_store::StoreError,
+    },
+    #[error("recording node {node} in the MDB: {source}")]
+    Mdb {
+        node: uuid::Uuid,
+        source: MdbServiceError,
+    },
+}
+
 /// Records enrolled machines in the MDB: hostname = the node's name (or UUID), IpAddress =
 /// the address its PXE NIC reported, tag `NodeUuid`. An MDB entry of that name that already
-/// exists (from the file or the API) is left alone.
+/// exists (from the file or the API) is left alone. Only the nodes a change names are read
+/// (their record, and their processed data once they finished), so the cost of a change
+/// does not grow with the fleet.
 pub struct MdbRecorder {
     pub inspector: Arc<Inspector>,
     pub mdb: Arc<MdbService>,
@@ -43,67 +63,136 @@ impl MdbRecorder {
         })
     }
 
-    async fn record_new(&self) -> anyhow::Result<()> {
-        let nodes = self
-            .inspector
-            .list()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        for n in nodes {
-            if n.state() != Some(State::Finished)
-                || self
-                    .recorded
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains(&n.uuid)
-            {
-                continue;
+    fn recorded(&self) -> std::sync::MutexGuard<'_, BTreeSet<uuid::Uuid>> {
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the finished nodes among `changed` (every node when `changed` is empty: the
+    /// observer contract's "not known").
+    async fn record(&self, changed: &[uuid::Uuid]) -> Result<(), RecordError> {
+        let nodes = if changed.is_empty() {
+            self.inspector.list().await.map_err(RecordError::Nodes)?
+        } else {
+            let mut nodes = Vec::with_capacity(changed.len());
+            for uuid in changed {
+                if self.recorded().contains(uuid) {
+                    continue;
+                }
+                if let Some(v) = self
+                    .inspector
+                    .get(&uuid.to_string())
+                    .await
+                    .map_err(RecordError::Nodes)?
+                {
+                    nodes.push(v.node);
+                }
             }
-            let ip = self
-                .inspector
-                .data(&n.uuid.to_string(), true)
-                .await
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|d| {
-                    let pxe = n.pxe_mac.map(|m| m.to_string());
-                    d["inventory"]["interfaces"]
-                        .as_array()?
-                        .iter()
-                        .find(|i| {
-                            pxe.as_deref().is_none_or(|p| {
-                                i["mac_address"]
-                                    .as_str()
-                                    .is_some_and(|m| m.eq_ignore_ascii_case(p))
-                            })
-                        })
-                        .and_then(|i| i["ipv4_address"].as_str().map(String::from))
-                })
-                .unwrap_or_default();
-            let machine = Machine {
-                hostname: n.label(),
-                ip_address: ip,
-                tags: [("NodeUuid".to_string(), n.uuid.to_string())].into(),
-                ..Machine::default()
-            };
-            if self.mdb.add_if_absent(machine, Source::Inspector).await? {
-                tracing::info!(node = %n.uuid, hostname = %n.label(), "mdb: enrolled machine recorded");
+            nodes
+        };
+        for node in nodes {
+            if node.state() == Some(State::Finished) && !self.recorded().contains(&node.uuid) {
+                self.record_one(&node).await?;
             }
-            self.recorded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(n.uuid);
         }
+        Ok(())
+    }
+
+    async fn record_one(&self, node: &Node) -> Result<(), RecordError> {
+        let processed = self
+            .inspector
+            .store()
+            .get(&format!("{DATA}{}/processed", node.uuid))
+            .await
+            .map_err(|source| RecordError::Data {
+                node: node.uuid,
+                source,
+            })?
+            .and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok());
+        let machine = enrolled_machine(node, processed.as_ref());
+        let added = self
+            .mdb
+            .add_if_absent(machine, Source::Inspector)
+            .await
+            .map_err(|source| RecordError::Mdb {
+                node: node.uuid,
+                source,
+            })?;
+        if added {
+            tracing::info!(node = %node.uuid, hostname = %node.label(), "mdb: enrolled machine recorded");
+        }
+        self.recorded().insert(node.uuid);
         Ok(())
     }
 }
 
+/// The MDB entry of an enrolled node: its label, the IPv4 address its PXE NIC (or, without
+/// one, its first NIC with an address) reported in the processed data, tag `NodeUuid`.
+fn enrolled_machine(node: &Node, processed: Option<&serde_json::Value>) -> Machine {
+    let pxe = node.pxe_mac.map(|m| m.to_string());
+    let ip = processed
+        .and_then(|d| d["inventory"]["interfaces"].as_array())
+        .and_then(|ifaces| {
+            ifaces.iter().find(|i| {
+                pxe.as_deref().is_none_or(|p| {
+                    i["mac_address"]
+                        .as_str()
+                        .is_some_and(|m| m.eq_ignore_ascii_case(p))
+                })
+            })
+        })
+        .and_then(|i| i["ipv4_address"].as_str().map(String::from))
+        .unwrap_or_default();
+    Machine {
+        hostname: node.label(),
+        ip_address: ip,
+        tags: [("NodeUuid".to_string(), node.uuid.to_string())].into(),
+        ..Machine::default()
+    }
+}
+
 impl NodeObserver for MdbRecorder {
-    fn nodes_changed<'a>(&'a self, _changed: &'a [uuid::Uuid]) -> Fut<'a> {
+    fn nodes_changed<'a>(&'a self, changed: &'a [uuid::Uuid]) -> Fut<'a> {
         Box::pin(async move {
-            if let Err(e) = self.record_new().await {
+            if let Err(e) = self.record(changed).await {
                 tracing::error!(error = %e, "mdb: recording enrolled machines failed");
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_mdb_entry_takes_the_pxe_nic_address() {
+        let uuid = uuid::Uuid::from_u128(7);
+        let data = json!({"inventory": {"interfaces": [
+            {"mac_address": "52:54:00:00:00:01", "ipv4_address": "198.18.0.11"},
+            {"mac_address": "52:54:00:00:00:02", "ipv4_address": "198.18.0.12"},
+        ]}});
+        let mut named = Node::new(uuid, 0);
+        named.name = Some("r1u7".into());
+        named.pxe_mac = Some("52:54:00:00:00:02".parse().unwrap());
+        let unnamed = Node::new(uuid, 0);
+        let cases: [(&Node, Option<&serde_json::Value>, &str, &str); 4] = [
+            (&named, Some(&data), "r1u7", "198.18.0.12"),
+            // No PXE NIC known: the first interface.
+            (
+                &unnamed,
+                Some(&data),
+                "00000000-0000-0000-0000-000000000007",
+                "198.18.0.11",
+            ),
+            // No processed data, or none for the PXE NIC: no address.
+            (&named, None, "r1u7", ""),
+            (&named, Some(&json!({"inventory": {}})), "r1u7", ""),
+        ];
+        for (node, data, hostname, ip) in cases {
+            let m = enrolled_machine(node, data);
+            assert_eq!((m.hostname.as_str(), m.ip_address.as_str()), (hostname, ip));
+            assert_eq!(m.tags["NodeUuid"], uuid.to_string());
+        }
     }
 }
