@@ -8,11 +8,13 @@
 
 pub mod engine;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -20,6 +22,9 @@ use engine::{
     ErrorCode, Limits, Request, Source, error_packet, negotiate, parse_request, send,
     transfer_socket,
 };
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, readlinkat};
+use nix::sys::stat::Mode;
 
 /// Why a requested name was refused before touching the file system.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,18 +71,199 @@ pub fn clean_request(name: &str) -> Result<PathBuf, PathError> {
     Ok(out)
 }
 
-/// Finds `rel` under the first root that has it; the real path (symlinks followed) must stay
-/// inside that root. `roots` must be canonical.
-pub fn resolve(roots: &[PathBuf], rel: &Path) -> Result<Option<PathBuf>, PathError> {
-    for root in roots {
-        let Ok(real) = std::fs::canonicalize(root.join(rel)) else {
-            continue;
-        };
-        if !real.starts_with(root) {
-            return Err(PathError::Escapes);
+/// Symbolic links followed while opening one name (the kernel's own limit is 40).
+const MAX_LINKS: usize = 40;
+
+/// How often an open is retried when the kernel reports that a rename raced with it (EAGAIN).
+const MAX_RACE_RETRIES: usize = 64;
+
+/// Why a TFTP root cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum RootError {
+    #[error("TFTP root {}: {source}", path.display())]
+    Unusable { path: PathBuf, source: io::Error },
+    #[error(
+        "TFTP root {}: this kernel has no openat2(2) (Linux 5.6 or later is needed); files are \
+         only opened beneath their root with it, never by a racy check-then-open of a path",
+        path.display()
+    )]
+    NoOpenat2 { path: PathBuf },
+}
+
+/// Why a file under the roots was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Refused(#[from] PathError),
+    #[error(
+        "openat2(2) is not available on this kernel (Linux 5.6 or later is needed); \
+         files are not opened by a racy check-then-open of a path instead"
+    )]
+    NoOpenat2,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// A TFTP root: a directory descriptor opened once, beneath which every file is opened in
+/// one step (`openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`), so no symlink
+/// swapped in between a check and an open can lead outside it.
+#[derive(Debug)]
+pub struct Root {
+    /// The canonical path.
+    path: PathBuf,
+    /// The path as configured, when absolute: absolute symlinks may name the root either way.
+    given: Option<PathBuf>,
+    dir: OwnedFd,
+}
+
+fn resolve_beneath() -> ResolveFlag {
+    ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// `openat2` beneath `dir`, retried while the kernel reports a concurrent rename (EAGAIN).
+fn open_beneath(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
+    let how = OpenHow::new().flags(flags).resolve(resolve_beneath());
+    let mut tries = 0;
+    loop {
+        match openat2(dir, path, how) {
+            Err(Errno::EAGAIN) if tries < MAX_RACE_RETRIES => tries += 1,
+            other => return other,
         }
-        if real.is_file() {
-            return Ok(Some(real));
+    }
+}
+
+/// The parts of a relative path as names, `..` kept and `.` dropped.
+fn parts(path: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {
+    path.components().filter_map(|c| match c {
+        Component::Normal(n) => Some(n.to_os_string()),
+        Component::ParentDir => Some(OsString::from("..")),
+        Component::CurDir | Component::RootDir | Component::Prefix(_) => None,
+    })
+}
+
+impl Root {
+    /// Opens the directory `path` once and checks that the kernel can open beneath it.
+    pub fn open(path: &Path) -> Result<Root, RootError> {
+        let unusable = |source: io::Error| RootError::Unusable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let canonical = std::fs::canonicalize(path).map_err(unusable)?;
+        let dir = nix::fcntl::open(
+            &canonical,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| unusable(e.into()))?;
+        match open_beneath(&dir, Path::new("."), OFlag::O_PATH | OFlag::O_CLOEXEC) {
+            Ok(_) => {}
+            Err(Errno::ENOSYS) => {
+                return Err(RootError::NoOpenat2 {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(e) => return Err(unusable(e.into())),
+        }
+        Ok(Root {
+            given: (path.is_absolute() && path != canonical).then(|| path.to_path_buf()),
+            path: canonical,
+            dir,
+        })
+    }
+
+    /// The canonical path of the root.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens the regular file `rel` beneath this root; `None` when there is none.
+    fn open_file(&self, rel: &Path) -> Result<Option<File>, ResolveError> {
+        let mut path = rel.to_path_buf();
+        for _ in 0..=MAX_LINKS {
+            let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK;
+            match open_beneath(&self.dir, &path, flags) {
+                Ok(fd) => {
+                    let file = File::from(fd);
+                    return Ok(file.metadata()?.is_file().then_some(file));
+                }
+                // ELOOP: a symlink loop, or a magic link (procfs), which is never followed.
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
+                Err(Errno::EXDEV) => match self.absolute_link_inside(&path) {
+                    Some(inside) => path = inside,
+                    None => return Err(PathError::Escapes.into()),
+                },
+                Err(Errno::ENOSYS) => return Err(ResolveError::NoOpenat2),
+                Err(e) => return Err(ResolveError::Io(e.into())),
+            }
+        }
+        Ok(None) // a loop of absolute links, as the kernel's ELOOP
+    }
+
+    /// `path` left the root while being opened beneath it (EXDEV). That is also what an
+    /// absolute symlink does, even one naming a place inside the root (`RESOLVE_BENEATH`
+    /// refuses every absolute link): finds the first absolute link met while resolving
+    /// `path` and, if its target is inside the root, returns `path` rewritten to go there
+    /// relative to the root. The caller opens the result beneath the root again, so what is
+    /// read here only chooses a name; it never decides whether a file may be served.
+    fn absolute_link_inside(&self, path: &Path) -> Option<PathBuf> {
+        let mut todo: VecDeque<OsString> = parts(path).collect();
+        let mut done = PathBuf::new();
+        let mut links = 0;
+        while let Some(part) = todo.pop_front() {
+            if part == ".." {
+                done.push(part);
+                continue;
+            }
+            let parent = open_beneath(
+                &self.dir,
+                &done,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            )
+            .ok()?;
+            match readlinkat(&parent, part.as_os_str()) {
+                Err(Errno::EINVAL) => done.push(part), // not a symlink
+                Err(_) => return None,
+                Ok(target) => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return None;
+                    }
+                    let target = PathBuf::from(target);
+                    if target.is_absolute() {
+                        let mut inside = self.strip_root(&target)?.to_path_buf();
+                        inside.extend(todo);
+                        return Some(inside);
+                    }
+                    for p in parts(&target).rev() {
+                        todo.push_front(p);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// `target` relative to the root, if it names a place inside it.
+    fn strip_root<'a>(&self, target: &'a Path) -> Option<&'a Path> {
+        target.strip_prefix(&self.path).ok().or_else(|| {
+            self.given
+                .as_ref()
+                .and_then(|g| target.strip_prefix(g).ok())
+        })
+    }
+}
+
+/// Opens `rel` under the first root that has it as a regular file, beneath that root in one
+/// step: a name that leads out of its root (a symlink, whenever it was put there) is refused.
+pub fn resolve(roots: &[Root], rel: &Path) -> Result<Option<File>, ResolveError> {
+    for root in roots {
+        if let Some(file) = root.open_file(rel)? {
+            return Ok(Some(file));
         }
     }
     Ok(None)
@@ -115,23 +301,19 @@ pub struct TftpConfig {
 
 /// Resolves and opens files for read requests, and counts transfers.
 pub struct BootHandler {
-    roots: Vec<PathBuf>,
+    roots: Vec<Root>,
     mem: MemFiles,
     active: Mutex<HashSet<SocketAddr>>,
     limit: usize,
 }
 
 impl BootHandler {
-    pub fn new(config: &TftpConfig, mem: MemFiles) -> io::Result<Self> {
+    pub fn new(config: &TftpConfig, mem: MemFiles) -> Result<Self, RootError> {
         let roots = config
             .roots
             .iter()
-            .map(|r| {
-                std::fs::canonicalize(r).map_err(|e| {
-                    io::Error::new(e.kind(), format!("TFTP root {}: {e}", r.display()))
-                })
-            })
-            .collect::<io::Result<Vec<_>>>()?;
+            .map(|r| Root::open(r))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(BootHandler {
             roots,
             mem,
@@ -155,10 +337,15 @@ impl BootHandler {
                 size: Some(len),
             });
         }
-        let path = resolve(&self.roots, &rel)
-            .map_err(refuse)?
+        let file = resolve(&self.roots, &rel)
+            .map_err(|e| match e {
+                ResolveError::Refused(e) => refuse(e),
+                e => {
+                    tracing::error!(%client, file = name, error = %e, "tftp: cannot open");
+                    (ErrorCode::AccessViolation, e.to_string())
+                }
+            })?
             .ok_or((ErrorCode::FileNotFound, "File not found".to_string()))?;
-        let file = File::open(&path).map_err(|e| (ErrorCode::AccessViolation, e.to_string()))?;
         let size = file.metadata().map(|m| m.len()).ok();
         Ok(Source {
             reader: Box::new(io::BufReader::with_capacity(256 * 1024, file)),
@@ -167,12 +354,29 @@ impl BootHandler {
     }
 }
 
+/// Why a TFTP server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error("cannot start TFTP on {listen}: {source}")]
+    Bind {
+        listen: SocketAddr,
+        source: io::Error,
+    },
+    #[error("cannot start the TFTP thread for {listen}: {source}")]
+    Thread {
+        listen: SocketAddr,
+        source: io::Error,
+    },
+}
+
 /// Starts a TFTP server on `listen` in its own thread; each transfer runs on a thread of its
-/// own with its own socket. Returns once the socket is bound, so a bind error is reported.
-pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> io::Result<()> {
+/// own with its own socket. Returns once the roots are open and the socket is bound, so those
+/// errors are reported.
+pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> Result<(), StartError> {
     let handler = Arc::new(BootHandler::new(&config, mem)?);
-    let socket = UdpSocket::bind(listen)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start TFTP on {listen}: {e}")))?;
+    let socket = UdpSocket::bind(listen).map_err(|source| StartError::Bind { listen, source })?;
     let limits = Limits {
         max_block_size: config.block_size_limit.unwrap_or(65464),
         max_window_size: config.window_size_limit.unwrap_or(64),
@@ -180,7 +384,8 @@ pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> io::Resul
     };
     std::thread::Builder::new()
         .name(format!("tftp-{listen}"))
-        .spawn(move || serve(socket, listen, handler, limits))?;
+        .spawn(move || serve(socket, listen, handler, limits))
+        .map_err(|source| StartError::Thread { listen, source })?;
     Ok(())
 }
 
@@ -279,6 +484,8 @@ fn transfer(
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]
@@ -314,16 +521,216 @@ mod tests {
         std::fs::create_dir(a.path().join("dir")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), a.path().join("leak")).unwrap();
         std::os::unix::fs::symlink(a.path().join("one"), a.path().join("alias")).unwrap();
-        let roots: Vec<PathBuf> = [a.path(), b.path()]
+        let roots: Vec<Root> = [a.path(), b.path()]
             .iter()
-            .map(|p| std::fs::canonicalize(p).unwrap())
+            .map(|p| Root::open(p).unwrap())
             .collect();
-        let r = |n: &str| resolve(&roots, Path::new(n));
-        assert_eq!(r("one").unwrap(), Some(roots[0].join("one")));
-        assert_eq!(r("two").unwrap(), Some(roots[1].join("two")));
-        assert_eq!(r("alias").unwrap(), Some(roots[0].join("one")));
+        let r = |n: &str| opened(&roots, n);
+        assert_eq!(r("one").unwrap(), Some(roots[0].path().join("one")));
+        assert_eq!(r("two").unwrap(), Some(roots[1].path().join("two")));
+        assert_eq!(r("alias").unwrap(), Some(roots[0].path().join("one")));
         assert_eq!(r("missing").unwrap(), None);
         assert_eq!(r("dir").unwrap(), None, "directories are not files");
         assert_eq!(r("leak").unwrap_err(), PathError::Escapes);
+    }
+
+    /// What `resolve` opened, as the real path of the descriptor; refusals as their reason.
+    fn opened(roots: &[Root], name: &str) -> Result<Option<PathBuf>, PathError> {
+        match resolve(roots, Path::new(name)) {
+            Ok(file) => Ok(file
+                .map(|f| std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap())),
+            Err(ResolveError::Refused(e)) => Err(e),
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+
+    /// Every way out of the root through a symlink is refused by the one open beneath the
+    /// root; links that stay inside (relative, absolute, chained, through directories) work.
+    #[test]
+    fn symlinks_leading_out_are_refused_by_the_open_itself() {
+        let outside = tempfile::tempdir().unwrap();
+        let out = std::fs::canonicalize(outside.path()).unwrap();
+        std::fs::write(out.join("secret"), b"s").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let r = root.path().to_path_buf();
+        let ln =
+            |target: &Path, name: &str| std::os::unix::fs::symlink(target, r.join(name)).unwrap();
+        std::fs::create_dir_all(r.join("sub/deep")).unwrap();
+        std::fs::write(r.join("one"), b"1").unwrap();
+        std::fs::write(r.join("sub/deep/two"), b"2").unwrap();
+        let up = Path::new("..").join(out.file_name().unwrap());
+        // Out of the root.
+        ln(&out.join("secret"), "abs-out");
+        ln(&up.join("secret"), "rel-out");
+        ln(&out, "dir-out");
+        ln(
+            &r.join("../").join(out.file_name().unwrap()).join("secret"),
+            "abs-in-then-up",
+        );
+        ln(Path::new("abs-out"), "chain-out");
+        ln(&r.join("sub"), "abs-sub");
+        ln(Path::new("/proc/self/root/etc/hostname"), "abs-proc");
+        std::os::unix::fs::symlink("../../../x", r.join("sub/deep/up3")).unwrap();
+        // Inside the root.
+        ln(Path::new("sub/deep/../deep/two"), "rel-in");
+        ln(&r.join("sub/deep"), "abs-dir-in");
+        ln(Path::new("abs-dir-in"), "chain-in");
+        ln(&r.join("chain-in/two"), "abs-chain-in");
+        ln(Path::new("loop-b"), "loop-a");
+        ln(Path::new("loop-a"), "loop-b");
+        std::os::unix::fs::symlink("../../one", r.join("sub/deep/up2")).unwrap();
+        let roots = [root];
+        for name in [
+            "abs-out",
+            "rel-out",
+            "dir-out/secret",
+            "abs-in-then-up",
+            "chain-out",
+            "abs-sub/deep/up3",
+            "sub/deep/up3",
+            "abs-proc",
+        ] {
+            assert_eq!(opened(&roots, name), Err(PathError::Escapes), "{name}");
+        }
+        let two = Some(r.join("sub/deep/two"));
+        for (name, want) in [
+            ("rel-in", two.clone()),
+            ("abs-dir-in/two", two.clone()),
+            ("chain-in/two", two.clone()),
+            ("abs-chain-in", two.clone()),
+            ("abs-sub/deep/two", two.clone()),
+            ("abs-sub/deep/up2", Some(r.join("one"))),
+            ("sub/deep/up2", Some(r.join("one"))),
+            ("abs-sub/nothing", None),
+            ("loop-a", None),
+        ] {
+            assert_eq!(opened(&roots, name), Ok(want), "{name}");
+        }
+        // Magic links (procfs) are never followed, even where they are names beneath the
+        // root: `exe` is the test binary itself, a regular file.
+        let proc_self = [Root::open(Path::new("/proc/self")).unwrap()];
+        assert_eq!(opened(&proc_self, "exe"), Ok(None));
+        assert_eq!(opened(&proc_self, "cwd/Cargo.toml"), Ok(None));
+        let status = opened(&proc_self, "status").unwrap();
+        assert_eq!(status, Some(proc_self[0].path().join("status")));
+    }
+
+    /// A file is swapped for symlinks out of the root (absolute, relative, and a directory
+    /// swapped for a link to an outside directory) as fast as a thread can rename, while
+    /// requests for it are served: the swap lands between check and open of a
+    /// check-then-open server; no request here may ever return the outside bytes.
+    #[test]
+    fn a_file_swapped_for_an_escaping_symlink_is_never_served_from_outside() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const INSIDE: &[u8] = b"inside the root";
+        const SECRET: &[u8] = b"SECRET from outside the root";
+        let outside = tempfile::tempdir().unwrap();
+        let out = std::fs::canonicalize(outside.path()).unwrap();
+        std::fs::create_dir(out.join("d")).unwrap();
+        std::fs::write(out.join("boot.bin"), SECRET).unwrap();
+        std::fs::write(out.join("d/boot.bin"), SECRET).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let r = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(r.join("boot.bin"), INSIDE).unwrap();
+        std::fs::create_dir(r.join("d")).unwrap();
+        std::fs::write(r.join("d/boot.bin"), INSIDE).unwrap();
+        let handler = BootHandler::new(
+            &TftpConfig {
+                roots: vec![r.clone()],
+                max_transfers: 1,
+                block_size_limit: None,
+                window_size_limit: None,
+                timeout: Duration::from_secs(1),
+            },
+            MemFiles::default(),
+        )
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, r, out) = (stop.clone(), r.clone(), out.clone());
+            std::thread::spawn(move || {
+                let up = Path::new("..").join(out.file_name().unwrap());
+                let links = [out.join("boot.bin"), up.join("boot.bin")];
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for link in &links {
+                        std::os::unix::fs::symlink(link, r.join(".link")).unwrap();
+                        std::fs::rename(r.join(".link"), r.join("boot.bin")).unwrap();
+                        std::fs::write(r.join(".file"), INSIDE).unwrap();
+                        std::fs::rename(r.join(".file"), r.join("boot.bin")).unwrap();
+                    }
+                    // The directory: swapped for a link to the outside one, and back.
+                    std::os::unix::fs::symlink(out.join("d"), r.join(".dlink")).unwrap();
+                    std::fs::rename(r.join("d"), r.join(".d")).unwrap();
+                    std::fs::rename(r.join(".dlink"), r.join("d")).unwrap();
+                    std::fs::remove_file(r.join(".d-old")).ok();
+                    std::fs::rename(r.join("d"), r.join(".d-old")).unwrap();
+                    std::fs::rename(r.join(".d"), r.join("d")).unwrap();
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let client: SocketAddr = "198.18.0.2:1069".parse().unwrap();
+        let (mut served, mut refused, mut missing) = (0u64, 0u64, 0u64);
+        let started = std::time::Instant::now();
+        let mut i = 0u64;
+        while i < 20_000 || refused < 100 || served < 100 {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the swap never showed: served {served}, refused {refused}"
+            );
+            let name = if i.is_multiple_of(2) {
+                "boot.bin"
+            } else {
+                "d/boot.bin"
+            };
+            i += 1;
+            match handler.open(&client, name) {
+                Ok(mut src) => {
+                    let mut bytes = Vec::new();
+                    std::io::Read::read_to_end(&mut src.reader, &mut bytes).unwrap();
+                    assert_ne!(
+                        bytes, SECRET,
+                        "request {i} for {name} served the outside file"
+                    );
+                    assert_eq!(bytes, INSIDE, "request {i} for {name}");
+                    served += 1;
+                }
+                Err((ErrorCode::AccessViolation, msg)) => {
+                    assert_eq!(
+                        msg,
+                        PathError::Escapes.to_string(),
+                        "request {i} for {name}"
+                    );
+                    refused += 1;
+                }
+                // The directory is briefly absent while it is swapped back.
+                Err((ErrorCode::FileNotFound, _)) if name == "d/boot.bin" => missing += 1,
+                Err(e) => panic!("request {i} for {name}: {e:?}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        eprintln!(
+            "{i} requests, {swaps} swap cycles: {served} served, {refused} refused, {missing} missing"
+        );
+    }
+
+    #[test]
+    fn a_root_that_is_not_a_directory_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        for path in [file, dir.path().join("missing")] {
+            let e = Root::open(&path).unwrap_err();
+            assert!(matches!(e, RootError::Unusable { .. }), "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("TFTP root {}: ", path.display())),
+                "{e}"
+            );
+        }
     }
 }
