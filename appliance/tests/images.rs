@@ -5,7 +5,6 @@
 mod support;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use support::*;
 
@@ -29,14 +28,6 @@ fn cli_ok(link: &Link, args: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

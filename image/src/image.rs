@@ -51,6 +51,28 @@ pub fn check_name(name: &str) -> Result<(), BadImageName> {
     }
 }
 
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "bad name {0:?}: use only letters, digits and - . _ ~ (RFC 3986 unreserved characters, as Ironic), 1 to 255 of them"
+)]
+pub struct BadName(pub String);
+
+/// Ironic's logical names (`api_utils.is_valid_logical_name`): 1–255 RFC 3986 unreserved
+/// characters. Node names and MDB hostnames both follow it, so a name can never carry a
+/// newline, `${…}`, `#`, `||` or a space into a boot script, a shell or a URL.
+pub fn check_logical_name(name: &str) -> Result<(), BadName> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(BadName(name.chars().take(300).collect()))
+    }
+}
+
 /// One machine in the MDB. Unknown fields are ignored.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -84,6 +106,8 @@ pub enum MdbError {
     NoHostname(usize),
     #[error("MDB names {0:?} twice")]
     Duplicate(String),
+    #[error("MDB machine {0}: hostname {1}")]
+    BadHostname(usize, BadName),
 }
 
 impl Mdb {
@@ -99,6 +123,7 @@ impl Mdb {
             if m.hostname.trim().is_empty() {
                 return Err(MdbError::NoHostname(i));
             }
+            check_logical_name(&m.hostname).map_err(|e| MdbError::BadHostname(i, e))?;
             let h = m.hostname.clone();
             if machines.insert(h.clone(), m).is_some() {
                 return Err(MdbError::Duplicate(h));
@@ -174,5 +199,34 @@ mod tests {
             Mdb::parse("[{\"Hostname\": \"a\"}, {\"Hostname\": \"a\"}]"),
             Err(MdbError::Duplicate(_))
         ));
+        assert!(matches!(
+            Mdb::parse("[{\"Hostname\": \"ok\"}, {\"Hostname\": \"r1\\nshell\"}]"),
+            Err(MdbError::BadHostname(1, _))
+        ));
+    }
+
+    #[test]
+    fn logical_names_are_ironics() {
+        for ok in ["r1u7", "rack-1.u_7~b", "A", &"a".repeat(255)] {
+            check_logical_name(ok).unwrap();
+        }
+        for bad in [
+            "",
+            "r1\nshell\n#",
+            "r1${net0/mac}",
+            "r1#x",
+            "a||b",
+            "a b",
+            "a/b",
+            "a%20",
+            "é",
+            &"a".repeat(256),
+        ] {
+            let e = check_logical_name(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("RFC 3986 unreserved"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 }

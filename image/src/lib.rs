@@ -17,7 +17,7 @@ pub mod tree;
 pub mod triggers;
 
 pub use filter::Filter;
-pub use image::{Image, Machine, Mdb};
+pub use image::{BadName, Image, Machine, Mdb, check_logical_name};
 pub use object::ObjectId;
 pub use plan::{UpdateRequest, plan};
 pub use tree::{FileSystem, Inode, Mtime, SpecialKind};

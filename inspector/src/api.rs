@@ -501,6 +501,9 @@ async fn create_node(
             "a node needs at least one MAC address or a BMC address",
         ));
     }
+    if let Some(name) = &req.name {
+        crate::node::check_name(name).map_err(|e| err(400, e))?;
+    }
     let mut node = Node::new(uuid::Uuid::new_v4(), now_secs());
     node.macs = macs;
     node.name = req.name;

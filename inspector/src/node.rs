@@ -93,6 +93,18 @@ impl Node {
     }
 }
 
+/// Ironic's node names (`api_utils.is_valid_node_name`): a logical name (RFC 3986 unreserved
+/// characters only) that does not look like a UUID, so `{node}` in a route stays unambiguous.
+pub fn check_name(name: &str) -> Result<(), String> {
+    paddock_image::check_logical_name(name).map_err(|e| format!("Invalid node name: {e}"))?;
+    if uuid::Uuid::parse_str(name).is_ok() {
+        return Err(format!(
+            "Invalid node name {name:?}: a name must not look like a UUID"
+        ));
+    }
+    Ok(())
+}
+
 /// Formats Unix seconds as Inspector does: naive ISO 8601 in UTC, `2017-08-16T12:22:01`.
 pub fn iso(ts: i64) -> String {
     let format = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]");

@@ -542,9 +542,15 @@ pub fn apply(rules: &[Rule], data: &Value, node: &Node) -> Result<Applied, Strin
             }
         }
     }
-    let node: Node = serde_json::from_value(node_json)
+    let changed: Node = serde_json::from_value(node_json)
         .map_err(|e| format!("Rule actions produced an invalid node: {e}"))?;
-    Ok(Applied::Node(Box::new(node), names))
+    if changed.name != node.name
+        && let Some(name) = &changed.name
+    {
+        // Ironic refuses the PATCH, so the rule's action fails.
+        crate::node::check_name(name).map_err(|e| format!("Rule set-attribute /name: {e}"))?;
+    }
+    Ok(Applied::Node(Box::new(changed), names))
 }
 
 #[cfg(test)]

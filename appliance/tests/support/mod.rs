@@ -467,3 +467,16 @@ pub fn inventory(macs: &[&str], cpus: u32, memory_mb: u64, disks_gib: &[u64]) ->
         "error": null
     })
 }
+
+/// Polls `f` every 200 ms until it holds; fails after 15 s naming what was awaited.
+#[track_caller]
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
