@@ -702,7 +702,7 @@ fn validate_tftp(f: TftpFile, p: &mut Vec<String>) -> Option<TftpConfig> {
         listen,
         server: paddock_tftp::TftpConfig {
             roots,
-            max_transfers: f.max_transfers.unwrap_or(256),
+            max_transfers: f.max_transfers.unwrap_or(4096),
             block_size_limit: f.block_size_limit,
             window_size_limit: f.window_size_limit,
             timeout: Duration::from_secs(f.timeout_secs.unwrap_or(3).max(1)),

@@ -9,6 +9,7 @@ fn tftp_config(
     scratch: &Scratch,
     root: &std::path::Path,
     assets: &std::path::Path,
+    max_transfers: usize,
 ) -> String {
     base_config(
         link,
@@ -17,7 +18,7 @@ fn tftp_config(
             r#"[tftp]
 listen = ["{SERVER_IP}:69"]
 root = "{root}"
-max_transfers = 8
+max_transfers = {max_transfers}
 [boot.discovery]
 kernel = "{PUBLIC_URL}/boot/assets/vmlinuz"
 initrd = "{PUBLIC_URL}/boot/assets/initrd.img"
@@ -39,6 +40,10 @@ struct Setup {
 }
 
 fn setup() -> Setup {
+    setup_with(8)
+}
+
+fn setup_with(max_transfers: usize) -> Setup {
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     let root = scratch.path("tftp");
@@ -59,7 +64,7 @@ fn setup() -> Setup {
     let app = Appliance::start(
         &link.server,
         &scratch,
-        &tftp_config(&link, &scratch, &root, &assets),
+        &tftp_config(&link, &scratch, &root, &assets, max_transfers),
     );
     Setup {
         link,
@@ -121,6 +126,45 @@ fn atftp_and_tftp_hpa_download_exact_bytes() {
         text.contains("chain http://198.18.0.1:8080/boot/${net0/mac}.ipxe"),
         "{text}"
     );
+}
+
+/// A rack powering on at once: 1,000 real atftp processes fetch the boot loader together
+/// (blksize 1468, as PXE ROMs ask), and every copy arrives byte for byte.
+#[test]
+fn a_thousand_concurrent_atftp_clients_all_get_exact_bytes() {
+    require(&["atftp", "cmp", "ip"]);
+    let s = setup_with(2048);
+    let root = s.scratch.path("tftp");
+    std::fs::copy("/usr/lib/ipxe/undionly.kpxe", root.join("undionly.kpxe")).unwrap();
+    let out = s.scratch.path("storm");
+    std::fs::create_dir_all(&out).unwrap();
+    let clients = 1000;
+    let started = std::time::Instant::now();
+    let failed = s.link.client.sh_ok(&format!(
+        "cd {out} && for i in $(seq {clients}); do \
+           (atftp --option 'blksize 1468' -g -r undionly.kpxe -l $i.bin {SERVER_IP} >$i.log 2>&1 \
+            || echo $i) & \
+         done; wait",
+        out = out.display()
+    ));
+    let secs = started.elapsed().as_secs_f64();
+    assert!(
+        failed.trim().is_empty(),
+        "atftp failed for clients: {failed}"
+    );
+    let want = std::fs::read(root.join("undionly.kpxe")).unwrap();
+    let mut exact = 0;
+    for i in 1..=clients {
+        let got = std::fs::read(out.join(format!("{i}.bin"))).unwrap_or_default();
+        assert!(
+            got == want,
+            "client {i}: {} bytes, not the file's {}",
+            got.len(),
+            want.len()
+        );
+        exact += 1;
+    }
+    println!("tftp storm: {exact} of {clients} atftp clients got exact bytes in {secs:.2} s");
 }
 
 #[test]

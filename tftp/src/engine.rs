@@ -1,12 +1,13 @@
 //! The TFTP protocol: read requests (RFC 1350) with option negotiation (RFC 2347) for
 //! blksize (RFC 2348), timeout and tsize (RFC 2349) and windowsize (RFC 7440).
 //!
-//! Parsing and negotiation are pure; a transfer is one blocking thread with its own socket
-//! (a new transfer ID), which costs two system calls per window — the same as tftp-hpa.
+//! Parsing, negotiation and the transfer itself ([`Transfer`], a state machine fed packets
+//! and time) are pure; [`crate::pool`] drives many transfers per thread.
 
-use std::io::Read;
+use std::collections::VecDeque;
+use std::io::{self, Read};
 use std::net::{SocketAddr, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const RRQ: u16 = 1;
 pub const WRQ: u16 = 2;
@@ -190,145 +191,166 @@ pub enum TransferError {
 
 const MAX_TRIES: u32 = 5;
 
-/// Waits for an ACK of a block in `[base, base + count)` (mod 2^16); returns how many blocks
-/// (from `base`) it covers, or `None` on timeout.
-fn wait_ack(
-    sock: &UdpSocket,
+/// What a transfer wants next from the loop that drives it.
+#[derive(Debug)]
+pub enum Step {
+    /// Waiting for an acknowledgement until this instant (then [`Transfer::on_timeout`]).
+    Wait(Instant),
+    /// The whole file was sent and acknowledged: this many bytes.
+    Done(u64),
+    Failed(TransferError),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    /// The OACK was sent; it is acknowledged with ACK 0.
+    Oack,
+    Data,
+}
+
+/// One read transfer as a state machine, driven by the packets the client sends and by time,
+/// both passed in; it sends through the function it is given (the connected socket of the
+/// transfer in the server). Lock-step or windowed (RFC 7440): the window is sent whole, an
+/// ACK of any block in it slides it, and a window that is not acknowledged within the
+/// negotiated timeout is sent again, at most [`MAX_TRIES`] times.
+pub struct Transfer {
+    src: Source,
+    n: Negotiated,
+    phase: Phase,
+    /// `window[i]` is the DATA packet of block `base + i`.
+    window: VecDeque<Vec<u8>>,
     base: u64,
-    count: u64,
-    buf: &mut [u8],
-) -> Result<Option<u64>, TransferError> {
-    loop {
-        match recv_soon(sock, buf) {
-            Ok(n) if n >= 4 => {
-                let op = u16::from_be_bytes([buf[0], buf[1]]);
-                let num = u16::from_be_bytes([buf[2], buf[3]]);
-                if op == ERROR {
-                    let msg = String::from_utf8_lossy(&buf[4..n])
-                        .trim_end_matches('\0')
-                        .to_string();
-                    return Err(TransferError::ClientError(msg));
-                }
-                if op != ACK {
-                    continue;
-                }
-                // Which block of the window does this ACK name? (block numbers wrap)
-                let off = u64::from(num.wrapping_sub(base as u16));
-                if off < count {
-                    return Ok(Some(off + 1));
-                }
-                // An ACK for an earlier block (a duplicate): keep waiting.
-            }
-            Ok(_) => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    next: u64,
+    eof: bool,
+    sent_bytes: u64,
+    tries: u32,
 }
 
-/// How long a transfer polls for an ACK before it sleeps in `recv`. A lock-step client
-/// answers within tens of microseconds; waking a sleeping thread (and CPU) costs as much
-/// again, so a short poll halves the round trip on an idle appliance.
-const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(200);
-
-/// `recv`, polling without blocking for [`POLL_BEFORE_SLEEP`] first.
-fn recv_soon(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    let until = std::time::Instant::now() + POLL_BEFORE_SLEEP;
-    loop {
-        match nix::sys::socket::recv(
-            sock.as_raw_fd(),
-            buf,
-            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-        ) {
-            Ok(n) => return Ok(n),
-            Err(nix::errno::Errno::EAGAIN) if std::time::Instant::now() < until => {
-                std::hint::spin_loop()
-            }
-            Err(nix::errno::Errno::EAGAIN) => return sock.recv(buf),
-            Err(e) => return Err(e.into()),
+impl Transfer {
+    pub fn new(src: Source, n: Negotiated) -> Self {
+        let window = VecDeque::with_capacity(n.window_size);
+        Transfer {
+            src,
+            phase: if n.oack.is_empty() {
+                Phase::Data
+            } else {
+                Phase::Oack
+            },
+            n,
+            window,
+            base: 1,
+            next: 1,
+            eof: false,
+            sent_bytes: 0,
+            tries: 0,
         }
     }
-}
 
-/// Sends `src` to the peer `sock` is connected to.
-pub fn send(sock: &UdpSocket, mut src: Source, n: &Negotiated) -> Result<u64, TransferError> {
-    sock.set_read_timeout(Some(n.timeout))?;
-    let mut buf = vec![0u8; 1024];
-    if !n.oack.is_empty() {
-        let oack = oack_packet(&n.oack);
-        let mut tries = 0;
-        loop {
-            sock.send(&oack)?;
-            // The OACK is acknowledged with ACK 0.
-            match wait_ack(sock, 0, 1, &mut buf)? {
-                Some(_) => break,
-                None => {
-                    tries += 1;
-                    if tries >= MAX_TRIES {
-                        return Err(TransferError::TimedOut(tries));
-                    }
+    /// Sends the OACK, or the first window.
+    pub fn start(&mut self, now: Instant, send: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> Step {
+        self.transmit(now, send)
+    }
+
+    fn transmit(&mut self, now: Instant, send: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> Step {
+        let sent = match self.phase {
+            Phase::Oack => send(&oack_packet(&self.n.oack)),
+            Phase::Data => {
+                if let Err(e) = self.fill() {
+                    return Step::Failed(e.into());
                 }
+                if self.window.is_empty() {
+                    return Step::Done(self.sent_bytes);
+                }
+                self.window.iter().try_for_each(|p| send(p))
             }
+        };
+        match sent {
+            Ok(()) => Step::Wait(now + self.n.timeout),
+            Err(e) => Step::Failed(e.into()),
         }
     }
-    // `window[i]` is the DATA packet of block `base + i`.
-    let mut window: std::collections::VecDeque<Vec<u8>> =
-        std::collections::VecDeque::with_capacity(n.window_size);
-    let mut base: u64 = 1;
-    let mut next: u64 = 1;
-    let mut eof = false;
-    let mut sent_bytes = 0u64;
-    loop {
-        while !eof && window.len() < n.window_size {
-            let mut pkt = Vec::with_capacity(4 + n.block_size);
+
+    /// Reads the file until the window is full or the file ends.
+    fn fill(&mut self) -> io::Result<()> {
+        while !self.eof && self.window.len() < self.n.window_size {
+            let bs = self.n.block_size;
+            let mut pkt = Vec::with_capacity(4 + bs);
             pkt.extend_from_slice(&DATA.to_be_bytes());
-            pkt.extend_from_slice(&(next as u16).to_be_bytes());
+            // Block numbers wrap at 2^16 (RFC 1350 says nothing; every client expects it).
+            pkt.extend_from_slice(&((self.next & 0xffff) as u16).to_be_bytes());
+            pkt.resize(4 + bs, 0);
             let mut filled = 0;
-            pkt.resize(4 + n.block_size, 0);
-            while filled < n.block_size {
-                let r = src.reader.read(&mut pkt[4 + filled..])?;
+            while filled < bs {
+                let r = self.src.reader.read(&mut pkt[4 + filled..])?;
                 if r == 0 {
                     break;
                 }
                 filled += r;
             }
             pkt.truncate(4 + filled);
-            eof = filled < n.block_size;
-            sent_bytes += filled as u64;
-            window.push_back(pkt);
-            next += 1;
+            self.eof = filled < bs;
+            self.sent_bytes += filled as u64;
+            self.window.push_back(pkt);
+            self.next += 1;
         }
-        if window.is_empty() {
-            return Ok(sent_bytes);
+        Ok(())
+    }
+
+    /// A packet from the client. Anything that is not an ACK of the OACK or of a block of
+    /// the window (a duplicate, a stray) changes nothing and keeps the deadline.
+    pub fn on_packet(
+        &mut self,
+        pkt: &[u8],
+        now: Instant,
+        send: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Option<Step> {
+        if pkt.len() < 4 {
+            return None;
         }
-        let mut tries = 0;
-        let acked = loop {
-            for p in &window {
-                sock.send(p)?;
-            }
-            match wait_ack(sock, base, window.len() as u64, &mut buf)? {
-                Some(k) => break k,
-                None => {
-                    tries += 1;
-                    if tries >= MAX_TRIES {
-                        return Err(TransferError::TimedOut(tries));
-                    }
+        let op = u16::from_be_bytes([pkt[0], pkt[1]]);
+        let num = u16::from_be_bytes([pkt[2], pkt[3]]);
+        if op == ERROR {
+            let msg = String::from_utf8_lossy(&pkt[4..])
+                .trim_end_matches('\0')
+                .to_string();
+            return Some(Step::Failed(TransferError::ClientError(msg)));
+        }
+        if op != ACK {
+            return None;
+        }
+        match self.phase {
+            Phase::Oack if num == 0 => self.phase = Phase::Data,
+            Phase::Oack => return None,
+            Phase::Data => {
+                // Which block of the window does this ACK name? (block numbers wrap)
+                let off = u64::from(num.wrapping_sub((self.base & 0xffff) as u16));
+                let count = u64::try_from(self.window.len()).unwrap_or(u64::MAX);
+                if off >= count {
+                    return None; // an ACK of an earlier block: a duplicate
+                }
+                let acked = usize::try_from(off + 1).unwrap_or(self.window.len());
+                self.window.drain(..acked);
+                self.base += off + 1;
+                if self.eof && self.window.is_empty() {
+                    return Some(Step::Done(self.sent_bytes));
                 }
             }
-        };
-        window.drain(..acked as usize);
-        base += acked;
-        if eof && window.is_empty() {
-            return Ok(sent_bytes);
         }
+        self.tries = 0;
+        Some(self.transmit(now, send))
+    }
+
+    /// The deadline passed with no acknowledgement: send again, or give up.
+    pub fn on_timeout(
+        &mut self,
+        now: Instant,
+        send: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Step {
+        self.tries += 1;
+        if self.tries >= MAX_TRIES {
+            return Step::Failed(TransferError::TimedOut(self.tries));
+        }
+        self.transmit(now, send)
     }
 }
 
@@ -447,67 +469,130 @@ mod tests {
         assert_eq!((n.block_size, n.window_size, n.oack.len()), (512, 1, 0));
     }
 
-    /// A whole transfer over loopback against a scripted client, with a lost ACK and a
+    fn source(data: Vec<u8>) -> Source {
+        Source {
+            reader: Box::new(std::io::Cursor::new(data)),
+            size: None,
+        }
+    }
+
+    /// A whole transfer against a scripted client, time passed in: a lost ACK and a
     /// block-number wrap.
     #[test]
     fn windowed_transfer_with_retransmission_and_wrap() {
         let data: Vec<u8> = (0..(70_000u32 * 8 + 3)).map(|i| (i % 251) as u8).collect();
-        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-        server.connect(client.local_addr().unwrap()).unwrap();
-        client.connect(server.local_addr().unwrap()).unwrap();
         let n = Negotiated {
             block_size: 8,
             window_size: 4,
             timeout: Duration::from_millis(200),
             oack: vec![("blksize".into(), "8".into())],
         };
-        let src_data = data.clone();
-        let t = std::thread::spawn(move || {
-            send(
-                &server,
-                Source {
-                    reader: Box::new(std::io::Cursor::new(src_data)),
-                    size: None,
-                },
-                &n,
-            )
-            .unwrap()
-        });
-        let mut buf = [0u8; 64];
-        let m = client.recv(&mut buf).unwrap();
-        assert_eq!(u16::from_be_bytes([buf[0], buf[1]]), OACK);
-        assert_eq!(&buf[2..m], b"blksize\x008\x00");
-        client.send(&[0, 4, 0, 0]).unwrap();
+        let mut t = Transfer::new(source(data.clone()), n);
+        let out = std::cell::RefCell::new(Vec::<Vec<u8>>::new());
+        let mut push = |p: &[u8]| -> io::Result<()> {
+            out.borrow_mut().push(p.to_vec());
+            Ok(())
+        };
+        let mut now = Instant::now();
+        let step = t.start(now, &mut push);
+        assert!(matches!(step, Step::Wait(at) if at == now + Duration::from_millis(200)));
+        let oack = out.take();
+        assert_eq!(oack.len(), 1);
+        assert_eq!(u16::from_be_bytes([oack[0][0], oack[0][1]]), OACK);
+        assert_eq!(&oack[0][2..], b"blksize\x008\x00");
+        assert!(
+            t.on_packet(&[0, 4, 0, 1], now, &mut push).is_none(),
+            "not ACK 0"
+        );
+        let mut step = t.on_packet(&[0, 4, 0, 0], now, &mut push).unwrap();
         let mut got = Vec::new();
         let mut expect: u16 = 1;
         let mut dropped_once = false;
         loop {
-            let m = client.recv(&mut buf).unwrap();
-            assert_eq!(u16::from_be_bytes([buf[0], buf[1]]), DATA);
-            let num = u16::from_be_bytes([buf[2], buf[3]]);
-            if num == expect {
-                got.extend_from_slice(&buf[4..m]);
-                expect = expect.wrapping_add(1);
-            }
-            let last = m - 4 < 8;
-            // ACK the end of each window of 4 (again when it is resent), except once: that ACK
-            // is "lost" and the server must resend the window.
-            if num == expect.wrapping_sub(1) && (num % 4 == 0 || last) {
-                if num == 400 && !dropped_once {
-                    dropped_once = true;
-                    continue;
-                }
-                client.send(&[0, 4, buf[2], buf[3]]).unwrap();
-                if last {
+            match step {
+                Step::Done(bytes) => {
+                    assert_eq!(bytes, data.len() as u64);
                     break;
                 }
+                Step::Failed(e) => panic!("{e}"),
+                Step::Wait(_) => {}
             }
+            let mut ack = None;
+            for p in out.take() {
+                assert_eq!(u16::from_be_bytes([p[0], p[1]]), DATA);
+                let num = u16::from_be_bytes([p[2], p[3]]);
+                if num == expect {
+                    got.extend_from_slice(&p[4..]);
+                    expect = expect.wrapping_add(1);
+                }
+                let last = p.len() - 4 < 8;
+                // ACK the end of each window of 4 (again when it is resent).
+                if num == expect.wrapping_sub(1) && (num % 4 == 0 || last) {
+                    ack = Some(num);
+                }
+            }
+            let num = ack.expect("every window ends in a block the client acknowledges");
+            step = if num == 400 && !dropped_once {
+                // That ACK is "lost": the deadline passes and the window is sent again.
+                dropped_once = true;
+                now += Duration::from_millis(200);
+                t.on_timeout(now, &mut push)
+            } else {
+                t.on_packet(&[0, 4, (num >> 8) as u8, num as u8], now, &mut push)
+                    .unwrap()
+            };
         }
-        assert_eq!(t.join().unwrap(), data.len() as u64);
+        assert!(dropped_once);
         assert_eq!(
             got, data,
             "every byte, in order, across the 16-bit block-number wrap"
+        );
+    }
+
+    #[test]
+    fn duplicates_are_ignored_and_silence_or_an_error_ends_a_transfer() {
+        let n = Negotiated {
+            block_size: 512,
+            window_size: 1,
+            timeout: Duration::from_secs(1),
+            oack: Vec::new(),
+        };
+        let sent = std::cell::Cell::new(0);
+        let mut count = |_: &[u8]| -> io::Result<()> {
+            sent.set(sent.get() + 1);
+            Ok(())
+        };
+        let now = Instant::now();
+        let mut t = Transfer::new(source(vec![7; 2000]), n.clone());
+        assert!(matches!(t.start(now, &mut count), Step::Wait(_)));
+        assert!(matches!(
+            t.on_packet(&[0, 4, 0, 1], now, &mut count),
+            Some(Step::Wait(_))
+        ));
+        // An ACK of block 1 again (a duplicate) and garbage change nothing.
+        assert!(t.on_packet(&[0, 4, 0, 1], now, &mut count).is_none());
+        assert!(t.on_packet(&[0, 3], now, &mut count).is_none());
+        for i in 1..MAX_TRIES {
+            assert!(
+                matches!(t.on_timeout(now, &mut count), Step::Wait(_)),
+                "try {i}"
+            );
+        }
+        assert!(matches!(
+            t.on_timeout(now, &mut count),
+            Step::Failed(TransferError::TimedOut(5))
+        ));
+        assert_eq!(
+            sent.get(),
+            2 + 4,
+            "each timeout but the last sent the window again"
+        );
+        let mut t = Transfer::new(source(vec![7; 2000]), n);
+        t.start(now, &mut count);
+        let err = t.on_packet(b"\x00\x05\x00\x00disk full\x00", now, &mut count);
+        assert!(
+            matches!(err, Some(Step::Failed(TransferError::ClientError(ref m))) if m == "disk full"),
+            "{err:?}"
         );
     }
 }
