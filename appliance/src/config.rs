@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use ipnet::Ipv4Net;
 use paddock_dhcp::{BootPolicy, MacAddr, Pool, Reservation, Subnet};
-use paddock_inspector::service::{InspectorConfig, NextAction};
+use paddock_inspector::service::{InspectorConfig, NextAction, TimelineLimits};
 use serde::Deserialize;
 
 /// The file as written. Every section and key is optional; unknown keys are errors, so a typo
@@ -27,6 +27,18 @@ pub struct FileConfig {
     pub firewall: FirewallFile,
     pub images: ImagesFile,
     pub cluster: ClusterFile,
+    pub timeline: TimelineFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimelineFile {
+    /// Entries kept for every node and every MAC, the newest (default 200).
+    pub keep_per_subject: Option<usize>,
+    /// Also keep every entry of each node's last introspection, however many (default true).
+    pub keep_last_introspection: Option<bool>,
+    /// Seconds between prunings, on the leader (default 60).
+    pub prune_every_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -206,6 +218,15 @@ pub struct Overrides {
     /// Extra kernel command line for the discovery ramdisk.
     #[arg(long, env = "PADDOCK_DISCOVERY_CMDLINE")]
     pub discovery_cmdline: Option<String>,
+    /// Timeline entries kept for every node and every MAC.
+    #[arg(long, env = "PADDOCK_TIMELINE_KEEP_PER_SUBJECT")]
+    pub timeline_keep_per_subject: Option<usize>,
+    /// Also keep every timeline entry of each node's last introspection.
+    #[arg(long, env = "PADDOCK_TIMELINE_KEEP_LAST_INTROSPECTION")]
+    pub timeline_keep_last_introspection: Option<bool>,
+    /// Seconds between timeline prunings.
+    #[arg(long, env = "PADDOCK_TIMELINE_PRUNE_EVERY_SECS")]
+    pub timeline_prune_every_secs: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +252,14 @@ pub struct Config {
     pub firewall: Option<FirewallConfig>,
     pub images: ImagesConfig,
     pub cluster: Option<ClusterConfig>,
+    pub timeline: TimelineConfig,
+}
+
+/// What the timeline keeps, and how often the leader prunes it.
+#[derive(Clone, Debug)]
+pub struct TimelineConfig {
+    pub limits: TimelineLimits,
+    pub prune_every: Duration,
 }
 
 /// Several hosts on one etcd cluster (`None`: one host on the embedded store).
@@ -326,6 +355,18 @@ impl FileConfig {
         override_with(&mut self.boot.discovery.kernel, &o.discovery_kernel);
         override_with(&mut self.boot.discovery.initrd, &o.discovery_initrd);
         override_with(&mut self.boot.discovery.cmdline, &o.discovery_cmdline);
+        override_with(
+            &mut self.timeline.keep_per_subject,
+            &o.timeline_keep_per_subject,
+        );
+        override_with(
+            &mut self.timeline.keep_last_introspection,
+            &o.timeline_keep_last_introspection,
+        );
+        override_with(
+            &mut self.timeline.prune_every_secs,
+            &o.timeline_prune_every_secs,
+        );
         if let Some(v) = &o.dhcp_interfaces {
             self.dhcp.interfaces = v.clone();
         }
@@ -458,14 +499,33 @@ impl FileConfig {
         let im = &self.images;
         let mdb_poll = im.mdb_poll_secs.unwrap_or(2);
         let expire_check = im.expire_check_secs.unwrap_or(60);
+        let tl = &self.timeline;
+        let defaults = TimelineLimits::default();
+        let keep_per_subject = tl.keep_per_subject.unwrap_or(defaults.keep_per_subject);
+        let prune_every = tl.prune_every_secs.unwrap_or(60);
         for (k, v) in [
             ("images.mdb_poll_secs", mdb_poll),
             ("images.expire_check_secs", expire_check),
+            ("timeline.prune_every_secs", prune_every),
         ] {
             if v == 0 {
                 p.push(format!("{k}: must be at least 1"));
             }
         }
+        if keep_per_subject == 0 {
+            p.push(
+                "timeline.keep_per_subject: 0 would empty every timeline; keep at least 1".into(),
+            );
+        }
+        let timeline = TimelineConfig {
+            limits: TimelineLimits {
+                keep_per_subject: keep_per_subject.max(1),
+                keep_last_introspection: tl
+                    .keep_last_introspection
+                    .unwrap_or(defaults.keep_last_introspection),
+            },
+            prune_every: Duration::from_secs(prune_every.max(1)),
+        };
         let cl = &self.cluster;
         let cluster = match cl.store.as_deref().unwrap_or("sqlite") {
             "sqlite" => {
@@ -559,6 +619,7 @@ impl FileConfig {
             firewall,
             images,
             cluster,
+            timeline,
         })
     }
 }
@@ -786,6 +847,41 @@ x = "a"
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_timeline_keeps_what_it_is_told() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.timeline.limits, TimelineLimits::default());
+        assert_eq!(c.timeline.prune_every, Duration::from_secs(60));
+        let text = format!(
+            "{GOOD}[timeline]\nkeep_per_subject = 20\nkeep_last_introspection = false\nprune_every_secs = 5\n"
+        );
+        let mut f = FileConfig::parse(&text).unwrap();
+        f.apply(&Overrides {
+            timeline_keep_per_subject: Some(30),
+            ..Overrides::default()
+        });
+        let c = f.validate().unwrap();
+        assert_eq!(
+            c.timeline.limits,
+            TimelineLimits {
+                keep_per_subject: 30,
+                keep_last_introspection: false
+            }
+        );
+        assert_eq!(c.timeline.prune_every, Duration::from_secs(5));
+        let bad = format!("{GOOD}[timeline]\nkeep_per_subject = 0\nprune_every_secs = 0\n");
+        let text = FileConfig::parse(&bad)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        for needle in ["timeline.keep_per_subject", "timeline.prune_every_secs"] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        let e = FileConfig::parse("[timeline]\nkeep = 5\n").unwrap_err();
+        assert!(e.to_string().contains("unknown field `keep`"), "{e}");
     }
 
     #[test]

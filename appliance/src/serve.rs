@@ -8,7 +8,7 @@ use dhcproto::v4::MessageType;
 use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{Leases, MacAddr, Server, ServerConfig};
 use paddock_firewall::Nft;
-use paddock_inspector::service::{Inspector, Subject, now_ms, now_secs};
+use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector, now_ms, now_secs};
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -29,21 +29,53 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
-/// Files "PXE client answered" entries in the machine's timeline, off the packet path.
-struct TimelineObserver(Arc<Inspector>);
+/// Files "PXE client answered" entries in the machine's timeline, off the packet path: the
+/// answers go, in order, to one task that files whatever has queued up in one write
+/// (renewals counted, see `Inspector::dhcp_answered`).
+struct TimelineObserver(tokio::sync::mpsc::Sender<DhcpAnswer>);
+
+/// Answers waiting to be filed; past this (a store that stopped answering) they are dropped.
+const TIMELINE_QUEUE: usize = 65_536;
+/// Answers filed per write.
+const TIMELINE_BATCH: usize = 256;
+
+impl TimelineObserver {
+    fn start(inspector: Arc<Inspector>) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(TIMELINE_QUEUE);
+        tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(TIMELINE_BATCH);
+            while rx.recv_many(&mut batch, TIMELINE_BATCH).await > 0 {
+                if let Err(e) = inspector.dhcp_answered(&batch).await {
+                    tracing::warn!(answers = batch.len(), error = %e, "dhcp: timeline entries not recorded");
+                }
+                batch.clear();
+            }
+        });
+        TimelineObserver(tx)
+    }
+}
 
 impl DhcpObserver for TimelineObserver {
     fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str) {
-        let inspector = self.0.clone();
-        let what = format!("DHCP {reply:?} {ip}, boot {boot}");
-        tokio::spawn(async move {
-            if let Err(e) = inspector
-                .event(Subject::Mac(mac), "dhcp", &what, false)
-                .await
-            {
-                tracing::warn!(%mac, error = %e, "dhcp: timeline entry not recorded");
+        let reply = match reply {
+            MessageType::Offer => DhcpReply::Offer,
+            MessageType::Ack => DhcpReply::Ack,
+            MessageType::Nak => DhcpReply::Nak,
+            other => {
+                tracing::debug!(%mac, ?other, "dhcp: no timeline entry for this reply");
+                return;
             }
-        });
+        };
+        let answer = DhcpAnswer {
+            mac,
+            reply,
+            ip,
+            boot: boot.to_string(),
+            at_ms: now_ms(),
+        };
+        if let Err(e) = self.0.try_send(answer) {
+            tracing::warn!(%mac, error = %e, "dhcp: timeline entry not recorded");
+        }
     }
 }
 
@@ -221,7 +253,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 filter: filter.clone(),
                 leader: cfg.cluster.as_ref().map(|_| leader_rx.clone()),
             });
-            let observer = Arc::new(TimelineObserver(inspector.clone()));
+            let observer = Arc::new(TimelineObserver::start(inspector.clone()));
             let service = DhcpService::new(server, store.clone(), policy, Some(observer)).await?;
             let run = service.clone().run(listeners);
             tasks.spawn(async move { run.await.context("DHCP server") });
@@ -244,18 +276,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     {
         // Introspection timeouts (Inspector's periodic clean-up).
-        // Leader-only work: each write carries the leader's fence.
         let inspector = inspector.clone();
-        let period = cfg.clean_up_period;
-        let lrx = leader_rx.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            loop {
-                tick.tick().await;
-                let Some(leader) = lrx.borrow().clone() else {
-                    continue;
-                };
-                let fence = (!leader.key.is_empty()).then(|| leader.fence());
+        every_while_leading(&mut tasks, cfg.clean_up_period, &leader_rx, move |fence| {
+            let inspector = inspector.clone();
+            async move {
                 match inspector.expire_fenced(now_secs(), fence.as_ref()).await {
                     Ok(0) => {}
                     Ok(n) => tracing::warn!(count = n, "inspector: introspections timed out"),
@@ -263,6 +287,25 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 }
             }
         });
+    }
+    {
+        // Timeline pruning: the newest entries per node and MAC, and the last introspections.
+        let (inspector, limits) = (inspector.clone(), cfg.timeline.limits);
+        every_while_leading(
+            &mut tasks,
+            cfg.timeline.prune_every,
+            &leader_rx,
+            move |fence| {
+                let inspector = inspector.clone();
+                async move {
+                    match inspector.prune_timeline(&limits, fence.as_ref()).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(deleted = n, "timeline: pruned"),
+                        Err(e) => tracing::error!(error = %e, "timeline: pruning failed"),
+                    }
+                }
+            },
+        );
     }
     let state = AppState {
         config: cfg.clone(),
@@ -342,6 +385,30 @@ async fn claim_pools(
         .put(&format!("cluster/pools/{host}"), serde_json::to_vec(&mine)?)
         .await?;
     Ok(())
+}
+
+/// Runs `work` every `period` while this host leads. Leader-only work: `work` gets the
+/// leader's fence (none for a host alone) to carry on each of its writes.
+fn every_while_leading<W, F>(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    period: std::time::Duration,
+    leader: &crate::leader::LeaderRx,
+    mut work: W,
+) where
+    W: FnMut(Option<paddock_store::Compare>) -> F + Send + 'static,
+    F: std::future::Future<Output = ()> + Send,
+{
+    let lrx = leader.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            let Some(leader) = lrx.borrow().clone() else {
+                continue;
+            };
+            work((!leader.key.is_empty()).then(|| leader.fence())).await;
+        }
+    });
 }
 
 fn leads(rx: &crate::leader::LeaderRx) -> bool {
