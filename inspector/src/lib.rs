@@ -3,8 +3,10 @@
 
 pub mod api;
 pub mod hooks;
+pub mod jsonpath;
 pub mod lookup;
 pub mod node;
+pub mod py;
 pub mod rules;
 pub mod service;
 pub mod state;
