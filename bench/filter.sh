@@ -5,13 +5,19 @@
 #   iptables  Inspector's way: a chain with one `-m mac --mac-source X -j DROP` rule per MAC,
 #             built in a temporary chain and swapped in (its exact command sequence); a
 #             change of one MAC rebuilds the chain.
-# Both in a network namespace this script creates. Prints
+#   netlink   Paddock's membership path at scale (10,000 and 100,000 MACs): all added in one
+#             netlink batch, every tenth moved to the allow set, the deny set flushed behind
+#             Paddock's back and repaired as the reconcile loop does (read + difference),
+#             all removed.
+# All in a network namespace this script creates. Prints
 #   filter paddock ... / filter iptables ... / filter ratio paddock/iptables=<R> (10,000 MACs)
+#   filter netlink macs=<N> add_all_ms=... move_ms=... remove_all_ms=... repair_ms=...
 # Run (as root) after `cargo build --release -p paddock-firewall`:  bash bench/filter.sh
-# Env: COUNT=10000
+# Env: COUNT=10000, NETLINK_COUNTS="10000 100000"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${COUNT:-10000}
+NETLINK_COUNTS=${NETLINK_COUNTS:-10000 100000}
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
 BIN=target/release/paddock-filter-bench
 [[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p paddock-firewall" >&2; exit 1; }
@@ -47,3 +53,4 @@ I=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", (b - a) * 1000 }')
 I1=$(awk -v a="$t2" -v b="$t3" 'BEGIN { printf "%.1f", (b - a) * 1000 }')
 echo "filter iptables macs=$COUNT full_ms=$I add_one_ms=$I1 (rebuild)"
 awk -v p="$P" -v i="$I" 'BEGIN { printf "filter ratio paddock/iptables=%.4f\n", p / i }'
+for n in $NETLINK_COUNTS; do $BIN netlink $NS "$n"; done

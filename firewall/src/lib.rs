@@ -273,7 +273,7 @@ pub enum NftError {
     #[error("nft printed something that is not its JSON: {0}")]
     Output(String),
     #[error("{0}")]
-    Netlink(std::io::Error),
+    Netlink(#[from] netlink::Error),
 }
 
 /// How to run `nft`: on this host, or inside a network namespace (tests, labs).
@@ -316,7 +316,7 @@ impl Nft {
     /// the socket is dropped: a fresh one next time, never one in an unknown state.
     fn with_link(
         &self,
-        f: impl FnOnce(&mut netlink::SetLink) -> std::io::Result<()>,
+        f: impl FnOnce(&mut netlink::SetLink) -> Result<(), netlink::Error>,
     ) -> Result<(), NftError> {
         let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
         if link.is_none() {

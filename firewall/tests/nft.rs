@@ -4,7 +4,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use paddock_dhcp::MacAddr;
-use paddock_firewall::{Filter, Nft, diff, render_changes, render_closed, render_full};
+use paddock_firewall::{
+    Change, Filter, Nft, SetName, diff, render_changes, render_closed, render_full,
+};
 
 struct Ns(String);
 
@@ -31,7 +33,97 @@ impl Drop for Ns {
 }
 
 fn mac(i: u32) -> MacAddr {
-    MacAddr([0x52, 0x54, 0x02, (i >> 16) as u8, (i >> 8) as u8, i as u8])
+    let b = i.to_be_bytes();
+    MacAddr([0x52, 0x54, 0x02, b[1], b[2], b[3]])
+}
+
+/// Runs nft in the namespace as an operator (or an accident) would.
+fn nft_cli(ns: &Ns, args: &str) {
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ip netns exec {} nft {args}", ns.0))
+        .status()
+        .unwrap();
+    assert!(st.success(), "nft {args}");
+}
+
+/// Asserts the kernel holds `want`, naming a few differences rather than printing every
+/// MAC of a big set. Listings are retried for a moment: the kernel dumps a big hash set in
+/// parts, walking the hash again for each, and a part that runs while the hash is being
+/// resized (just after many adds or deletes) can skip elements the set holds.
+#[track_caller]
+fn assert_holds(nft: &Nft, want: &Filter, what: &str) {
+    let mut held = Filter::default();
+    for _ in 0..20 {
+        held = nft.read().unwrap().expect("the table exists");
+        if &held == want {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let few = |a: &std::collections::BTreeSet<MacAddr>, b: &std::collections::BTreeSet<MacAddr>| {
+        a.difference(b)
+            .take(3)
+            .map(MacAddr::to_string)
+            .collect::<Vec<_>>()
+    };
+    panic!(
+        "{what}: allow held {} wanted {} (extra {:?}, missing {:?}); deny held {} wanted {} (extra {:?}, missing {:?}); discovery {}/{}, pass {}/{}",
+        held.allow.len(),
+        want.allow.len(),
+        few(&held.allow, &want.allow),
+        few(&want.allow, &held.allow),
+        held.deny.len(),
+        want.deny.len(),
+        few(&held.deny, &want.deny),
+        few(&want.deny, &held.deny),
+        held.discovery,
+        want.discovery,
+        held.pass,
+        want.pass
+    );
+}
+
+/// Many MACs through the netlink path: all added in one batch, half moved to the other
+/// set, a refused batch that changes nothing, a flushed set repaired the way the reconcile
+/// loop repairs it (read the kernel, apply the difference), all removed. Each batch is one
+/// atomic nfnetlink batch whose element lists are split across messages.
+fn membership_at_scale(n: u32, tag: &str) {
+    let ns = Ns::new(tag);
+    let nft = Nft::in_netns(&ns.0);
+    nft.apply(&render_closed("br0")).unwrap();
+    let none = Filter::default();
+    let all = Filter::from_machines((0..n).map(|i| (mac(i), false)), false, false);
+    nft.apply_changes(&diff(&none, &all)).unwrap();
+    assert_holds(&nft, &all, &format!("{n} added"));
+    let moved = Filter::from_machines((0..n).map(|i| (mac(i), i % 2 == 0)), false, false);
+    nft.apply_changes(&diff(&all, &moved)).unwrap();
+    assert_holds(&nft, &moved, &format!("{n}: half moved"));
+    // Every move back, then a delete of an element that is not there: the whole batch is
+    // refused, its first messages included.
+    let mut bad = diff(&moved, &all);
+    bad.push(Change::Delete(SetName::Allow, mac(n + 1)));
+    let e = nft.apply_changes(&bad).unwrap_err().to_string();
+    assert!(e.contains("deleting 1 element(s) from set allow"), "{e}");
+    assert_holds(&nft, &moved, &format!("{n}: refused batch"));
+    // Drift: someone flushes the deny set; the reconcile path puts every element back.
+    nft_cli(&ns, "flush set inet paddock deny");
+    let held = nft.read().unwrap().unwrap();
+    assert!(held.deny.is_empty());
+    nft.apply_changes(&diff(&held, &moved)).unwrap();
+    assert_holds(&nft, &moved, &format!("{n}: repaired"));
+    nft.apply_changes(&diff(&moved, &none)).unwrap();
+    assert_holds(&nft, &none, &format!("{n}: all removed"));
+}
+
+#[test]
+fn ten_thousand_macs_over_netlink() {
+    membership_at_scale(10_000, "e");
+}
+
+#[test]
+fn a_hundred_thousand_macs_over_netlink() {
+    membership_at_scale(100_000, "f");
 }
 
 #[test]
