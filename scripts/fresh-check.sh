@@ -88,6 +88,7 @@ checks=(
   "tftpd-hpa|bench/tftp.sh (the tftp-hpa peer)|in.tftpd -V"
   "iptables|bench/filter.sh (Inspector's iptables way)|iptables --version"
   "cpio|bench/enrol.sh (the baseline ramdisk)|cpio --version"
+  "nginx-light|bench/storm.sh (the static HTTP server beside dnsmasq)|nginx -v"
 )
 cat >"$ROOT/paddock/check.sh" <<'EOF'
 set -u

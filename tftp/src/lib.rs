@@ -460,6 +460,10 @@ pub enum StartError {
 pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> Result<(), StartError> {
     let handler = Arc::new(BootHandler::new(&config, mem)?);
     let socket = UdpSocket::bind(listen).map_err(|source| StartError::Bind { listen, source })?;
+    // A rack powering on sends its read requests within a millisecond: the default receive
+    // buffer (about 200 small datagrams) would drop most of them, and each dropped client
+    // waits seconds before it asks again.
+    enlarge_receive_buffer(&socket, 8 << 20);
     let limits = Limits {
         max_block_size: config.block_size_limit.unwrap_or(65464),
         max_window_size: config.window_size_limit.unwrap_or(64),
@@ -475,6 +479,17 @@ pub fn spawn(listen: SocketAddr, config: TftpConfig, mem: MemFiles) -> Result<()
         .spawn(move || serve(socket, listen, handler, limits, pool))
         .map_err(|source| StartError::Thread { listen, source })?;
     Ok(())
+}
+
+/// Sets the socket's receive buffer to `bytes`, beyond `net.core.rmem_max` when we may
+/// (SO_RCVBUFFORCE needs CAP_NET_ADMIN), else as far as the system allows.
+fn enlarge_receive_buffer(socket: &UdpSocket, bytes: usize) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if setsockopt(socket, sockopt::RcvBufForce, &bytes).is_err()
+        && let Err(e) = setsockopt(socket, sockopt::RcvBuf, &bytes)
+    {
+        tracing::warn!(error = %e, "tftp: cannot enlarge the receive buffer");
+    }
 }
 
 /// Raises the soft limit on open files towards `want` (within the hard limit), so that the
