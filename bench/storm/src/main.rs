@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
-use dhcproto::v4::{
-    Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode,
-};
+use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable, Decoder, Encodable};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -84,7 +82,9 @@ impl Dhcp {
             .set_chaddr(mac)
             .set_giaddr(self.relay);
         let o = m.opts_mut();
-        o.insert(DhcpOption::ClientSystemArchitecture(Architecture::from(0u16)));
+        o.insert(DhcpOption::ClientSystemArchitecture(Architecture::from(
+            0u16,
+        )));
         o.insert(DhcpOption::ClassIdentifier(
             b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
         ));
@@ -119,8 +119,7 @@ impl Dhcp {
             .insert(DhcpOption::MessageType(MessageType::Request));
         r.opts_mut()
             .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
-        r.opts_mut()
-            .insert(DhcpOption::ServerIdentifier(server_id));
+        r.opts_mut().insert(DhcpOption::ServerIdentifier(server_id));
         let ack = self.exchange(&r).await?;
         if msg_type(&ack) != Some(MessageType::Ack) {
             bail!("answer to REQUEST is not an ACK: {:?}", msg_type(&ack));
@@ -139,11 +138,17 @@ fn msg_type(m: &Message) -> Option<MessageType> {
 /// The boot file of an answer: option 67, else the `file` field.
 fn boot_file(m: &Message) -> Result<String> {
     if let Some(DhcpOption::BootfileName(f)) = m.opts().get(OptionCode::BootfileName) {
-        return Ok(String::from_utf8_lossy(f).trim_end_matches('\0').to_string());
+        return Ok(String::from_utf8_lossy(f)
+            .trim_end_matches('\0')
+            .to_string());
     }
     let f = m
         .fname()
-        .map(|f| String::from_utf8_lossy(f).trim_end_matches('\0').to_string())
+        .map(|f| {
+            String::from_utf8_lossy(f)
+                .trim_end_matches('\0')
+                .to_string()
+        })
         .unwrap_or_default();
     if f.is_empty() {
         bail!("the answer names no boot file");
