@@ -41,7 +41,7 @@ client() { # client LABEL ARGS...: one storm from the client namespace
     local pin=()
     [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1)
     "${pin[@]}" ip netns exec "$CLI_NS" "$STORM" --label "$label" --clients "$CLIENTS" \
-        --relay "$CLI_IP" --server "$SRV_IP" "$@" | tee -a "$SCRATCH/results"
+        --relay "$CLI_IP" --server "$SRV_IP" "$@" | tee -a "$SCRATCH/results" || true
 }
 
 start_paddock() {
@@ -132,3 +132,6 @@ pt=$(best paddock-tftp total_s); dt=$(best dnsmasq-tftp total_s); ht=$(best tftp
 bt=$(awk -v a="$dt" -v b="$ht" 'BEGIN { print (a < b ? a : b) }')
 awk -v p="$p" -v d="$d" 'BEGIN { printf "storm ratio paddock/best_peer=%.2f\n", p / d }'
 awk -v p="$pt" -v b="$bt" 'BEGIN { printf "storm tftp ratio paddock/best_peer=%.2f\n", p / b }'
+# A run in which some machine was not served (ok < clients) is reported above; it fails here.
+awk '$1 == "storm" && $3 ~ /^clients=/ { split($3, c, "="); split($4, k, "="); if (k[2] != c[2]) bad = 1 } END { exit bad }' "$SCRATCH/results" \
+    || die "some machines were not served (ok < clients above)"

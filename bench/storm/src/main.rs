@@ -101,30 +101,35 @@ impl Dhcp {
         m
     }
 
-    /// DISCOVER → OFFER → REQUEST → ACK; the ACK.
+    /// DISCOVER → OFFER → REQUEST → ACK; the ACK. A NAK starts again from DISCOVER, as
+    /// firmware does (a server that does not hold its offers may offer one address twice).
     async fn dora(&self, mac: &[u8; 6], xid: u32, ipxe: bool) -> Result<Message> {
-        let mut d = self.request(mac, xid, ipxe);
-        d.opts_mut()
-            .insert(DhcpOption::MessageType(MessageType::Discover));
-        let offer = self.exchange(&d).await?;
-        if msg_type(&offer) != Some(MessageType::Offer) {
-            bail!("answer to DISCOVER is not an OFFER: {:?}", msg_type(&offer));
+        for _ in 0..4 {
+            let mut d = self.request(mac, xid, ipxe);
+            d.opts_mut()
+                .insert(DhcpOption::MessageType(MessageType::Discover));
+            let offer = self.exchange(&d).await?;
+            if msg_type(&offer) != Some(MessageType::Offer) {
+                bail!("answer to DISCOVER is not an OFFER: {:?}", msg_type(&offer));
+            }
+            let server_id = match offer.opts().get(OptionCode::ServerIdentifier) {
+                Some(DhcpOption::ServerIdentifier(s)) => *s,
+                _ => bail!("OFFER without a server identifier"),
+            };
+            let mut r = self.request(mac, xid, ipxe);
+            r.opts_mut()
+                .insert(DhcpOption::MessageType(MessageType::Request));
+            r.opts_mut()
+                .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
+            r.opts_mut().insert(DhcpOption::ServerIdentifier(server_id));
+            let ack = self.exchange(&r).await?;
+            match msg_type(&ack) {
+                Some(MessageType::Ack) => return Ok(ack),
+                Some(MessageType::Nak) => continue,
+                t => bail!("answer to REQUEST is neither ACK nor NAK: {t:?}"),
+            }
         }
-        let server_id = match offer.opts().get(OptionCode::ServerIdentifier) {
-            Some(DhcpOption::ServerIdentifier(s)) => *s,
-            _ => bail!("OFFER without a server identifier"),
-        };
-        let mut r = self.request(mac, xid, ipxe);
-        r.opts_mut()
-            .insert(DhcpOption::MessageType(MessageType::Request));
-        r.opts_mut()
-            .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
-        r.opts_mut().insert(DhcpOption::ServerIdentifier(server_id));
-        let ack = self.exchange(&r).await?;
-        if msg_type(&ack) != Some(MessageType::Ack) {
-            bail!("answer to REQUEST is not an ACK: {:?}", msg_type(&ack));
-        }
-        Ok(ack)
+        bail!("NAKed four times")
     }
 }
 
