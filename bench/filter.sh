@@ -7,11 +7,13 @@
 #             change of one MAC rebuilds the chain.
 #   netlink   Paddock's membership path at scale (10,000 and 100,000 MACs): all added in one
 #             netlink batch, every tenth moved to the allow set, the deny set flushed behind
-#             Paddock's back and repaired as the reconcile loop does (read + difference),
-#             all removed.
+#             Paddock's back and repaired by the reconcile path (read the whole table,
+#             compare, send the difference), an idle reconcile (the periodic cost), all
+#             removed.
 # All in a network namespace this script creates. Prints
 #   filter paddock ... / filter iptables ... / filter ratio paddock/iptables=<R> (10,000 MACs)
 #   filter netlink macs=<N> add_all_ms=... move_ms=... remove_all_ms=... repair_ms=...
+#                  reconcile_idle_ms=...
 # Run (as root) after `cargo build --release -p paddock-firewall`:  bash bench/filter.sh
 # Env: COUNT=10000, NETLINK_COUNTS="10000 100000"
 set -euo pipefail

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use paddock_dhcp::{Admission, ClientPolicy, MacAddr};
-use paddock_firewall::{Change, Filter, Nft, diff, render_changes, render_closed, render_full};
+use paddock_firewall::{Change, Filter, Nft, diff, render_changes, render_closed};
 use paddock_inspector::service::{Inspector, NodeObserver, now_ms};
 use serde_json::{Value, json};
 
@@ -144,7 +144,7 @@ impl PxeFilter {
         let nft = self.nft.clone();
         match tokio::task::spawn_blocking(move || nft.apply_changes(&changes)).await? {
             Ok(()) => {
-                self.record_success(false);
+                self.record_success(None);
                 *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
                 Ok(())
             }
@@ -155,20 +155,22 @@ impl PxeFilter {
         }
     }
 
-    /// Brings the kernel to the desired state from what the kernel actually holds, so a
-    /// flushed set or a deleted table is repaired too (the periodic loop). On failure the
-    /// pass rule is removed.
+    /// Brings the kernel to the desired state from what the kernel actually holds (the
+    /// periodic loop): the whole table is compared, so a flushed set, a deleted rule or
+    /// chain, a changed set or a deleted table is repaired. If the table cannot be read or
+    /// repaired, the pass rule is removed (fail closed).
     pub async fn reconcile(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
         let desired = self.desired(&[]).await?;
         self.reconcile_locked(desired).await
     }
 
-    fn record_success(&self, drift: bool) {
+    /// `drift`: how the kernel's table had moved away from what was applied.
+    fn record_success(&self, drift: Option<String>) {
         let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        if drift {
+        if let Some(drift) = drift {
             st.drift_repaired += 1;
-            tracing::warn!("pxe filter: the kernel's ruleset had drifted; repaired");
+            tracing::warn!(%drift, "pxe filter: the kernel's ruleset had drifted; repaired");
         }
         st.syncs += 1;
         st.last_sync_ms = Some(now_ms());
@@ -182,27 +184,18 @@ impl PxeFilter {
             .applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .clone()
+            .unwrap_or_default();
         let want = desired.clone();
-        let res =
-            tokio::task::spawn_blocking(move || -> Result<bool, paddock_firewall::NftError> {
-                let current = nft.read()?;
-                let drift = current.as_ref() != last.as_ref();
-                match current {
-                    None => nft.apply(&render_full(&iface, &want))?,
-                    Some(cur) => {
-                        let changes = diff(&cur, &want);
-                        if !changes.is_empty() {
-                            nft.apply_changes(&changes)?;
-                        }
-                    }
-                }
-                Ok(drift)
-            })
-            .await?;
+        let res = tokio::task::spawn_blocking(move || nft.reconcile(&iface, &last, &want)).await?;
         match res {
-            Ok(drift) => {
-                self.record_success(drift);
+            Ok(done) => {
+                if done.rebuilt {
+                    // The rebuilt table has an empty leader set: put this host's element
+                    // back now rather than at the next refresh.
+                    self.refresh_leader_element().await;
+                }
+                self.record_success((!done.drift.is_empty()).then(|| done.drift.to_string()));
                 *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
                 Ok(())
             }
@@ -345,7 +338,7 @@ impl PxeFilter {
         json!({
             "interface": self.iface,
             "discovery": applied.discovery,
-            "pass": if self.timed.is_some() { self.leading.load(Ordering::SeqCst) } else { applied.pass },
+            "pass": self.serves(&applied),
             "pass_kind": if self.timed.is_some() { "leader element (timed, several hosts)" } else { "static rule (one host)" },
             "allow": applied.allow.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
             "deny": applied.deny.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
@@ -358,13 +351,22 @@ impl PxeFilter {
 
     /// The DHCP-level decision by `chaddr` (relayed requests arrive from the relay's MAC).
     pub fn admits(&self, mac: MacAddr) -> bool {
-        let timed = self.timed.is_some();
-        let leading = self.leading.load(Ordering::SeqCst);
         self.applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .is_some_and(|f| f.admits_if(mac, if timed { leading } else { f.pass }))
+            .is_some_and(|f| f.admits_if(mac, self.serves(f)))
+    }
+
+    /// Whether this host serves PXE now: the leader element's holder (several hosts), else
+    /// the applied pass rule, unless closing has taken it away: a close that could not
+    /// reach the kernel (nft failing) still closes the DHCP side.
+    fn serves(&self, applied: &Filter) -> bool {
+        if self.timed.is_some() {
+            self.leading.load(Ordering::SeqCst)
+        } else {
+            applied.pass && self.pass.load(Ordering::SeqCst)
+        }
     }
 }
 

@@ -19,6 +19,11 @@
 //! An empty `pass` chain returns, and the packet ends in `drop`: without the pass rule the
 //! interface is closed (fail closed). Set membership changes are element adds and deletes,
 //! never a rebuild.
+//!
+//! [`Nft::reconcile`] compares the whole table the kernel holds with the rendered one
+//! ([`table`]): any chain, hook, priority, policy, rule or set definition that differs
+//! rebuilds the table in one batch; differing membership alone is repaired by element
+//! changes. A table nft cannot read is an error, never an empty table.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -27,6 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub mod netlink;
+pub mod table;
+
+pub use table::{Drift, Table, compare};
 
 use paddock_dhcp::MacAddr;
 use serde_json::{Value, json};
@@ -272,6 +280,8 @@ pub enum NftError {
     Refused(String),
     #[error("nft printed something that is not its JSON: {0}")]
     Output(String),
+    #[error("nft cannot read table inet {TABLE}: {0}")]
+    Unreadable(String),
     #[error("{0}")]
     Netlink(#[from] netlink::Error),
 }
@@ -389,43 +399,108 @@ impl Nft {
         Ok(())
     }
 
-    /// Reads the applied state back from the kernel (`None`: the table does not exist).
-    pub fn read(&self) -> Result<Option<Filter>, NftError> {
+    /// Reads the table the kernel holds (`None`: it does not exist). Any other failure of
+    /// nft is an error, never an empty table.
+    pub fn read_table(&self) -> Result<Option<Table>, NftError> {
         let out = self
             .command()
             .args(["-j", "list", "table", "inet", TABLE])
             .output()
             .map_err(NftError::Spawn)?;
-        if !out.status.success() {
-            return Ok(None);
-        }
-        let v: Value =
-            serde_json::from_slice(&out.stdout).map_err(|e| NftError::Output(e.to_string()))?;
-        let mut f = Filter::default();
-        for item in v["nftables"].as_array().into_iter().flatten() {
-            if let Some(set) = item.get("set") {
-                let target = match set["name"].as_str() {
-                    Some("allow") => &mut f.allow,
-                    Some("deny") => &mut f.deny,
-                    _ => continue,
-                };
-                for e in set["elem"].as_array().into_iter().flatten() {
-                    if let Some(m) = e.as_str().and_then(|s| s.parse().ok()) {
-                        target.insert(m);
-                    }
-                }
-            }
-            if let Some(rule) = item.get("rule") {
-                let expr = rule["expr"].to_string();
-                match rule["chain"].as_str() {
-                    Some("pass") if rule["expr"] == json!([{"accept": null}]) => f.pass = true,
-                    Some("blacklist") if expr.contains("\"jump\"") => f.discovery = true,
-                    _ => {}
-                }
-            }
-        }
-        Ok(Some(f))
+        parse_listing(
+            out.status.success(),
+            &out.stdout,
+            &String::from_utf8_lossy(&out.stderr),
+        )
     }
+
+    /// The filter the kernel's table implements, as far as Paddock's model can say
+    /// ([`Table::filter`]; `None`: no table).
+    pub fn read(&self) -> Result<Option<Filter>, NftError> {
+        Ok(self.read_table()?.map(|t| t.filter()))
+    }
+
+    /// Brings the kernel's table to the one rendered for `want` on `iface`: the whole table
+    /// is compared; a difference outside set membership (or no table) rebuilds it in one nft
+    /// batch, a difference in membership alone is sent as element changes over netlink.
+    /// `last` is what was applied before: the returned drift is how the kernel's table had
+    /// moved away from it behind Paddock's back.
+    pub fn reconcile(
+        &self,
+        iface: &str,
+        last: &Filter,
+        want: &Filter,
+    ) -> Result<Reconciled, NftError> {
+        let wanted = Table::rendered(iface, want);
+        let held = self.read_settled(&wanted)?;
+        let drift = compare(held.as_ref(), &Table::rendered(iface, last));
+        let repair = compare(held.as_ref(), &wanted);
+        let rebuilt = !repair.structure.is_empty();
+        if rebuilt {
+            self.apply(&render_full(iface, want))?;
+        } else if !repair.elements.is_empty() {
+            self.apply_changes(&repair.elements)?;
+        }
+        Ok(Reconciled { drift, rebuilt })
+    }
+
+    /// Reads the table; a listing that is not `wanted` is only believed once a second one
+    /// agrees with it. The kernel dumps a big hash set in parts, walking the hash again for
+    /// each, and a part that runs while the hash is being resized (just after many adds or
+    /// deletes) can skip elements the set holds.
+    fn read_settled(&self, wanted: &Table) -> Result<Option<Table>, NftError> {
+        let mut held = self.read_table()?;
+        for _ in 0..SETTLE_READS {
+            if held.as_ref() == Some(wanted) {
+                break;
+            }
+            let again = self.read_table()?;
+            if again == held {
+                break;
+            }
+            held = again;
+            std::thread::sleep(SETTLE_PAUSE);
+        }
+        Ok(held)
+    }
+}
+
+/// How many listings [`Nft::reconcile`] reads at most to see two agree, and the pause
+/// between them.
+const SETTLE_READS: usize = 5;
+const SETTLE_PAUSE: Duration = Duration::from_millis(50);
+
+/// What [`Nft::reconcile`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// How the kernel's table differed from what was applied before (empty: no drift).
+    pub drift: Drift,
+    /// The table was rebuilt with nft (its `leader` element with it: refresh it).
+    pub rebuilt: bool,
+}
+
+/// What `nft -j list table inet paddock` said: its exit status, output and error text. A
+/// missing table is `None`; any other failure is [`NftError::Unreadable`].
+pub fn parse_listing(
+    success: bool,
+    stdout: &[u8],
+    stderr: &str,
+) -> Result<Option<Table>, NftError> {
+    if !success {
+        let missing = stderr
+            .lines()
+            .any(|l| l.starts_with("Error: No such file or directory"))
+            && stderr.contains(&format!("list table inet {TABLE}"));
+        return if missing {
+            Ok(None)
+        } else {
+            Err(NftError::Unreadable(stderr.trim().to_string()))
+        };
+    }
+    let v: Value = serde_json::from_slice(stdout).map_err(|e| NftError::Output(e.to_string()))?;
+    Table::from_listing(&v)
+        .map(Some)
+        .ok_or_else(|| NftError::Output("a listing without the table".into()))
 }
 
 #[cfg(test)]
@@ -485,6 +560,52 @@ mod tests {
             ]
         );
         assert!(diff(&b, &b).is_empty());
+    }
+
+    #[test]
+    fn only_a_missing_table_reads_as_none() {
+        // nft's own words (1.0.6; later versions add "; did you mean …" to the first line),
+        // and what `ip netns exec` and an unprivileged nft print.
+        let missing = [
+            "Error: No such file or directory\nlist table inet paddock\n                 ^^^^^^^\n",
+            "Error: No such file or directory; did you mean table \u{2018}paddock\u{2019} in family ip?\nlist table inet paddock\n                 ^^^^^^^\n",
+        ];
+        for stderr in missing {
+            assert!(
+                matches!(parse_listing(false, b"", stderr), Ok(None)),
+                "{stderr}"
+            );
+        }
+        let unreadable = [
+            "Cannot open network namespace \"pdk-gone\": No such file or directory\n",
+            "Operation not permitted (you must be root)\nnetlink: Error: cache initialization failed: Operation not permitted\n",
+            "Error: No such file or directory\nlist table inet other\n                 ^^^^^\n",
+            "",
+        ];
+        for stderr in unreadable {
+            let e = parse_listing(false, b"", stderr).unwrap_err();
+            assert!(matches!(e, NftError::Unreadable(_)), "{stderr}: {e:?}");
+            assert!(
+                e.to_string()
+                    .starts_with("nft cannot read table inet paddock: "),
+                "{e}"
+            );
+        }
+        for stdout in [&b"not json"[..], br#"{"nftables": [{"metainfo": {}}]}"#] {
+            assert!(matches!(
+                parse_listing(true, stdout, ""),
+                Err(NftError::Output(_))
+            ));
+        }
+        let closed = render_closed("br0");
+        let listed = json!({"nftables": [
+            {"table": {"family": "inet", "name": "paddock", "handle": 1}},
+            {"chain": {"family": "inet", "table": "paddock", "name": "pass", "handle": 2}}
+        ]});
+        let t = parse_listing(true, listed.to_string().as_bytes(), "")
+            .unwrap()
+            .unwrap();
+        assert!(!compare(Some(&t), &Table::from_batch(&closed)).is_empty());
     }
 
     #[test]

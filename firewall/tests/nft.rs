@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use paddock_dhcp::MacAddr;
 use paddock_firewall::{
-    Change, Filter, Nft, SetName, diff, render_changes, render_closed, render_full,
+    Change, Filter, Nft, NftError, Reconciled, SetName, Table, diff, render_changes, render_closed,
+    render_full,
 };
 
 struct Ns(String);
@@ -85,8 +86,8 @@ fn assert_holds(nft: &Nft, want: &Filter, what: &str) {
 }
 
 /// Many MACs through the netlink path: all added in one batch, half moved to the other
-/// set, a refused batch that changes nothing, a flushed set repaired the way the reconcile
-/// loop repairs it (read the kernel, apply the difference), all removed. Each batch is one
+/// set, a refused batch that changes nothing, a flushed set repaired by the reconcile path
+/// (read the kernel's table, send the difference), all removed. Each batch is one
 /// atomic nfnetlink batch whose element lists are split across messages.
 fn membership_at_scale(n: u32, tag: &str) {
     let ns = Ns::new(tag);
@@ -108,9 +109,15 @@ fn membership_at_scale(n: u32, tag: &str) {
     assert_holds(&nft, &moved, &format!("{n}: refused batch"));
     // Drift: someone flushes the deny set; the reconcile path puts every element back.
     nft_cli(&ns, "flush set inet paddock deny");
-    let held = nft.read().unwrap().unwrap();
-    assert!(held.deny.is_empty());
-    nft.apply_changes(&diff(&held, &moved)).unwrap();
+    let done = nft.reconcile("br0", &moved, &moved).unwrap();
+    assert!(!done.rebuilt, "membership alone goes over netlink");
+    assert_eq!(
+        done.drift.to_string(),
+        format!(
+            "set deny: {} element(s) missing, 0 not wanted",
+            moved.deny.len()
+        )
+    );
     assert_holds(&nft, &moved, &format!("{n}: repaired"));
     nft.apply_changes(&diff(&moved, &none)).unwrap();
     assert_holds(&nft, &none, &format!("{n}: all removed"));
@@ -285,4 +292,138 @@ fn the_leader_element_expires_by_itself() {
     assert!(listed().is_null());
     // The static rule reads back as before; the leader rule is not mistaken for it.
     assert!(!nft.read().unwrap().unwrap().pass);
+}
+
+/// The handle of a chain's rule `index` (from 0), as `nft -a` shows it.
+fn rule_handle(ns: &Ns, chain: &str, index: usize) -> u64 {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", &ns.0, "nft", "-j", "-a", "list", "chain", "inet", "paddock", chain,
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rules: Vec<u64> = v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["rule"]["handle"].as_u64())
+        .collect();
+    rules[index]
+}
+
+/// Whatever is deleted or changed in the table (a rule of any kind, a chain, a set, a
+/// chain's policy, the table's flags), the reconcile path sees drift and rebuilds the
+/// table, after which it sees none.
+#[test]
+fn the_reconcile_repairs_every_kind_of_drift() {
+    let ns = Ns::new("g");
+    let nft = Nft::in_netns(&ns.0);
+    let f = Filter::from_machines((0..50).map(|i| (mac(i), i < 5)), true, true);
+    let wanted = Table::rendered("br0", &f);
+    // No table at all: built.
+    let done = nft.reconcile("br0", &Filter::default(), &f).unwrap();
+    assert!(done.rebuilt);
+    assert_eq!(done.drift.structure, ["table inet paddock does not exist"]);
+    assert_eq!(nft.read_table().unwrap(), Some(wanted.clone()));
+    // The leader's timed element is not drift.
+    nft.refresh_leader("br0", Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    assert_eq!(nft.reconcile("br0", &f, &f).unwrap(), Reconciled::default());
+    // Handles change with every rebuild: a command is written when its case comes.
+    type Command = fn(&Ns) -> String;
+    fn delete_pass_rule(ns: &Ns, i: usize) -> String {
+        let handle = rule_handle(ns, "pass", i);
+        format!("delete rule inet paddock pass handle {handle}")
+    }
+    let cases: [(&str, Command, &str); 8] = [
+        (
+            "input rule",
+            |_| "flush chain inet paddock input".into(),
+            "chain input: 0 rule(s) instead of 1",
+        ),
+        (
+            "leader rule",
+            |ns| delete_pass_rule(ns, 0),
+            "chain pass: 1 rule(s) instead of 2",
+        ),
+        (
+            "pass rule",
+            |ns| delete_pass_rule(ns, 1),
+            "chain pass: 1 rule(s) instead of 2",
+        ),
+        (
+            "input chain",
+            |_| "'flush chain inet paddock input; delete chain inet paddock input'".into(),
+            "chain input does not exist",
+        ),
+        (
+            "a rule before Paddock's",
+            |_| "insert rule inet paddock input accept".into(),
+            "chain input: 2 rule(s) instead of 1",
+        ),
+        (
+            "input policy",
+            |_| {
+                "'add chain inet paddock input { type filter hook input priority -150; policy drop; }'"
+                    .into()
+            },
+            r#"chain input: {"hook":"input","policy":"drop","prio":-150,"type":"filter"} instead of"#,
+        ),
+        (
+            "deny set redefined",
+            |_| {
+                "'flush chain inet paddock blacklist; delete set inet paddock deny; add set inet paddock deny { type ether_addr; flags interval; }'"
+                    .into()
+            },
+            r#"set deny: {"flags":["interval"],"type":"ether_addr"} instead of {"type":"ether_addr"}"#,
+        ),
+        (
+            "table dormant",
+            |_| "'add table inet paddock { flags dormant; }'".into(),
+            "table inet paddock: {\"flags\":",
+        ),
+    ];
+    for (what, command, seen) in cases {
+        let command = command(&ns);
+        nft_cli(&ns, &command);
+        let done = nft.reconcile("br0", &f, &f).unwrap();
+        assert!(done.rebuilt, "{what}: {}", done.drift);
+        assert!(
+            done.drift.structure.iter().any(|s| s.starts_with(seen)),
+            "{what}: {}",
+            done.drift
+        );
+        assert_eq!(nft.read_table().unwrap(), Some(wanted.clone()), "{what}");
+        assert_eq!(
+            nft.reconcile("br0", &f, &f).unwrap(),
+            Reconciled::default(),
+            "{what}: repaired"
+        );
+    }
+    // Membership alone: element changes, no rebuild.
+    nft_cli(&ns, "flush set inet paddock allow");
+    let done = nft.reconcile("br0", &f, &f).unwrap();
+    assert!(!done.rebuilt);
+    assert_eq!(
+        done.drift.to_string(),
+        "set allow: 5 element(s) missing, 0 not wanted"
+    );
+    assert_eq!(nft.read_table().unwrap(), Some(wanted));
+}
+
+/// nft failing for any reason but a missing table is an error, never "no table".
+#[test]
+fn an_unreadable_table_is_an_error() {
+    let nft = Nft::in_netns(&format!("pdkfw{}-gone", std::process::id() % 100_000));
+    let e = nft.read_table().unwrap_err().to_string();
+    assert!(
+        e.starts_with("nft cannot read table inet paddock: ")
+            && e.contains("Cannot open network namespace"),
+        "{e}"
+    );
+    let e = nft
+        .reconcile("br0", &Filter::default(), &Filter::default())
+        .unwrap_err();
+    assert!(matches!(e, NftError::Unreadable(_)), "{e:?}");
 }

@@ -6,7 +6,8 @@
 //!
 //! `paddock-filter-bench netlink NETNS COUNT`: COUNT MACs through the netlink path: all
 //! added in one batch, every tenth moved to the allow set, the deny set flushed behind
-//! Paddock's back and repaired the way the reconcile loop repairs it, all removed.
+//! Paddock's back and repaired by the reconcile path ([`Nft::reconcile`]), a reconcile with
+//! nothing to repair (the periodic loop's cost), all removed.
 
 use std::process::Command;
 use std::time::Instant;
@@ -87,19 +88,31 @@ fn netlink(ns: &str, count: u32) -> Res<()> {
     if !flushed.success() {
         return Err("nft flush set failed".into());
     }
-    // The reconcile path: read the kernel's table, send the difference.
+    // The reconcile path: read the kernel's whole table, compare, send the difference.
     let t = Instant::now();
-    let held = nft.read()?.ok_or("table vanished")?;
-    let read_ms = ms_since(t);
-    nft.apply_changes(&diff(&held, &moved))?;
+    let done = nft.reconcile("pdkbench0", &moved, &moved)?;
     let repair_ms = ms_since(t);
+    if done.rebuilt || done.drift.elements.len() != moved.deny.len() {
+        return Err(format!(
+            "unexpected repair: {} (rebuilt: {})",
+            done.drift, done.rebuilt
+        )
+        .into());
+    }
     expect(&nft, &moved)?;
+    // What the periodic loop costs when there is nothing to repair.
+    let t = Instant::now();
+    let idle = nft.reconcile("pdkbench0", &moved, &moved)?;
+    let idle_ms = ms_since(t);
+    if !idle.drift.is_empty() {
+        return Err(format!("drift where there is none: {}", idle.drift).into());
+    }
     let t = Instant::now();
     nft.apply_changes(&diff(&moved, &none))?;
     let remove_all_ms = ms_since(t);
     expect(&nft, &none)?;
     println!(
-        "filter netlink macs={count} add_all_ms={add_all_ms:.1} move_ms={move_ms:.1} remove_all_ms={remove_all_ms:.1} repair_ms={repair_ms:.1} (read_ms={read_ms:.1})"
+        "filter netlink macs={count} add_all_ms={add_all_ms:.1} move_ms={move_ms:.1} remove_all_ms={remove_all_ms:.1} repair_ms={repair_ms:.1} reconcile_idle_ms={idle_ms:.1}"
     );
     Ok(())
 }

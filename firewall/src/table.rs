@@ -1,0 +1,544 @@
+//! The whole `inet paddock` table as one comparable value, and the comparison the reconcile
+//! loop runs: the table the kernel holds (as `nft -j list table` prints it) against the one
+//! Paddock renders ([`crate::render_full`]).
+//!
+//! Both sides go through one reader: a listing's objects (`{"chain": {...}}`) and a batch's
+//! `add` commands (`{"add": {"chain": {...}}}`) have the same shape. Every attribute counts
+//! (a table's flags, a chain's type, hook, priority and policy, a set's type and flags, each
+//! rule's expressions in order) except the kernel's handles; objects Paddock never renders
+//! (another chain, a map, a counter) count too. The one thing left out is the `leader`
+//! set's element: the leader's timed right to serve, kept by [`crate::Nft::refresh_leader`]
+//! and not by the reconcile loop.
+//!
+//! Pure: parsing, rendering and comparing touch no kernel; [`crate::Nft::reconcile`] is the
+//! shell.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use paddock_dhcp::MacAddr;
+use serde_json::Value;
+
+use crate::{Change, Filter, SetName, TABLE, diff, render_full};
+
+/// The set whose element is the leader's timed right to serve (not compared).
+pub const LEADER_SET: &str = "leader";
+
+/// An object's attributes, the names and the kernel's handle left out.
+pub type Attrs = BTreeMap<String, Value>;
+
+/// One nftables table: its own attributes, sets, chains with their rules, and anything
+/// else it holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// The table's flags (a dormant table filters nothing).
+    pub attrs: Attrs,
+    pub sets: BTreeMap<String, Set>,
+    pub chains: BTreeMap<String, Chain>,
+    /// Objects of other kinds (maps, counters, quotas, flowtables…), as listed.
+    pub others: Vec<Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Set {
+    /// Type, flags, and any size, policy, timeout or comment.
+    pub attrs: Attrs,
+    /// The elements as nft writes them (MACs as `52:54:00:00:00:01`).
+    pub elems: BTreeSet<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// Type, hook, priority and policy of a base chain; nothing for a regular one.
+    pub attrs: Attrs,
+    /// Each rule's attributes (its expressions, any comment), in order.
+    pub rules: Vec<Attrs>,
+}
+
+/// The attributes of `obj` but these keys.
+fn attrs(obj: &Value, skip: &[&str]) -> Attrs {
+    obj.as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !["family", "table", "handle"].contains(&k.as_str()))
+        .filter(|(k, _)| !skip.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn name(obj: &Value, key: &str) -> String {
+    obj[key].as_str().unwrap_or_default().to_string()
+}
+
+fn element_text(e: &Value) -> String {
+    e.as_str().map_or_else(|| e.to_string(), str::to_string)
+}
+
+impl Table {
+    /// Takes in one object (`kind` is its key: `set`, `chain`, `rule`, `element`, …).
+    fn absorb(&mut self, kind: &str, obj: &Value) {
+        match kind {
+            "table" => self.attrs = attrs(obj, &["name"]),
+            "set" => {
+                let set = self.sets.entry(name(obj, "name")).or_default();
+                set.attrs = attrs(obj, &["name", "elem"]);
+                self.absorb("element", obj);
+            }
+            "element" => {
+                let set_name = name(obj, "name");
+                if set_name == LEADER_SET {
+                    return;
+                }
+                let set = self.sets.entry(set_name).or_default();
+                let elems = obj["elem"].as_array().into_iter().flatten();
+                set.elems.extend(elems.map(element_text));
+            }
+            "chain" => {
+                self.chains.entry(name(obj, "name")).or_default().attrs = attrs(obj, &["name"]);
+            }
+            "rule" => {
+                let chain = self.chains.entry(name(obj, "chain")).or_default();
+                chain.rules.push(attrs(obj, &["chain"]));
+            }
+            _ => self.others.push(serde_json::json!({ kind: obj })),
+        }
+    }
+
+    /// The table from `nft -j list table inet paddock`'s output (`None`: it lists no table).
+    pub fn from_listing(listing: &Value) -> Option<Table> {
+        let (mut table, mut listed) = (Table::default(), false);
+        for item in listing["nftables"].as_array().into_iter().flatten() {
+            for (kind, obj) in item.as_object().into_iter().flatten() {
+                listed |= kind == "table";
+                if kind != "metainfo" {
+                    table.absorb(kind, obj);
+                }
+            }
+        }
+        listed.then_some(table)
+    }
+
+    /// The table a batch leaves behind, for a batch that builds the table from nothing
+    /// (`add` and `delete table` commands, as [`render_full`] writes).
+    pub fn from_batch(batch: &Value) -> Table {
+        let mut table = Table::default();
+        for cmd in batch["nftables"].as_array().into_iter().flatten() {
+            if cmd.get("delete").is_some_and(|d| d.get("table").is_some()) {
+                table = Table::default();
+            }
+            for (kind, obj) in cmd
+                .get("add")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                table.absorb(kind, obj);
+            }
+        }
+        table
+    }
+
+    /// The table Paddock renders for `f` on `iface`.
+    pub fn rendered(iface: &str, f: &Filter) -> Table {
+        Table::from_batch(&render_full(iface, f))
+    }
+
+    /// The MACs in one of the membership sets (what does not read as a MAC is left out).
+    pub fn macs(&self, set: SetName) -> BTreeSet<MacAddr> {
+        self.sets
+            .get(set.as_str())
+            .into_iter()
+            .flat_map(|s| &s.elems)
+            .filter_map(|e| e.parse().ok())
+            .collect()
+    }
+
+    /// The filter this table implements, as far as Paddock's model can say: the sets'
+    /// MACs, and whether the blacklist and pass chains are exactly the ones rendered with
+    /// discovery and the static pass rule on.
+    pub fn filter(&self) -> Filter {
+        let on = Table::rendered(
+            "",
+            &Filter {
+                discovery: true,
+                pass: true,
+                ..Filter::default()
+            },
+        );
+        let rules = |t: &Table, chain: &str| t.chains.get(chain).map(|c| c.rules.clone());
+        Filter {
+            allow: self.macs(SetName::Allow),
+            deny: self.macs(SetName::Deny),
+            discovery: rules(self, "blacklist") == rules(&on, "blacklist"),
+            pass: rules(self, "pass") == rules(&on, "pass"),
+        }
+    }
+}
+
+/// How the table the kernel holds differs from the wanted one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// Differences outside set membership (the table, chains, rules, set definitions,
+    /// foreign objects), described. Any one means the table is rebuilt.
+    pub structure: Vec<String>,
+    /// The element deletes and adds that turn the held allow and deny sets into the
+    /// wanted ones.
+    pub elements: Vec<Change>,
+}
+
+impl Drift {
+    pub fn is_empty(&self) -> bool {
+        self.structure.is_empty() && self.elements.is_empty()
+    }
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = self.structure.clone();
+        for set in [SetName::Allow, SetName::Deny] {
+            let count = |add: bool| {
+                self.elements
+                    .iter()
+                    .filter(|c| match c {
+                        Change::Add(s, _) => add && *s == set,
+                        Change::Delete(s, _) => !add && *s == set,
+                        _ => false,
+                    })
+                    .count()
+            };
+            let (missing, extra) = (count(true), count(false));
+            if missing + extra > 0 {
+                parts.push(format!(
+                    "set {}: {missing} element(s) missing, {extra} not wanted",
+                    set.as_str()
+                ));
+            }
+        }
+        if parts.is_empty() {
+            return f.write_str("no drift");
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
+fn show(a: &Attrs) -> String {
+    serde_json::to_string(a).unwrap_or_default()
+}
+
+/// Notes `what`'s attributes if they differ.
+fn attrs_differ(out: &mut Vec<String>, what: &str, held: &Attrs, want: &Attrs) {
+    if held != want {
+        out.push(format!("{what}: {} instead of {}", show(held), show(want)));
+    }
+}
+
+/// Notes each wanted `kind` (chain, set) that is missing and each held one that is not
+/// wanted; `each` compares those in both.
+fn by_name<T>(
+    out: &mut Vec<String>,
+    kind: &str,
+    held: &BTreeMap<String, T>,
+    want: &BTreeMap<String, T>,
+    each: fn(&mut Vec<String>, &str, &T, &T),
+) {
+    for (name, w) in want {
+        match held.get(name) {
+            None => out.push(format!("{kind} {name} does not exist")),
+            Some(h) => each(out, name, h, w),
+        }
+    }
+    out.extend(
+        held.keys()
+            .filter(|n| !want.contains_key(*n))
+            .map(|n| format!("{kind} {n} is not Paddock's")),
+    );
+}
+
+fn chain_differs(out: &mut Vec<String>, name: &str, h: &Chain, w: &Chain) {
+    attrs_differ(out, &format!("chain {name}"), &h.attrs, &w.attrs);
+    if h.rules.len() != w.rules.len() {
+        out.push(format!(
+            "chain {name}: {} rule(s) instead of {}",
+            h.rules.len(),
+            w.rules.len()
+        ));
+    } else if let Some(i) = h.rules.iter().zip(&w.rules).position(|(a, b)| a != b) {
+        out.push(format!(
+            "chain {name}: rule {} is {} instead of {}",
+            i + 1,
+            show(&h.rules[i]),
+            show(&w.rules[i])
+        ));
+    }
+}
+
+/// A set's definition; the elements of a set other than allow and deny; an element of
+/// allow or deny that is not a MAC. (Membership itself is [`Drift::elements`].)
+fn set_differs(out: &mut Vec<String>, name: &str, h: &Set, w: &Set) {
+    attrs_differ(out, &format!("set {name}"), &h.attrs, &w.attrs);
+    let membership = [SetName::Allow, SetName::Deny]
+        .iter()
+        .any(|s| s.as_str() == name);
+    if !membership {
+        if h.elems != w.elems {
+            out.push(format!("set {name}: elements differ"));
+        }
+    } else if let Some(odd) = h.elems.iter().find(|e| e.parse::<MacAddr>().is_err()) {
+        out.push(format!("set {name} holds {odd}, not a MAC"));
+    }
+}
+
+/// How `held` (`None`: the kernel holds no such table) differs from `want`.
+pub fn compare(held: Option<&Table>, want: &Table) -> Drift {
+    let Some(held) = held else {
+        return Drift {
+            structure: vec![format!("table inet {TABLE} does not exist")],
+            elements: Vec::new(),
+        };
+    };
+    let mut out = Vec::new();
+    attrs_differ(
+        &mut out,
+        &format!("table inet {TABLE}"),
+        &held.attrs,
+        &want.attrs,
+    );
+    by_name(&mut out, "chain", &held.chains, &want.chains, chain_differs);
+    by_name(&mut out, "set", &held.sets, &want.sets, set_differs);
+    if held.others != want.others {
+        out.push(format!(
+            "the table holds {} object(s) Paddock does not render: {}",
+            held.others.len(),
+            serde_json::to_string(&held.others).unwrap_or_default()
+        ));
+    }
+    let membership = |t: &Table| Filter {
+        allow: t.macs(SetName::Allow),
+        deny: t.macs(SetName::Deny),
+        ..Filter::default()
+    };
+    Drift {
+        structure: out,
+        elements: diff(&membership(held), &membership(want)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mac(n: u8) -> MacAddr {
+        MacAddr([0x52, 0x54, 0, 0, 0, n])
+    }
+
+    /// `nft -j list table inet paddock` (nft 1.0.6) after `render_full("br0", …)` with 01
+    /// allowed, 02 and 0a denied, discovery and the pass rule on, and a leader element.
+    const LISTING: &str = r#"{"nftables":[{"metainfo":{"version":"1.0.6","release_name":"Lester Gooch #5","json_schema_version":1}},{"table":{"family":"inet","name":"paddock","handle":2}},{"set":{"family":"inet","name":"allow","table":"paddock","type":"ether_addr","handle":1,"elem":["52:54:00:00:00:01"]}},{"set":{"family":"inet","name":"deny","table":"paddock","type":"ether_addr","handle":2,"elem":["52:54:00:00:00:02","52:54:00:00:00:0a"]}},{"set":{"family":"inet","name":"leader","table":"paddock","type":"ifname","handle":3,"flags":["timeout"],"elem":[{"elem":{"val":"br0","timeout":60,"expires":59}}]}},{"chain":{"family":"inet","table":"paddock","name":"input","handle":4,"type":"filter","hook":"input","prio":-150,"policy":"accept"}},{"chain":{"family":"inet","table":"paddock","name":"whitelist","handle":5}},{"chain":{"family":"inet","table":"paddock","name":"blacklist","handle":6}},{"chain":{"family":"inet","table":"paddock","name":"pass","handle":7}},{"rule":{"family":"inet","table":"paddock","chain":"input","handle":9,"expr":[{"match":{"op":"==","left":{"meta":{"key":"iifname"}},"right":"br0"}},{"match":{"op":"==","left":{"payload":{"protocol":"udp","field":"dport"}},"right":{"set":[67,69,4011]}}},{"jump":{"target":"whitelist"}}]}},{"rule":{"family":"inet","table":"paddock","chain":"whitelist","handle":10,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"ether","field":"saddr"}},"right":"@allow"}},{"jump":{"target":"pass"}}]}},{"rule":{"family":"inet","table":"paddock","chain":"whitelist","handle":11,"expr":[{"jump":{"target":"blacklist"}}]}},{"rule":{"family":"inet","table":"paddock","chain":"blacklist","handle":12,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"ether","field":"saddr"}},"right":"@deny"}},{"drop":null}]}},{"rule":{"family":"inet","table":"paddock","chain":"blacklist","handle":13,"expr":[{"jump":{"target":"pass"}}]}},{"rule":{"family":"inet","table":"paddock","chain":"blacklist","handle":14,"expr":[{"drop":null}]}},{"rule":{"family":"inet","table":"paddock","chain":"pass","handle":15,"expr":[{"match":{"op":"==","left":{"meta":{"key":"iifname"}},"right":"@leader"}},{"accept":null}]}},{"rule":{"family":"inet","table":"paddock","chain":"pass","handle":16,"expr":[{"accept":null}]}}]}"#;
+
+    fn filter() -> Filter {
+        Filter::from_machines(
+            [(mac(1), true), (mac(2), false), (mac(10), false)],
+            true,
+            true,
+        )
+    }
+
+    fn listed() -> Table {
+        Table::from_listing(&serde_json::from_str(LISTING).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_kernels_listing_reads_as_the_rendered_table() {
+        let want = Table::rendered("br0", &filter());
+        assert_eq!(listed(), want);
+        assert!(compare(Some(&listed()), &want).is_empty());
+        assert_eq!(listed().filter(), filter());
+        assert_eq!(want.chains.len(), 4);
+        assert_eq!(want.chains["input"].attrs["prio"], json!(-150));
+        assert_eq!(want.sets["leader"].attrs["flags"], json!(["timeout"]));
+        // Without the table object nothing is listed.
+        assert_eq!(
+            Table::from_listing(&json!({"nftables": [{"metainfo": {}}]})),
+            None
+        );
+        // A closed table: no elements, no static pass rule, discovery off.
+        let closed = Table::rendered("br0", &Filter::default());
+        assert_eq!(closed.filter(), Filter::default());
+        assert_eq!(
+            closed.chains["pass"].rules.len(),
+            1,
+            "the leader rule alone"
+        );
+    }
+
+    #[test]
+    fn every_kind_of_drift_is_seen() {
+        let want = Table::rendered("br0", &filter());
+        type Edit = fn(&mut Table);
+        let cases: [(&str, Edit, &[&str]); 15] = [
+            ("nothing", |_| {}, &[]),
+            (
+                "input rule deleted",
+                |t| t.chains.get_mut("input").unwrap().rules.clear(),
+                &["chain input: 0 rule(s) instead of 1"],
+            ),
+            (
+                "leader rule deleted",
+                |t| {
+                    t.chains.get_mut("pass").unwrap().rules.remove(0);
+                },
+                &["chain pass: 1 rule(s) instead of 2"],
+            ),
+            (
+                "pass rule deleted",
+                |t| {
+                    t.chains.get_mut("pass").unwrap().rules.pop();
+                },
+                &["chain pass: 1 rule(s) instead of 2"],
+            ),
+            (
+                "whitelist chain deleted",
+                |t| {
+                    t.chains.remove("whitelist");
+                },
+                &["chain whitelist does not exist"],
+            ),
+            (
+                "a rule changed in place",
+                |t| {
+                    t.chains.get_mut("blacklist").unwrap().rules[2] =
+                        Attrs::from([("expr".into(), json!([{"accept": null}]))]);
+                },
+                &[
+                    r#"chain blacklist: rule 3 is {"expr":[{"accept":null}]} instead of {"expr":[{"drop":null}]}"#,
+                ],
+            ),
+            (
+                "input priority moved",
+                |t| {
+                    t.chains
+                        .get_mut("input")
+                        .unwrap()
+                        .attrs
+                        .insert("prio".into(), json!(0));
+                },
+                &[
+                    r#"chain input: {"hook":"input","policy":"accept","prio":0,"type":"filter"} instead of {"hook":"input","policy":"accept","prio":-150,"type":"filter"}"#,
+                ],
+            ),
+            (
+                "input hook gone (a regular chain)",
+                |t| t.chains.get_mut("input").unwrap().attrs.clear(),
+                &[
+                    r#"chain input: {} instead of {"hook":"input","policy":"accept","prio":-150,"type":"filter"}"#,
+                ],
+            ),
+            (
+                "a foreign chain",
+                |t| {
+                    t.chains.insert("sneaky".into(), Chain::default());
+                },
+                &["chain sneaky is not Paddock's"],
+            ),
+            (
+                "deny set made an interval set",
+                |t| {
+                    t.sets
+                        .get_mut("deny")
+                        .unwrap()
+                        .attrs
+                        .insert("flags".into(), json!(["interval"]));
+                },
+                &[
+                    r#"set deny: {"flags":["interval"],"type":"ether_addr"} instead of {"type":"ether_addr"}"#,
+                ],
+            ),
+            (
+                "a foreign set",
+                |t| {
+                    t.sets.insert("extra".into(), Set::default());
+                },
+                &["set extra is not Paddock's"],
+            ),
+            (
+                "an element that is not a MAC",
+                |t| {
+                    t.sets
+                        .get_mut("deny")
+                        .unwrap()
+                        .elems
+                        .insert("10.0.0.1".into());
+                },
+                &["set deny holds 10.0.0.1, not a MAC"],
+            ),
+            (
+                "table made dormant",
+                |t| {
+                    t.attrs.insert("flags".into(), json!("dormant"));
+                },
+                &[r#"table inet paddock: {"flags":"dormant"} instead of {}"#],
+            ),
+            (
+                "a counter in the table",
+                |t| t.others.push(json!({"counter": {"name": "c"}})),
+                &[
+                    r#"the table holds 1 object(s) Paddock does not render: [{"counter":{"name":"c"}}]"#,
+                ],
+            ),
+            (
+                "membership only: the leader element is not drift",
+                |t| {
+                    t.sets.get_mut("leader").unwrap().elems.clear();
+                },
+                &[],
+            ),
+        ];
+        for (what, edit, structure) in cases {
+            let mut held = want.clone();
+            edit(&mut held);
+            let d = compare(Some(&held), &want);
+            assert_eq!(d.structure, structure, "{what}");
+            assert!(d.elements.is_empty(), "{what}: {:?}", d.elements);
+            assert_eq!(d.is_empty(), structure.is_empty(), "{what}");
+        }
+        let d = compare(None, &want);
+        assert_eq!(d.structure, ["table inet paddock does not exist"]);
+    }
+
+    #[test]
+    fn membership_drift_is_element_changes() {
+        let want = Table::rendered("br0", &filter());
+        let mut held = want.clone();
+        let deny = &mut held.sets.get_mut("deny").unwrap().elems;
+        deny.clear();
+        deny.insert(mac(1).to_string());
+        held.sets
+            .get_mut("allow")
+            .unwrap()
+            .elems
+            .insert(mac(7).to_string());
+        let d = compare(Some(&held), &want);
+        assert!(d.structure.is_empty(), "{d}");
+        assert_eq!(
+            d.elements,
+            [
+                Change::Delete(SetName::Allow, mac(7)),
+                Change::Delete(SetName::Deny, mac(1)),
+                Change::Add(SetName::Deny, mac(2)),
+                Change::Add(SetName::Deny, mac(10)),
+            ]
+        );
+        assert_eq!(
+            d.to_string(),
+            "set allow: 0 element(s) missing, 1 not wanted; set deny: 2 element(s) missing, 1 not wanted"
+        );
+        assert_eq!(Drift::default().to_string(), "no drift");
+        // A deleted set: structure (the table is rebuilt), its elements counted as missing.
+        let mut held = want.clone();
+        held.sets.remove("allow");
+        let d = compare(Some(&held), &want);
+        assert_eq!(d.structure, ["set allow does not exist"]);
+        assert_eq!(d.elements, [Change::Add(SetName::Allow, mac(1))]);
+    }
+}
