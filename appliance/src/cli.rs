@@ -71,7 +71,10 @@ pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
             .join(", ")
     );
     println!("bmc         {}", s(&n["bmc_address"]));
+    println!("driver      {}", s(&n["driver"]));
+    println!("driver_info {}", n["driver_info"]);
     println!("properties  {}", n["properties"]);
+    println!("extra       {}", n["extra"]);
     println!("timeline:");
     for e in n["timeline"].as_array().into_iter().flatten() {
         let at = e["at_ms"].as_i64().unwrap_or(0);
@@ -88,6 +91,78 @@ pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
             s(&e["message"])
         );
     }
+    Ok(())
+}
+
+/// What `paddock node set` changes, as `baremetal node set` takes it.
+#[derive(Debug, Default)]
+pub struct NodeSet<'a> {
+    pub name: Option<&'a str>,
+    pub driver: Option<&'a str>,
+    pub resource_class: Option<&'a str>,
+    pub description: Option<&'a str>,
+    pub bmc_address: Option<&'a str>,
+    /// `KEY=VALUE` each.
+    pub properties: &'a [String],
+    pub extra: &'a [String],
+    pub driver_info: &'a [String],
+    pub instance_info: &'a [String],
+    pub reset_interfaces: bool,
+}
+
+/// The JSON patch `paddock node set` sends: an `add` per attribute. A `KEY=VALUE` value is
+/// JSON when it reads as JSON (`cpus=4` is 4, `root_device={"serial": "x"}` an object) and
+/// text otherwise, as ironicclient's `split_and_deserialize` reads it.
+pub fn node_set_patch(s: &NodeSet) -> anyhow::Result<Vec<Value>> {
+    let add =
+        |path: String, value: Value| serde_json::json!({"op": "add", "path": path, "value": value});
+    let mut ops = Vec::new();
+    for (key, v) in [
+        ("name", s.name),
+        ("driver", s.driver),
+        ("resource_class", s.resource_class),
+        ("description", s.description),
+        ("bmc_address", s.bmc_address),
+    ] {
+        if let Some(v) = v {
+            ops.push(add(format!("/{key}"), Value::String(v.to_string())));
+        }
+    }
+    for (attr, pairs) in [
+        ("properties", s.properties),
+        ("extra", s.extra),
+        ("driver_info", s.driver_info),
+        ("instance_info", s.instance_info),
+    ] {
+        for pair in pairs {
+            let (key, value) = pair
+                .split_once('=')
+                .with_context(|| format!("{pair:?} is not KEY=VALUE"))?;
+            let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.into()));
+            ops.push(add(format!("/{attr}/{key}"), value));
+        }
+    }
+    if ops.is_empty() {
+        bail!("nothing to set: give --name, --driver, --property KEY=VALUE, …");
+    }
+    Ok(ops)
+}
+
+/// `paddock node set`: one PATCH with every change (Ironic's semantics, all or nothing).
+pub fn node_set(api: &str, node: &str, s: &NodeSet) -> anyhow::Result<()> {
+    let ops = node_set_patch(s)?;
+    let query = if s.reset_interfaces {
+        "?reset_interfaces=true"
+    } else {
+        ""
+    };
+    call_body(
+        api,
+        "PATCH",
+        &format!("/api/v1/nodes/{node}{query}"),
+        &Value::Array(ops),
+    )?;
+    println!("node {node} updated");
     Ok(())
 }
 
@@ -173,15 +248,16 @@ fn answer(
     Ok(body)
 }
 
-fn call_body(api: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
+/// Sends a JSON body with `method` (`POST` or `PATCH`).
+fn call_body(api: &str, method: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
     let url = format!("{}{path}", api.trim_end_matches('/'));
-    let resp = agent(Some(std::time::Duration::from_secs(600)))
-        .post(&url)
-        .send_json(body)
-        .with_context(|| {
-            format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)")
-        })?;
-    answer("POST", path, resp)
+    let agent = agent(Some(std::time::Duration::from_secs(600)));
+    let resp = match method {
+        "PATCH" => agent.patch(&url).send_json(body),
+        _ => agent.post(&url).send_json(body),
+    }
+    .with_context(|| format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)"))?;
+    answer(method, path, resp)
 }
 
 /// Sends the tarball while drawing a progress bar on stderr.
@@ -442,6 +518,7 @@ pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
 pub fn image_gc(api: &str) -> anyhow::Result<()> {
     let r = call_body(
         api,
+        "POST",
         "/rpc/ImageServer.DeleteUnreferencedObjects",
         &Value::Null,
     )?;
@@ -457,6 +534,7 @@ pub fn image_gc(api: &str) -> anyhow::Result<()> {
 pub fn image_check(api: &str, name: &str) -> anyhow::Result<()> {
     let r = call_body(
         api,
+        "POST",
         &format!("/rpc/ImageServer.CheckImage?name={}", q(name)),
         &Value::Null,
     )?;
@@ -491,7 +569,7 @@ pub fn mdb_list(api: &str) -> anyhow::Result<()> {
 }
 
 pub fn mdb_set(api: &str, machine: &Value) -> anyhow::Result<()> {
-    call_body(api, "/rpc/Mdb.SetMachine", machine)?;
+    call_body(api, "POST", "/rpc/Mdb.SetMachine", machine)?;
     println!("mdb: {} set", s(&machine["Hostname"]));
     Ok(())
 }
@@ -504,4 +582,43 @@ pub fn mdb_delete(api: &str, hostname: &str) -> anyhow::Result<()> {
     )?;
     println!("mdb: {hostname} deleted");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn node_set_is_one_patch_with_values_read_as_ironicclient_reads_them() {
+        let props = ["inspection_scope=gpu".to_string(), "cpus=4".to_string()];
+        let info = ["ipmi_address=192.0.2.9".to_string()];
+        let extra = [r#"root={"serial": "x"}"#.to_string()];
+        let ops = node_set_patch(&NodeSet {
+            driver: Some("ipmi"),
+            properties: &props,
+            driver_info: &info,
+            extra: &extra,
+            ..NodeSet::default()
+        })
+        .unwrap();
+        assert_eq!(
+            Value::Array(ops),
+            json!([
+                {"op": "add", "path": "/driver", "value": "ipmi"},
+                {"op": "add", "path": "/properties/inspection_scope", "value": "gpu"},
+                {"op": "add", "path": "/properties/cpus", "value": 4},
+                {"op": "add", "path": "/extra/root", "value": {"serial": "x"}},
+                {"op": "add", "path": "/driver_info/ipmi_address", "value": "192.0.2.9"}
+            ])
+        );
+        assert!(node_set_patch(&NodeSet::default()).is_err());
+        let bad = ["novalue".to_string()];
+        let e = node_set_patch(&NodeSet {
+            properties: &bad,
+            ..NodeSet::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("not KEY=VALUE"), "{e}");
+    }
 }

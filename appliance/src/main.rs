@@ -162,6 +162,8 @@ enum FirewallCmd {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of `Set` costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum NodeCmd {
     /// Every node with its state and scheduling properties.
     List,
@@ -171,6 +173,35 @@ enum NodeCmd {
     Inspect { node: String },
     /// Abort a running introspection.
     Abort { node: String },
+    /// Set node attributes, as `baremetal node set` does (one PATCH, Ironic's semantics).
+    Set {
+        node: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// Ironic's hardware type (`ipmi`, `redfish`, …).
+        #[arg(long)]
+        driver: Option<String>,
+        #[arg(long)]
+        resource_class: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        /// The BMC address lookup uses.
+        #[arg(long)]
+        bmc_address: Option<String>,
+        /// `KEY=VALUE` (the value as JSON when it reads as JSON); repeatable.
+        #[arg(long = "property", value_name = "KEY=VALUE")]
+        properties: Vec<String>,
+        #[arg(long = "extra", value_name = "KEY=VALUE")]
+        extra: Vec<String>,
+        /// BMC settings (`ipmi_address`, `redfish_password`, …) and other driver settings.
+        #[arg(long = "driver-info", value_name = "KEY=VALUE")]
+        driver_info: Vec<String>,
+        #[arg(long = "instance-info", value_name = "KEY=VALUE")]
+        instance_info: Vec<String>,
+        /// With --driver: forget the node's `*_interface`s.
+        #[arg(long)]
+        reset_interfaces: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -331,6 +362,34 @@ fn main() -> ExitCode {
                 NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),
                 NodeCmd::Inspect { node } => paddock::cli::node_inspect(&api, &node),
                 NodeCmd::Abort { node } => paddock::cli::node_abort(&api, &node),
+                NodeCmd::Set {
+                    node,
+                    name,
+                    driver,
+                    resource_class,
+                    description,
+                    bmc_address,
+                    properties,
+                    extra,
+                    driver_info,
+                    instance_info,
+                    reset_interfaces,
+                } => paddock::cli::node_set(
+                    &api,
+                    &node,
+                    &paddock::cli::NodeSet {
+                        name: name.as_deref(),
+                        driver: driver.as_deref(),
+                        resource_class: resource_class.as_deref(),
+                        description: description.as_deref(),
+                        bmc_address: bmc_address.as_deref(),
+                        properties: &properties,
+                        extra: &extra,
+                        driver_info: &driver_info,
+                        instance_info: &instance_info,
+                        reset_interfaces,
+                    },
+                ),
             };
             match res {
                 Ok(()) => ExitCode::SUCCESS,

@@ -363,7 +363,7 @@ fn continue_refuses_bad_bodies_and_changes_nothing() {
         ),
         (r#"{"inventory": {"interfaces": "eth0"}}"#, 400, "IPA shape"),
         (
-            r#"{"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01"}], "cpu": {"count": "four"}}}"#,
+            r#"{"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01"}], "disks": {"sda": 1}}}"#,
             400,
             "IPA shape",
         ),
@@ -459,7 +459,10 @@ fn rules_crud_and_effect() {
     let api = Api::start("");
     let bad = api.post("/v1/rules", &json!({"conditions": [], "actions": []}));
     assert_eq!(bad.status, 400);
-    assert!(bad.error().contains("at least one action"));
+    assert_eq!(
+        bad.error(),
+        "Validation failed for actions: [] is too short"
+    );
     assert_eq!(api.raw("/v1/rules", "{oops").status, 400);
     let rule = json!({
         "uuid": "7f3a8c52-1e2b-4c7d-9a6e-000000000001",
@@ -728,5 +731,486 @@ fn two_hundred_machines_enrol_at_once() {
             .iter()
             .all(|n| n["introspection"]["state"] == "finished"
                 && n["macs"].as_array().unwrap().len() == 2)
+    );
+}
+
+impl Api {
+    fn patch(&self, node: &str, ops: &Value) -> Resp {
+        self.call("PATCH", &format!("/api/v1/nodes/{node}"), Some(ops), &[])
+    }
+    fn node(&self, ident: &str) -> Value {
+        let r = self.get(&format!("/api/v1/nodes/{ident}"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    }
+    fn rule(&self, rule: &Value) {
+        let r = self.post("/v1/rules", rule);
+        assert_eq!(r.status, 201, "{rule}: {}", r.body);
+    }
+    fn introspect(&self, node: &str) {
+        let r = self.call("POST", &format!("/v1/introspection/{node}"), None, &[]);
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+}
+
+/// Difference 1: `set-attribute` of the paths rules use to give a machine its BMC and
+/// driver, which Inspector sends to Ironic as a node PATCH (`plugins/rules.py`
+/// `SetAttributeAction`), is kept — BMC settings typed, the rest of `driver_info` and other
+/// Ironic attributes as given — or refused with Ironic's message, never dropped. Rules:
+/// Inspector's `doc/source/user/usage.rst` ("Set IPMI driver_info if no credentials", "Set
+/// deploy info if not already set on node"), `test/functional.py`
+/// `test_conditions_scheme_actions_path` (`/driver_info/ipmi_address` from
+/// `{data[inventory][bmc_address]}`), Kayobe's Redfish rules
+/// (`ansible/inventory/group_vars/all/inspector`, before its move to Ironic's rules).
+#[test]
+fn set_attribute_keeps_bmc_settings_and_ironic_attributes() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    for rule in [
+        json!({
+            "description": "Set IPMI driver_info if no credentials",
+            "actions": [
+                {"action": "set-attribute", "path": "driver", "value": "ipmi"},
+                {"action": "set-attribute", "path": "driver_info/ipmi_username", "value": "username"},
+                {"action": "set-attribute", "path": "driver_info/ipmi_password", "value": "password"}
+            ],
+            "conditions": [
+                {"op": "is-empty", "field": "node://driver_info.ipmi_password"},
+                {"op": "is-empty", "field": "node://driver_info.ipmi_username"}
+            ]
+        }),
+        json!({
+            "description": "Set deploy info if not already set on node",
+            "actions": [
+                {"action": "set-attribute", "path": "driver_info/deploy_kernel", "value": "<glance uuid>"},
+                {"action": "set-attribute", "path": "driver_info/deploy_ramdisk", "value": "<glance uuid>"}
+            ],
+            "conditions": [
+                {"op": "is-empty", "field": "node://driver_info.deploy_ramdisk"},
+                {"op": "is-empty", "field": "node://driver_info.deploy_kernel"}
+            ]
+        }),
+        json!({
+            "conditions": [{"field": "data://inventory.cpu.count", "op": "eq", "value": 4}],
+            "actions": [{"action": "set-attribute", "path": "/driver_info/ipmi_address",
+                         "value": "{data[inventory][bmc_address]}"}]
+        }),
+        json!({
+            "description": "Set Redfish address",
+            "conditions": [{"field": "node://driver_info.redfish_address", "op": "is-empty"}],
+            "actions": [{"action": "set-attribute", "path": "driver_info/redfish_address",
+                         "value": "{data[inventory][bmc_address]}"}]
+        }),
+        json!({
+            "description": "Set Redfish Verify CA",
+            "conditions": [{"field": "node://driver_info.redfish_verify_ca", "op": "is-empty"}],
+            "actions": [{"action": "set-attribute", "path": "driver_info/redfish_verify_ca", "value": true}]
+        }),
+        json!({"actions": [{"action": "set-attribute", "path": "/resource_class", "value": "baremetal"}]}),
+    ] {
+        api.rule(&rule);
+    }
+    let mut body = inventory(&["52:54:00:a0:00:01"], 4, 2048, &[40]);
+    body["inventory"]["bmc_address"] = json!("192.0.2.55");
+    let r = api.post("/v1/continue", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let n = api.node(r.json()["uuid"].as_str().unwrap());
+    assert_eq!(n["introspection"]["state"], "finished");
+    assert_eq!(n["driver"], "ipmi");
+    assert_eq!(n["resource_class"], "baremetal");
+    assert_eq!(
+        n["driver_info"],
+        json!({
+            "deploy_kernel": "<glance uuid>",
+            "deploy_ramdisk": "<glance uuid>",
+            "redfish_verify_ca": true,
+            "ipmi_address": "192.0.2.55",
+            "ipmi_username": "username",
+            "ipmi_password": "******",
+            "redfish_address": "192.0.2.55"
+        }),
+        "BMC settings kept (the password masked in answers, as Ironic shows it)"
+    );
+    // What Ironic would refuse fails processing with its message (Inspector: 500).
+    api.call("DELETE", "/v1/rules", None, &[]);
+    api.rule(
+        &json!({"actions": [{"action": "set-attribute", "path": "/chassis_uuid", "value": "x"}]}),
+    );
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:a0:00:02"], 1, 512, &[]),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error(),
+        "Unexpected exception BadRequestException during processing: Cannot patch /chassis_uuid: Paddock has no chassis"
+    );
+}
+
+/// Difference 2: nodes are prepared before introspection with Ironic's node PATCH
+/// (`api/controllers/v1/node.py` `patch`; JSON patch as python-json-patch applies it) and
+/// `paddock node set`; rules see what was set. Scope as Inspector's `usage.rst` ("Scope")
+/// and `rules.py` `check_scope` describe it; operator capabilities kept through the
+/// `capabilities` hook (`update_capabilities`).
+#[test]
+fn nodes_are_prepared_with_ironic_patch() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let gpu = api.create("gpu1", &["52:54:00:a1:00:01"]);
+    api.create("cpu1", &["52:54:00:a1:00:02"]);
+    let r = api.patch(
+        "gpu1",
+        &json!([
+            {"op": "add", "path": "/properties/inspection_scope", "value": "gpu"},
+            {"op": "add", "path": "/properties/capabilities", "value": "profile:compute,boot_option:local"},
+            {"op": "add", "path": "/extra/rack", "value": "r1"},
+            {"op": "add", "path": "/driver", "value": "ipmi"},
+            {"op": "add", "path": "/driver_info/ipmi_address", "value": "192.0.2.70"},
+            {"op": "add", "path": "/driver_info/ipmi_password", "value": "s3cret"},
+            {"op": "add", "path": "/resource_class", "value": "baremetal.gpu"}
+        ]),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let n = r.json();
+    assert_eq!(n["uuid"], gpu.as_str());
+    assert_eq!(n["properties"]["inspection_scope"], "gpu");
+    assert_eq!(n["extra"]["rack"], "r1");
+    assert_eq!(n["driver_info"]["ipmi_address"], "192.0.2.70");
+    assert_eq!(n["driver_info"]["ipmi_password"], "******");
+    assert_eq!(n["resource_class"], "baremetal.gpu");
+    // Ironic's refusals, in Ironic's error shape (and Paddock's); nothing of them applies.
+    let cases = [
+        (
+            json!([{"op": "replace", "path": "/uuid", "value": "x"}]),
+            400,
+            "Cannot patch /uuid. Only the following can be updated: ",
+        ),
+        (
+            json!([{"op": "add", "path": "/extra/rack", "value": "r9"}, {"op": "add", "path": "/name", "value": "not valid"}]),
+            400,
+            "Node gpu1: Cannot change name to invalid name 'not valid'",
+        ),
+        (
+            json!([{"op": "add", "path": "/extra/rack", "value": "r9"}, {"op": "add", "path": "/extra/a/b", "value": 1}]),
+            400,
+            "Couldn't apply patch '{'op': 'add', 'path': '/extra/a/b', 'value': 1}'. Reason: member 'a' not found in {'rack': 'r9'}",
+        ),
+        (
+            json!([{"op": "move", "path": "/extra/rack"}]),
+            400,
+            "Schema error for patch: 'move' is not one of ['add', 'replace', 'remove']",
+        ),
+        (
+            json!([{"op": "add", "path": "/macs/-", "value": "52:54:00:a1:00:02"}]),
+            409,
+            "A port with MAC address 52:54:00:a1:00:02 already exists.",
+        ),
+        (
+            json!([{"op": "add", "path": "/name", "value": "cpu1"}]),
+            409,
+            "A node with name cpu1 already exists.",
+        ),
+    ];
+    for (ops, status, text) in cases {
+        let r = api.patch("gpu1", &ops);
+        assert_eq!(r.status, status, "{ops}: {}", r.body);
+        assert!(r.error().starts_with(text), "{ops}: {}", r.body);
+        let fault: Value =
+            serde_json::from_str(r.json()["error_message"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            (fault["faultstring"].as_str(), fault["faultcode"].as_str()),
+            (Some(r.error().as_str()), Some("Client"))
+        );
+    }
+    assert_eq!(
+        api.node("gpu1")["extra"],
+        json!({"rack": "r1"}),
+        "all or nothing"
+    );
+    let r = api.patch("ghost", &json!([]));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (404, "Node ghost could not be found.")
+    );
+    // MACs through PATCH keep the MAC index: a MAC added is taken, a MAC removed is free.
+    assert_eq!(
+        api.patch(
+            "gpu1",
+            &json!([{"op": "add", "path": "/macs/-", "value": "52:54:00:a1:00:09"}])
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        api.post("/api/v1/nodes", &json!({"macs": ["52:54:00:a1:00:09"]}))
+            .status,
+        409
+    );
+    assert_eq!(
+        api.patch("gpu1", &json!([{"op": "remove", "path": "/macs/1"}]))
+            .status,
+        200
+    );
+    assert_eq!(
+        api.post("/api/v1/nodes", &json!({"macs": ["52:54:00:a1:00:09"]}))
+            .status,
+        201
+    );
+    // The CLI, as `baremetal node set`.
+    let bin = env!("CARGO_BIN_EXE_paddock");
+    let out = api.link.server.sh_ok(&format!(
+        "{bin} node set cpu1 --api {PUBLIC_URL} --property inspection_scope=cpu --property memory_mb=1024 \
+         --driver redfish --driver-info redfish_address=https://192.0.2.71 --extra 'tags=[\"a\"]'"
+    ));
+    assert!(out.contains("node cpu1 updated"), "{out}");
+    let cpu = api.node("cpu1");
+    assert_eq!(
+        cpu["properties"],
+        json!({"inspection_scope": "cpu", "memory_mb": 1024})
+    );
+    assert_eq!(cpu["driver"], "redfish");
+    assert_eq!(cpu["driver_info"]["redfish_address"], "https://192.0.2.71");
+    assert_eq!(cpu["extra"]["tags"], json!(["a"]));
+    assert!(
+        cpu["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "updated")
+    );
+    let r = api.link.server.sh(&format!(
+        "{bin} node set cpu1 --api {PUBLIC_URL} --name 'bad name'"
+    ));
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr)
+            .contains("400: Node cpu1: Cannot change name to invalid name 'bad name'")
+    );
+    // Rules see what was set: a scoped rule applies to nodes of its scope only.
+    api.rule(&json!({"description": "gpu only", "scope": "gpu",
+        "actions": [{"action": "set-attribute", "path": "/extra/scoped", "value": "yes"}]}));
+    api.rule(&json!({"description": "everyone",
+        "conditions": [{"op": "eq", "field": "node://driver_info.ipmi_address", "value": "192.0.2.70"}],
+        "actions": [{"action": "set-attribute", "path": "/extra/bmc_known", "value": "yes"}]}));
+    for (node, mac) in [("gpu1", "52:54:00:a1:00:01"), ("cpu1", "52:54:00:a1:00:02")] {
+        api.introspect(node);
+        let r = api.post("/v1/continue", &inventory(&[mac], 2, 1024, &[20]));
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let (g, c) = (api.node("gpu1"), api.node("cpu1"));
+    assert_eq!(
+        (g["extra"]["scoped"].as_str(), c["extra"].get("scoped")),
+        (Some("yes"), None)
+    );
+    assert_eq!(
+        (
+            g["extra"]["bmc_known"].as_str(),
+            c["extra"].get("bmc_known")
+        ),
+        (Some("yes"), None)
+    );
+    assert_eq!(
+        g["properties"]["capabilities"],
+        "profile:compute,boot_option:local,boot_mode:bios,cpu_aes:true",
+        "the operator's capabilities kept, the inventory's added after them"
+    );
+}
+
+/// Difference 3: conditions as Inspector's `rules.py` `check_conditions` and
+/// `plugins/rules.py` evaluate them. The first rule is `test/functional.py`
+/// `test_introspection_rules`' as written, on data shaped as its `test/base.py`.
+#[test]
+fn conditions_are_evaluated_as_inspector_evaluates_them() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    api.rule(&json!({
+        "conditions": [
+            {"field": "memory_mb", "op": "eq", "value": 12288},
+            {"field": "local_gb", "op": "gt", "value": 998},
+            {"field": "local_gb", "op": "lt", "value": 1000},
+            {"field": "local_gb", "op": "matches", "value": "[0-9]+"},
+            {"field": "cpu_arch", "op": "contains", "value": "[0-9]+"},
+            {"field": "root_disk.wwn", "op": "is-empty"},
+            {"field": "inventory.interfaces[*].ipv4_address", "op": "contains", "value": "127\\.0\\.0\\.1",
+             "invert": true, "multiple": "all"},
+            {"field": "i.do.not.exist", "op": "is-empty"}
+        ],
+        "actions": [{"action": "set-attribute", "path": "/extra/foo", "value": "bar"}]
+    }));
+    let extra_rule = |name: &str, condition: Value| {
+        json!({"description": name, "conditions": [condition],
+               "actions": [{"action": "set-attribute", "path": format!("/extra/{name}"), "value": true}]})
+    };
+    for rule in [
+        // The field is coerced to the rule value's type: "4" eq 4 holds, 4 eq "4" does not.
+        extra_rule(
+            "str_eq_int",
+            json!({"op": "eq", "field": "inventory.cpu.count", "value": 4}),
+        ),
+        extra_rule(
+            "int_eq_str",
+            json!({"op": "eq", "field": "cpus", "value": "4"}),
+        ),
+        // A missing field skips the rule, whatever invert says.
+        extra_rule(
+            "missing_inverted",
+            json!({"op": "eq", "field": "no.such", "value": 1, "invert": true}),
+        ),
+        // `interfaces` is a dict keyed by name; `[*]` over it finds nothing.
+        extra_rule(
+            "by_name",
+            json!({"op": "eq", "field": "interfaces.eth1.ip", "value": "192.0.2.1"}),
+        ),
+        extra_rule(
+            "star_on_dict",
+            json!({"op": "is-empty", "field": "interfaces[*].ip", "invert": true}),
+        ),
+        // `first` is the first interface that has the key (eth2 has none).
+        extra_rule(
+            "first",
+            json!({"op": "eq", "field": "inventory.interfaces[*].ipv4_address",
+                                   "value": "192.0.2.1", "multiple": "first"}),
+        ),
+    ] {
+        api.rule(&rule);
+    }
+    let body = |n: u8, third_ip: &str| {
+        let mac = |i: u8| format!("52:54:00:a2:{n:02x}:{i:02x}");
+        json!({
+            "boot_interface": format!("01-{}", mac(1).replace(':', "-")),
+            "inventory": {
+                "interfaces": [
+                    {"name": "eth2", "mac_address": mac(2)},
+                    {"name": "eth1", "mac_address": mac(1), "ipv4_address": "192.0.2.1"},
+                    {"name": "eth3", "mac_address": mac(3), "ipv4_address": third_ip}
+                ],
+                "disks": [
+                    {"name": "/dev/sda", "model": "Big Data Disk", "size": 1000u64 << 30},
+                    {"name": "/dev/sdb", "model": "Small OS Disk", "size": 20u64 << 30}
+                ],
+                "cpu": {"count": "4", "architecture": "x86_64"},
+                "memory": {"physical_mb": 12288},
+                "bmc_address": null
+            },
+            "root_disk": {"name": "/dev/sda", "model": "Big Data Disk", "size": 1000u64 << 30, "wwn": null}
+        })
+    };
+    let r = api.post("/v1/continue", &body(1, "192.0.2.2"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let extra = api.node(r.json()["uuid"].as_str().unwrap())["extra"].clone();
+    assert_eq!(
+        extra,
+        json!({"foo": "bar", "str_eq_int": true, "by_name": true, "first": true}),
+        "Inspector's functional rule applies; only the conditions Inspector finds true hold"
+    );
+    // invert applies to each value: one loopback address is enough to fail `all`.
+    let r = api.post("/v1/continue", &body(2, "127.0.0.1"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        api.node(r.json()["uuid"].as_str().unwrap())["extra"].get("foo"),
+        None
+    );
+}
+
+/// Difference 4: action values are formatted as Python's `str.format(data=…)`
+/// (`rules.py` `_format_value`): `None` for a present null, a dict or a list member by
+/// member (keys too), `str()` of what a field holds.
+#[test]
+fn values_are_formatted_as_python_formats_them() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    api.rule(&json!({"actions": [
+        {"action": "set-attribute", "path": "/extra/v6", "value": "{data[inventory][bmc_v6address]}"},
+        {"action": "set-attribute", "path": "/extra/by_arch",
+         "value": {"{data[inventory][cpu][architecture]}": ["{data[memory_mb]}", 1, null]}},
+        {"action": "set-attribute", "path": "/extra/flags", "value": "{data[inventory][cpu][flags]}"},
+        {"action": "set-attribute", "path": "/extra/padded", "value": "{data[cpus]:03d}"}
+    ]}));
+    let mut body = inventory(&["52:54:00:a3:00:01"], 2, 2048, &[10]);
+    body["inventory"]["bmc_v6address"] = json!(null);
+    let r = api.post("/v1/continue", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        api.node(r.json()["uuid"].as_str().unwrap())["extra"],
+        json!({"v6": "None", "by_arch": {"x86_64": ["2048", 1, null]},
+               "flags": "['fpu', 'aes']", "padded": "002"})
+    );
+}
+
+/// Difference 5: what Inspector refuses at rule creation (`rules.py`
+/// `_validate_conditions`: the JSON path parsed by jsonpath_rw, the operator's parameters
+/// by `plugins/base.py` `WithValidation.validate`) is refused with its message, and nothing
+/// is stored. Where Inspector crashes (in-net over a null address: 500), Paddock fails the
+/// processing with Inspector's text and answers 400 (README, "Where Paddock differs").
+#[test]
+fn rules_are_refused_as_inspector_refuses_them() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let fail = json!([{"action": "fail", "message": "m"}]);
+    let cases = [
+        (
+            json!({"conditions": [{"op": "is-empty", "field": "node://driver_info/ipmi_password"}], "actions": fail}),
+            "Unable to parse field JSON path node://driver_info/ipmi_password: Error on line 1, col 11: Unexpected character: / ",
+        ),
+        (
+            json!({"conditions": [{"op": "eq", "field": "memory_mb", "value": 1, "foo": 2}], "actions": fail}),
+            "Invalid parameters for operator eq: unexpected parameter(s): foo",
+        ),
+        (
+            json!({"conditions": [{"op": "eq", "field": "memory_mb"}], "actions": fail}),
+            "Invalid parameters for operator eq: missing required parameter(s): value",
+        ),
+        (
+            json!({"actions": [{"action": "set-capability", "name": "profile", "value": "x", "unique": true}]}),
+            "Invalid parameters for action set-capability: unexpected parameter(s): unique",
+        ),
+    ];
+    for (rule, want) in cases {
+        let r = api.post("/v1/rules", &rule);
+        assert_eq!((r.status, r.error()), (400, want.to_string()), "{rule}");
+    }
+    assert_eq!(api.get("/v1/rules").json()["rules"], json!([]));
+    api.rule(&json!({"conditions": [{"op": "in-net", "field": "inventory.bmc_address", "value": "10.0.0.0/8"}],
+                     "actions": fail}));
+    let mut body = inventory(&["52:54:00:a4:00:01"], 1, 512, &[]);
+    body["inventory"]["bmc_address"] = json!(null);
+    let r = api.post("/v1/continue", &body);
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error(),
+        "Unexpected exception AddrFormatError during processing: failed to detect a valid IP address from None"
+    );
+}
+
+/// Difference 6: IPA-shaped bodies with numbers as strings are processed, as Inspector's
+/// hooks read them (`plugins/standard.py` `SchedulerHook`: `int(inventory['cpu']['count'])`,
+/// `int(inventory['memory']['physical_mb'])`); the stored data keeps them as posted.
+#[test]
+fn numbers_sent_as_strings_are_processed() {
+    require(&["curl", "ip"]);
+    let api = Api::start("");
+    let mut body = inventory(&["52:54:00:a5:00:01"], 4, 2048, &[40]);
+    body["inventory"]["cpu"]["count"] = json!("4");
+    body["inventory"]["memory"]["physical_mb"] = json!("2048");
+    body["inventory"]["disks"][0]["size"] = json!((40u64 << 30).to_string());
+    body["inventory"]["interfaces"][0]["speed_mbps"] = json!("1000");
+    let r = api.post("/v1/continue", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let uuid = r.json()["uuid"].as_str().unwrap().to_string();
+    let n = api.node(&uuid);
+    assert_eq!(n["introspection"]["state"], "finished");
+    assert_eq!(
+        (
+            n["properties"]["cpus"].clone(),
+            n["properties"]["memory_mb"].clone(),
+            n["properties"]["local_gb"].clone()
+        ),
+        (json!(4), json!(2048), json!(39))
+    );
+    let data = api.get(&format!("/v1/introspection/{uuid}/data")).json();
+    assert_eq!(data["inventory"]["cpu"]["count"], "4", "as posted");
+    assert_eq!(
+        (data["cpus"].clone(), data["memory_mb"].clone()),
+        (json!(4), json!(2048))
     );
 }

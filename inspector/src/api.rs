@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,7 +15,8 @@ use paddock_dhcp::MacAddr;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::node::{Node, iso};
+use crate::node::{Node, Secrets, iso};
+use crate::patch;
 use crate::rules::Rule;
 use crate::service::{Inspector, InspectorError, Subject, now_secs};
 use crate::state::State as IState;
@@ -119,7 +120,7 @@ pub fn router(inspector: Api) -> Router {
         .route("/api/v1/agent/events", post(agent_event))
         .route("/api/v1/agent/{node}/next", get(agent_next))
         .route("/api/v1/nodes", get(list_nodes).post(create_node))
-        .route("/api/v1/nodes/{node}", get(show_node));
+        .route("/api/v1/nodes/{node}", get(show_node).patch(patch_node));
     v1.merge(agent).with_state(inspector)
 }
 
@@ -357,8 +358,8 @@ fn rule_json(api: &Inspector, r: &Rule, full: bool) -> Value {
 }
 
 async fn list_rules(State(api): State<Api>) -> Result<Json<Value>, InspectorError> {
-    let mut rules = api.rules().await?;
-    rules.sort_by_key(|r| (r.created_at, r.uuid));
+    // In creation order, as Inspector lists them (`rules.get_all`, by `created_at`).
+    let rules = api.rules().await?;
     Ok(Json(
         json!({"rules": rules.iter().map(|r| rule_json(&api, r, false)).collect::<Vec<_>>()}),
     ))
@@ -451,10 +452,15 @@ async fn agent_next(
     Ok(Json(json!({"action": action})))
 }
 
+/// A node as the API shows it: Ironic's attributes, BMC passwords as `******`.
+fn node_json(node: &Node) -> Value {
+    node.view(Secrets::Masked)
+}
+
 async fn list_nodes(State(api): State<Api>) -> Result<Json<Value>, InspectorError> {
     let mut nodes = api.list().await?;
     nodes.sort_by_key(|n| n.created_at);
-    Ok(Json(json!(nodes)))
+    Ok(Json(Value::Array(nodes.iter().map(node_json).collect())))
 }
 
 async fn show_node(
@@ -466,51 +472,121 @@ async fn show_node(
         .await?
         .ok_or_else(|| err(404, format!("Could not find node {ident}")))?;
     let timeline = api.timeline(&v.node).await?;
-    let mut out = json!(v.node);
+    let mut out = node_json(&v.node);
     out["timeline"] = json!(timeline);
     Ok(Json(out))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewNode {
-    #[serde(default)]
-    macs: Vec<String>,
-    name: Option<String>,
-    bmc_address: Option<String>,
-    #[serde(default)]
-    properties: serde_json::Map<String, Value>,
-}
+/// Paddock's own creation fields; every other key is an Ironic node attribute, set as a
+/// PATCH `add` would set it.
+const CREATE_FIELDS: [&str; 3] = ["macs", "name", "bmc_address"];
 
-async fn create_node(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, InspectorError> {
-    let _ = headers;
-    let req: NewNode =
+async fn create_node(State(api): State<Api>, body: Bytes) -> Result<Response, InspectorError> {
+    let req: serde_json::Map<String, Value> =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid node: {e}")))?;
-    let macs = req
-        .macs
-        .iter()
-        .map(|m| m.parse::<MacAddr>().map_err(|e| err(400, e.to_string())))
-        .collect::<Result<Vec<_>, _>>()?;
-    if macs.is_empty() && req.bmc_address.is_none() {
+    let macs = match req.get("macs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .ok_or_else(|| err(400, format!("Invalid node: MAC {m} is not a string")))?
+                    .parse::<MacAddr>()
+                    .map_err(|e| err(400, e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(err(
+                400,
+                format!("Invalid node: macs must be a list, not {other}"),
+            ));
+        }
+    };
+    let text = |k: &str| match req.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(err(
+            400,
+            format!("Invalid node: {k} must be a string, not {other}"),
+        )),
+    };
+    let (name, bmc_address) = (text("name")?, text("bmc_address")?);
+    if macs.is_empty() && bmc_address.is_none() {
         return Err(err(
             400,
             "a node needs at least one MAC address or a BMC address",
         ));
     }
-    if let Some(name) = &req.name {
+    if let Some(name) = &name {
         crate::node::check_name(name).map_err(|e| err(400, e))?;
     }
     let mut node = Node::new(uuid::Uuid::new_v4(), now_secs());
     node.macs = macs;
-    node.name = req.name;
-    node.bmc_address = req.bmc_address;
-    node.properties = req.properties;
+    node.name = name;
+    node.bmc_address = bmc_address;
+    let ops: Vec<Value> = req
+        .iter()
+        .filter(|(k, _)| !CREATE_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| json!({"op": "add", "path": format!("/{k}"), "value": v}))
+        .collect();
+    if !ops.is_empty() {
+        let opts = patch::Options {
+            ident: "new",
+            reset_interfaces: None,
+        };
+        node = patch::patch(&node, &Value::Array(ops), &opts)
+            .map_err(|e| err(400, format!("Invalid node: {e}")))?;
+    }
     api.create(&node).await?;
-    Ok((StatusCode::CREATED, Json(json!(node))).into_response())
+    Ok((StatusCode::CREATED, Json(node_json(&node))).into_response())
+}
+
+#[derive(Deserialize)]
+struct PatchQuery {
+    reset_interfaces: Option<String>,
+}
+
+/// An error as Ironic's API shapes it (`error_message`, a JSON text with `faultstring`), and
+/// as Paddock's (`error.message`), so either client reads it.
+fn ironic_error(e: InspectorError) -> Response {
+    let fault = json!({"faultstring": e.message, "faultcode": "Client", "debuginfo": null});
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        Json(json!({"error": {"message": e.message}, "error_message": fault.to_string()})),
+    )
+        .into_response()
+}
+
+/// `PATCH /api/v1/nodes/{node}`: Ironic's node PATCH (a JSON patch list, `?reset_interfaces=`).
+async fn patch_node(
+    State(api): State<Api>,
+    Path(ident): Path<String>,
+    Query(q): Query<PatchQuery>,
+    body: Bytes,
+) -> Response {
+    let res = async {
+        let reset_interfaces = match q.reset_interfaces.as_deref() {
+            None => None,
+            Some(s) => Some(parse_bool(s).ok_or_else(|| {
+                err(
+                    400,
+                    format!("Invalid value for reset_interfaces: {s}: expected a boolean"),
+                )
+            })?),
+        };
+        let ops: Value = serde_json::from_slice(&body)
+            .map_err(|e| err(400, format!("Invalid JSON patch: {e}")))?;
+        if api.find(&ident).await?.is_none() {
+            return Err(err(404, format!("Node {ident} could not be found.")));
+        }
+        api.patch_node(&ident, &ops, reset_interfaces).await
+    }
+    .await;
+    match res {
+        Ok(node) => Json(node_json(&node)).into_response(),
+        Err(e) => ironic_error(e),
+    }
 }
 
 #[cfg(test)]

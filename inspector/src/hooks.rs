@@ -2,13 +2,12 @@
 //! lookup; `root_disk_selection`, `scheduler` and `capabilities` after. Pure functions from the
 //! posted data (and the node's hints) to processed data and node properties.
 
-use std::collections::BTreeMap;
-
 use paddock_dhcp::MacAddr;
-use paddock_inventory::{Disk, IntrospectionData, Inventory, normalise_mac};
+use paddock_inventory::{Disk, IntrospectionData, Inventory, lenient, normalise_mac};
 use serde_json::{Map, Value, json};
 
 use crate::lookup::real_bmc;
+use crate::py::{str_of, truthy};
 
 const GIB: u64 = 1 << 30;
 
@@ -183,74 +182,131 @@ pub fn root_disk_selection(
     })
 }
 
-/// `scheduler` and `capabilities`: the node properties the inventory gives.
-pub fn properties(inv: &Inventory, root: Option<&Disk>) -> Map<String, Value> {
-    let mut p = Map::new();
+/// The CPU flags Inspector's `capabilities` hook maps to capabilities
+/// (`[capabilities] cpu_flags` default), in its order.
+const CPU_FLAGS: [(&str, &str); 6] = [
+    ("vmx", "cpu_vt"),
+    ("svm", "cpu_vt"),
+    ("aes", "cpu_aes"),
+    ("pse", "cpu_hugepages"),
+    ("pdpe1gb", "cpu_hugepages_1g"),
+    ("smx", "cpu_txt"),
+];
+
+/// `capabilities`: the capabilities the inventory gives, in Inspector's order (boot mode,
+/// then the CPU flags), to merge into the node's (`update_capabilities`).
+pub fn capabilities(inv: &Inventory) -> Vec<(String, Option<String>)> {
+    let mut caps: Vec<(String, Option<String>)> = Vec::new();
+    if let Some(b) = inv
+        .boot
+        .as_ref()
+        .filter(|b| !b.current_boot_mode.is_empty())
+    {
+        caps.push(("boot_mode".into(), Some(b.current_boot_mode.clone())));
+    }
     if let Some(c) = &inv.cpu {
-        if let Some(n) = c.count {
-            p.insert("cpus".into(), json!(n));
-        }
-        if let Some(a) = &c.architecture {
-            p.insert("cpu_arch".into(), json!(a));
-        }
-    }
-    if let Some(mb) = inv.memory.as_ref().and_then(|m| m.physical_mb) {
-        p.insert("memory_mb".into(), json!(mb));
-    }
-    // local_gb leaves 1 GiB for partitioning (disk_partitioning_spacing).
-    let local_gb = root.map_or(0, |d| (d.size / GIB).saturating_sub(1));
-    p.insert("local_gb".into(), json!(local_gb));
-    let mut caps = BTreeMap::new();
-    if let Some(b) = &inv.boot {
-        caps.insert("boot_mode", b.current_boot_mode.clone());
-    }
-    if let Some(c) = &inv.cpu {
-        for (flag, cap) in [
-            ("vmx", "cpu_vt"),
-            ("svm", "cpu_vt"),
-            ("aes", "cpu_aes"),
-            ("pse", "cpu_hugepages"),
-            ("pdpe1gb", "cpu_hugepages_1g"),
-            ("smx", "cpu_txt"),
-        ] {
-            if c.flags.iter().any(|f| f == flag) {
-                caps.insert(cap, "true".into());
+        for (flag, cap) in CPU_FLAGS {
+            if c.flags.iter().any(|f| f == flag) && !caps.iter().any(|(k, _)| k == cap) {
+                caps.push((cap.into(), Some("true".into())));
             }
         }
     }
-    let caps: Vec<String> = caps.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
-    p.insert("capabilities".into(), json!(caps.join(",")));
+    caps
+}
+
+/// `scheduler` and `root_disk_selection`: the node properties of the processed data —
+/// `cpus`, `cpu_arch` and `memory_mb` when set and true (`introspection_data.get(key)`),
+/// `local_gb` always.
+pub fn properties(processed: &Value) -> Map<String, Value> {
+    let mut p = Map::new();
+    for k in ["cpus", "cpu_arch", "memory_mb", "local_gb"] {
+        if let Some(v) = processed.get(k).filter(|v| k == "local_gb" || truthy(v)) {
+            p.insert(k.into(), v.clone());
+        }
+    }
     p
 }
 
-/// The processed data Inspector stores: the posted data plus what the hooks derived.
+/// A disk of the posted inventory, as posted, by name.
+fn raw_disk<'a>(raw: &'a Value, name: &str) -> Option<&'a Value> {
+    raw.pointer("/inventory/disks")?
+        .as_array()?
+        .iter()
+        .find(|d| d.get("name").and_then(Value::as_str) == Some(name))
+}
+
+/// The processed data Inspector stores and runs rules on: the posted body as posted, plus
+/// what the hooks add, in their order — `ipmi_address`, `ipmi_v6address`, `all_interfaces`
+/// and `interfaces` (dicts keyed by interface name), `macs` (`validate_interfaces`),
+/// `auto_discovered` (the `enroll` not-found hook), `root_disk` (the disk the node's hints
+/// chose, as posted), `local_gb`, `cpus`, `cpu_arch`, `memory_mb` (`scheduler`, which reads
+/// them with `int()` and `str()`). `root` is the disk chosen; `hinted` says whether the
+/// node's root device hints chose it.
 pub fn processed(
-    data: &IntrospectionData,
+    raw: &Value,
     ifaces: &Interfaces,
     root: Option<&Disk>,
-    props: &Map<String, Value>,
+    hinted: bool,
+    auto_discovered: bool,
 ) -> Value {
-    let mut v = serde_json::to_value(data).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.insert("all_interfaces".into(), Value::Object(ifaces.all.clone()));
-        m.insert("interfaces".into(), Value::Object(ifaces.used.clone()));
-        m.insert(
-            "macs".into(),
-            json!(
-                ifaces
-                    .macs
-                    .iter()
-                    .map(|m| m.to_string())
-                    .collect::<Vec<_>>()
-            ),
-        );
-        m.insert("ipmi_address".into(), json!(ifaces.bmc));
-        m.insert("root_disk".into(), json!(root));
-        for k in ["cpus", "cpu_arch", "memory_mb", "local_gb"] {
-            if let Some(x) = props.get(k) {
-                m.insert(k.into(), x.clone());
-            }
+    let mut v = raw.clone();
+    let Value::Object(m) = &mut v else {
+        return v;
+    };
+    let inventory = raw.get("inventory").cloned().unwrap_or(Value::Null);
+    if let Some(Value::Object(inv)) = m.get_mut("inventory")
+        && !inv.get("disks").is_some_and(truthy)
+    {
+        // `utils.get_inventory`: a disk-less node gets an empty list.
+        inv.insert("disks".into(), json!([]));
+    }
+    let bmc = |key: &str, none: &str| {
+        inventory
+            .get(key)
+            .filter(|a| a.as_str().is_none_or(|a| !a.is_empty() && a != none))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    m.insert("ipmi_address".into(), bmc("bmc_address", "0.0.0.0"));
+    m.insert("ipmi_v6address".into(), bmc("bmc_v6address", "::/0"));
+    m.insert("all_interfaces".into(), Value::Object(ifaces.all.clone()));
+    m.insert("interfaces".into(), Value::Object(ifaces.used.clone()));
+    let macs: Vec<String> = ifaces.macs.iter().map(MacAddr::to_string).collect();
+    m.insert("macs".into(), json!(macs));
+    if auto_discovered {
+        m.insert("auto_discovered".into(), json!(true));
+    }
+    let posted_root = raw.get("root_disk").filter(|r| truthy(r));
+    if let Some(d) = root
+        && (hinted || posted_root.is_none())
+    {
+        let disk = raw_disk(raw, &d.name).cloned().unwrap_or_else(|| json!(d));
+        m.insert("root_disk".into(), disk);
+    }
+    let size = m
+        .get("root_disk")
+        .filter(|r| truthy(r))
+        .and_then(|r| r.get("size"))
+        .and_then(lenient::python_int)
+        .unwrap_or(0);
+    let gib = size.div_euclid(i128::from(GIB));
+    // disk_partitioning_spacing: 1 GiB less, unless the disk is smaller than 1 GiB.
+    m.insert("local_gb".into(), json!(if gib > 0 { gib - 1 } else { 0 }));
+    let cpu = inventory.get("cpu");
+    if let Some(count) = cpu
+        .and_then(|c| c.get("count"))
+        .and_then(lenient::python_int)
+    {
+        m.insert("cpus".into(), json!(count));
+        if let Some(arch) = cpu.and_then(|c| c.get("architecture")) {
+            m.insert("cpu_arch".into(), json!(str_of(arch)));
         }
+    }
+    if let Some(mb) = inventory
+        .pointer("/memory/physical_mb")
+        .and_then(lenient::python_int)
+    {
+        m.insert("memory_mb".into(), json!(mb));
     }
     v
 }
@@ -384,14 +440,76 @@ mod tests {
     #[test]
     fn scheduler_and_capabilities() {
         let inv = inventory();
-        let root = disk("/dev/vdb", 8, "BBB");
-        let p = properties(&inv, Some(&root));
-        assert_eq!(p["cpus"], 4);
-        assert_eq!(p["cpu_arch"], "x86_64");
-        assert_eq!(p["memory_mb"], 512);
-        assert_eq!(p["local_gb"], 7);
-        assert_eq!(p["capabilities"], "boot_mode:bios,cpu_aes:true,cpu_vt:true");
-        assert_eq!(properties(&inv, None)["local_gb"], 0);
+        assert_eq!(
+            capabilities(&inv),
+            [
+                ("boot_mode".to_string(), Some("bios".to_string())),
+                ("cpu_vt".to_string(), Some("true".to_string())),
+                ("cpu_aes".to_string(), Some("true".to_string())),
+            ]
+        );
+    }
+
+    /// The processed data is the body as posted plus what the hooks add, in Inspector's
+    /// order (`plugins/standard.py`; `utils.get_inventory`; `plugins/discovery.py`).
+    #[test]
+    fn processed_data_is_the_body_plus_the_hooks() {
+        let raw = json!({
+            "inventory": {
+                "interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01", "ipv4_address": "198.18.0.100"}],
+                "cpu": {"count": "4", "architecture": "x86_64"},
+                "memory": {"physical_mb": 2048},
+                "disks": [{"name": "/dev/sda", "size": 20 * GIB, "vendor": "x"}],
+                "bmc_address": "0.0.0.0"
+            },
+            "root_disk": {"name": "/dev/sda", "size": 20 * GIB},
+            "boot_interface": "52:54:00:00:00:01"
+        });
+        let data = IntrospectionData::parse(raw.to_string().as_bytes()).unwrap();
+        let inv = data.inventory_checked().unwrap();
+        let ifaces = validate_interfaces(&data, inv).unwrap();
+        let root = root_disk_selection(&data, inv, None).unwrap();
+        let p = processed(&raw, &ifaces, root.as_ref(), false, true);
+        let keys: Vec<&str> = p.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "inventory",
+                "root_disk",
+                "boot_interface",
+                "ipmi_address",
+                "ipmi_v6address",
+                "all_interfaces",
+                "interfaces",
+                "macs",
+                "auto_discovered",
+                "local_gb",
+                "cpus",
+                "cpu_arch",
+                "memory_mb"
+            ]
+        );
+        assert_eq!(p["root_disk"], raw["root_disk"], "kept as posted");
+        assert_eq!(p["ipmi_address"], Value::Null, "0.0.0.0 is no BMC");
+        assert_eq!(p["interfaces"]["eth0"]["ip"], "198.18.0.100");
+        assert_eq!(
+            (p["cpus"].clone(), p["local_gb"].clone()),
+            (json!(4), json!(19))
+        );
+        assert_eq!(
+            p["inventory"]["interfaces"][0].get("has_carrier"),
+            None,
+            "nothing added"
+        );
+        let props = properties(&p);
+        assert_eq!(
+            Value::Object(props),
+            json!({"cpus": 4, "cpu_arch": "x86_64", "memory_mb": 2048, "local_gb": 19})
+        );
+        // Hints choose the disk, as posted in the inventory.
+        let hinted = processed(&raw, &ifaces, Some(&inv.disks[0]), true, false);
+        assert_eq!(hinted["root_disk"]["vendor"], "x");
+        assert_eq!(hinted.get("auto_discovered"), None);
     }
 
     #[test]

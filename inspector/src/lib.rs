@@ -6,6 +6,7 @@ pub mod hooks;
 pub mod jsonpath;
 pub mod lookup;
 pub mod node;
+pub mod patch;
 pub mod py;
 pub mod rules;
 pub mod service;

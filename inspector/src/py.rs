@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
+use paddock_inventory::lenient::{python_int_literal, python_underscores};
 use serde_json::{Map, Value};
 
 /// A Python exception: its class and message.
@@ -283,34 +284,6 @@ fn json_num(v: &Value) -> Option<Num> {
     }
 }
 
-/// Python's `int()` literal syntax: optional sign, decimal digits with single underscores
-/// between them, surrounding whitespace allowed.
-fn parse_int_literal(s: &str) -> Option<i128> {
-    let t = s.trim();
-    let (neg, body) = match t.strip_prefix('-') {
-        Some(b) => (true, b),
-        None => (false, t.strip_prefix('+').unwrap_or(t)),
-    };
-    if !underscores_ok(body) || !body.chars().all(|c| c.is_ascii_digit() || c == '_') {
-        return None;
-    }
-    let digits: String = body.chars().filter(|c| *c != '_').collect();
-    let n: i128 = digits.parse().ok()?;
-    Some(if neg { -n } else { n })
-}
-
-/// Underscores only between two digits, and something there at all.
-fn underscores_ok(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.iter().enumerate().all(|(i, c)| {
-            *c != b'_'
-                || (i > 0
-                    && b[i - 1].is_ascii_digit()
-                    && b.get(i + 1).is_some_and(u8::is_ascii_digit))
-        })
-}
-
 /// Python's `float()` literal syntax (decimal, exponent, `inf`, `infinity`, `nan`).
 fn parse_float_literal(s: &str) -> Option<f64> {
     let t = s.trim();
@@ -322,7 +295,7 @@ fn parse_float_literal(s: &str) -> Option<f64> {
     let ok_chars = body
         .chars()
         .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-' | '_'));
-    if !ok_chars || (body.contains('_') && !underscores_ok(body)) {
+    if !ok_chars || (body.contains('_') && !python_underscores(body)) {
         return None;
     }
     t.replace('_', "").parse().ok()
@@ -331,7 +304,7 @@ fn parse_float_literal(s: &str) -> Option<f64> {
 /// `int(v)`.
 pub fn int_of(v: &Value) -> Result<Num> {
     match v {
-        Value::String(s) => parse_int_literal(s).map(Num::Int).ok_or_else(|| {
+        Value::String(s) => python_int_literal(s).map(Num::Int).ok_or_else(|| {
             PyError::value_error(format!(
                 "invalid literal for int() with base 10: {}",
                 str_repr(s)

@@ -1,20 +1,43 @@
-//! Introspection rules: Inspector's conditions/actions DSL.
+//! Introspection rules: Inspector's conditions/actions DSL, with Inspector's semantics.
 //!
 //! A rule is `{uuid?, description?, scope?, conditions: [...], actions: [≥1]}`. A condition is
 //! `{op, field, multiple?: any|all|first, invert?: bool, value?}` with `op` one of
-//! `eq ne lt gt le ge in-net matches contains is-empty`, and `field` a JSONPath over the
-//! processed data (`data://`, the default) or the node (`node://`). Actions are `fail`,
-//! `set-attribute`, `extend-attribute`, `set-capability`, `add-trait`, `remove-trait`; their
-//! string values are formatted with `{data[inventory][bmc_address]}`-style references.
+//! `eq lt gt le ge ne in-net matches contains is-empty`, and `field` a JSONPath
+//! ([`crate::jsonpath`], jsonpath_rw's) over the processed data (`data://`, the default) or
+//! the node as Ironic's API shows it (`node://`). Actions are `fail`, `set-attribute`,
+//! `extend-attribute`, `set-capability`, `add-trait`, `remove-trait` (and Inspector's no-op
+//! `example`); the `value` of the three attribute actions is formatted as Python's
+//! `str.format(data=…)` would, through lists and dicts.
+//!
+//! What this follows, from Inspector's sources:
+//! - `rules.py` `create`/`_validate_conditions`/`_validate_actions` and `main.py`
+//!   `api_rules`: what is refused at creation and with which message;
+//! - `plugins/base.py` `WithValidation`: a parameter an operator or action does not take is
+//!   refused, a required one must be given and not `null`;
+//! - `rules.py` `check_conditions`: a field that finds nothing skips the rule (but for
+//!   `is-empty`, which sees `None`); `invert` applies to each value, then `multiple` decides;
+//! - `plugins/rules.py`: `coerce` (the field to the type of the rule's value), `matches`
+//!   (`re.match` with `$` appended), `contains` (`re.search`), `in-net` (netaddr), the
+//!   actions as node PATCHes ([`crate::patch`]), capabilities as `key:value,…` in order;
+//! - `rules.py` `apply`: every rule's scope and conditions are checked before any action
+//!   runs; actions then run rule by rule, and a failing one leaves the changes made before it
+//!   (Ironic has them already), as does `fail`.
+//!
+//! Where Inspector would crash (500, "Unexpected exception … during processing"), processing
+//! fails with the same text and Paddock answers 400.
 
-use std::net::IpAddr;
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::node::Node;
+use crate::jsonpath;
+use crate::node::{Node, Secrets, update_capabilities};
+use crate::patch::{self, PatchError};
+use crate::py::{self, CmpOp, PyError, repr, str_of, str_repr, truthy};
 
 /// A rule as stored and returned by the API.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,531 +49,707 @@ pub struct Rule {
     pub scope: Option<String>,
     pub conditions: Vec<Value>,
     pub actions: Vec<Value>,
-    /// Unix seconds; rules apply in creation order.
+    /// Unix seconds. Rules apply in creation order (the store's), which callers keep.
     #[serde(default)]
     pub created_at: i64,
 }
 
-const OPS: &[&str] = &[
-    "eq", "ne", "lt", "gt", "le", "ge", "in-net", "matches", "contains", "is-empty",
+/// Condition operators, in Inspector's `setup.cfg` order (its messages list them so).
+const CONDITIONS: [&str; 10] = [
+    "eq", "lt", "gt", "le", "ge", "ne", "in-net", "matches", "contains", "is-empty",
 ];
-const ACTIONS: &[&str] = &[
+/// Actions, likewise (`example` is Inspector's logging no-op, installed by default).
+const ACTIONS: [&str; 7] = [
+    "example",
     "fail",
     "set-attribute",
-    "extend-attribute",
     "set-capability",
+    "extend-attribute",
     "add-trait",
     "remove-trait",
 ];
+/// Condition keys that are not the operator's parameters.
+const RESERVED: [&str; 4] = ["op", "field", "multiple", "invert"];
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Step {
-    Key(String),
-    Index(usize),
-    All,
+fn list_repr(items: &[&str]) -> String {
+    let shown: Vec<String> = items.iter().map(|i| str_repr(i)).collect();
+    format!("[{}]", shown.join(", "))
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Path {
-    node: bool,
-    steps: Vec<Step>,
+/// A condition's or an action's parameters: its keys but `reserved` (`op`, `field`, … or
+/// `action`).
+fn params_of(item: &Value, reserved: &[&str]) -> Map<String, Value> {
+    item.as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !reserved.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
-fn parse_path(field: &str) -> Result<Path, String> {
-    let (node, rest) = if let Some(r) = field.strip_prefix("node://") {
-        (true, r)
-    } else if let Some(r) = field.strip_prefix("data://") {
-        (false, r)
-    } else if field.contains("://") {
-        return Err(format!(
-            "Unsupported scheme in field {field:?}: use data:// or node://"
+/// `WithValidation.validate`: required parameters given (and not `null`), no others.
+fn check_params(
+    params: &Map<String, Value>,
+    required: &[&str],
+    optional: &[&str],
+) -> Result<(), String> {
+    let passed: Vec<&str> = params
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let mut missing: Vec<&str> = required
+        .iter()
+        .filter(|r| !passed.contains(r))
+        .copied()
+        .collect();
+    let mut unexpected: Vec<&str> = passed
+        .iter()
+        .filter(|p| !required.contains(p) && !optional.contains(p))
+        .copied()
+        .collect();
+    missing.sort_unstable();
+    unexpected.sort_unstable();
+    let mut msg = Vec::new();
+    if !missing.is_empty() {
+        msg.push(format!(
+            "missing required parameter(s): {}",
+            missing.join(", ")
         ));
+    }
+    if !unexpected.is_empty() {
+        msg.push(format!(
+            "unexpected parameter(s): {}",
+            unexpected.join(", ")
+        ));
+    }
+    if msg.is_empty() {
+        Ok(())
     } else {
-        (false, field)
-    };
-    let rest = rest.strip_prefix('$').unwrap_or(rest);
-    let mut steps = Vec::new();
-    let mut chars = rest.chars().peekable();
-    let bad = || format!("Unable to parse field JSON path {field:?}");
+        Err(msg.join("; "))
+    }
+}
+
+/// A regular expression as Python's `re` reads it, for Rust's engine: `$` outside a class
+/// also matches before a final newline, `\Z` is the very end, `[` in a class is literal.
+/// Rust's engine has no look-around or back-references: such patterns do not compile.
+fn py_regex(pattern: &str, anchored: bool) -> Result<regex::Regex, String> {
+    let mut out = String::with_capacity(pattern.len() + 8);
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
     while let Some(c) = chars.next() {
         match c {
-            '.' => {
-                let mut key = String::new();
-                while let Some(&c) = chars.peek() {
-                    if c == '.' || c == '[' {
-                        break;
-                    }
-                    key.push(c);
+            '\\' => match chars.next() {
+                Some('Z') if !in_class => out.push_str(r"\z"),
+                Some(n) => {
+                    out.push('\\');
+                    out.push(n);
+                }
+                None => out.push('\\'),
+            },
+            '[' if !in_class => {
+                in_class = true;
+                out.push('[');
+                if chars.peek() == Some(&'^') {
+                    out.push('^');
                     chars.next();
                 }
-                if key.is_empty() {
-                    return Err(bad());
-                }
-                steps.push(if key == "*" {
-                    Step::All
-                } else {
-                    Step::Key(key)
-                });
-            }
-            '[' => {
-                let mut inner = String::new();
-                for c in chars.by_ref() {
-                    if c == ']' {
-                        break;
-                    }
-                    inner.push(c);
-                }
-                let inner = inner.trim();
-                steps.push(if inner == "*" {
-                    Step::All
-                } else if let Ok(i) = inner.parse() {
-                    Step::Index(i)
-                } else if let Some(k) = inner.strip_prefix('\'').and_then(|k| k.strip_suffix('\''))
-                {
-                    Step::Key(k.to_string())
-                } else {
-                    return Err(bad());
-                });
-            }
-            c if steps.is_empty() && !c.is_whitespace() => {
-                // A path without the leading "$." (Inspector adds it).
-                let mut key = c.to_string();
-                while let Some(&c) = chars.peek() {
-                    if c == '.' || c == '[' {
-                        break;
-                    }
-                    key.push(c);
+                if chars.peek() == Some(&']') {
+                    out.push_str(r"\]");
                     chars.next();
                 }
-                steps.push(Step::Key(key));
             }
-            _ => return Err(bad()),
-        }
-    }
-    Ok(Path { node, steps })
-}
-
-fn select<'a>(v: &'a Value, steps: &[Step], out: &mut Vec<&'a Value>) {
-    let Some((first, rest)) = steps.split_first() else {
-        out.push(v);
-        return;
-    };
-    match (first, v) {
-        (Step::Key(k), Value::Object(m)) => {
-            if let Some(x) = m.get(k) {
-                select(x, rest, out);
+            '[' => out.push_str(r"\["),
+            '&' | '~' if in_class && chars.peek() == Some(&c) => {
+                out.push('\\');
+                out.push(c);
             }
-        }
-        (Step::Index(i), Value::Array(a)) => {
-            if let Some(x) = a.get(*i) {
-                select(x, rest, out);
+            ']' if in_class => {
+                in_class = false;
+                out.push(']');
             }
-        }
-        (Step::All, Value::Array(a)) => a.iter().for_each(|x| select(x, rest, out)),
-        (Step::All, Value::Object(m)) => m.values().for_each(|x| select(x, rest, out)),
-        _ => {}
-    }
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    }
-}
-
-/// Compares `have` with `want`, coercing `have` to `want`'s type (as Inspector does).
-fn compare(have: &Value, want: &Value) -> Option<std::cmp::Ordering> {
-    match want {
-        Value::Number(w) => {
-            let h = match have {
-                Value::Number(n) => n.as_f64()?,
-                Value::String(s) => s.trim().parse().ok()?,
-                Value::Bool(b) => f64::from(u8::from(*b)),
-                _ => return None,
-            };
-            h.partial_cmp(&w.as_f64()?)
-        }
-        Value::String(w) => {
-            let h = match have {
-                Value::String(s) => s.clone(),
-                Value::Null => return None,
-                other => other.to_string(),
-            };
-            Some(h.as_str().cmp(w.as_str()))
-        }
-        Value::Bool(w) => {
-            let h = match have {
-                Value::Bool(b) => *b,
-                Value::String(s) => {
-                    matches!(s.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on")
-                }
-                Value::Number(n) => n.as_f64()? != 0.0,
-                _ => return None,
-            };
-            Some(h.cmp(w))
-        }
-        other => (have == other).then_some(std::cmp::Ordering::Equal),
-    }
-}
-
-/// Checks a rule's shape without applying it; the API refuses invalid rules with this text.
-pub fn validate(rule: &Value) -> Result<(), String> {
-    let obj = rule.as_object().ok_or("A rule must be a JSON object")?;
-    if let Some(u) = obj.get("uuid").filter(|u| !u.is_null()) {
-        u.as_str()
-            .and_then(|s| Uuid::parse_str(s).ok())
-            .ok_or_else(|| format!("Invalid UUID value {u}"))?;
-    }
-    if let Some(s) = obj.get("scope").filter(|s| !s.is_null()) {
-        let s = s.as_str().ok_or("scope must be a string")?;
-        if s.len() > 255 {
-            return Err("scope is longer than 255 characters".into());
+            '$' if !in_class => out.push_str(r"(?:\n?\z)"),
+            c => out.push(c),
         }
     }
-    let actions = obj
-        .get("actions")
-        .and_then(Value::as_array)
-        .ok_or("Validation failed for actions: a non-empty list is required")?;
-    if actions.is_empty() {
-        return Err("Validation failed for actions: at least one action is required".into());
-    }
-    let conditions = match obj.get("conditions") {
-        None | Some(Value::Null) => &Vec::new(),
-        Some(Value::Array(c)) => c,
-        Some(_) => return Err("Validation failed for conditions: must be a list".into()),
-    };
-    for c in conditions {
-        let op = c
-            .get("op")
-            .and_then(Value::as_str)
-            .ok_or("Validation failed for conditions: op is required")?;
-        if !OPS.contains(&op) {
-            return Err(format!("Unsupported condition type {op:?}"));
-        }
-        let field = c
-            .get("field")
-            .and_then(Value::as_str)
-            .ok_or("Validation failed for conditions: field is required")?;
-        parse_path(field)?;
-        if let Some(m) = c.get("multiple")
-            && !matches!(m.as_str(), Some("any" | "all" | "first"))
-        {
-            return Err(format!(
-                "Validation failed for conditions: multiple must be any, all or first, got {m}"
-            ));
-        }
-        if op != "is-empty" && c.get("value").is_none() {
-            return Err(format!(
-                "Validation failed for conditions: {op} requires a value"
-            ));
-        }
-        if op == "in-net" {
-            c["value"]
-                .as_str()
-                .and_then(|s| s.parse::<IpNet>().ok())
-                .ok_or("in-net requires a CIDR value")?;
-        }
-        if op == "matches" || op == "contains" {
-            let re = c["value"]
-                .as_str()
-                .ok_or("matches/contains require a string regex value")?;
-            regex::Regex::new(re).map_err(|e| format!("Invalid regular expression {re:?}: {e}"))?;
-        }
-    }
-    for a in actions {
-        let action = a
-            .get("action")
-            .and_then(Value::as_str)
-            .ok_or("Validation failed for actions: action is required")?;
-        if !ACTIONS.contains(&action) {
-            return Err(format!("Unsupported action type {action:?}"));
-        }
-        let need: &[&str] = match action {
-            "fail" => &["message"],
-            "set-attribute" | "extend-attribute" => &["path", "value"],
-            "set-capability" => &["name"],
-            _ => &["name"],
-        };
-        for k in need {
-            if a.get(*k).is_none() {
-                return Err(format!(
-                    "Validation failed for actions: {action} requires {k}"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn condition_holds(c: &Value, data: &Value, node: &Value) -> bool {
-    let op = c["op"].as_str().unwrap_or_default();
-    let Ok(path) = parse_path(c["field"].as_str().unwrap_or_default()) else {
-        return false;
-    };
-    let mut found = Vec::new();
-    select(if path.node { node } else { data }, &path.steps, &mut found);
-    let want = c.get("value").unwrap_or(&Value::Null);
-    let test = |have: &Value| -> bool {
-        use std::cmp::Ordering::*;
-        match op {
-            "eq" => compare(have, want) == Some(Equal),
-            "ne" => compare(have, want).is_some_and(|o| o != Equal),
-            "lt" => compare(have, want) == Some(Less),
-            "gt" => compare(have, want) == Some(Greater),
-            "le" => matches!(compare(have, want), Some(Less | Equal)),
-            "ge" => matches!(compare(have, want), Some(Greater | Equal)),
-            "in-net" => {
-                let net = want.as_str().and_then(|s| s.parse::<IpNet>().ok());
-                let ip = have.as_str().and_then(|s| s.parse::<IpAddr>().ok());
-                matches!((net, ip), (Some(n), Some(i)) if n.contains(&i))
-            }
-            "matches" | "contains" => {
-                let Some(re) = want.as_str() else {
-                    return false;
-                };
-                let re = if op == "matches" {
-                    format!("^(?:{re})$")
-                } else {
-                    re.to_string()
-                };
-                let text = match have {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                regex::Regex::new(&re).is_ok_and(|r| r.is_match(&text))
-            }
-            "is-empty" => is_empty(have),
-            _ => false,
-        }
-    };
-    let result = if found.is_empty() {
-        // A missing field makes the rule not apply, except for is-empty.
-        op == "is-empty"
+    let full = if anchored {
+        format!(r"\A(?:{out})")
     } else {
-        match c.get("multiple").and_then(Value::as_str).unwrap_or("any") {
-            "all" => found.iter().all(|v| test(v)),
-            "first" => test(found[0]),
-            _ => found.iter().any(|v| test(v)),
-        }
+        out
     };
-    result != c.get("invert").and_then(Value::as_bool).unwrap_or(false)
-}
-
-/// Python-style `{data[a][b]}` / `{node[x]}` references in action values.
-fn format_value(v: &Value, data: &Value, node: &Value) -> Result<Value, String> {
-    Ok(match v {
-        Value::String(s) => Value::String(format_str(s, data, node)?),
-        Value::Array(a) => Value::Array(
-            a.iter()
-                .map(|x| format_value(x, data, node))
-                .collect::<Result<_, _>>()?,
-        ),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| Ok((k.clone(), format_value(x, data, node)?)))
-                .collect::<Result<Map<_, _>, String>>()?,
-        ),
-        other => other.clone(),
+    regex::Regex::new(&full).map_err(|e| {
+        let text = e.to_string();
+        let last = text.lines().last().unwrap_or_default().trim().to_string();
+        last.strip_prefix("error: ").unwrap_or(&last).to_string()
     })
 }
 
-fn format_str(s: &str, data: &Value, node: &Value) -> Result<String, String> {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(i) = rest.find('{') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(stripped) = after.strip_prefix('{') {
-            out.push('{');
-            rest = stripped;
-            continue;
-        }
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("Unbalanced braces in {s:?}"))?;
-        let expr = &after[..end];
-        let (root, keys) = match expr.split_once('[') {
-            Some((r, k)) => (r, format!("[{k}")),
-            None => (expr, String::new()),
-        };
-        let mut cur = match root {
-            "data" => data,
-            "node" => node,
-            other => {
-                return Err(format!(
-                    "Unknown name {other:?} in {s:?}: use data[...] or node[...]"
-                ));
+/// netaddr's `IPNetwork(value)`: `addr/prefix`, `addr/netmask`, `addr/hostmask`, or an
+/// address alone (a /32 or /128).
+fn parse_network(s: &str) -> Option<IpNet> {
+    let (addr, mask) = match s.split_once('/') {
+        Some((a, m)) => (a, Some(m)),
+        None => (s, None),
+    };
+    let ip: IpAddr = addr.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix = match mask {
+        None => max,
+        Some(m) if !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()) => m.parse().ok()?,
+        Some(m) => {
+            let bits = u32::from(m.parse::<Ipv4Addr>().ok().filter(|_| ip.is_ipv4())?);
+            if bits.leading_ones() + bits.trailing_zeros() == 32 {
+                u8::try_from(bits.leading_ones()).ok()?
+            } else if bits.leading_zeros() + bits.trailing_ones() == 32 {
+                u8::try_from(bits.leading_zeros()).ok()?
+            } else {
+                return None;
             }
-        };
-        for key in keys.split('[').filter(|k| !k.is_empty()) {
-            let key = key
-                .strip_suffix(']')
-                .ok_or_else(|| format!("Bad reference {expr:?}"))?;
-            cur = match cur {
-                Value::Object(m) => m.get(key),
-                Value::Array(a) => key.parse::<usize>().ok().and_then(|i| a.get(i)),
-                _ => None,
-            }
-            .ok_or_else(|| format!("Invalid formatting variable {key:?} in {s:?}"))?;
         }
-        match cur {
-            Value::String(x) => out.push_str(x),
-            other => out.push_str(&other.to_string()),
-        }
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest.replace("}}", "}").as_str());
-    Ok(out)
+    };
+    IpNet::new(ip, prefix).ok()
 }
 
-/// JSON-patch `add` on the node's JSON form at a `/a/b` path.
-fn patch_add(
-    node: &mut Value,
-    path: &str,
-    value: Value,
-    extend: Option<bool>,
-) -> Result<(), String> {
-    let parts: Vec<&str> = path
-        .trim_start_matches('/')
-        .split('/')
-        .filter(|p| !p.is_empty())
-        .collect();
-    let (last, parents) = parts
-        .split_last()
-        .ok_or_else(|| format!("Invalid attribute path {path:?}"))?;
-    let mut cur = node;
-    for p in parents {
-        let obj = cur
-            .as_object_mut()
-            .ok_or_else(|| format!("{path:?} goes through a non-object"))?;
-        cur = obj.entry(p.to_string()).or_insert_with(|| json!({}));
+/// netaddr's `IPAddress(field)`: an address string, or an int (IPv4 below 2^32).
+fn py_ip(field: &Value) -> Result<IpAddr, PyError> {
+    let bad = || PyError {
+        kind: "AddrFormatError",
+        message: format!("failed to detect a valid IP address from {}", repr(field)),
+    };
+    match field {
+        Value::String(s) => s.parse().map_err(|_| bad()),
+        Value::Bool(_) | Value::Number(_) if !field.is_f64() => match py::int_of(field)? {
+            py::Num::Int(i) if (0..1 << 32).contains(&i) => u32::try_from(i)
+                .map(|v| IpAddr::V4(Ipv4Addr::from(v)))
+                .map_err(|_| bad()),
+            py::Num::Int(i) if i >= 0 => u128::try_from(i)
+                .map(|v| IpAddr::V6(Ipv6Addr::from(v)))
+                .map_err(|_| bad()),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
     }
-    let obj = cur
-        .as_object_mut()
-        .ok_or_else(|| format!("{path:?} goes through a non-object"))?;
-    match extend {
-        None => {
-            obj.insert(last.to_string(), value);
-        }
-        Some(unique) => {
-            let list = obj.entry(last.to_string()).or_insert_with(|| json!([]));
-            let arr = list
-                .as_array_mut()
-                .ok_or_else(|| format!("{path:?} is not a list"))?;
-            if !(unique && arr.contains(&value)) {
-                arr.push(value);
+}
+
+/// The operator's own validation (`validate` of each plugin in `plugins/rules.py`).
+fn check_condition_params(op: &str, params: &Map<String, Value>) -> Result<(), String> {
+    match op {
+        "is-empty" => check_params(params, &[], &[]),
+        "in-net" => {
+            check_params(params, &["value"], &[])?;
+            match &params["value"] {
+                Value::String(s) if parse_network(s).is_some() => Ok(()),
+                Value::String(s) => Err(format!("invalid value: invalid IPNetwork {s}")),
+                // Inspector answers 500 (netaddr's TypeError).
+                other => Err(format!(
+                    "invalid value: {} is not a network (a string such as 192.0.2.0/24)",
+                    repr(other)
+                )),
             }
         }
+        // ReCondition.validate only compiles the value (other parameters pass); a missing
+        // or non-string value makes Inspector answer 500.
+        "matches" | "contains" => match params.get("value") {
+            None | Some(Value::Null) => Err("missing required parameter(s): value".into()),
+            Some(Value::String(re)) => py_regex(re, false)
+                .map(|_| ())
+                .map_err(|e| format!("invalid regular expression: {e}")),
+            Some(other) => Err(format!(
+                "invalid regular expression: {} is not a string",
+                repr(other)
+            )),
+        },
+        _ => check_params(params, &["value"], &[]),
+    }
+}
+
+fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), String> {
+    match action {
+        "fail" => check_params(params, &["message"], &[]),
+        // `value` must be there, null or not.
+        "set-attribute" if !params.contains_key("value") => {
+            Err("missing required parameter(s): value".into())
+        }
+        "set-attribute" => check_params(params, &["path"], &["value", "reset_interfaces"]),
+        "set-capability" => check_params(params, &["name"], &["value"]),
+        "extend-attribute" => check_params(params, &["path", "value"], &["unique"]),
+        "add-trait" | "remove-trait" => check_params(params, &["name"], &[]),
+        _ => check_params(params, &[], &[]),
+    }
+}
+
+fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, String> {
+    let fail = |m: String| format!("Validation failed for conditions: {m}");
+    let list = conditions
+        .as_array()
+        .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(conditions))))?;
+    for c in list {
+        let m = c
+            .as_object()
+            .ok_or_else(|| fail(format!("{} is not of type 'object'", repr(c))))?;
+        for required in ["op", "field"] {
+            if !m.contains_key(required) {
+                return Err(fail(format!(
+                    "{} is a required property",
+                    str_repr(required)
+                )));
+            }
+        }
+        if !m["op"].as_str().is_some_and(|op| CONDITIONS.contains(&op)) {
+            return Err(fail(format!(
+                "{} is not one of {}",
+                repr(&m["op"]),
+                list_repr(&CONDITIONS)
+            )));
+        }
+        if !m["field"].is_string() {
+            return Err(fail(format!(
+                "{} is not of type 'string'",
+                repr(&m["field"])
+            )));
+        }
+        if let Some(x) = m.get("multiple")
+            && !matches!(x.as_str(), Some("all" | "any" | "first"))
+        {
+            return Err(fail(format!(
+                "{} is not one of ['all', 'any', 'first']",
+                repr(x)
+            )));
+        }
+        if let Some(x) = m.get("invert")
+            && !x.is_boolean()
+        {
+            return Err(fail(format!("{} is not of type 'boolean'", repr(x))));
+        }
+    }
+    Ok(list)
+}
+
+fn validate_conditions(conditions: &Value) -> Result<(), String> {
+    for c in conditions_schema(conditions)? {
+        let field = c["field"].as_str().unwrap_or_default();
+        let (scheme, path) = jsonpath::split_scheme(field);
+        if scheme != "node" && scheme != "data" {
+            return Err(format!(
+                "Unsupported scheme for field: {scheme}, valid values are node:// or data://"
+            ));
+        }
+        jsonpath::parse(path).map_err(|e| jsonpath::parse_error(field, &e))?;
+        let op = c["op"].as_str().unwrap_or_default();
+        let params = params_of(c, &RESERVED);
+        check_condition_params(op, &params)
+            .map_err(|e| format!("Invalid parameters for operator {op}: {e}"))?;
     }
     Ok(())
 }
 
-/// The outcome of applying every matching rule to a node.
-#[derive(Debug, PartialEq)]
-pub enum Applied {
-    /// The node after the actions ran, and the descriptions of the rules that matched.
-    Node(Box<Node>, Vec<String>),
-    /// A `fail` action ran.
-    Failed(String),
+fn validate_actions(actions: &Value) -> Result<(), String> {
+    let fail = |m: String| format!("Validation failed for actions: {m}");
+    let list = actions
+        .as_array()
+        .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(actions))))?;
+    if list.is_empty() {
+        return Err(fail("[] is too short".into()));
+    }
+    for a in list {
+        let m = a
+            .as_object()
+            .ok_or_else(|| fail(format!("{} is not of type 'object'", repr(a))))?;
+        let action = m
+            .get("action")
+            .ok_or_else(|| fail("'action' is a required property".into()))?;
+        if !action.as_str().is_some_and(|x| ACTIONS.contains(&x)) {
+            return Err(fail(format!(
+                "{} is not one of {}",
+                repr(action),
+                list_repr(&ACTIONS)
+            )));
+        }
+    }
+    for a in list {
+        let action = a["action"].as_str().unwrap_or_default();
+        let params = params_of(a, &["action"]);
+        check_action_params(action, &params)
+            .map_err(|e| format!("Invalid parameters for action {action}: {e}"))?;
+    }
+    Ok(())
 }
 
-/// Checks every rule (in scope) first, then runs the actions of every matching rule, in
-/// creation order.
-pub fn apply(rules: &[Rule], data: &Value, node: &Node) -> Result<Applied, String> {
-    let scope = node
-        .properties
-        .get("inspection_scope")
-        .and_then(Value::as_str);
-    let mut node_json = serde_json::to_value(node).map_err(|e| e.to_string())?;
-    let mut sorted: Vec<&Rule> = rules.iter().collect();
-    sorted.sort_by_key(|r| (r.created_at, r.uuid));
-    let matching: Vec<&Rule> = sorted
-        .into_iter()
-        .filter(|r| r.scope.is_none() || r.scope.as_deref() == scope)
-        .filter(|r| {
-            r.conditions
-                .iter()
-                .all(|c| condition_holds(c, data, &node_json))
-        })
-        .collect();
-    let mut names = Vec::new();
-    for r in &matching {
-        names.push(r.description.clone().unwrap_or_else(|| r.uuid.to_string()));
-        for a in &r.actions {
-            let a = format_value(a, data, &node_json)?;
-            match a["action"].as_str().unwrap_or_default() {
-                "fail" => {
-                    return Ok(Applied::Failed(
-                        a["message"]
-                            .as_str()
-                            .unwrap_or("failed by rule")
-                            .to_string(),
-                    ));
+/// Checks a rule as `POST /v1/rules` does (Inspector's `main.py` `api_rules`, then
+/// `rules.create`); the API refuses an invalid rule with this text (400).
+pub fn validate(rule: &Value) -> Result<(), String> {
+    let obj = rule.as_object().ok_or("A rule must be a JSON object")?;
+    if let Some(u) = obj.get("uuid").filter(|u| truthy(u))
+        && u.as_str().is_none_or(|s| Uuid::parse_str(s).is_err())
+    {
+        return Err("Invalid UUID value".into());
+    }
+    if let Some(s) = obj.get("scope").filter(|s| truthy(s)) {
+        let s = s
+            .as_str()
+            .ok_or("Invalid scope: the scope must be a string")?;
+        if s.chars().count() > 255 {
+            return Err(
+                "Invalid scope: the length of the scope should be within 255 characters".into(),
+            );
+        }
+    }
+    if obj
+        .get("description")
+        .is_some_and(|d| !d.is_null() && !d.is_string())
+    {
+        return Err("Invalid description: the description must be a string".into());
+    }
+    let empty = json!([]);
+    validate_conditions(obj.get("conditions").unwrap_or(&empty))?;
+    validate_actions(obj.get("actions").unwrap_or(&empty))
+}
+
+/// What Inspector records when a Python exception escapes processing.
+pub fn unexpected(e: &PyError) -> String {
+    format!(
+        "Unexpected exception {} during processing: {}",
+        e.kind, e.message
+    )
+}
+
+/// One condition's check of one value (the plugins' `check`).
+fn check(op: &str, field: &Value, c: &Value) -> Result<bool, PyError> {
+    let value = c.get("value").unwrap_or(&Value::Null);
+    if let Some(cmp) = CmpOp::parse(op) {
+        return py::compare(cmp, field, value);
+    }
+    match op {
+        "is-empty" => Ok(match field {
+            Value::Null => true,
+            Value::String(s) => s.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.is_empty(),
+            _ => false,
+        }),
+        "in-net" => {
+            let net = value.as_str().and_then(parse_network).ok_or_else(|| {
+                PyError::value_error(format!("invalid IPNetwork {}", str_of(value)))
+            })?;
+            Ok(net.contains(&py_ip(field)?))
+        }
+        "matches" | "contains" => {
+            let re = value.as_str().unwrap_or_default();
+            let pattern = if op == "matches" {
+                match re.chars().last() {
+                    None => return Err(PyError::index_error("string index out of range")),
+                    Some('$') => Cow::Borrowed(re),
+                    Some(_) => Cow::Owned(format!("{re}$")),
                 }
-                "set-attribute" => patch_add(
-                    &mut node_json,
-                    a["path"].as_str().unwrap_or_default(),
-                    a["value"].clone(),
-                    None,
-                )?,
-                "extend-attribute" => {
-                    let unique = a.get("unique").and_then(Value::as_bool).unwrap_or(false);
-                    patch_add(
-                        &mut node_json,
-                        a["path"].as_str().unwrap_or_default(),
-                        a["value"].clone(),
-                        Some(unique),
-                    )?
-                }
-                "set-capability" => {
-                    let name = a["name"].as_str().unwrap_or_default();
-                    let value = match &a["value"] {
-                        Value::String(s) => s.clone(),
-                        Value::Null => String::new(),
-                        other => other.to_string(),
-                    };
-                    let props = node_json["properties"]
-                        .as_object_mut()
-                        .ok_or("node has no properties")?;
-                    let caps = props
-                        .get("capabilities")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let mut list: Vec<String> = caps
-                        .split(',')
-                        .filter(|c| !c.is_empty() && c.split(':').next() != Some(name))
-                        .map(String::from)
-                        .collect();
-                    list.push(format!("{name}:{value}"));
-                    props.insert("capabilities".into(), json!(list.join(",")));
-                }
-                "add-trait" | "remove-trait" => {
-                    let name = a["name"].as_str().unwrap_or_default().to_string();
-                    let traits = node_json["traits"]
-                        .as_array_mut()
-                        .ok_or("node has no traits list")?;
-                    traits.retain(|t| t.as_str() != Some(&name));
-                    if a["action"] == "add-trait" {
-                        traits.push(json!(name));
+            } else {
+                Cow::Borrowed(re)
+            };
+            let compiled = py_regex(&pattern, op == "matches").map_err(|e| PyError {
+                kind: "error",
+                message: e,
+            })?;
+            Ok(compiled.is_match(&str_of(field)))
+        }
+        other => Err(PyError::value_error(format!("unknown operator {other}"))),
+    }
+}
+
+/// `IntrospectionRule.check_conditions`.
+fn conditions_hold(rule: &Rule, data: &Value, node: &Value) -> Result<bool, PyError> {
+    for c in &rule.conditions {
+        let field = c["field"].as_str().unwrap_or_default();
+        let (scheme, path) = jsonpath::split_scheme(field);
+        let source = if scheme == "node" { node } else { data };
+        let parsed = jsonpath::parse(path).map_err(|e| PyError {
+            kind: "JsonPathParserError",
+            message: e,
+        })?;
+        let op = c["op"].as_str().unwrap_or_default();
+        let mut values = jsonpath::find(&parsed, source)?;
+        if values.is_empty() {
+            // A missing field: only is-empty looks at it (as None); the rule is skipped.
+            if op != "is-empty" {
+                return Ok(false);
+            }
+            values.push(Cow::Owned(Value::Null));
+        }
+        let invert = c.get("invert").and_then(Value::as_bool).unwrap_or(false);
+        let multiple = c.get("multiple").and_then(Value::as_str).unwrap_or("any");
+        let mut result = false;
+        for v in &values {
+            result = check(op, v, c)? != invert;
+            if multiple == "first"
+                || (multiple == "all" && !result)
+                || (multiple == "any" && result)
+            {
+                break;
+            }
+        }
+        if !result {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A node PATCH refused by Ironic, as Inspector records it.
+fn refused(e: &PatchError) -> String {
+    format!("Unexpected exception BadRequestException during processing: {e}")
+}
+
+/// `node_info.patch`: a path without its leading slash gets one.
+fn add_op(path: &str, value: Value) -> Value {
+    let path = if path.is_empty() || path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    json!([{"op": "add", "path": path, "value": value}])
+}
+
+fn run_patch(node: &mut Node, ops: &Value, reset: bool) -> Result<(), String> {
+    let ident = node.uuid.to_string();
+    let opts = patch::Options {
+        ident: &ident,
+        reset_interfaces: reset.then_some(true),
+    };
+    *node = patch::patch(node, ops, &opts).map_err(|e| refused(&e))?;
+    Ok(())
+}
+
+fn path_param(params: &Map<String, Value>) -> Result<&str, String> {
+    match params.get("path") {
+        Some(Value::String(p)) => Ok(p),
+        other => Err(unexpected(&PyError::attribute_error(format!(
+            "'{}' object has no attribute 'strip'",
+            py::type_name(other.unwrap_or(&Value::Null))
+        )))),
+    }
+}
+
+/// `ExtendAttributeAction` through `NodeInfo.replace_field`: the list at `path` (one level
+/// below an attribute at most, as `get_by_path` reads it) with `value` appended.
+fn extend(node: &mut Node, params: &Map<String, Value>) -> Result<(), String> {
+    let path = path_param(params)?;
+    let value = params.get("value").cloned().unwrap_or(Value::Null);
+    let unique = params.get("unique").is_some_and(truthy);
+    let view = node.view(Secrets::Masked);
+    let stripped = path.trim_matches('/');
+    let found: Option<Value> = match stripped.split_once('/') {
+        Some((attr, key)) => match view.get(attr) {
+            None => None,
+            Some(Value::Object(m)) => m.get(key).cloned(),
+            Some(other) => {
+                let e = match other {
+                    Value::Array(_) => {
+                        PyError::type_error("list indices must be integers or slices, not str")
                     }
+                    Value::String(_) => {
+                        PyError::type_error("string indices must be integers, not 'str'")
+                    }
+                    _ => PyError::type_error(format!(
+                        "'{}' object is not subscriptable",
+                        py::type_name(other)
+                    )),
+                };
+                return Err(unexpected(&e));
+            }
+        },
+        None => view.get(stripped).cloned(),
+    };
+    let (op, mut list) = match found {
+        None => ("add", Vec::new()),
+        Some(Value::Array(a)) => ("replace", a),
+        Some(other) => {
+            return Err(unexpected(&PyError::attribute_error(format!(
+                "'{}' object has no attribute 'append'",
+                py::type_name(&other)
+            ))));
+        }
+    };
+    let before = list.clone();
+    let present = list
+        .iter()
+        .any(|x| py::compare(CmpOp::Eq, x, &value).unwrap_or(false));
+    if !unique || !present {
+        list.push(value);
+    }
+    if list == before {
+        return Ok(());
+    }
+    let mut ops = add_op(path, Value::Array(list));
+    ops[0]["op"] = json!(op);
+    run_patch(node, &ops, false)
+}
+
+/// `SetCapabilityAction` through `NodeInfo.update_capabilities`: the capability replaced
+/// where it is (or added last); a `null` value removes it.
+fn set_capability(node: &mut Node, params: &Map<String, Value>) -> Result<(), String> {
+    let name = str_of(params.get("name").unwrap_or(&Value::Null));
+    let value = params.get("value").filter(|v| !v.is_null()).map(str_of);
+    let caps = update_capabilities(node.properties.get("capabilities"), &[(name, value)])
+        .map_err(|e| unexpected(&e))?;
+    run_patch(
+        node,
+        &add_op("/properties/capabilities", json!(caps)),
+        false,
+    )
+}
+
+/// Ironic's trait names: upper case letters, digits and `_`, at most 255 characters
+/// (`CUSTOM_…` or one of os-traits' standard names).
+fn valid_trait(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Runs one action (its plugin's `apply`, after formatting its `value`).
+fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), String> {
+    let action = a["action"].as_str().unwrap_or_default();
+    let mut params = params_of(a, &["action"]);
+    if matches!(
+        action,
+        "set-attribute" | "set-capability" | "extend-attribute"
+    ) && let Some(v) = params.get("value")
+    {
+        let formatted = py::format_deep(v, data).map_err(|e| match e.kind {
+            // The one error Inspector reports itself (`_format_value`).
+            "KeyError" => format!(
+                "Invalid formatting variable key provided in value {}: {}",
+                failing_string(v, data),
+                e.message
+            ),
+            _ => unexpected(&e),
+        })?;
+        params.insert("value".into(), formatted);
+    }
+    match action {
+        "fail" => Err(str_of(params.get("message").unwrap_or(&Value::Null))),
+        "set-attribute" => {
+            let path = path_param(&params)?;
+            // `reset_interfaces` is implied for /driver unless the rule says false.
+            let reset = path.trim_matches('/') == "driver"
+                && params.get("reset_interfaces").is_none_or(truthy);
+            let value = params.get("value").cloned().unwrap_or(Value::Null);
+            run_patch(node, &add_op(path, value), reset)
+        }
+        "extend-attribute" => extend(node, &params),
+        "set-capability" => set_capability(node, &params),
+        "add-trait" | "remove-trait" => {
+            let name = match params.get("name") {
+                Some(Value::String(n)) => n.clone(),
+                other => str_of(other.unwrap_or(&Value::Null)),
+            };
+            if action == "remove-trait" {
+                node.traits.retain(|t| *t != name);
+                return Ok(());
+            }
+            if !valid_trait(&name) {
+                return Err(format!(
+                    "Unexpected exception BadRequestException during processing: Invalid trait {}: a trait is upper case letters, digits and '_' (CUSTOM_… or a standard trait), at most 255 characters",
+                    str_repr(&name)
+                ));
+            }
+            if !node.traits.contains(&name) {
+                node.traits.push(name);
+            }
+            Ok(())
+        }
+        _ => Ok(()), // example: Inspector only logs it
+    }
+}
+
+/// The string of a rule's value whose formatting fails (what Inspector's message quotes).
+fn failing_string(v: &Value, data: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .find(|x| py::format_deep(x, data).is_err())
+            .map(|x| failing_string(x, data))
+            .unwrap_or_default(),
+        Value::Object(m) => m
+            .iter()
+            .find_map(|(k, x)| {
+                if py::format(k, data).is_err() {
+                    Some(k.clone())
+                } else if py::format_deep(x, data).is_err() {
+                    Some(failing_string(x, data))
+                } else {
+                    None
                 }
-                other => return Err(format!("Unsupported action type {other:?}")),
+            })
+            .unwrap_or_default(),
+        other => str_of(other),
+    }
+}
+
+/// What applying the rules did to a node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// The node after every action that ran: all of the matching rules' unless one failed,
+    /// and then those before it (Inspector keeps them: Ironic has them already).
+    pub node: Node,
+    /// The rules whose scope and conditions held (descriptions, or UUIDs).
+    pub matched: Vec<String>,
+    /// Why processing fails: a `fail` action's message, or what Inspector would report for
+    /// an action or a condition it could not carry out.
+    pub failure: Option<String>,
+}
+
+/// `rules.apply`: checks every rule's scope and conditions against the node as it is, then
+/// runs the actions of every matching rule, rule by rule, in the order given (creation
+/// order).
+pub fn apply(rules: &[Rule], data: &Value, node: &Node) -> Applied {
+    let view = node.view(Secrets::Masked);
+    let scope = node.properties.get("inspection_scope");
+    let mut matching = Vec::new();
+    let mut failure = None;
+    for r in rules {
+        let in_scope = match r.scope.as_deref() {
+            None | Some("") => true,
+            Some(s) => scope == Some(&Value::String(s.to_string())),
+        };
+        if !in_scope {
+            continue;
+        }
+        match conditions_hold(r, data, &view) {
+            Ok(true) => matching.push(r),
+            Ok(false) => {}
+            Err(e) => {
+                failure = Some(unexpected(&e));
+                break;
             }
         }
     }
-    let changed: Node = serde_json::from_value(node_json)
-        .map_err(|e| format!("Rule actions produced an invalid node: {e}"))?;
-    if changed.name != node.name
-        && let Some(name) = &changed.name
-    {
-        // Ironic refuses the PATCH, so the rule's action fails.
-        crate::node::check_name(name).map_err(|e| format!("Rule set-attribute /name: {e}"))?;
+    let matched = matching
+        .iter()
+        .map(|r| {
+            r.description
+                .clone()
+                .filter(|d| !d.is_empty())
+                .unwrap_or_else(|| r.uuid.to_string())
+        })
+        .collect();
+    let mut node = node.clone();
+    if failure.is_none() {
+        'rules: for r in matching {
+            for a in &r.actions {
+                if let Err(e) = run_action(a, data, &mut node) {
+                    failure = Some(e);
+                    break 'rules;
+                }
+            }
+        }
     }
-    Ok(Applied::Node(Box::new(changed), names))
+    Applied {
+        node,
+        matched,
+        failure,
+    }
 }
 
 #[cfg(test)]
@@ -565,11 +764,15 @@ mod tests {
                 "bmc_address": "198.18.9.7",
                 "interfaces": [
                     {"name": "eth0", "mac_address": "52:54:00:00:00:01", "ipv4_address": "198.18.0.100"},
-                    {"name": "eth1", "mac_address": "52:54:00:00:00:02", "ipv4_address": null}
+                    {"name": "eth1", "mac_address": "52:54:00:00:00:02"},
+                    {"name": "lo", "ipv4_address": "127.0.0.1"}
                 ],
                 "system_vendor": {"manufacturer": "QEMU"}
             },
+            "interfaces": {"eth0": {"ip": "198.18.0.100", "mac": "52:54:00:00:00:01", "pxe": true}},
             "memory_mb": 2048,
+            "cpus": "4",
+            "bmc": null,
             "extra": []
         })
     }
@@ -585,92 +788,64 @@ mod tests {
         }
     }
 
-    fn holds(c: Value) -> bool {
-        let node = serde_json::to_value(Node::new(Uuid::nil(), 0)).unwrap();
+    /// Whether one condition holds, or the processing error it causes.
+    fn holds(c: Value) -> Result<bool, String> {
         validate(
             &json!({"conditions": [c.clone()], "actions": [{"action": "fail", "message": "x"}]}),
         )
         .unwrap();
-        condition_holds(&c, &data(), &node)
+        let node = Node::new(Uuid::nil(), 0);
+        let a = apply(
+            &[rule(
+                json!([c]),
+                json!([{"action": "fail", "message": "m"}]),
+            )],
+            &data(),
+            &node,
+        );
+        match a.failure.as_deref() {
+            Some("m") => Ok(true),
+            None => Ok(false),
+            Some(other) => Err(other.to_string()),
+        }
     }
 
     #[test]
-    fn conditions() {
+    fn conditions_follow_inspector() {
         let cases = [
-            (
-                json!({"op": "eq", "field": "memory_mb", "value": 2048}),
-                true,
-            ),
-            (
-                json!({"op": "eq", "field": "$.memory_mb", "value": "2048"}),
-                true,
-            ),
-            (
-                json!({"op": "ge", "field": "data://inventory.cpu.count", "value": 4}),
-                true,
-            ),
-            (
-                json!({"op": "gt", "field": "inventory.cpu.count", "value": 4}),
-                false,
-            ),
-            (
-                json!({"op": "lt", "field": "inventory.cpu.count", "value": 8}),
-                true,
-            ),
-            (
-                json!({"op": "le", "field": "inventory.cpu.count", "value": 3}),
-                false,
-            ),
-            (
-                json!({"op": "ne", "field": "inventory.cpu.architecture", "value": "aarch64"}),
-                true,
-            ),
-            (
-                json!({"op": "in-net", "field": "inventory.bmc_address", "value": "198.18.9.0/24"}),
-                true,
-            ),
-            (
-                json!({"op": "in-net", "field": "inventory.bmc_address", "value": "10.0.0.0/8"}),
-                false,
-            ),
-            (
-                json!({"op": "matches", "field": "inventory.system_vendor.manufacturer", "value": "QEM"}),
-                false,
-            ),
-            (
-                json!({"op": "matches", "field": "inventory.system_vendor.manufacturer", "value": "QEM."}),
-                true,
-            ),
-            (
-                json!({"op": "contains", "field": "inventory.system_vendor.manufacturer", "value": "EM"}),
-                true,
-            ),
-            (json!({"op": "is-empty", "field": "extra"}), true),
-            (json!({"op": "is-empty", "field": "no.such.field"}), true),
-            (
-                json!({"op": "eq", "field": "no.such.field", "value": 1}),
-                false,
-            ),
-            (
-                json!({"op": "eq", "field": "inventory.interfaces[*].ipv4_address", "value": "198.18.0.100"}),
-                true,
-            ),
-            (
-                json!({"op": "eq", "field": "inventory.interfaces[*].ipv4_address", "value": "198.18.0.100", "multiple": "all"}),
-                false,
-            ),
-            (
-                json!({"op": "is-empty", "field": "inventory.interfaces[1].ipv4_address", "multiple": "first"}),
-                true,
-            ),
-            (
-                json!({"op": "eq", "field": "inventory.cpu.count", "value": 4, "invert": true}),
-                false,
-            ),
-            (
-                json!({"op": "eq", "field": "node://properties.cpus", "value": 4}),
-                false,
-            ),
+            (json!({"op": "eq", "field": "memory_mb", "value": 2048}), Ok(true)),
+            (json!({"op": "eq", "field": "$.memory_mb", "value": "2048"}), Ok(false)),
+            (json!({"op": "eq", "field": "cpus", "value": 4}), Ok(true)),
+            (json!({"op": "ge", "field": "data://inventory.cpu.count", "value": 4}), Ok(true)),
+            (json!({"op": "gt", "field": "inventory.cpu.count", "value": 4}), Ok(false)),
+            (json!({"op": "ne", "field": "inventory.cpu.architecture", "value": "aarch64"}), Ok(true)),
+            (json!({"op": "in-net", "field": "inventory.bmc_address", "value": "198.18.9.0/24"}), Ok(true)),
+            (json!({"op": "in-net", "field": "inventory.bmc_address", "value": "198.18.9.0/255.255.255.0"}), Ok(true)),
+            (json!({"op": "in-net", "field": "inventory.bmc_address", "value": "10.0.0.0/8"}), Ok(false)),
+            (json!({"op": "matches", "field": "inventory.system_vendor.manufacturer", "value": "QEM"}), Ok(false)),
+            (json!({"op": "matches", "field": "inventory.system_vendor.manufacturer", "value": "QEM."}), Ok(true)),
+            (json!({"op": "matches", "field": "inventory.system_vendor.manufacturer", "value": "Q|x"}), Ok(true)),
+            (json!({"op": "contains", "field": "inventory.system_vendor.manufacturer", "value": "EM"}), Ok(true)),
+            (json!({"op": "is-empty", "field": "extra"}), Ok(true)),
+            (json!({"op": "is-empty", "field": "no.such.field"}), Ok(true)),
+            // A missing field skips the rule, invert or not.
+            (json!({"op": "eq", "field": "no.such.field", "value": 1}), Ok(false)),
+            (json!({"op": "eq", "field": "no.such.field", "value": 1, "invert": true}), Ok(false)),
+            // invert applies to each value, then multiple decides.
+            (json!({"op": "contains", "field": "inventory.interfaces[*].ipv4_address", "value": "127\\.0\\.0\\.1", "invert": true, "multiple": "all"}), Ok(false)),
+            (json!({"op": "contains", "field": "inventory.interfaces[*].ipv4_address", "value": "127\\.0\\.0\\.1", "invert": true, "multiple": "any"}), Ok(true)),
+            (json!({"op": "eq", "field": "inventory.interfaces[*].ipv4_address", "value": "198.18.0.100", "multiple": "all"}), Ok(false)),
+            // first: the first interface that has the key.
+            (json!({"op": "eq", "field": "inventory.interfaces[*].ipv4_address", "value": "198.18.0.100", "multiple": "first"}), Ok(true)),
+            (json!({"op": "eq", "field": "inventory.interfaces[*].name", "value": "lo", "multiple": "first"}), Ok(false)),
+            // interfaces is a dict keyed by name.
+            (json!({"op": "eq", "field": "interfaces.eth0.ip", "value": "198.18.0.100"}), Ok(true)),
+            (json!({"op": "eq", "field": "interfaces[*].ip", "value": "198.18.0.100"}), Ok(false)),
+            (json!({"op": "is-empty", "field": "node://properties.cpus"}), Ok(true)),
+            // What Inspector crashes on fails processing with its text.
+            (json!({"op": "in-net", "field": "bmc", "value": "10.0.0.0/8"}), Err("Unexpected exception AddrFormatError during processing: failed to detect a valid IP address from None".to_string())),
+            (json!({"op": "lt", "field": "inventory.cpu.architecture", "value": 4}), Err("Unexpected exception ValueError during processing: invalid literal for int() with base 10: 'x86_64'".to_string())),
+            (json!({"op": "matches", "field": "memory_mb", "value": ""}), Err("Unexpected exception IndexError during processing: string index out of range".to_string())),
         ];
         for (c, want) in cases {
             assert_eq!(holds(c.clone()), want, "{c}");
@@ -678,7 +853,7 @@ mod tests {
     }
 
     #[test]
-    fn actions_run_in_order_with_formatting() {
+    fn actions_format_only_values_and_keep_going_in_order() {
         let mut node = Node::new(Uuid::nil(), 0);
         node.properties
             .insert("capabilities".into(), json!("boot_mode:bios,cpu_vt:true"));
@@ -686,98 +861,211 @@ mod tests {
             json!([{"op": "ge", "field": "memory_mb", "value": 1024}]),
             json!([
                 {"action": "set-attribute", "path": "/extra/bmc", "value": "ipmi://{data[inventory][bmc_address]}"},
-                {"action": "set-attribute", "path": "/name", "value": "node-{data[inventory][cpu][count]}cpu"},
+                {"action": "set-attribute", "path": "name", "value": "node-{data[inventory][cpu][count]}cpu"},
+                {"action": "set-attribute", "path": "/extra/none", "value": "{data[bmc]}"},
+                {"action": "set-attribute", "path": "/extra/keys", "value": {"{data[cpus]}": ["{data[bmc]}"]}},
                 {"action": "extend-attribute", "path": "/extra/tags", "value": "big", "unique": true},
                 {"action": "extend-attribute", "path": "/extra/tags", "value": "big", "unique": true},
                 {"action": "set-capability", "name": "cpu_vt", "value": "false"},
+                {"action": "set-capability", "name": "profile", "value": "compute"},
+                {"action": "set-capability", "name": "boot_mode"},
                 {"action": "add-trait", "name": "CUSTOM_BIG"},
+                {"action": "add-trait", "name": "CUSTOM_BIG"},
+                {"action": "fail", "message": "stop {data[memory_mb]}"},
+                {"action": "add-trait", "name": "CUSTOM_NEVER"},
             ]),
         );
-        let Applied::Node(n, names) = apply(&[r], &data(), &node).unwrap() else {
-            panic!()
-        };
-        assert_eq!(names, ["r"]);
+        let a = apply(&[r], &data(), &node);
+        assert_eq!(a.matched, ["r"]);
+        // `fail`'s message is not formatted (FailAction has no FORMATTED_PARAMS).
+        assert_eq!(a.failure.as_deref(), Some("stop {data[memory_mb]}"));
+        let n = a.node;
         assert_eq!(n.extra["bmc"], "ipmi://198.18.9.7");
         assert_eq!(n.name.as_deref(), Some("node-4cpu"));
+        assert_eq!(n.extra["none"], "None");
+        // Keys are formatted too.
+        assert_eq!(n.extra["keys"], json!({"4": ["None"]}));
         assert_eq!(n.extra["tags"], json!(["big"]));
-        assert_eq!(n.properties["capabilities"], "boot_mode:bios,cpu_vt:false");
+        assert_eq!(n.properties["capabilities"], "cpu_vt:false,profile:compute");
         assert_eq!(n.traits, ["CUSTOM_BIG"]);
     }
 
     #[test]
-    fn fail_scope_and_non_matching() {
-        let node = Node::new(Uuid::nil(), 0);
-        let fail = rule(
-            json!([]),
-            json!([{"action": "fail", "message": "too small: {data[memory_mb]}"}]),
-        );
-        assert_eq!(
-            apply(std::slice::from_ref(&fail), &data(), &node).unwrap(),
-            Applied::Failed("too small: 2048".into())
-        );
+    fn scope_and_failures() {
+        let mut node = Node::new(Uuid::nil(), 0);
+        let fail = rule(json!([]), json!([{"action": "fail", "message": "no"}]));
         let mut scoped = fail.clone();
         scoped.scope = Some("gpu".into());
-        assert!(
-            matches!(apply(&[scoped], &data(), &node).unwrap(), Applied::Node(_, names) if names.is_empty())
+        assert_eq!(
+            apply(std::slice::from_ref(&scoped), &data(), &node).failure,
+            None
         );
-        let miss = rule(
-            json!([{"op": "eq", "field": "memory_mb", "value": 1}]),
-            json!([{"action": "fail", "message": "x"}]),
+        node.properties
+            .insert("inspection_scope".into(), json!("gpu"));
+        assert_eq!(
+            apply(&[scoped], &data(), &node).failure.as_deref(),
+            Some("no")
         );
-        assert!(matches!(
-            apply(&[miss], &data(), &node).unwrap(),
-            Applied::Node(..)
-        ));
+        let mut global = fail.clone();
+        global.scope = Some(String::new());
+        assert_eq!(
+            apply(&[global], &data(), &node).failure.as_deref(),
+            Some("no")
+        );
         let bad_ref = rule(
             json!([]),
-            json!([{"action": "set-attribute", "path": "/extra/x", "value": "{data[nope]}"}]),
+            json!([{"action": "set-attribute", "path": "/extra/x", "value": ["ok", "{data[nope]}"]}]),
+        );
+        assert_eq!(
+            apply(&[bad_ref], &data(), &node).failure.as_deref(),
+            Some("Invalid formatting variable key provided in value {data[nope]}: 'nope'")
+        );
+        let bad_path = rule(
+            json!([]),
+            json!([{"action": "set-attribute", "path": "/extra/a/b", "value": 1}]),
+        );
+        assert_eq!(
+            apply(&[bad_path], &data(), &node).failure.as_deref(),
+            Some(
+                "Unexpected exception BadRequestException during processing: Couldn't apply patch '{'op': 'add', 'path': '/extra/a/b', 'value': 1}'. Reason: member 'a' not found in {}"
+            )
+        );
+        let bad_name = rule(
+            json!([]),
+            json!([{"action": "set-attribute", "path": "/name", "value": "not a name"}]),
         );
         assert!(
-            apply(&[bad_ref], &data(), &node)
-                .unwrap_err()
-                .contains("Invalid formatting variable")
+            apply(&[bad_name], &data(), &node)
+                .failure
+                .unwrap()
+                .contains("Cannot change name to invalid name 'not a name'")
         );
     }
 
     #[test]
-    fn invalid_rules_are_explained() {
+    fn invalid_rules_are_refused_with_inspectors_messages() {
+        let ok = json!([{"action": "fail", "message": "m"}]);
         let cases = [
             (
                 json!({"conditions": [], "actions": []}),
-                "at least one action",
+                "Validation failed for actions: [] is too short",
+            ),
+            (
+                json!({"conditions": []}),
+                "Validation failed for actions: [] is too short",
+            ),
+            (
+                json!({"conditions": null, "actions": ok}),
+                "Validation failed for conditions: None is not of type 'array'",
             ),
             (
                 json!({"actions": [{"action": "explode"}]}),
-                "Unsupported action type",
+                "Validation failed for actions: 'explode' is not one of ['example', 'fail'",
             ),
             (
-                json!({"conditions": [{"op": "approx", "field": "a", "value": 1}], "actions": [{"action": "fail", "message": "m"}]}),
-                "Unsupported condition type",
+                json!({"actions": [{"message": "m"}]}),
+                "Validation failed for actions: 'action' is a required property",
             ),
             (
-                json!({"conditions": [{"op": "eq", "field": "a[", "value": 1}], "actions": [{"action": "fail", "message": "m"}]}),
-                "Unable to parse field",
+                json!({"conditions": [{"field": "a", "value": 1}], "actions": ok}),
+                "Validation failed for conditions: 'op' is a required property",
             ),
             (
-                json!({"conditions": [{"op": "in-net", "field": "a", "value": "x"}], "actions": [{"action": "fail", "message": "m"}]}),
-                "CIDR",
+                json!({"conditions": [{"op": "approx", "field": "a", "value": 1}], "actions": ok}),
+                "Validation failed for conditions: 'approx' is not one of ['eq', 'lt'",
             ),
             (
-                json!({"uuid": "nope", "actions": [{"action": "fail", "message": "m"}]}),
-                "Invalid UUID",
+                json!({"conditions": [{"op": "eq", "field": "a", "value": 1, "multiple": "some"}], "actions": ok}),
+                "Validation failed for conditions: 'some' is not one of ['all', 'any', 'first']",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "a", "value": 1, "invert": "yes"}], "actions": ok}),
+                "Validation failed for conditions: 'yes' is not of type 'boolean'",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "!*!", "value": 1}], "actions": ok}),
+                "Unable to parse field JSON path !*!: Error on line 1, col 0: Unexpected character: !",
+            ),
+            (
+                json!({"conditions": [{"op": "is-empty", "field": "node://driver_info/ipmi_password"}], "actions": ok}),
+                "Unable to parse field JSON path node://driver_info/ipmi_password: Error on line 1, col 11: Unexpected character: /",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "ftp://a", "value": 1}], "actions": ok}),
+                "Unsupported scheme for field: ftp, valid values are node:// or data://",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "a", "value": 1, "foo": 2}], "actions": ok}),
+                "Invalid parameters for operator eq: unexpected parameter(s): foo",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "a"}], "actions": ok}),
+                "Invalid parameters for operator eq: missing required parameter(s): value",
+            ),
+            (
+                json!({"conditions": [{"op": "eq", "field": "a", "value": null, "x": 1}], "actions": ok}),
+                "Invalid parameters for operator eq: missing required parameter(s): value; unexpected parameter(s): x",
+            ),
+            (
+                json!({"conditions": [{"op": "is-empty", "field": "a", "value": ""}], "actions": ok}),
+                "Invalid parameters for operator is-empty: unexpected parameter(s): value",
+            ),
+            (
+                json!({"conditions": [{"op": "in-net", "field": "a", "value": "x"}], "actions": ok}),
+                "Invalid parameters for operator in-net: invalid value: invalid IPNetwork x",
+            ),
+            (
+                json!({"conditions": [{"op": "matches", "field": "a", "value": "**"}], "actions": ok}),
+                "Invalid parameters for operator matches: invalid regular expression",
+            ),
+            (
+                json!({"conditions": [{"op": "matches", "field": "a", "value": "(?=x)"}], "actions": ok}),
+                "Invalid parameters for operator matches: invalid regular expression",
+            ),
+            (json!({"uuid": "nope", "actions": ok}), "Invalid UUID value"),
+            (
+                json!({"scope": "x".repeat(256), "actions": ok}),
+                "Invalid scope: the length of the scope should be within 255 characters",
             ),
             (
                 json!({"actions": [{"action": "set-attribute", "path": "/a"}]}),
-                "requires value",
+                "Invalid parameters for action set-attribute: missing required parameter(s): value",
             ),
             (
-                json!({"conditions": [{"op": "eq", "field": "ftp://a", "value": 1}], "actions": [{"action": "fail", "message": "m"}]}),
-                "Unsupported scheme",
+                json!({"actions": [{"action": "fail", "message": "m", "foo": "bar"}]}),
+                "Invalid parameters for action fail: unexpected parameter(s): foo",
+            ),
+            (
+                json!({"actions": [{"action": "fail"}]}),
+                "Invalid parameters for action fail: missing required parameter(s): message",
+            ),
+            (
+                json!({"actions": [{"action": "add-trait", "name": "CUSTOM_X", "value": 42}]}),
+                "Invalid parameters for action add-trait: unexpected parameter(s): value",
             ),
         ];
         for (r, want) in cases {
             let e = validate(&r).unwrap_err();
-            assert!(e.contains(want), "{r}: {e}");
+            assert!(e.starts_with(want), "{r}: {e}");
         }
+        // What Inspector accepts.
+        for r in [
+            json!({"actions": [{"action": "set-attribute", "path": "/properties/cpus", "value": null}]}),
+            json!({"conditions": [{"op": "matches", "field": "a", "value": "x", "extra": 1}], "actions": ok}),
+            json!({"conditions": [{"op": "eq", "field": "a", "value": 1, "foo": null}], "actions": ok}),
+            json!({"uuid": "", "scope": "", "actions": [{"action": "example"}]}),
+            json!({"actions": [{"action": "set-capability", "name": "profile"}]}),
+        ] {
+            assert_eq!(validate(&r), Ok(()), "{r}");
+        }
+    }
+
+    #[test]
+    fn python_regex_dollar() {
+        let re = py_regex("ab$", true).unwrap();
+        assert!(re.is_match("ab") && re.is_match("ab\n") && !re.is_match("ab\nx"));
+        let re = py_regex(r"[]$]x\Z", false).unwrap();
+        assert!(re.is_match("$x") && re.is_match("]x") && !re.is_match("$x\n"));
+        assert!(py_regex(r"(a)\1", false).is_err(), "no back-references");
     }
 }

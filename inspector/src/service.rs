@@ -16,8 +16,9 @@ use uuid::Uuid;
 
 use crate::hooks;
 use crate::lookup::{Lookup, lookup, real_bmc};
-use crate::node::{Introspection, Node};
-use crate::rules::{self, Applied, Rule};
+use crate::node::{Introspection, Node, update_capabilities};
+use crate::patch;
+use crate::rules::{self, Rule};
 use crate::state::{Event, State};
 
 pub const NODES: &str = "nodes/";
@@ -27,6 +28,8 @@ pub const BMCS: &str = "node-bmc/";
 pub const DATA: &str = "introspection-data/";
 pub const RULES: &str = "rules/";
 pub const EVENTS: &str = "events/";
+/// The driver auto-enrolled nodes get (Inspector's `[discovery] enroll_node_driver` default).
+pub const ENROLL_DRIVER: &str = "fake-hardware";
 
 /// What the ramdisk does once its introspection has ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -500,6 +503,88 @@ impl Inspector {
         ))
     }
 
+    /// `PATCH /api/v1/nodes/{node}`: a JSON patch with Ironic's semantics ([`patch::patch`])
+    /// applied in one compare-and-swap on the node's record and its MAC, name and BMC
+    /// indexes; a lost race is retried from a fresh read, a MAC or name another node has is
+    /// refused (409).
+    pub async fn patch_node(
+        &self,
+        ident: &str,
+        ops: &Value,
+        reset_interfaces: Option<bool>,
+    ) -> Result<Node> {
+        let paths: Vec<&str> = ops
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.get("path").and_then(Value::as_str))
+            .collect();
+        let message = format!("node updated: {}", paths.join(", "));
+        let opts = patch::Options {
+            ident,
+            reset_interfaces,
+        };
+        let res = self
+            .update(ident, |node, extra| {
+                *node = patch::patch(node, ops, &opts).map_err(|e| InspectorError::bad(e.0))?;
+                let seq = rand_seq() % 10_000;
+                extra.push(event_op(
+                    Subject::Node(node.uuid),
+                    now_ms(),
+                    seq,
+                    "updated",
+                    &message,
+                    false,
+                ));
+                Ok(())
+            })
+            .await;
+        let node = match res {
+            Ok((node, ())) => node,
+            Err(e) if e.status == 409 => {
+                return Err(self.taken(ident, ops, &opts).await?.unwrap_or(e));
+            }
+            Err(e) => return Err(e),
+        };
+        self.changed(&[node.uuid]).await;
+        Ok(node)
+    }
+
+    /// Which MAC or name a refused patch wanted that another node has (Ironic's 409s).
+    async fn taken(
+        &self,
+        ident: &str,
+        ops: &Value,
+        opts: &patch::Options<'_>,
+    ) -> Result<Option<InspectorError>> {
+        let Some(v) = self.find(ident).await? else {
+            return Ok(None);
+        };
+        let Ok(new) = patch::patch(&v.node, ops, opts) else {
+            return Ok(None);
+        };
+        for mac in new.macs.iter().filter(|m| !v.node.macs.contains(m)) {
+            if self.store.get(&format!("{MACS}{mac}")).await?.is_some() {
+                return Ok(Some(InspectorError::new(
+                    409,
+                    format!("A port with MAC address {mac} already exists."),
+                )));
+            }
+        }
+        if let Some(name) = new
+            .name
+            .as_deref()
+            .filter(|n| v.node.name.as_deref() != Some(*n))
+            && self.store.get(&format!("{NAMES}{name}")).await?.is_some()
+        {
+            return Ok(Some(InspectorError::new(
+                409,
+                format!("A node with name {name} already exists."),
+            )));
+        }
+        Ok(None)
+    }
+
     /// Applies `change` to the node's current record in one CAS transaction, retrying on
     /// conflicting writes; `change` may add ops (data, events) to the same transaction.
     async fn update<T>(
@@ -745,6 +830,9 @@ impl Inspector {
                         node.pxe_mac = i.pxe_mac;
                         node.bmc_address = i.bmc.clone();
                     }
+                    // Inspector's `enroll` hook: its default driver, the BMC as ipmi_address.
+                    node.driver = Some(ENROLL_DRIVER.into());
+                    node.bmc.ipmi.address = node.bmc_address.clone();
                     node.auto_discovered = true;
                     node.introspection = Some(Introspection {
                         state: State::Enrolling,
@@ -823,10 +911,21 @@ impl Inspector {
             }
             let inv = data.inventory_checked().map_err(|e| e.to_string())?;
             let ifaces = hooks::validate_interfaces(data, inv)?;
-            let root = hooks::root_disk_selection(data, inv, node.properties.get("root_device"))?;
-            let props = hooks::properties(inv, root.as_ref());
-            let processed = hooks::processed(data, &ifaces, root.as_ref(), &props);
-            node.properties.extend(props);
+            let hints = node.properties.get("root_device");
+            let root = hooks::root_disk_selection(data, inv, hints)?;
+            let hinted = hints
+                .and_then(Value::as_object)
+                .is_some_and(|h| !h.is_empty());
+            // Rules see the body as posted, not as Paddock's types read it.
+            let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let processed = hooks::processed(&raw, &ifaces, root.as_ref(), hinted, enrolled);
+            node.properties.extend(hooks::properties(&processed));
+            let caps = hooks::capabilities(inv);
+            if !caps.is_empty() {
+                let merged = update_capabilities(node.properties.get("capabilities"), &caps)
+                    .map_err(|e| rules::unexpected(&e))?;
+                node.properties.insert("capabilities".into(), json!(merged));
+            }
             for m in &ifaces.all_macs {
                 if !node.macs.contains(m) {
                     node.macs.push(*m);
@@ -862,22 +961,18 @@ impl Inspector {
                         .unwrap_or(b"{}"),
                 )
                 .unwrap_or(Value::Null);
-                match rules::apply(&rules, &processed, &node) {
-                    Ok(Applied::Node(n, names)) => {
-                        node = *n;
-                        if !names.is_empty() {
-                            log(
-                                &mut ops,
-                                "rules",
-                                &format!("rules applied: {}", names.join(", ")),
-                                false,
-                            );
-                        }
-                        Ok(())
-                    }
-                    Ok(Applied::Failed(msg)) => Err(msg),
-                    Err(e) => Err(format!("rule failed: {e}")),
+                // A failing rule leaves the changes made before it, as Inspector's do.
+                let applied = rules::apply(&rules, &processed, &node);
+                node = applied.node;
+                if !applied.matched.is_empty() {
+                    log(
+                        &mut ops,
+                        "rules",
+                        &format!("rules applied: {}", applied.matched.join(", ")),
+                        false,
+                    );
                 }
+                applied.failure.map_or(Ok(()), Err)
             }
             Err(e) => Err(e),
         };
@@ -1045,11 +1140,12 @@ impl Inspector {
 
     // ---- rules ----
 
+    /// Every rule, in creation order (the store's, so rules created in the same second, as
+    /// a rules file imports them, keep their order), which is the order they apply in.
     pub async fn rules(&self) -> Result<Vec<Rule>> {
-        self.store
-            .range(RULES)
-            .await?
-            .iter()
+        let mut kvs = self.store.range(RULES).await?;
+        kvs.sort_by_key(|kv| kv.create_revision);
+        kvs.iter()
             .map(|kv| {
                 serde_json::from_slice(&kv.value).map_err(|e| {
                     InspectorError::new(500, format!("rule {} is unreadable: {e}", kv.key))
@@ -1069,7 +1165,12 @@ impl Inspector {
 
     pub async fn create_rule(&self, body: &Value, now: i64) -> Result<Rule> {
         rules::validate(body).map_err(InspectorError::bad)?;
-        let uuid = match body.get("uuid").and_then(Value::as_str) {
+        // An empty UUID is none (`if body.get('uuid')`).
+        let uuid = match body
+            .get("uuid")
+            .and_then(Value::as_str)
+            .filter(|u| !u.is_empty())
+        {
             Some(u) => Uuid::parse_str(u)
                 .map_err(|_| InspectorError::bad(format!("Invalid UUID value {u}")))?,
             None => Uuid::new_v4(),

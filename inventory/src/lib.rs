@@ -3,25 +3,45 @@
 //! Field names and shapes follow IPA (`hardware.py` serialisation), so an unmodified IPA
 //! ramdisk and Paddock's own agent produce the same JSON. Fields IPA may send as `null` are
 //! `Option`s; fields we do not model are kept in `extra` so nothing an agent sends is lost.
+//! Scalars are read as Inspector's hooks read them ([`lenient`]): `"count": "4"` is 4, a value
+//! that cannot be read is absent; only the structure can make a body unusable.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub mod lenient;
 
 /// The whole body of `POST /v1/continue`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct IntrospectionData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inventory: Option<Inventory>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub root_disk: Option<Disk>,
     /// The MAC the machine PXE-booted from, plain or pxelinux style (`01-aa-bb-…`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub boot_interface: Option<String>,
     /// Set when the ramdisk failed; processing then ends in `error` with this message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::error_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub error: Option<String>,
     /// Base64 tar.gz of ramdisk logs (IPA), kept as sent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub logs: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -31,21 +51,49 @@ pub struct IntrospectionData {
 pub struct Inventory {
     #[serde(default)]
     pub interfaces: Vec<Interface>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cpu: Option<Cpu>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub memory: Option<Memory>,
     #[serde(default)]
     pub disks: Vec<Disk>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub bmc_address: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub bmc_v6address: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub system_vendor: Option<SystemVendor>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub boot: Option<Boot>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hostname: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -53,31 +101,32 @@ pub struct Inventory {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Interface {
+    #[serde(default, deserialize_with = "lenient::string_or_empty")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub mac_address: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub ipv4_address: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub ipv6_address: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::boolish")]
     pub has_carrier: bool,
     /// LLDP TLVs as IPA sends them: `[[type, "hex value"], …]`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::or_none")]
     pub lldp: Option<Vec<(u8, String)>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub vendor: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub product: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub client_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub biosdevname: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub speed_mbps: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub pci_address: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub driver: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -85,17 +134,17 @@ pub struct Interface {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cpu {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub model_name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub frequency: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_u32")]
     pub count: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub architecture: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::strings")]
     pub flags: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_u32")]
     pub socket_count: Option<u32>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -104,10 +153,10 @@ pub struct Cpu {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
     /// Bytes usable by the OS.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub total: Option<u64>,
     /// Installed physical memory in MiB (from DMI where available).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub physical_mb: Option<u64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -115,33 +164,46 @@ pub struct Memory {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Disk {
+    #[serde(default, deserialize_with = "lenient::string_or_empty")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub model: Option<String>,
     /// Bytes.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::u64_or_zero")]
     pub size: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::boolish")]
     pub rotational: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub wwn: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub serial: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub vendor: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub wwn_with_extension: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub wwn_vendor_extension: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub hctl: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub by_path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub logical_sectors: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub physical_sectors: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tran: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -149,13 +211,17 @@ pub struct Disk {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SystemVendor {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub product_name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub serial_number: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub manufacturer: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::or_none",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub firmware: Option<Firmware>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -163,19 +229,20 @@ pub struct SystemVendor {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Firmware {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub vendor: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub version: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub build_date: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Boot {
     /// `bios` or `uefi`.
+    #[serde(default, deserialize_with = "lenient::string_or_empty")]
     pub current_boot_mode: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub pxe_interface: Option<String>,
 }
 
@@ -283,8 +350,8 @@ mod tests {
                 "not valid JSON of the IPA shape",
             ),
             (
-                r#"{"inventory": {"interfaces": [], "cpu": {"count": "two"}}}"#,
-                "not valid JSON",
+                r#"{"inventory": {"interfaces": [{"name": "eth0"}], "disks": {"sda": 1}}}"#,
+                "not valid JSON of the IPA shape",
             ),
         ];
         for (body, want) in cases {
@@ -303,6 +370,48 @@ mod tests {
             empty.inventory_checked().unwrap_err().to_string(),
             "No network interfaces provided"
         );
+    }
+
+    /// Inspector's hooks `int()` and `str()` what they read (`plugins/standard.py`,
+    /// `SchedulerHook`: `int(inventory['cpu']['count'])`) and skip what they cannot read with
+    /// a warning: such bodies are processed, not refused.
+    #[test]
+    fn scalars_are_read_as_inspectors_hooks_read_them() {
+        let d = IntrospectionData::parse(
+            br#"{"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01",
+                  "speed_mbps": "1000", "has_carrier": "true", "lldp": "garbage"},
+                 {"mac_address": "52:54:00:00:00:02"}],
+               "cpu": {"count": "4", "architecture": "x86_64", "socket_count": 1.0, "flags": ["vmx", 3]},
+               "memory": {"physical_mb": " 2048 ", "total": "lots"},
+               "disks": [{"name": "/dev/sda", "size": "1000204886016", "rotational": 1, "serial": 1234}],
+               "boot": {"current_boot_mode": "uefi"}, "system_vendor": "Dell",
+               "bmc_address": "10.0.0.5"},
+              "error": null, "root_disk": "sda"}"#,
+        )
+        .unwrap();
+        let inv = d.inventory_checked().unwrap();
+        let cpu = inv.cpu.as_ref().unwrap();
+        assert_eq!((cpu.count, cpu.socket_count), (Some(4), Some(1)));
+        assert_eq!(cpu.flags, ["vmx", "3"]);
+        let mem = inv.memory.as_ref().unwrap();
+        assert_eq!((mem.physical_mb, mem.total), (Some(2048), None));
+        assert_eq!(inv.disks[0].size, 1_000_204_886_016);
+        assert!(inv.disks[0].rotational);
+        assert_eq!(inv.disks[0].serial.as_deref(), Some("1234"));
+        assert_eq!(inv.interfaces[0].speed_mbps, Some(1000));
+        assert!(inv.interfaces[0].has_carrier);
+        assert_eq!(inv.interfaces[0].lldp, None);
+        assert_eq!(
+            inv.interfaces[1].name, "",
+            "a nameless interface is skipped later"
+        );
+        assert_eq!(inv.system_vendor, None);
+        assert_eq!(d.root_disk, None);
+        let four = IntrospectionData::parse(
+            br#"{"inventory": {"interfaces": [{"name": "eth0"}], "cpu": {"count": "four"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(four.inventory.unwrap().cpu.unwrap().count, None);
     }
 
     #[test]
