@@ -10,7 +10,8 @@
 # Paddock. The machines are simulated by bench/storm (paddock-storm: one process, DHCP through
 # a relay socket, so a thousand machines need no interfaces of their own), in a namespace
 # joined to the servers' by a veth pair. Prints per server and case:
-#   storm <server> clients=N ok=K p50_s=… p99_s=… total_s=…
+#   storm <server> clients=N ok=K p50_s=… p99_s=… total_s=… duplicate_addresses=D
+# (ok counts machines that booted through with an address no other machine was given)
 # and `storm ratio paddock/best_peer=<R>` (full boot, total time) and
 # `storm tftp ratio paddock/best_peer=<R>` (TFTP alone), lower is better for Paddock.
 #
@@ -44,8 +45,8 @@ client() { # client LABEL ARGS...: one storm from the client namespace
         --relay "$CLI_IP" --server "$SRV_IP" "$@" | tee -a "$SCRATCH/results" || true
 }
 
-start_paddock() {
-    rm -rf "$SCRATCH/paddock-data"
+start_paddock() { # start_paddock [keep]: keep = the store of the previous start
+    [[ ${1:-} == keep ]] || rm -rf "$SCRATCH/paddock-data"
     cat >"$SCRATCH/paddock.toml" <<TOML
 data_dir = "$SCRATCH/paddock-data"
 [http]
@@ -117,6 +118,15 @@ for ((run = 0; run < RUNS; run++)); do
     start_paddock
     client paddock --mac-prefix $((run * 4))
     client paddock-tftp --tftp-only undionly.kpxe
+    # No lease lost: after a restart, the store holds one bound lease per simulated machine.
+    stop_server
+    start_paddock keep
+    leases=$(ip netns exec "$CLI_NS" curl -sf "http://$SRV_IP:8080/api/v1/leases" | python3 -c '
+import json, sys
+mine = {l["ip"] for l in json.load(sys.stdin) if l["mac"].startswith(sys.argv[1])}
+print(len(mine))' "52:54:$(printf %02x $((run * 4))):5c")
+    echo "storm paddock leases_after_restart=$leases (of $CLIENTS machines)" | tee -a "$SCRATCH/results"
+    [[ $leases == "$CLIENTS" ]] || die "Paddock kept $leases leases of $CLIENTS"
     stop_server
     start_dnsmasq; start_nginx
     client dnsmasq+nginx --mac-prefix $((run * 4 + 1))

@@ -270,11 +270,13 @@ fn script_urls(script: &str) -> Result<(String, String)> {
     }
 }
 
-async fn machine(i: usize, args: Arc<Args>, dhcp: Arc<Dhcp>) -> Result<u64> {
+/// One machine's boot; the address its (last) ACK gave it, if it did DHCP.
+async fn machine(i: usize, args: Arc<Args>, dhcp: Arc<Dhcp>) -> Result<Option<Ipv4Addr>> {
     let idx = u16::try_from(i)?.to_be_bytes();
     let mac = [0x52, 0x54, args.mac_prefix, 0x5c, idx[0], idx[1]];
     if let Some(file) = &args.tftp_only {
-        return tftp_get(args.relay, args.server, file).await;
+        tftp_get(args.relay, args.server, file).await?;
+        return Ok(None);
     }
     let xid = 0x5000_0000 | u32::try_from(i)? << 4;
     let ack = dhcp.dora(&mac, xid, false).await?;
@@ -283,17 +285,16 @@ async fn machine(i: usize, args: Arc<Args>, dhcp: Arc<Dhcp>) -> Result<u64> {
         a if a.is_unspecified() => args.server,
         a => a,
     };
-    let mut bytes = tftp_get(args.relay, tftp_server, &file).await?;
+    tftp_get(args.relay, tftp_server, &file).await?;
     // iPXE asks again, and is given its script.
     let ack = dhcp.dora(&mac, xid | 1, true).await?;
     let url = boot_file(&ack)?;
     let script = http_get(&url).await?;
-    bytes += u64::try_from(script.len())?;
     let (kernel, initrd) = script_urls(&String::from_utf8_lossy(&script))?;
     for u in [kernel, initrd] {
-        bytes += u64::try_from(http_get(&u).await?.len())?;
+        http_get(&u).await?;
     }
-    Ok(bytes)
+    Ok(Some(ack.yiaddr()))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -348,9 +349,19 @@ async fn main() -> Result<()> {
     let t0 = Instant::now();
     let mut times = Vec::new();
     let mut errors = Vec::new();
+    let mut addresses = std::collections::HashSet::new();
+    let mut duplicates = 0;
     for t in tasks {
         match t.await? {
-            (Ok(_), secs) => times.push(secs),
+            (Ok(addr), secs) => {
+                times.push(secs);
+                if let Some(a) = addr
+                    && !addresses.insert(a)
+                {
+                    duplicates += 1;
+                    errors.push(anyhow!("{a} was given to two machines"));
+                }
+            }
             (Err(e), _) => errors.push(e),
         }
     }
@@ -360,10 +371,10 @@ async fn main() -> Result<()> {
         eprintln!("storm {}: {e:#}", args.label);
     }
     println!(
-        "storm {} clients={} ok={} p50_s={:.3} p99_s={:.3} total_s={:.3}",
+        "storm {} clients={} ok={} p50_s={:.3} p99_s={:.3} total_s={:.3} duplicate_addresses={duplicates}",
         args.label,
         args.clients,
-        times.len(),
+        times.len() - duplicates,
         percentile(&times, 0.5),
         percentile(&times, 0.99),
         total
