@@ -1023,20 +1023,11 @@ fn nodes_are_prepared_with_ironic_patch() {
 fn conditions_are_evaluated_as_inspector_evaluates_them() {
     require(&["curl", "ip"]);
     let api = Api::start("");
-    api.rule(&json!({
-        "conditions": [
-            {"field": "memory_mb", "op": "eq", "value": 12288},
-            {"field": "local_gb", "op": "gt", "value": 998},
-            {"field": "local_gb", "op": "lt", "value": 1000},
-            {"field": "local_gb", "op": "matches", "value": "[0-9]+"},
-            {"field": "cpu_arch", "op": "contains", "value": "[0-9]+"},
-            {"field": "root_disk.wwn", "op": "is-empty"},
-            {"field": "inventory.interfaces[*].ipv4_address", "op": "contains", "value": "127\\.0\\.0\\.1",
-             "invert": true, "multiple": "all"},
-            {"field": "i.do.not.exist", "op": "is-empty"}
-        ],
-        "actions": [{"action": "set-attribute", "path": "/extra/foo", "value": "bar"}]
-    }));
+    let functional: Value = serde_json::from_str(include_str!(
+        "../../inspector/tests/rules/functional_introspection_rules.json"
+    ))
+    .unwrap();
+    api.rule(&functional[0]);
     let extra_rule = |name: &str, condition: Value| {
         json!({"description": name, "conditions": [condition],
                "actions": [{"action": "set-attribute", "path": format!("/extra/{name}"), "value": true}]})
