@@ -845,6 +845,40 @@ fn set_attribute_keeps_bmc_settings_and_ironic_attributes() {
         r.error(),
         "Unexpected exception BadRequestException during processing: Cannot patch /chassis_uuid: Paddock has no chassis"
     );
+    // A name another node has: Ironic answers 409 and Inspector fails; the node keeps its
+    // own name and ends in error (not stuck waiting on a write that cannot succeed).
+    api.create("taken", &["52:54:00:a0:00:09"]);
+    api.call("DELETE", "/v1/rules", None, &[]);
+    api.rule(&json!({"actions": [
+        {"action": "set-attribute", "path": "/extra/before", "value": 1},
+        {"action": "set-attribute", "path": "/name", "value": "taken"}
+    ]}));
+    let r = api.post(
+        "/v1/continue",
+        &inventory(&["52:54:00:a0:00:03"], 1, 512, &[]),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error(),
+        "Unexpected exception ConflictException during processing: A node with name taken already exists."
+    );
+    let n = api
+        .get("/api/v1/nodes")
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["macs"][0] == "52:54:00:a0:00:03")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (
+            n["name"].clone(),
+            n["extra"]["before"].clone(),
+            n["introspection"]["state"].clone()
+        ),
+        (json!(null), json!(1), json!("error"))
+    );
 }
 
 /// Difference 2: nodes are prepared before introspection with Ironic's node PATCH

@@ -296,6 +296,34 @@ impl DhcpAnswer {
     }
 }
 
+/// A MAC, name or BMC address a change wants that another node holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Conflict {
+    Mac(MacAddr),
+    Name(String),
+    Bmc(String),
+}
+
+impl Conflict {
+    /// Ironic's message (409).
+    fn message(&self) -> String {
+        match self {
+            Conflict::Mac(m) => format!("A port with MAC address {m} already exists."),
+            Conflict::Name(n) => format!("A node with name {n} already exists."),
+            Conflict::Bmc(b) => format!("BMC address {b} belongs to another node."),
+        }
+    }
+
+    /// Puts back in `new` what `old` had where the conflict is.
+    fn revert(&self, new: &mut Node, old: &Node) {
+        match self {
+            Conflict::Mac(_) => new.macs.clone_from(&old.macs),
+            Conflict::Name(_) => new.name.clone_from(&old.name),
+            Conflict::Bmc(_) => new.bmc_address.clone_from(&old.bmc_address),
+        }
+    }
+}
+
 /// A MAC's last DHCP answer and the timeline entry it is filed in.
 struct LastAnswer {
     answer: DhcpAnswer,
@@ -563,24 +591,43 @@ impl Inspector {
         let Ok(new) = patch::patch(&v.node, ops, opts) else {
             return Ok(None);
         };
-        for mac in new.macs.iter().filter(|m| !v.node.macs.contains(m)) {
-            if self.store.get(&format!("{MACS}{mac}")).await?.is_some() {
-                return Ok(Some(InspectorError::new(
-                    409,
-                    format!("A port with MAC address {mac} already exists."),
-                )));
+        Ok(self
+            .conflict(&v.node, &new)
+            .await?
+            .map(|c| InspectorError::new(409, c.message())))
+    }
+
+    /// The first MAC, name or BMC address `new` has and `old` had not that another node
+    /// holds (its index names another UUID).
+    async fn conflict(&self, old: &Node, new: &Node) -> Result<Option<Conflict>> {
+        let held = |prefix: &str, key: String| {
+            let store = self.store.clone();
+            let key = format!("{prefix}{key}");
+            let me = new.uuid.to_string();
+            async move {
+                Ok::<_, InspectorError>(
+                    store
+                        .get(&key)
+                        .await?
+                        .is_some_and(|kv| kv.value != me.as_bytes()),
+                )
+            }
+        };
+        for mac in new.macs.iter().filter(|m| !old.macs.contains(m)) {
+            if held(MACS, mac.to_string()).await? {
+                return Ok(Some(Conflict::Mac(*mac)));
             }
         }
-        if let Some(name) = new
-            .name
-            .as_deref()
-            .filter(|n| v.node.name.as_deref() != Some(*n))
-            && self.store.get(&format!("{NAMES}{name}")).await?.is_some()
+        if let Some(name) = new.name.as_ref().filter(|n| old.name.as_ref() != Some(*n))
+            && held(NAMES, name.clone()).await?
         {
-            return Ok(Some(InspectorError::new(
-                409,
-                format!("A node with name {name} already exists."),
-            )));
+            return Ok(Some(Conflict::Name(name.clone())));
+        }
+        if let Some(bmc) = real_bmc(new.bmc_address.as_deref())
+            .filter(|b| real_bmc(old.bmc_address.as_deref()) != Some(*b))
+            && held(BMCS, bmc.to_string()).await?
+        {
+            return Ok(Some(Conflict::Bmc(bmc.to_string())));
         }
         Ok(None)
     }
@@ -963,7 +1010,19 @@ impl Inspector {
                 .unwrap_or(Value::Null);
                 // A failing rule leaves the changes made before it, as Inspector's do.
                 let applied = rules::apply(&rules, &processed, &node);
-                node = applied.node;
+                let before_rules = std::mem::replace(&mut node, applied.node);
+                let mut failure = applied.failure;
+                // A MAC or name another node has: Ironic refuses the PATCH (409), Inspector
+                // fails the processing; the node keeps its own.
+                while let Some(c) = self.conflict(&before_rules, &node).await? {
+                    c.revert(&mut node, &before_rules);
+                    failure.get_or_insert_with(|| {
+                        format!(
+                            "Unexpected exception ConflictException during processing: {}",
+                            c.message()
+                        )
+                    });
+                }
                 if !applied.matched.is_empty() {
                     log(
                         &mut ops,
@@ -972,7 +1031,7 @@ impl Inspector {
                         false,
                     );
                 }
-                applied.failure.map_or(Ok(()), Err)
+                failure.map_or(Ok(()), Err)
             }
             Err(e) => Err(e),
         };
