@@ -227,6 +227,14 @@ pub fn properties(processed: &Value) -> Map<String, Value> {
     p
 }
 
+/// An int as JSON holds one (beyond 64 bits it is unreadable here).
+fn int_value(i: i128) -> Option<Value> {
+    i64::try_from(i)
+        .map(Value::from)
+        .or_else(|_| u64::try_from(i).map(Value::from))
+        .ok()
+}
+
 /// A disk of the posted inventory, as posted, by name.
 fn raw_disk<'a>(raw: &'a Value, name: &str) -> Option<&'a Value> {
     raw.pointer("/inventory/disks")?
@@ -291,13 +299,17 @@ pub fn processed(
         .unwrap_or(0);
     let gib = size.div_euclid(i128::from(GIB));
     // disk_partitioning_spacing: 1 GiB less, unless the disk is smaller than 1 GiB.
-    m.insert("local_gb".into(), json!(if gib > 0 { gib - 1 } else { 0 }));
+    m.insert(
+        "local_gb".into(),
+        int_value(if gib > 0 { gib - 1 } else { 0 }).unwrap_or(json!(0)),
+    );
     let cpu = inventory.get("cpu");
     if let Some(count) = cpu
         .and_then(|c| c.get("count"))
         .and_then(lenient::python_int)
+        .and_then(int_value)
     {
-        m.insert("cpus".into(), json!(count));
+        m.insert("cpus".into(), count);
         if let Some(arch) = cpu.and_then(|c| c.get("architecture")) {
             m.insert("cpu_arch".into(), json!(str_of(arch)));
         }
@@ -305,8 +317,9 @@ pub fn processed(
     if let Some(mb) = inventory
         .pointer("/memory/physical_mb")
         .and_then(lenient::python_int)
+        .and_then(int_value)
     {
-        m.insert("memory_mb".into(), json!(mb));
+        m.insert("memory_mb".into(), mb);
     }
     v
 }
@@ -507,6 +520,12 @@ mod tests {
             json!({"cpus": 4, "cpu_arch": "x86_64", "memory_mb": 2048, "local_gb": 19})
         );
         // Hints choose the disk, as posted in the inventory.
+        // Numbers beyond JSON's 64 bits are not read (and do not break processing).
+        let mut huge = raw.clone();
+        huge["inventory"]["cpu"]["count"] = json!("99999999999999999999999");
+        huge["root_disk"]["size"] = json!("999999999999999999999999999999");
+        let p = processed(&huge, &ifaces, root.as_ref(), false, false);
+        assert_eq!((p.get("cpus"), &p["local_gb"]), (None, &json!(0)));
         let hinted = processed(&raw, &ifaces, Some(&inv.disks[0]), true, false);
         assert_eq!(hinted["root_disk"]["vendor"], "x");
         assert_eq!(hinted.get("auto_discovered"), None);
