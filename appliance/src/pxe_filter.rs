@@ -1,14 +1,26 @@
 //! The PXE filter in the appliance: keeps the kernel's nftables sets in step with the node
 //! records (after every change, before the API call returns, and on a reconcile period that
 //! repairs drift), and gives the DHCP server the same decision by `chaddr`.
+//!
+//! A failed sync closes the filter ([`Health`]); a task retries with back-off (0.5 s, 1 s,
+//! 2 s … up to [`RETRY_CAP`]) besides the periodic reconcile, and the first whole-table
+//! reconcile that succeeds gives the right to serve back to a host that may still serve.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use paddock_dhcp::{Admission, ClientPolicy, MacAddr};
-use paddock_firewall::{Change, Filter, Nft, diff, render_changes, render_closed};
+use paddock_firewall::{
+    Change, Filter, Health, Nft, diff, leader_element, render_changes, render_closed,
+};
 use paddock_inspector::service::{Inspector, NodeObserver, now_ms};
 use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// The longest wait between attempts to reopen after an error: the longest reconcile period
+/// the configuration allows (the periodic reconcile, at its own period, tries too).
+pub const RETRY_CAP: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Default)]
 struct Status {
@@ -25,11 +37,19 @@ pub struct PxeFilter {
     /// Several hosts: the right to serve is the timed element in the kernel's `leader` set,
     /// kept alive until the tenure deadline; the static pass rule is never used.
     timed: Option<Arc<crate::leader::TenureClock>>,
+    /// Leadership says this host may serve PXE (one host: always).
     leading: AtomicBool,
+    /// Closed for good ([`PxeFilter::close`], SIGTERM): nothing reopens it.
+    stopped: AtomicBool,
+    /// Serving, or closed after an error until a reconcile succeeds (the retry task
+    /// watches it).
+    health: watch::Sender<Health>,
+    /// Held around deciding on and setting (or removing) the leader element: a refresh
+    /// that decided before an error or a step-down lands before the removal, never after.
+    element: tokio::sync::Mutex<()>,
     nft: Nft,
     iface: String,
     discovery: bool,
-    pass: AtomicBool,
     inspector: Arc<Inspector>,
     /// Every node's MACs and whether it may PXE-boot now, kept from the changes the
     /// inspector reports and rebuilt from the store by every reconcile.
@@ -54,7 +74,9 @@ impl PxeFilter {
         tokio::task::spawn_blocking(move || n.apply(&closed)).await??;
         let f = Arc::new(PxeFilter {
             leading: AtomicBool::new(pass),
-            pass: AtomicBool::new(pass && timed.is_none()),
+            stopped: AtomicBool::new(false),
+            health: watch::Sender::new(Health::Serving),
+            element: tokio::sync::Mutex::new(()),
             timed,
             nft,
             iface,
@@ -65,17 +87,34 @@ impl PxeFilter {
             status: Mutex::new(Status::default()),
             one_at_a_time: tokio::sync::Mutex::new(()),
         });
+        tokio::spawn(retry_while_closed(Arc::downgrade(&f), f.health.subscribe()));
         // The store may be out of reach for a moment (an etcd cluster electing): the table
         // stays closed and the reconcile loop catches up.
         if let Err(e) = f.reconcile().await {
-            tracing::warn!(error = %e, "pxe filter: first sync failed; the table stays closed until the next");
+            tracing::warn!(error = %e, "pxe filter: first sync failed; the table stays closed until a sync succeeds");
         }
         Ok(f)
     }
 
+    /// This host may serve PXE as far as leadership and shutdown go (errors aside).
+    fn entitled(&self) -> bool {
+        self.leading.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Whether a sync renders the static pass rule (one host): see
+    /// [`Health::renders_pass`]; `whole_table` for a reconcile.
+    fn wanted_pass(&self, whole_table: bool) -> bool {
+        self.timed.is_none()
+            && self
+                .health
+                .borrow()
+                .renders_pass(self.entitled(), whole_table)
+    }
+
     /// The desired filter. With the UUIDs of the nodes that changed, only those are read
     /// (the event path); with none, every node is (reconcile, start, unknown changes).
-    async fn desired(&self, changed: &[uuid::Uuid]) -> anyhow::Result<Filter> {
+    /// `whole_table`: for a reconcile (which may reopen after an error).
+    async fn desired(&self, changed: &[uuid::Uuid], whole_table: bool) -> anyhow::Result<Filter> {
         let mut index = self.nodes.lock().await;
         match (&mut *index, changed) {
             (Some(idx), [_, ..]) => {
@@ -119,7 +158,7 @@ impl PxeFilter {
         Ok(Filter::from_machines(
             machines,
             self.discovery,
-            self.pass.load(Ordering::SeqCst),
+            self.wanted_pass(whole_table),
         ))
     }
 
@@ -128,13 +167,14 @@ impl PxeFilter {
     /// it fails (someone removed the table), falls back to [`PxeFilter::reconcile`].
     pub async fn update(&self, changed: &[uuid::Uuid]) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        let desired = self.desired(changed).await?;
+        let mut desired = self.desired(changed, false).await?;
         let last = self
             .applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let Some(last) = last else {
+            desired.pass = self.wanted_pass(true);
             return self.reconcile_locked(desired).await;
         };
         let changes = diff(&last, &desired);
@@ -150,6 +190,7 @@ impl PxeFilter {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "pxe filter: incremental update failed; reconciling");
+                desired.pass = self.wanted_pass(true);
                 self.reconcile_locked(desired).await
             }
         }
@@ -158,11 +199,40 @@ impl PxeFilter {
     /// Brings the kernel to the desired state from what the kernel actually holds (the
     /// periodic loop): the whole table is compared, so a flushed set, a deleted rule or
     /// chain, a changed set or a deleted table is repaired. If the table cannot be read or
-    /// repaired, the pass rule is removed (fail closed).
+    /// repaired, the pass rule is removed (fail closed) until a reconcile succeeds.
     pub async fn reconcile(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        let desired = self.desired(&[]).await?;
+        let desired = match self.desired(&[], true).await {
+            Ok(d) => d,
+            Err(e) => {
+                // Closed already: an attempt to reopen that failed (counted, so the
+                // retries keep backing off). Serving: the table stays as last applied.
+                if !self.health.borrow().is_serving() {
+                    self.failed(&e.to_string());
+                }
+                return Err(e);
+            }
+        };
         self.reconcile_locked(desired).await
+    }
+
+    /// Records a failed sync; returns whether it closed the filter (logged here, once).
+    fn failed(&self, error: &str) -> bool {
+        let mut closed = false;
+        self.health.send_modify(|h| {
+            closed = h.failed(error, Instant::now(), now_ms());
+        });
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_error = Some(error.to_string());
+        if closed {
+            tracing::error!(%error, "pxe filter: closed after an error; retrying until a reconcile succeeds");
+        } else {
+            let attempts = self.health.borrow().closed().map_or(0, |c| c.attempts);
+            tracing::debug!(%error, attempts, "pxe filter: still closed after an error");
+        }
+        closed
     }
 
     /// `drift`: how the kernel's table had moved away from what was applied.
@@ -174,52 +244,75 @@ impl PxeFilter {
         }
         st.syncs += 1;
         st.last_sync_ms = Some(now_ms());
-        st.last_error = None;
+        // An incremental update does not end a closure after an error.
+        if self.health.borrow().is_serving() {
+            st.last_error = None;
+        }
     }
 
     async fn reconcile_locked(&self, desired: Filter) -> anyhow::Result<()> {
         let nft = self.nft.clone();
         let iface = self.iface.clone();
-        let last = self
-            .applied
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_default();
+        let last = self.applied();
         let want = desired.clone();
-        let res = tokio::task::spawn_blocking(move || nft.reconcile(&iface, &last, &want)).await?;
+        let res =
+            match tokio::task::spawn_blocking(move || nft.reconcile(&iface, &last, &want)).await {
+                Ok(r) => r.map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::anyhow!("the reconcile task failed: {e}")),
+            };
         match res {
             Ok(done) => {
-                if done.rebuilt {
-                    // The rebuilt table has an empty leader set: put this host's element
-                    // back now rather than at the next refresh.
+                *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
+                let mut reopened = None;
+                self.health.send_if_modified(|h| {
+                    reopened = h.succeeded();
+                    reopened.is_some()
+                });
+                self.record_success((!done.drift.is_empty()).then(|| done.drift.to_string()));
+                if done.rebuilt || reopened.is_some() {
+                    // The rebuilt table has an empty leader set, and after an error the
+                    // element was removed: put it back now (if this host still leads on a
+                    // live tenure) rather than at the next refresh.
                     self.refresh_leader_element().await;
                 }
-                self.record_success((!done.drift.is_empty()).then(|| done.drift.to_string()));
-                *self.applied.write().unwrap_or_else(|p| p.into_inner()) = Some(desired);
+                if let Some(c) = reopened {
+                    let serves = self.serves(&self.applied());
+                    tracing::info!(
+                        serves,
+                        attempts = c.attempts,
+                        closed_for_ms = now_ms() - c.since_ms,
+                        "pxe filter: a reconcile succeeded after an error; {}",
+                        if serves {
+                            "serving PXE again"
+                        } else {
+                            "not serving (this host may not serve PXE)"
+                        }
+                    );
+                }
                 Ok(())
             }
             Err(e) => {
-                self.status
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .last_error = Some(e.to_string());
-                tracing::error!(error = %e, "pxe filter: sync failed; closing");
-                self.close_now().await;
-                Err(e.into())
+                let closed = self.failed(&e.to_string());
+                // Retries only repeat the removal if the last one did not take.
+                if closed || self.applied().pass {
+                    self.close_now(closed).await;
+                }
+                Err(e)
             }
         }
     }
 
-    async fn close_now(&self) {
-        self.pass.store(false, Ordering::SeqCst);
+    /// Removes the right to serve from the kernel: the static pass rule, and with several
+    /// hosts the leader element. The caller has already taken it away in memory (health,
+    /// leadership or shutdown), so nothing puts it back meanwhile. `loud`: a failure to
+    /// remove it is an error worth a log line (not when a retry repeats the removal).
+    async fn close_now(&self, loud: bool) {
         if self.timed.is_some() {
-            self.leading.store(false, Ordering::SeqCst);
             self.drop_leader_element().await;
         }
         let nft = self.nft.clone();
         let batch = render_changes(&[Change::Pass(false)]);
-        match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
+        let error = match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
             Ok(Ok(())) => {
                 if let Some(f) = self
                     .applied
@@ -229,22 +322,37 @@ impl PxeFilter {
                 {
                     f.pass = false;
                 }
+                return;
             }
-            Ok(Err(e)) => tracing::error!(error = %e, "pxe filter: cannot remove the pass rule"),
-            Err(e) => tracing::error!(error = %e, "pxe filter: cannot remove the pass rule"),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        if loud {
+            tracing::error!(%error, "pxe filter: cannot remove the pass rule");
+        } else {
+            tracing::debug!(%error, "pxe filter: still cannot remove the pass rule");
         }
     }
 
     /// Gives or takes the right to serve PXE (leadership). Taking it away removes the pass
-    /// rule at once, whatever else is queued.
+    /// rule at once, whatever else is queued. Given while closed after an error, it takes
+    /// effect with the next reconcile that succeeds.
     pub async fn set_pass(&self, pass: bool) {
+        if pass && self.stopped.load(Ordering::SeqCst) {
+            return;
+        }
         self.leading.store(pass, Ordering::SeqCst);
+        let closed = !self.health.borrow().is_serving();
         if self.timed.is_some() {
             if !pass {
                 self.drop_leader_element().await;
                 let _one = self.one_at_a_time.lock().await;
                 self.drop_leader_element().await;
                 tracing::info!("pxe filter: leader element removed (not the leader)");
+            } else if closed {
+                tracing::info!(
+                    "pxe filter: this host leads; its leader element returns once a reconcile succeeds after the error"
+                );
             } else {
                 self.refresh_leader_element().await;
                 tracing::info!("pxe filter: leader element in place (this host serves PXE)");
@@ -252,17 +360,21 @@ impl PxeFilter {
             return;
         }
         if !pass {
-            self.pass.store(false, Ordering::SeqCst);
-            self.close_now().await;
+            self.close_now(true).await;
             // A sync that was in flight may have computed its target with the pass rule;
             // once it is done, close again.
             let _one = self.one_at_a_time.lock().await;
-            self.close_now().await;
+            self.close_now(true).await;
             tracing::info!("pxe filter: pass rule removed (not the leader)");
             return;
         }
         let _one = self.one_at_a_time.lock().await;
-        self.pass.store(true, Ordering::SeqCst);
+        if !self.health.borrow().is_serving() {
+            tracing::info!(
+                "pxe filter: this host leads; its pass rule returns once a reconcile succeeds after the error"
+            );
+            return;
+        }
         let nft = self.nft.clone();
         let batch = render_changes(&[Change::Pass(true)]);
         match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
@@ -283,17 +395,24 @@ impl PxeFilter {
     }
 
     async fn drop_leader_element(&self) {
+        let _element = self.element.lock().await;
         self.set_leader_element(None).await;
     }
 
-    /// Gives the kernel's leader element the rest of this host's tenure to live.
+    /// Gives the kernel's leader element the rest of this host's tenure to live, if this
+    /// host may hold it ([`leader_element`]: leading, a live tenure, not closed after an
+    /// error).
     async fn refresh_leader_element(&self) {
-        let Some(deadline) = self.timed.as_ref().and_then(|c| c.deadline()) else {
+        let Some(clock) = &self.timed else {
             return;
         };
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if self.leading.load(Ordering::SeqCst) && !left.is_zero() {
-            self.set_leader_element(Some(left)).await;
+        let _element = self.element.lock().await;
+        let left = clock
+            .deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = leader_element(&self.health.borrow(), self.entitled(), left);
+        if timeout.is_some() {
+            self.set_leader_element(timeout).await;
         }
     }
 
@@ -320,23 +439,53 @@ impl PxeFilter {
         }
     }
 
-    /// Fail closed: removes the pass rule (SIGTERM, losing the right to serve PXE).
+    /// Fail closed for good: removes the pass rule (SIGTERM); nothing reopens it.
     pub async fn close(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.leading.store(false, Ordering::SeqCst);
         let _one = self.one_at_a_time.lock().await;
-        self.close_now().await;
+        self.close_now(true).await;
         tracing::info!("pxe filter: closed (pass rule removed)");
+    }
+
+    /// What was last applied (nothing yet: the closed table).
+    fn applied(&self) -> Filter {
+        self.applied
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
     }
 
     pub fn status(&self) -> Value {
         let st = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        let applied = self
-            .applied
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_default();
+        let applied = self.applied();
+        let health = self.health.borrow().clone();
+        let state = match health.closed() {
+            Some(c) => format!(
+                "closed after an error: {}, since {} UTC, retrying",
+                c.error,
+                paddock_inspector::node::iso(c.since_ms / 1000)
+            ),
+            None if self.stopped.load(Ordering::SeqCst) => "closed: shutting down".into(),
+            None if !self.entitled() => "not serving: another host leads".into(),
+            None => "serving".into(),
+        };
+        let closed = health.closed().map(|c| {
+            let retry = health
+                .next_retry(Instant::now(), RETRY_CAP)
+                .unwrap_or_default();
+            json!({
+                "error": c.error,
+                "since_ms": c.since_ms,
+                "attempts": c.attempts,
+                "next_retry_ms": now_ms() + retry.as_millis() as i64,
+            })
+        });
         json!({
             "interface": self.iface,
+            "state": state,
+            "closed_after_error": closed,
             "discovery": applied.discovery,
             "pass": self.serves(&applied),
             "pass_kind": if self.timed.is_some() { "leader element (timed, several hosts)" } else { "static rule (one host)" },
@@ -359,14 +508,12 @@ impl PxeFilter {
     }
 
     /// Whether this host serves PXE now: the leader element's holder (several hosts), else
-    /// the applied pass rule, unless closing has taken it away: a close that could not
-    /// reach the kernel (nft failing) still closes the DHCP side.
+    /// the applied pass rule; never while closed after an error or for leadership or
+    /// shutdown: a close that could not reach the kernel (nft failing) still closes the
+    /// DHCP side.
     fn serves(&self, applied: &Filter) -> bool {
-        if self.timed.is_some() {
-            self.leading.load(Ordering::SeqCst)
-        } else {
-            applied.pass && self.pass.load(Ordering::SeqCst)
-        }
+        let may = self.health.borrow().may_serve(self.entitled());
+        may && (self.timed.is_some() || applied.pass)
     }
 }
 
@@ -380,6 +527,40 @@ impl NodeObserver for PxeFilter {
                 tracing::error!(error = %e, "pxe filter: update after a node change failed");
             }
         })
+    }
+}
+
+/// While the filter is closed after an error, attempts to reopen it on the back-off
+/// schedule ([`Health::next_retry`]); ends with the filter or its shutdown. Every outcome
+/// lands in the health (a failure pushes the next attempt further out), and the
+/// transitions are logged where they happen, not here.
+async fn retry_while_closed(filter: Weak<PxeFilter>, mut health: watch::Receiver<Health>) {
+    loop {
+        let wait = health
+            .borrow_and_update()
+            .next_retry(Instant::now(), RETRY_CAP);
+        let Some(wait) = wait else {
+            if health.changed().await.is_err() {
+                return;
+            }
+            continue;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            changed = health.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        let Some(f) = filter.upgrade() else {
+            return;
+        };
+        if f.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = f.reconcile().await;
     }
 }
 

@@ -24,6 +24,9 @@
 //! ([`table`]): any chain, hook, priority, policy, rule or set definition that differs
 //! rebuilds the table in one batch; differing membership alone is repaired by element
 //! changes. A table nft cannot read is an error, never an empty table.
+//!
+//! A failure closes the filter until a reconcile succeeds again ([`health`]: retried with
+//! back-off, the right to serve given back only to a host that may still serve).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -31,9 +34,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub mod health;
 pub mod netlink;
 pub mod table;
 
+pub use health::{Closed, Health, leader_element};
 pub use table::{Drift, Table, compare};
 
 use paddock_dhcp::MacAddr;
