@@ -13,7 +13,6 @@ use axum::{Json, Router};
 use paddock_dhcp::MacAddr;
 use paddock_dhcp::shell::DhcpService;
 use paddock_inspector::service::{Inspector, InspectorError, Subject};
-use tower_http::services::ServeDir;
 
 use crate::boot;
 use crate::config::Config;
@@ -27,6 +26,8 @@ pub struct AppState {
     pub dominator: paddock_dominator::api::DominatorState,
     pub leader: crate::leader::LeaderRx,
     pub store: std::sync::Arc<dyn paddock_store::Store>,
+    /// `http.assets_dir`, served at `/boot/assets/`.
+    pub assets: Option<Arc<crate::assets::Assets>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -45,9 +46,16 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/images", get(crate::console::images))
         .route("/ui/images/{*name}", get(crate::console::image))
         .route("/ui/mdb", get(crate::console::mdb));
-    if let Some(dir) = &state.config.assets_dir {
-        // ServeDir answers Range requests (206) and refuses paths that leave the directory.
-        r = r.nest_service("/boot/assets", ServeDir::new(dir));
+    if let Some(assets) = &state.assets {
+        let assets = assets.clone();
+        r = r.route(
+            "/boot/assets/{*name}",
+            get(
+                move |Path(name): Path<String>, req: axum::extract::Request| {
+                    crate::assets::serve(assets.clone(), name, req)
+                },
+            ),
+        );
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
     let dominator = paddock_dominator::api::router(state.dominator.clone());

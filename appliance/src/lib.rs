@@ -1,6 +1,7 @@
 //! The Paddock appliance as a library: configuration, boot scripts, node records, the HTTP
 //! face and the `serve` wiring. `main.rs` is only the command line.
 
+pub mod assets;
 pub mod boot;
 pub mod cli;
 pub mod config;

@@ -315,6 +315,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         dominator: paddock_dominator::api::DominatorState { images, mdb },
         leader: leader_rx.clone(),
         store: store.clone(),
+        assets: cfg
+            .assets_dir
+            .as_deref()
+            .map(crate::assets::Assets::open)
+            .transpose()?,
     };
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await

@@ -283,6 +283,31 @@ fn http_boot_scripts_follow_node_state_and_assets_support_range() {
     let whole = std::fs::read(s.scratch.path("assets/vmlinuz")).unwrap();
     assert_eq!(std::fs::read(&part).unwrap(), whole[1000..2000]);
     let code = c.sh_ok(&format!(
+        "curl -s -r -100 -o {} -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/vmlinuz",
+        part.display()
+    ));
+    assert_eq!(code, "206");
+    assert_eq!(std::fs::read(&part).unwrap(), whole[whole.len() - 100..]);
+    let code = c.sh_ok(&format!(
+        "curl -s -r 300000- -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/vmlinuz"
+    ));
+    assert_eq!(code, "416", "a range past the end");
+    let code = c.sh_ok(&format!(
+        "curl -s -o {} -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/vmlinuz",
+        part.display()
+    ));
+    assert_eq!(
+        (code.as_str(), std::fs::read(&part).unwrap() == whole),
+        ("200", true)
+    );
+    let head = c.sh_ok(&format!("curl -s -I {PUBLIC_URL}/boot/assets/vmlinuz"));
+    assert!(head.contains("content-length: 300000"), "{head}");
+    std::os::unix::fs::symlink(s.scratch.path("secret"), s.scratch.path("assets/leak")).unwrap();
+    let code = c.sh_ok(&format!(
+        "curl -s -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/leak"
+    ));
+    assert_eq!(code, "404", "a symlink leading out of the assets directory");
+    let code = c.sh_ok(&format!(
         "curl -s --path-as-is -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/assets/../paddock.toml"
     ));
     assert_ne!(code, "200");

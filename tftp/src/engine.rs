@@ -106,8 +106,28 @@ pub struct Negotiated {
     pub oack: Vec<(String, String)>,
 }
 
+/// The longest per-packet timeout a client may ask for (seconds).
+pub const TIMEOUT_MAX: u64 = 30;
+/// The most bytes a transfer's window may hold (RFC 7440 lets the server grant a smaller
+/// window than asked): with thousands of transfers, what a window holds is what they cost.
+pub const WINDOW_BYTES_MAX: usize = 128 << 10;
+
 /// Accepts the options we support, clamped to our limits (RFC 2347: unknown ones are ignored).
 pub fn negotiate(req: &Request, size: Option<u64>, limits: Limits) -> Negotiated {
+    let mut n = negotiate_options(req, size, limits);
+    let fits = (WINDOW_BYTES_MAX / (n.block_size + 4)).max(1);
+    if n.window_size > fits {
+        n.window_size = fits;
+        for (k, v) in &mut n.oack {
+            if k == "windowsize" {
+                *v = fits.to_string();
+            }
+        }
+    }
+    n
+}
+
+fn negotiate_options(req: &Request, size: Option<u64>, limits: Limits) -> Negotiated {
     let mut n = Negotiated {
         block_size: 512,
         window_size: 1,
@@ -135,8 +155,11 @@ pub fn negotiate(req: &Request, size: Option<u64>, limits: Limits) -> Negotiated
                 }
             }
             "timeout" => {
+                // RFC 2349 allows 1–255 s; longer than TIMEOUT_MAX would let one silent client
+                // hold a transfer slot for minutes, so such a request is not acknowledged (the
+                // option is then not in the OACK, and the server's default applies).
                 if let Ok(t) = v.parse::<u64>()
-                    && (1..=255).contains(&t)
+                    && (1..=TIMEOUT_MAX).contains(&t)
                 {
                     n.timeout = Duration::from_secs(t);
                     n.oack.push((k.clone(), t.to_string()));
@@ -359,6 +382,13 @@ impl Transfer {
 pub fn transfer_socket(listen: SocketAddr, peer: SocketAddr) -> std::io::Result<UdpSocket> {
     let sock = UdpSocket::bind(SocketAddr::new(listen.ip(), 0))?;
     sock.connect(peer)?;
+    // Room for a whole window: a send that would block is a lost packet, repaired only by
+    // the timeout.
+    use nix::sys::socket::{setsockopt, sockopt};
+    let room = 4 * WINDOW_BYTES_MAX;
+    if setsockopt(&sock, sockopt::SndBufForce, &room).is_err() {
+        let _ = setsockopt(&sock, sockopt::SndBuf, &room);
+    }
     Ok(sock)
 }
 
@@ -467,6 +497,34 @@ mod tests {
         .unwrap();
         let n = negotiate(&req, None, limits);
         assert_eq!((n.block_size, n.window_size, n.oack.len()), (512, 1, 0));
+        // A client may not hold a slot for minutes, nor a window of megabytes.
+        let big = Limits {
+            max_block_size: 65464,
+            max_window_size: 64,
+            default_timeout: Duration::from_secs(3),
+        };
+        let req = parse_request(&rrq(&[
+            "f",
+            "octet",
+            "blksize",
+            "65464",
+            "windowsize",
+            "64",
+            "timeout",
+            "255",
+        ]))
+        .unwrap();
+        let n = negotiate(&req, None, big);
+        assert_eq!((n.block_size, n.window_size), (65464, 2));
+        assert_eq!(n.timeout, Duration::from_secs(3), "timeout 255 not granted");
+        assert!(n.window_size * (n.block_size + 4) <= WINDOW_BYTES_MAX);
+        assert_eq!(
+            n.oack,
+            [
+                ("blksize".to_string(), "65464".to_string()),
+                ("windowsize".to_string(), "2".to_string())
+            ]
+        );
     }
 
     fn source(data: Vec<u8>) -> Source {

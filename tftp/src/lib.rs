@@ -308,38 +308,65 @@ pub struct TftpConfig {
 const CACHE_FILE_MAX: u64 = 4 << 20;
 const CACHE_TOTAL_MAX: usize = 64 << 20;
 
-/// A file's identity (device, inode) and what says it is unchanged (size, mtime in ns).
+/// A file's identity (device, inode) and what says it is unchanged (size, mtime and ctime
+/// in ns).
 type FileId = (u64, u64);
-type Stamp = (u64, i128);
+type Stamp = (u64, i128, i128);
 
-/// Small files by identity. An entry is used only while the file opened for the request
-/// still has that size and mtime.
-#[derive(Default)]
-struct FileCache {
+/// Files read once and served from memory (TFTP's boot loaders, HTTP's kernels and
+/// initrds), by identity. An entry is used only while the file opened for the request (opened
+/// beneath its root, so never a file it may not serve) still has that size, mtime and ctime. When
+/// the total would pass its bound, the cache starts again empty.
+pub struct FileCache {
     files: HashMap<FileId, (Stamp, Arc<[u8]>)>,
     bytes: usize,
+    file_max: u64,
+    total_max: usize,
 }
 
 impl FileCache {
+    /// Files of at most `file_max` bytes, `total_max` in all.
+    pub fn new(file_max: u64, total_max: usize) -> Self {
+        FileCache {
+            files: HashMap::new(),
+            bytes: 0,
+            file_max,
+            total_max,
+        }
+    }
+
+    /// Whether a file of `len` bytes is one to cache.
+    pub fn takes(&self, len: u64) -> bool {
+        len <= self.file_max
+    }
+
     /// The bytes of `file` (open, with metadata `meta`): from the cache, or read and cached.
-    fn bytes(&mut self, file: &mut File, meta: &std::fs::Metadata) -> io::Result<Arc<[u8]>> {
+    pub fn bytes(&mut self, file: &mut File, meta: &std::fs::Metadata) -> io::Result<Arc<[u8]>> {
         use std::io::Read;
         use std::os::unix::fs::MetadataExt;
         let key = (meta.dev(), meta.ino());
-        let stamp: Stamp = (
-            meta.len(),
-            i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-        );
+        let stamp = stamp_of(meta);
         if let Some((s, b)) = self.files.get(&key)
             && *s == stamp
         {
             return Ok(b.clone());
         }
         let mut v = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-        file.read_to_end(&mut v)?;
+        // Never more than the size seen: a file growing under us is read again next time.
+        file.take(meta.len()).read_to_end(&mut v)?;
         let b: Arc<[u8]> = v.into();
-        if u64::try_from(b.len()).ok() == Some(stamp.0) {
-            if self.bytes + b.len() > CACHE_TOTAL_MAX {
+        // Kept only if the file did not change while it was read, and did not change in the
+        // last second: a write within the file system's timestamp granularity could leave
+        // the same stamp on other bytes (git's "racy" rule).
+        let after = file.metadata()?;
+        let settled = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|now| {
+                i128::try_from(now.as_nanos()).unwrap_or(i128::MAX) - stamp.2 > 1_000_000_000
+            })
+            .unwrap_or(false);
+        if stamp_of(&after) == stamp && settled && u64::try_from(b.len()).ok() == Some(stamp.0) {
+            if self.bytes + b.len() > self.total_max {
                 self.files.clear();
                 self.bytes = 0;
             }
@@ -350,6 +377,18 @@ impl FileCache {
         }
         Ok(b)
     }
+}
+
+/// Size, mtime and ctime (ns): ctime cannot be set from user space, so a file rewritten with
+/// its old size and mtime restored still shows as changed.
+fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    (
+        meta.len(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    )
 }
 
 /// Resolves and opens files for read requests, and counts transfers.
@@ -371,7 +410,7 @@ impl BootHandler {
         Ok(BootHandler {
             roots,
             mem,
-            cache: Mutex::default(),
+            cache: Mutex::new(FileCache::new(CACHE_FILE_MAX, CACHE_TOTAL_MAX)),
             active: Mutex::new(HashSet::new()),
             limit: config.max_transfers.max(1),
         })
@@ -406,16 +445,12 @@ impl BootHandler {
             tracing::error!(%client, file = name, error = %e, "tftp: cannot stat");
             (ErrorCode::AccessViolation, e.to_string())
         })?;
-        if meta.len() <= CACHE_FILE_MAX {
-            let bytes = self
-                .cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .bytes(&mut file, &meta)
-                .map_err(|e| {
-                    tracing::error!(%client, file = name, error = %e, "tftp: cannot read");
-                    (ErrorCode::AccessViolation, e.to_string())
-                })?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.takes(meta.len()) {
+            let bytes = cache.bytes(&mut file, &meta).map_err(|e| {
+                tracing::error!(%client, file = name, error = %e, "tftp: cannot read");
+                (ErrorCode::AccessViolation, e.to_string())
+            })?;
             let len = u64::try_from(bytes.len()).ok();
             return Ok(Source {
                 reader: Box::new(io::Cursor::new(bytes)),

@@ -23,6 +23,8 @@ const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(200);
 /// next ACK is always already there, and a spinning loop would steal the CPU from it.
 const POLL_WHILE_AT_MOST: usize = 2;
 const WAKER: Token = Token(usize::MAX);
+/// Packets read from one transfer's socket before the loop turns to the others.
+const READ_BUDGET: usize = 64;
 
 /// Told how a transfer ended (logging, releasing the client's slot).
 pub type Done = Box<dyn FnOnce(Result<u64, TransferError>) + Send>;
@@ -155,17 +157,22 @@ impl State {
         }
     }
 
-    /// Every packet waiting on a transfer's socket.
-    fn readable(&mut self, token: usize, buf: &mut [u8]) {
-        loop {
+    /// The packets waiting on a transfer's socket, at most [`READ_BUDGET`] of them: a peer
+    /// that sends without pause must not keep the loop from its other transfers. Returns
+    /// whether the socket may hold more (edge-triggered: no new event will say so).
+    fn readable(&mut self, token: usize, buf: &mut [u8]) -> bool {
+        for _ in 0..READ_BUDGET {
             let Some(a) = self.active.get_mut(&token) else {
-                return;
+                return false;
             };
             let n = match a.sock.recv(buf) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 // ICMP port unreachable and the like: the client is gone.
-                Err(e) => return self.apply(token, Step::Failed(e.into())),
+                Err(e) => {
+                    self.apply(token, Step::Failed(e.into()));
+                    return false;
+                }
             };
             let now = Instant::now();
             let Active { sock, transfer, .. } = a;
@@ -174,10 +181,11 @@ impl State {
                 let wait = matches!(step, Step::Wait(_));
                 self.apply(token, step);
                 if !wait {
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 
     fn expire(&mut self, now: Instant) {
@@ -205,12 +213,17 @@ fn run(poll: Poll, rx: mpsc::Receiver<Job>) {
     };
     let mut events = Events::with_capacity(1024);
     let mut buf = vec![0u8; 2048];
+    // Transfers whose sockets may still hold packets after their read budget.
+    let mut more: Vec<usize> = Vec::new();
     loop {
         let now = Instant::now();
-        let timeout = st
-            .deadlines
-            .first()
-            .map(|(at, _)| at.saturating_duration_since(now));
+        let timeout = if more.is_empty() {
+            st.deadlines
+                .first()
+                .map(|(at, _)| at.saturating_duration_since(now))
+        } else {
+            Some(Duration::ZERO)
+        };
         if let Err(e) = wait(&mut st, &mut events, timeout) {
             tracing::error!(error = %e, "tftp: transfer loop cannot poll");
             std::thread::sleep(Duration::from_millis(100));
@@ -227,8 +240,13 @@ fn run(poll: Poll, rx: mpsc::Receiver<Job>) {
                         Err(mpsc::TryRecvError::Disconnected) => break,
                     }
                 }
-            } else {
-                st.readable(ev.token().0, &mut buf);
+            } else if st.readable(ev.token().0, &mut buf) {
+                more.push(ev.token().0);
+            }
+        }
+        for token in std::mem::take(&mut more) {
+            if st.readable(token, &mut buf) {
+                more.push(token);
             }
         }
         st.expire(Instant::now());
