@@ -52,6 +52,9 @@ pub struct MdbRecorder {
     pub inspector: Arc<Inspector>,
     pub mdb: Arc<MdbService>,
     recorded: Mutex<BTreeSet<uuid::Uuid>>,
+    /// Nodes whose recording failed (a store or MDB error): tried again at every change, so a
+    /// finished node, which rarely changes again, still reaches the MDB.
+    failed: Mutex<BTreeSet<uuid::Uuid>>,
 }
 
 impl MdbRecorder {
@@ -60,7 +63,12 @@ impl MdbRecorder {
             inspector,
             mdb,
             recorded: Mutex::default(),
+            failed: Mutex::default(),
         })
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, BTreeSet<uuid::Uuid>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn recorded(&self) -> std::sync::MutexGuard<'_, BTreeSet<uuid::Uuid>> {
@@ -73,8 +81,10 @@ impl MdbRecorder {
         let nodes = if changed.is_empty() {
             self.inspector.list().await.map_err(RecordError::Nodes)?
         } else {
-            let mut nodes = Vec::with_capacity(changed.len());
-            for uuid in changed {
+            let retry: Vec<uuid::Uuid> = self.failed().iter().copied().collect();
+            let mut nodes = Vec::with_capacity(changed.len() + retry.len());
+            let wanted: BTreeSet<uuid::Uuid> = changed.iter().chain(&retry).copied().collect();
+            for uuid in &wanted {
                 if self.recorded().contains(uuid) {
                     continue;
                 }
@@ -89,12 +99,24 @@ impl MdbRecorder {
             }
             nodes
         };
+        let mut first_error = None;
         for node in nodes {
             if node.state() == Some(State::Finished) && !self.recorded().contains(&node.uuid) {
-                self.record_one(&node).await?;
+                // One node's failure neither stops the others nor is forgotten.
+                match self.record_one(&node).await {
+                    Ok(()) => {
+                        self.failed().remove(&node.uuid);
+                    }
+                    Err(e) => {
+                        self.failed().insert(node.uuid);
+                        first_error.get_or_insert(e);
+                    }
+                }
+            } else {
+                self.failed().remove(&node.uuid);
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     async fn record_one(&self, node: &Node) -> Result<(), RecordError> {
@@ -140,7 +162,10 @@ fn enrolled_machine(node: &Node, processed: Option<&serde_json::Value>) -> Machi
                 })
             })
         })
-        .and_then(|i| i["ipv4_address"].as_str().map(String::from))
+        .and_then(|i| i["ipv4_address"].as_str())
+        // The agent's text is untrusted: the dominator will connect to this address.
+        .and_then(|a| a.parse::<std::net::Ipv4Addr>().ok())
+        .map(|a| a.to_string())
         .unwrap_or_default();
     Machine {
         hostname: node.label(),
@@ -176,8 +201,13 @@ mod tests {
         named.name = Some("r1u7".into());
         named.pxe_mac = Some("52:54:00:00:00:02".parse().unwrap());
         let unnamed = Node::new(uuid, 0);
-        let cases: [(&Node, Option<&serde_json::Value>, &str, &str); 4] = [
+        let forged = json!({"inventory": {"interfaces": [
+            {"mac_address": "52:54:00:00:00:02", "ipv4_address": "198.18.0.12:22; rm -rf /"},
+        ]}});
+        let cases: [(&Node, Option<&serde_json::Value>, &str, &str); 5] = [
             (&named, Some(&data), "r1u7", "198.18.0.12"),
+            // What the agent sent is not an IPv4 address: none is recorded.
+            (&named, Some(&forged), "r1u7", ""),
             // No PXE NIC known: the first interface.
             (
                 &unnamed,

@@ -21,7 +21,7 @@ use dhcproto::{Decodable, Decoder, Encodable};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use tokio::net::{TcpStream, UdpSocket};
-use tokio::sync::{Barrier, oneshot};
+use tokio::sync::{Barrier, mpsc};
 
 #[derive(Parser)]
 struct Args {
@@ -48,7 +48,7 @@ struct Args {
 }
 
 /// DHCP replies by transaction ID, to the machine waiting for them.
-type Waiting = Arc<Mutex<HashMap<u32, oneshot::Sender<Message>>>>;
+type Waiting = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
 
 struct Dhcp {
     sock: UdpSocket,
@@ -58,19 +58,28 @@ struct Dhcp {
 }
 
 impl Dhcp {
-    /// Sends `msg` and waits for the reply with its xid, sending again every 2 s (as PXE ROMs
-    /// retry), at most 8 times.
-    async fn exchange(&self, msg: &Message) -> Result<Message> {
+    /// Sends `msg` and waits for a reply with its xid of one of the `wanted` types (others,
+    /// such as a late answer to a retransmission, are dropped as firmware drops them),
+    /// sending again every 2 s (as PXE ROMs retry), at most 8 times.
+    async fn exchange(&self, msg: &Message, wanted: &[MessageType]) -> Result<Message> {
         let bytes = msg.to_vec().context("encoding a DHCP message")?;
-        for _ in 0..8 {
-            let (tx, rx) = oneshot::channel();
-            self.waiting.lock().unwrap().insert(msg.xid(), tx);
-            self.sock.send_to(&bytes, self.server).await?;
-            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
-                return Ok(m);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.waiting.lock().unwrap().insert(msg.xid(), tx);
+        let answer = async {
+            for _ in 0..8 {
+                self.sock.send_to(&bytes, self.server).await?;
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                    if msg_type(&m).is_some_and(|t| wanted.contains(&t)) {
+                        return Ok(m);
+                    }
+                }
             }
+            bail!("no DHCP answer to xid {:#x}", msg.xid())
         }
-        bail!("no DHCP answer to xid {:#x}", msg.xid())
+        .await;
+        self.waiting.lock().unwrap().remove(&msg.xid());
+        answer
     }
 
     fn request(&self, mac: &[u8; 6], xid: u32, ipxe: bool) -> Message {
@@ -101,17 +110,16 @@ impl Dhcp {
         m
     }
 
-    /// DISCOVER → OFFER → REQUEST → ACK; the ACK. A NAK starts again from DISCOVER, as
-    /// firmware does (a server that does not hold its offers may offer one address twice).
+    /// DISCOVER → OFFER → REQUEST → ACK; the ACK. A NAK starts again from DISCOVER with a
+    /// new xid, as firmware does (a server that does not hold its offers may offer one
+    /// address twice).
     async fn dora(&self, mac: &[u8; 6], xid: u32, ipxe: bool) -> Result<Message> {
-        for _ in 0..4 {
+        for attempt in 0..4u32 {
+            let xid = xid | attempt << 1;
             let mut d = self.request(mac, xid, ipxe);
             d.opts_mut()
                 .insert(DhcpOption::MessageType(MessageType::Discover));
-            let offer = self.exchange(&d).await?;
-            if msg_type(&offer) != Some(MessageType::Offer) {
-                bail!("answer to DISCOVER is not an OFFER: {:?}", msg_type(&offer));
-            }
+            let offer = self.exchange(&d, &[MessageType::Offer]).await?;
             let server_id = match offer.opts().get(OptionCode::ServerIdentifier) {
                 Some(DhcpOption::ServerIdentifier(s)) => *s,
                 _ => bail!("OFFER without a server identifier"),
@@ -122,11 +130,11 @@ impl Dhcp {
             r.opts_mut()
                 .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
             r.opts_mut().insert(DhcpOption::ServerIdentifier(server_id));
-            let ack = self.exchange(&r).await?;
-            match msg_type(&ack) {
-                Some(MessageType::Ack) => return Ok(ack),
-                Some(MessageType::Nak) => continue,
-                t => bail!("answer to REQUEST is neither ACK nor NAK: {t:?}"),
+            let ack = self
+                .exchange(&r, &[MessageType::Ack, MessageType::Nak])
+                .await?;
+            if msg_type(&ack) == Some(MessageType::Ack) {
+                return Ok(ack);
             }
         }
         bail!("NAKed four times")
@@ -175,6 +183,7 @@ async fn tftp_get(local: Ipv4Addr, server: Ipv4Addr, file: &str) -> Result<u64> 
     let mut expect: u16 = 1;
     let mut got: u64 = 0;
     let mut block = 512usize;
+    let mut tsize: Option<u64> = None;
     sock.send_to(&rrq, (server, 69)).await?;
     let mut tries = 0;
     loop {
@@ -199,16 +208,21 @@ async fn tftp_get(local: Ipv4Addr, server: Ipv4Addr, file: &str) -> Result<u64> 
         let op = u16::from_be_bytes([buf[0], buf[1]]);
         let num = u16::from_be_bytes([buf[2], buf[3]]);
         match op {
-            6 => {
-                // OACK: take the granted blksize.
+            // OACK: the granted blksize and the file's size; a duplicate after data started
+            // is ignored (answering it with ACK 0 would stall the transfer).
+            6 if expect == 1 => {
                 let opts: Vec<&[u8]> = buf[2..n].split(|b| *b == 0).collect();
                 for kv in opts.chunks(2) {
                     if kv.len() == 2 && kv[0].eq_ignore_ascii_case(b"blksize") {
                         block = std::str::from_utf8(kv[1])?.parse()?;
                     }
+                    if kv.len() == 2 && kv[0].eq_ignore_ascii_case(b"tsize") {
+                        tsize = Some(std::str::from_utf8(kv[1])?.parse()?);
+                    }
                 }
                 last = vec![0, 4, 0, 0];
             }
+            6 => continue,
             3 if num == expect => {
                 let len = n - 4;
                 got += u64::try_from(len)?;
@@ -216,6 +230,9 @@ async fn tftp_get(local: Ipv4Addr, server: Ipv4Addr, file: &str) -> Result<u64> 
                 expect = expect.wrapping_add(1);
                 if len < block {
                     sock.send_to(&last, from).await?;
+                    if tsize.is_some_and(|t| t != got) {
+                        bail!("TFTP {file}: {got} bytes received, the server said {tsize:?}");
+                    }
                     return Ok(got);
                 }
             }
@@ -278,6 +295,7 @@ async fn machine(i: usize, args: Arc<Args>, dhcp: Arc<Dhcp>) -> Result<Option<Ip
         tftp_get(args.relay, args.server, file).await?;
         return Ok(None);
     }
+    // xid: the machine in bits 4–27, the DORA attempt in bits 1–2, iPXE's DHCP in bit 0.
     let xid = 0x5000_0000 | u32::try_from(i)? << 4;
     let ack = dhcp.dora(&mac, xid, false).await?;
     let file = boot_file(&ack)?;
@@ -323,7 +341,7 @@ async fn main() -> Result<()> {
         let mut buf = vec![0u8; 1500];
         while let Ok((n, _)) = d.sock.recv_from(&mut buf).await {
             if let Ok(m) = Message::decode(&mut Decoder::new(&buf[..n]))
-                && let Some(tx) = d.waiting.lock().unwrap().remove(&m.xid())
+                && let Some(tx) = d.waiting.lock().unwrap().get(&m.xid())
             {
                 let _ = tx.send(m);
             }
