@@ -41,8 +41,13 @@ client() { # client LABEL ARGS...: one storm from the client namespace
     local label=$1; shift
     local pin=()
     [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1)
-    "${pin[@]}" ip netns exec "$CLI_NS" "$STORM" --label "$label" --clients "$CLIENTS" \
-        --relay "$CLI_IP" --server "$SRV_IP" "$@" | tee -a "$SCRATCH/results" || true
+    # A storm in which some machine failed still prints its line (and is judged at the end);
+    # one that printed no line at all crashed, and fails the bench now.
+    local out
+    out=$("${pin[@]}" ip netns exec "$CLI_NS" "$STORM" --label "$label" --clients "$CLIENTS" \
+        --relay "$CLI_IP" --server "$SRV_IP" "$@") || true
+    grep -q "^storm $label clients=" <<<"$out" || die "paddock-storm printed no result for $label"
+    echo "$out" | tee -a "$SCRATCH/results"
 }
 
 start_paddock() { # start_paddock [keep]: keep = the store of the previous start
@@ -77,7 +82,7 @@ start_dnsmasq() {
     printf '#!ipxe\nkernel http://%s:8080/vmlinuz initrd=initrd console=ttyS0\ninitrd --name initrd http://%s:8080/initrd.img\nboot\n' \
         "$SRV_IP" "$SRV_IP" >"$WWW/boot.ipxe"
     start_server dnsmasq dnsmasq --no-daemon --port=0 --no-resolv --no-hosts --user=root \
-        --listen-address="$SRV_IP" --bind-interfaces --log-facility=- --quiet-dhcp --no-ping \
+        --listen-address="$SRV_IP" --bind-interfaces --log-facility=- --quiet-dhcp --quiet-tftp --no-ping \
         --dhcp-range=198.18.1.0,198.19.255.254,255.254.0.0,1h --dhcp-authoritative \
         --dhcp-lease-max=200000 --dhcp-leasefile="$SCRATCH/dnsmasq.leases" \
         --dhcp-userclass=set:ipxe,iPXE --dhcp-boot=tag:ipxe,"http://$SRV_IP:8080/boot.ipxe" \
@@ -100,7 +105,9 @@ http {
     server { listen $SRV_IP:8080; root $WWW; }
 }
 NGINX
-    ip netns exec "$SRV_NS" nginx -c "$SCRATCH/nginx.conf" >"$SCRATCH/nginx.log" 2>&1 &
+    local pin=()
+    [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 0) # where the servers run
+    "${pin[@]}" ip netns exec "$SRV_NS" nginx -c "$SCRATCH/nginx.conf" >"$SCRATCH/nginx.log" 2>&1 &
     NGINX_PID=$!
     sleep 1
 }
@@ -121,7 +128,8 @@ for ((run = 0; run < RUNS; run++)); do
     # No lease lost: after a restart, the store holds one bound lease per simulated machine.
     stop_server
     start_paddock keep
-    leases=$(ip netns exec "$CLI_NS" curl -sf "http://$SRV_IP:8080/api/v1/leases" | python3 -c '
+    leases=$(ip netns exec "$CLI_NS" curl -sf --retry 20 --retry-connrefused --retry-delay 1 \
+        "http://$SRV_IP:8080/api/v1/leases" | python3 -c '
 import json, sys
 mine = {l["ip"] for l in json.load(sys.stdin) if l["mac"].startswith(sys.argv[1])}
 print(len(mine))' "52:54:$(printf %02x $((run * 4))):5c")
@@ -139,6 +147,9 @@ done
 
 p=$(best paddock total_s); d=$(best dnsmasq+nginx total_s)
 pt=$(best paddock-tftp total_s); dt=$(best dnsmasq-tftp total_s); ht=$(best tftp-hpa total_s)
+for v in "$p" "$d" "$pt" "$dt" "$ht"; do
+    [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "a result is missing: $(cat "$SCRATCH/results")"
+done
 bt=$(awk -v a="$dt" -v b="$ht" 'BEGIN { print (a < b ? a : b) }')
 awk -v p="$p" -v d="$d" 'BEGIN { printf "storm ratio paddock/best_peer=%.2f\n", p / d }'
 awk -v p="$pt" -v b="$bt" 'BEGIN { printf "storm tftp ratio paddock/best_peer=%.2f\n", p / b }'

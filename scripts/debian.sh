@@ -21,9 +21,10 @@ apt_mirror() {
   if ((${#files[@]} > 0)); then
     m=$(awk -v suite="$SUITE" '
       function flush() {
-        if (uris != "" && enabled && index(suites, " " suite " ")) { print uris; found = 1 }
-        uris = ""; suites = ""; enabled = 1
+        if (uris != "" && enabled && deb && index(suites, " " suite " ")) { print uris; found = 1 }
+        uris = ""; suites = ""; enabled = 1; deb = 1
       }
+      BEGIN { deb = 1; enabled = 1 }
       found { exit }
       FNR == 1 { flush(); if (found) exit }
       # one-line format: deb [options] URI suite components...
@@ -34,16 +35,23 @@ apt_mirror() {
         next
       }
       # deb822: stanzas separated by blank lines
-      /^URIs:/ { uris = $2 }
-      /^Suites:/ { suites = " " substr($0, 8) " " }
-      /^Enabled:[ \t]*no/ { enabled = 0 }
+      tolower($1) == "uris:" { uris = $2 }
+      tolower($1) == "suites:" { suites = " "; for (i = 2; i <= NF; i++) suites = suites $i " " }
+      tolower($1) == "types:" { deb = 0; for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+      tolower($1) == "enabled:" && tolower($2) == "no" { enabled = 0 }
       /^[ \t]*$/ { flush() }
       END { if (!found) flush() }
     ' "${files[@]}" 2>/dev/null | head -n1)
   fi
-  if [[ -z ${m:-} ]]; then
-    echo "no Debian mirror for '$SUITE' in apt's sources (/etc/apt/sources.list, /etc/apt/sources.list.d/):" \
-      "configure apt (or set MIRROR=<uri>) and run again" >&2
+  # mirror+file:///etc/apt/mirrors/debian.list (Debian's cloud images): the first mirror
+  # the file names.
+  if [[ ${m:-} == mirror+file://* ]]; then
+    local list=${m#mirror+file://}
+    m=$(grep -Eo '^[[:space:]]*(https?|file)://[^[:space:]]+' "$list" 2>/dev/null | head -n1 | tr -d '[:space:]')
+  fi
+  if [[ ! ${m:-} =~ ^(https?|file):// ]]; then
+    echo "no usable Debian mirror for '$SUITE' in apt's sources (/etc/apt/sources.list," \
+      "/etc/apt/sources.list.d/; found '${m:-}'): configure apt (or set MIRROR=<uri>) and run again" >&2
     return 1
   fi
   echo "$m"

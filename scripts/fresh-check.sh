@@ -19,9 +19,16 @@ base=$(minbase_tarball) || { echo "fresh-check: could not make the pristine root
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/paddock-fresh.XXXXXX")
 mounts=()
 cleanup() {
-  local rc=$? m
+  local rc=$? m i
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
-  # --one-file-system: never into a mount that failed to go away (the .deb cache, /proc).
+  # Never remove through a mount that is still there (the .deb cache is a bind mount, and
+  # --one-file-system cannot tell a bind mount of the same file system).
+  for m in "${mounts[@]}"; do
+    if mountpoint -q "$m"; then
+      echo "fresh-check: $m is still mounted; leaving $ROOT in place" >&2
+      KEEP=1
+    fi
+  done
   if [[ $KEEP == 1 ]]; then echo "fresh-check: root kept in $ROOT" >&2; else rm -rf --one-file-system "$ROOT"; fi
   exit "$rc"
 }
@@ -30,11 +37,12 @@ trap 'exit 130' INT TERM
 bind() { mkdir -p "$ROOT$2"; mount --bind "$1" "$ROOT$2"; mounts+=("$ROOT$2"); }
 
 tar --numeric-owner -C "$ROOT" -xpf "$base"
-# The host's apt configuration (mirror, proxies, validity settings), not its cache cleaner, so
-# that the .deb files land in the cache below; the host's resolver for the mirror's name.
-rm -f "$ROOT/etc/apt/sources.list"
-cp -a /etc/apt/sources.list.d/. "$ROOT/etc/apt/sources.list.d/" 2>/dev/null || true
-[[ -f /etc/apt/sources.list ]] && cp /etc/apt/sources.list "$ROOT/etc/apt/"
+# One source: the Debian mirror apt uses here (the host's other repositories would need keys
+# the root does not have). The host's apt settings (proxies, validity checks), not its cache
+# cleaner, so that the .deb files land in the cache below; its resolver for the mirror's name.
+mirror=$(apt_mirror) || exit 1
+rm -f "$ROOT/etc/apt/sources.list.d/"*
+echo "deb $mirror $SUITE main" >"$ROOT/etc/apt/sources.list"
 for f in /etc/apt/apt.conf.d/*; do
   grep -q 'Post-Invoke' "$f" 2>/dev/null || cp "$f" "$ROOT/etc/apt/apt.conf.d/"
 done
@@ -57,7 +65,7 @@ fi
 # Each check: package | who uses it | a command that must succeed in the root.
 checks=(
   "iproute2|every network test (namespaces, veth, bridges)|ip -V"
-  "procps|tests that stop processes|kill -l"
+  "procps|tests that stop processes (/usr/bin/kill, not the shell's)|/usr/bin/kill -l"
   "curl|HTTP tests|curl --version"
   "ca-certificates|cargo fetching from crates.io|test -s /etc/ssl/certs/ca-certificates.crt"
   "python3|the raw-socket DHCP client test|python3 --version"
