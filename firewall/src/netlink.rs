@@ -201,6 +201,9 @@ pub struct Batch {
     pub messages: Vec<(u32, String)>,
     /// The first sequence number after the batch's own.
     pub next_seq: u32,
+    /// The begin message's sequence number: answers outside `first_seq..next_seq` belong to
+    /// another batch.
+    pub first_seq: u32,
 }
 
 impl Batch {
@@ -220,6 +223,7 @@ impl Batch {
             bytes,
             messages: Vec::new(),
             next_seq: seq.wrapping_add(1),
+            first_seq: seq,
         })
     }
 
@@ -472,6 +476,9 @@ impl SetLink {
     fn exchange(&mut self, batch: &Batch) -> Result<(), Error> {
         self.seq = batch.next_seq;
         self.make_room(batch)?;
+        // Answers an earlier batch left behind (it timed out or overran) are not this one's.
+        let mut rx = vec![0u8; RX_BYTES];
+        while recv(self.fd.as_raw_fd(), &mut rx, MsgFlags::MSG_DONTWAIT).is_ok_and(|n| n > 0) {}
         sendto(
             self.fd.as_raw_fd(),
             &batch.bytes,
@@ -485,7 +492,7 @@ impl SetLink {
         )))?;
         let mut pending: BTreeSet<u32> = batch.messages.iter().map(|(s, _)| *s).collect();
         let mut first_error = None;
-        let mut rx = vec![0u8; RX_BYTES];
+        let ours = |seq: u32| in_batch(batch.first_seq, batch.next_seq, seq);
         while !pending.is_empty() {
             let n = match recv(self.fd.as_raw_fd(), &mut rx, MsgFlags::empty()) {
                 Ok(n) => n,
@@ -494,6 +501,9 @@ impl SetLink {
                 Err(e) => return Err(socket_error("receiving nf_tables' answer")(e)),
             };
             for (seq, errno) in parse_acks(&rx[..n]).map_err(Error::Answer)? {
+                if !ours(seq) {
+                    continue;
+                }
                 if errno != 0 && first_error.is_none() {
                     first_error = Some((seq, errno));
                 }
@@ -513,6 +523,11 @@ impl SetLink {
     }
 }
 
+/// Whether `seq` is one of a batch's numbers, `first..next` (sequence numbers wrap).
+fn in_batch(first: u32, next: u32, seq: u32) -> bool {
+    seq.wrapping_sub(first) < next.wrapping_sub(first)
+}
+
 /// Raises a socket buffer to at least `want` bytes (forced, else within the system's
 /// maximum); returns the size the kernel then reports.
 fn grow<F, P>(fd: &OwnedFd, force: F, plain: P, want: usize) -> Result<usize, Error>
@@ -530,6 +545,23 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn answers_of_another_batch_are_not_this_ones() {
+        use super::in_batch;
+        for (first, next, seq, ours) in [
+            (7, 10, 7, true),
+            (7, 10, 9, true),
+            (7, 10, 10, false),
+            (7, 10, 6, false),
+            (u32::MAX - 1, 2, u32::MAX, true),
+            (u32::MAX - 1, 2, 1, true),
+            (u32::MAX - 1, 2, 2, false),
+            (u32::MAX - 1, 2, u32::MAX - 2, false),
+        ] {
+            assert_eq!(in_batch(first, next, seq), ours, "{seq} in {first}..{next}");
+        }
+    }
+
     use super::*;
 
     fn seqs(batch: &Batch) -> Vec<u32> {
