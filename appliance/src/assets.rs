@@ -87,12 +87,13 @@ impl Assets {
         }))
     }
 
-    /// The bytes of `name` if it is a file beneath the directory that the cache takes;
-    /// `Ok(None)` for no such file, `Err` with the answer to give otherwise.
-    fn cached(&self, name: &str) -> Result<Option<(Bytes, std::fs::Metadata)>, StatusCode> {
+    /// Opens `name` beneath the directory (two quick system calls on cached metadata, so
+    /// done on the request's own task: a storm of requests would otherwise fill the blocking
+    /// pool with a thread each): the file and its metadata.
+    fn open_file(&self, name: &str) -> Result<(std::fs::File, std::fs::Metadata), StatusCode> {
         let rel = paddock_tftp::clean_request(name).map_err(|_| StatusCode::NOT_FOUND)?;
-        let Some(mut file) = paddock_tftp::resolve(std::slice::from_ref(&self.root), &rel)
-            .map_err(|e| match e {
+        let Some(file) =
+            paddock_tftp::resolve(std::slice::from_ref(&self.root), &rel).map_err(|e| match e {
                 paddock_tftp::ResolveError::Refused(_) => StatusCode::NOT_FOUND,
                 e => {
                     tracing::error!(file = name, error = %e, "http: cannot open an asset");
@@ -105,27 +106,55 @@ impl Assets {
         let meta = file
             .metadata()
             .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+        Ok((file, meta))
+    }
+
+    /// The bytes of an open file from the cache; `Ok(None)` when the cache does not take a
+    /// file that large. Reads (on a cache miss) the whole file: call off the async threads.
+    fn bytes(
+        &self,
+        mut file: std::fs::File,
+        meta: &std::fs::Metadata,
+    ) -> Result<Option<Bytes>, StatusCode> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.takes(meta.len()) {
             return Ok(None);
         }
-        let bytes = cache.bytes(&mut file, &meta).map_err(|e| {
-            tracing::error!(file = name, error = %e, "http: cannot read an asset");
+        let bytes = cache.bytes(&mut file, meta).map_err(|e| {
+            tracing::error!(error = %e, "http: cannot read an asset");
             StatusCode::INTERNAL_SERVER_ERROR
         })?;
-        Ok(Some((Bytes::from_owner(bytes), meta)))
+        Ok(Some(Bytes::from_owner(bytes)))
+    }
+
+    /// The cached bytes of `file` without blocking: `None` unless already cached unchanged.
+    fn hit(&self, meta: &std::fs::Metadata) -> Option<Bytes> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(meta)
+            .map(Bytes::from_owner)
     }
 }
 
 /// `GET|HEAD /boot/assets/{*name}`.
 pub async fn serve(assets: Arc<Assets>, name: String, req: Request) -> Response {
-    let a = assets.clone();
-    let n = name.clone();
-    let found = tokio::task::spawn_blocking(move || a.cached(&n))
-        .await
-        .unwrap_or(Err(StatusCode::INTERNAL_SERVER_ERROR));
-    let (bytes, meta) = match found {
-        Ok(Some(x)) => x,
+    let (file, meta) = match assets.open_file(&name) {
+        Ok(x) => x,
+        Err(status) => return status.into_response(),
+    };
+    let found = match assets.hit(&meta) {
+        Some(b) => Ok(Some(b)),
+        None => {
+            let a = assets.clone();
+            let m = meta.clone();
+            tokio::task::spawn_blocking(move || a.bytes(file, &m))
+                .await
+                .unwrap_or(Err(StatusCode::INTERNAL_SERVER_ERROR))
+        }
+    };
+    let bytes = match found {
+        Ok(Some(b)) => b,
         // Too large to keep in memory: streamed from disk.
         Ok(None) => {
             let mut req = req;

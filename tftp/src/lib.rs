@@ -340,6 +340,16 @@ impl FileCache {
         len <= self.file_max
     }
 
+    /// The cached bytes of the file with metadata `meta`, if they are cached and it is
+    /// unchanged; never reads.
+    pub fn get(&self, meta: &std::fs::Metadata) -> Option<Arc<[u8]>> {
+        use std::os::unix::fs::MetadataExt;
+        match self.files.get(&(meta.dev(), meta.ino())) {
+            Some((s, b)) if *s == stamp_of(meta) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
     /// The bytes of `file` (open, with metadata `meta`): from the cache, or read and cached.
     pub fn bytes(&mut self, file: &mut File, meta: &std::fs::Metadata) -> io::Result<Arc<[u8]>> {
         use std::io::Read;

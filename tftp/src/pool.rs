@@ -94,6 +94,13 @@ fn sender(sock: &UdpSocket) -> impl FnMut(&[u8]) -> io::Result<()> + '_ {
     }
 }
 
+#[derive(Debug, PartialEq, Eq)]
+enum Read {
+    Packet,
+    Empty,
+    Ended,
+}
+
 struct State {
     poll: Poll,
     active: HashMap<usize, Active>,
@@ -162,30 +169,68 @@ impl State {
     /// whether the socket may hold more (edge-triggered: no new event will say so).
     fn readable(&mut self, token: usize, buf: &mut [u8]) -> bool {
         for _ in 0..READ_BUDGET {
-            let Some(a) = self.active.get_mut(&token) else {
+            if self.read_one(token, buf) != Read::Packet {
                 return false;
-            };
-            let n = match a.sock.recv(buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                // ICMP port unreachable and the like: the client is gone.
-                Err(e) => {
-                    self.apply(token, Step::Failed(e.into()));
-                    return false;
-                }
-            };
-            let now = Instant::now();
-            let Active { sock, transfer, .. } = a;
-            let step = transfer.on_packet(&buf[..n], now, &mut sender(sock));
-            if let Some(step) = step {
-                let wait = matches!(step, Step::Wait(_));
-                self.apply(token, step);
-                if !wait {
-                    return false;
-                }
             }
         }
         true
+    }
+
+    /// One packet from a transfer's socket, handled.
+    fn read_one(&mut self, token: usize, buf: &mut [u8]) -> Read {
+        let Some(a) = self.active.get_mut(&token) else {
+            return Read::Ended;
+        };
+        let n = match a.sock.recv(buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
+            // ICMP port unreachable and the like: the client is gone.
+            Err(e) => {
+                self.apply(token, Step::Failed(e.into()));
+                return Read::Ended;
+            }
+        };
+        let now = Instant::now();
+        let Active { sock, transfer, .. } = a;
+        let step = transfer.on_packet(&buf[..n], now, &mut sender(sock));
+        match step {
+            Some(step @ Step::Wait(_)) => self.apply(token, step),
+            Some(step) => {
+                self.apply(token, step);
+                return Read::Ended;
+            }
+            None => {}
+        }
+        Read::Packet
+    }
+
+    /// A loop with a single transfer waits for its next packet by polling that socket
+    /// itself, as a thread per transfer did: epoll would add a system call to every block of
+    /// a lock-step transfer. Gives up after [`POLL_BEFORE_SLEEP`] without a packet, or when
+    /// a new transfer is handed over.
+    fn spin_on_one(&mut self, buf: &mut [u8], rx: &mpsc::Receiver<Job>) {
+        let Some(&token) = self.active.keys().next() else {
+            return;
+        };
+        let mut until = Instant::now() + POLL_BEFORE_SLEEP;
+        while self.active.len() == 1 {
+            match self.read_one(token, buf) {
+                Read::Packet => until = Instant::now() + POLL_BEFORE_SLEEP,
+                Read::Ended => return,
+                Read::Empty if Instant::now() >= until => return,
+                Read::Empty => std::hint::spin_loop(),
+            }
+            while let Ok(job) = rx.try_recv() {
+                self.add(job, Instant::now());
+            }
+            if self
+                .deadlines
+                .first()
+                .is_some_and(|(at, _)| *at <= Instant::now())
+            {
+                return;
+            }
+        }
     }
 
     fn expire(&mut self, now: Instant) {
@@ -216,6 +261,9 @@ fn run(poll: Poll, rx: mpsc::Receiver<Job>) {
     // Transfers whose sockets may still hold packets after their read budget.
     let mut more: Vec<usize> = Vec::new();
     loop {
+        if more.is_empty() && st.active.len() == 1 {
+            st.spin_on_one(&mut buf, &rx);
+        }
         let now = Instant::now();
         let timeout = if more.is_empty() {
             st.deadlines
@@ -256,7 +304,8 @@ fn run(poll: Poll, rx: mpsc::Receiver<Job>) {
 /// Polls for events: briefly without sleeping when the loop has few transfers, then until
 /// the next deadline.
 fn wait(st: &mut State, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
-    if st.active.len() <= POLL_WHILE_AT_MOST && !st.active.is_empty() {
+    // (A single transfer was already polled directly: `State::spin_on_one`.)
+    if (2..=POLL_WHILE_AT_MOST).contains(&st.active.len()) {
         let until = Instant::now() + POLL_BEFORE_SLEEP;
         loop {
             st.poll.poll(events, Some(Duration::ZERO))?;

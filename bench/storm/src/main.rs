@@ -247,8 +247,10 @@ async fn tftp_get(local: Ipv4Addr, server: Ipv4Addr, file: &str) -> Result<u64> 
     }
 }
 
-/// GET `url` (http://host:port/path) on a new connection, as iPXE does; returns the body.
-async fn http_get(url: &str) -> Result<Bytes> {
+/// GET `url` (http://host:port/path) on a new connection, as iPXE does. `keep`: return the
+/// body (the script); otherwise only count it (a thousand kernels are not kept in memory),
+/// and check the count against Content-Length.
+async fn http_get(url: &str, keep: bool) -> Result<Bytes> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| anyhow!("not an http URL: {url}"))?;
@@ -269,7 +271,24 @@ async fn http_get(url: &str) -> Result<Bytes> {
     if !resp.status().is_success() {
         bail!("GET {url}: {}", resp.status());
     }
-    Ok(resp.into_body().collect().await?.to_bytes())
+    let length: Option<u64> = resp
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let mut body = resp.into_body();
+    if keep {
+        return Ok(body.collect().await?.to_bytes());
+    }
+    let mut got = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            got += u64::try_from(data.len())?;
+        }
+    }
+    if length.is_some_and(|l| l != got) {
+        bail!("GET {url}: {got} bytes, Content-Length said {length:?}");
+    }
+    Ok(Bytes::new())
 }
 
 /// The kernel and initrd URLs of an iPXE script.
@@ -307,10 +326,10 @@ async fn machine(i: usize, args: Arc<Args>, dhcp: Arc<Dhcp>) -> Result<Option<Ip
     // iPXE asks again, and is given its script.
     let ack = dhcp.dora(&mac, xid | 1, true).await?;
     let url = boot_file(&ack)?;
-    let script = http_get(&url).await?;
+    let script = http_get(&url, true).await?;
     let (kernel, initrd) = script_urls(&String::from_utf8_lossy(&script))?;
     for u in [kernel, initrd] {
-        http_get(&u).await?;
+        http_get(&u, false).await?;
     }
     Ok(Some(ack.yiaddr()))
 }
