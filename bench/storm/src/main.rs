@@ -247,7 +247,7 @@ async fn tftp_get(local: Ipv4Addr, server: Ipv4Addr, file: &str) -> Result<u64> 
     }
 }
 
-/// GET `url` (http://host:port/path) on a new connection, as iPXE does. `keep`: return the
+/// GET `url` (`http://<address>:<port>/<path>`) on a new connection, as iPXE does. `keep`: return the
 /// body (the script); otherwise only count it (a thousand kernels are not kept in memory),
 /// and check the count against Content-Length.
 async fn http_get(url: &str, keep: bool) -> Result<Bytes> {
