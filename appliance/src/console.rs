@@ -330,7 +330,7 @@ fn ms_iso(ms: Option<i64>) -> String {
 }
 
 pub async fn images(State(s): State<AppState>) -> Response {
-    let list = match s.dominator.images.list().await {
+    let list = match s.imageserver.images.list().await {
         Ok(l) => l,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
     };
@@ -367,7 +367,7 @@ pub async fn images(State(s): State<AppState>) -> Response {
 }
 
 pub async fn image(State(s): State<AppState>, Path(name): Path<String>) -> Response {
-    let d = match s.dominator.images.show(&name).await {
+    let d = match s.imageserver.images.show(&name).await {
         Ok(d) => d,
         Err(e) => {
             return (
@@ -438,7 +438,7 @@ pub async fn image(State(s): State<AppState>, Path(name): Path<String>) -> Respo
 }
 
 pub async fn mdb(State(s): State<AppState>) -> Response {
-    let entries = match s.dominator.mdb.entries().await {
+    let entries = match s.imageserver.mdb.entries().await {
         Ok(e) => e,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
     };
@@ -456,7 +456,7 @@ pub async fn mdb(State(s): State<AppState>) -> Response {
             e.source,
         ));
     }
-    let st = s.dominator.mdb.status();
+    let st = s.imageserver.mdb.status();
     let file = match &st.path {
         None => "No MDB file is configured (<code>[images] mdb_file</code>); machines come from the API and enrolment.".to_string(),
         Some(p) => format!(

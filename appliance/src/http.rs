@@ -23,7 +23,7 @@ pub struct AppState {
     pub inspector: Arc<Inspector>,
     pub dhcp: Option<Arc<DhcpService>>,
     pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
-    pub dominator: paddock_dominator::api::DominatorState,
+    pub imageserver: paddock_imageserver::api::ImageServerState,
     pub leader: crate::leader::LeaderRx,
     pub store: std::sync::Arc<dyn paddock_store::Store>,
     /// `http.assets_dir`, served at `/boot/assets/`.
@@ -58,8 +58,8 @@ pub fn router(state: AppState) -> Router {
         );
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
-    let dominator = paddock_dominator::api::router(state.dominator.clone());
-    r.with_state(state).merge(inspector).merge(dominator)
+    let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
+    r.with_state(state).merge(inspector).merge(imageserver)
 }
 
 fn api_error(status: StatusCode, message: impl Into<String>) -> InspectorError {

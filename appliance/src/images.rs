@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use paddock_dominator::mdb::{MdbService, MdbServiceError, Source};
 use paddock_image::Machine;
+use paddock_imageserver::mdb::{MdbService, MdbServiceError, Source};
 use paddock_inspector::node::Node;
 use paddock_inspector::service::{DATA, Inspector, InspectorError, NodeObserver};
 use paddock_inspector::state::State;

@@ -131,11 +131,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     });
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
     let objects = Arc::new(
-        paddock_dominator::objects::ObjectStore::open(&cfg.images.dir)
+        paddock_imageserver::objects::ObjectStore::open(&cfg.images.dir)
             .with_context(|| format!("opening the object store at {}", cfg.images.dir.display()))?,
     );
-    let images = paddock_dominator::images::ImageServer::new(store.clone(), objects);
-    let mdb = paddock_dominator::mdb::MdbService::new(store.clone(), cfg.images.mdb_file.clone());
+    let images = paddock_imageserver::images::ImageServer::new(store.clone(), objects);
+    let mdb = paddock_imageserver::mdb::MdbService::new(store.clone(), cfg.images.mdb_file.clone());
     let mut observers: Vec<Arc<dyn paddock_inspector::service::NodeObserver>> = Vec::new();
     let filter = match &cfg.firewall {
         Some(fw) => {
@@ -312,7 +312,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         inspector,
         dhcp,
         filter: filter.clone(),
-        dominator: paddock_dominator::api::DominatorState { images, mdb },
+        imageserver: paddock_imageserver::api::ImageServerState { images, mdb },
         leader: leader_rx.clone(),
         store: store.clone(),
         assets: cfg

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use paddock::images::MdbRecorder;
-use paddock_dominator::mdb::MdbService;
+use paddock_imageserver::mdb::MdbService;
 use paddock_inspector::node::{Introspection, Node};
 use paddock_inspector::service::{Inspector, InspectorConfig, MACS, NODES, NodeObserver};
 use paddock_inspector::state::State;

@@ -5,7 +5,9 @@ use libfuzzer_sys::fuzz_target;
 use paddock::config::FileConfig;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(file) = FileConfig::parse(text)
         && let Err(e) = file.validate()
     {

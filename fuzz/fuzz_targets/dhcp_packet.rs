@@ -14,7 +14,10 @@ static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 fn server() -> Server {
     let subnet = |net: &str, a: [u8; 4], b: [u8; 4]| Subnet {
         network: net.parse().unwrap(),
-        pools: vec![Pool { start: a.into(), end: b.into() }],
+        pools: vec![Pool {
+            start: a.into(),
+            end: b.into(),
+        }],
         exclude: Default::default(),
         routers: vec![Ipv4Addr::new(198, 18, 0, 1)],
         dns: vec![],

@@ -7,10 +7,16 @@ use paddock_inspector::hooks;
 use paddock_inventory::IntrospectionData;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(d) = IntrospectionData::parse(data) else { return };
+    let Ok(d) = IntrospectionData::parse(data) else {
+        return;
+    };
     let _ = hooks::ramdisk_error(&d);
-    let Ok(inv) = d.inventory_checked() else { return };
-    let Ok(ifaces) = hooks::validate_interfaces(&d, inv) else { return };
+    let Ok(inv) = d.inventory_checked() else {
+        return;
+    };
+    let Ok(ifaces) = hooks::validate_interfaces(&d, inv) else {
+        return;
+    };
     let hints = d.extra.get("hints");
     if let Ok(root) = hooks::root_disk_selection(&d, inv, hints) {
         let props = hooks::properties(inv, root.as_ref());

@@ -5,7 +5,9 @@ use libfuzzer_sys::fuzz_target;
 use paddock_dhcp::MacAddr;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(s) = std::str::from_utf8(data) else { return };
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(mac) = s.parse::<MacAddr>() {
         // Whatever parses prints back to something that parses to the same address.
         assert_eq!(mac.to_string().parse::<MacAddr>().unwrap(), mac);

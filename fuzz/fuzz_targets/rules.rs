@@ -16,9 +16,18 @@ fuzz_target!(|data: &[u8]| {
         let _ = jsonpath::find(&p, &sample);
     }
     let _ = py::format(&text, &sample);
-    let Ok(v) = serde_json::from_slice::<Value>(data) else { return };
+    let Ok(v) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
     let node = Node::new(uuid::Uuid::nil(), 0);
-    let _ = patch::patch(&node, &v, &patch::Options { ident: "n", reset_interfaces: Some(true) });
+    let _ = patch::patch(
+        &node,
+        &v,
+        &patch::Options {
+            ident: "n",
+            reset_interfaces: Some(true),
+        },
+    );
     if rules::validate(&v).is_err() {
         return;
     }
@@ -26,7 +35,11 @@ fuzz_target!(|data: &[u8]| {
         uuid: uuid::Uuid::nil(),
         description: None,
         scope: v.get("scope").and_then(Value::as_str).map(String::from),
-        conditions: v.get("conditions").and_then(Value::as_array).cloned().unwrap_or_default(),
+        conditions: v
+            .get("conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
         actions: v["actions"].as_array().cloned().unwrap_or_default(),
         created_at: 0,
     };

@@ -8,8 +8,8 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use paddock_dominator::ingest::ingest;
-use paddock_dominator::objects::ObjectStore;
+use paddock_imageserver::ingest::ingest;
+use paddock_imageserver::objects::ObjectStore;
 
 fn store() -> &'static ObjectStore {
     static STORE: OnceLock<(tempfile::TempDir, ObjectStore)> = OnceLock::new();

@@ -26,7 +26,7 @@ use crate::images::{ImageError, ImageServer};
 use crate::mdb::{MdbService, MdbServiceError, Source};
 
 #[derive(Clone)]
-pub struct DominatorState {
+pub struct ImageServerState {
     pub images: Arc<ImageServer>,
     pub mdb: Arc<MdbService>,
 }
@@ -38,7 +38,7 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-pub fn router(state: DominatorState) -> Router {
+pub fn router(state: ImageServerState) -> Router {
     Router::new()
         .route("/rpc/ImageServer.AddImage", post(add_image))
         .route("/rpc/ImageServer.ListImages", get(list_images))
@@ -108,7 +108,7 @@ struct AddHeader {
     created_by: Option<String>,
 }
 
-async fn add_image(State(s): State<DominatorState>, body: Body) -> ApiResult<Json<Value>> {
+async fn add_image(State(s): State<ImageServerState>, body: Body) -> ApiResult<Json<Value>> {
     let stream = body
         .into_data_stream()
         .map_err(|e| std::io::Error::other(e.to_string()));
@@ -163,13 +163,13 @@ struct NameQuery {
     name: String,
 }
 
-async fn list_images(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+async fn list_images(State(s): State<ImageServerState>) -> ApiResult<Json<Value>> {
     let list = s.images.list().await?;
     Ok(Json(json!({ "images": list })))
 }
 
 async fn get_image(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<NameQuery>,
 ) -> ApiResult<Json<Value>> {
     let img = s.images.get(&q.name).await?;
@@ -177,7 +177,7 @@ async fn get_image(
 }
 
 async fn show_image(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<NameQuery>,
 ) -> ApiResult<Json<Value>> {
     let d = s.images.show(&q.name).await?;
@@ -185,7 +185,7 @@ async fn show_image(
 }
 
 async fn delete_image(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<NameQuery>,
 ) -> ApiResult<Json<Value>> {
     s.images.delete(&q.name, now_ms()).await?;
@@ -200,7 +200,7 @@ struct ExpiryQuery {
 }
 
 async fn change_expiration(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<ExpiryQuery>,
 ) -> ApiResult<Json<Value>> {
     let at = q.expires_in_secs.map(|x| now_ms() + x.max(0) * 1000);
@@ -209,7 +209,7 @@ async fn change_expiration(
 }
 
 async fn check_image(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<NameQuery>,
 ) -> ApiResult<Json<Value>> {
     let bad = s.images.check(&q.name).await?;
@@ -220,7 +220,7 @@ async fn check_image(
     })))
 }
 
-async fn collect_garbage(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+async fn collect_garbage(State(s): State<ImageServerState>) -> ApiResult<Json<Value>> {
     let r = s.images.collect_garbage().await?;
     Ok(Json(serde_json::to_value(r).unwrap_or_default()))
 }
@@ -230,7 +230,7 @@ struct ObjectList {
     objects: Vec<ObjectId>,
 }
 
-async fn check_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Json<Value>> {
+async fn check_objects(State(s): State<ImageServerState>, body: Bytes) -> ApiResult<Json<Value>> {
     let l: ObjectList = serde_json::from_slice(&body).map_err(|e| bad(format!("objects: {e}")))?;
     let sizes: Vec<u64> = l
         .objects
@@ -240,7 +240,7 @@ async fn check_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResul
     Ok(Json(json!({ "sizes": sizes })))
 }
 
-async fn get_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Response> {
+async fn get_objects(State(s): State<ImageServerState>, body: Bytes) -> ApiResult<Response> {
     let l: ObjectList = serde_json::from_slice(&body).map_err(|e| bad(format!("objects: {e}")))?;
     let missing: Vec<String> = l
         .objects
@@ -294,12 +294,12 @@ async fn get_objects(State(s): State<DominatorState>, body: Bytes) -> ApiResult<
         .map_err(|e| ApiError(500, e.to_string()))
 }
 
-async fn get_mdb(State(s): State<DominatorState>) -> ApiResult<Response> {
+async fn get_mdb(State(s): State<ImageServerState>) -> ApiResult<Response> {
     let mdb = s.mdb.mdb().await?;
     Ok(([("content-type", "application/json")], mdb.to_json()).into_response())
 }
 
-async fn list_machines(State(s): State<DominatorState>) -> ApiResult<Json<Value>> {
+async fn list_machines(State(s): State<ImageServerState>) -> ApiResult<Json<Value>> {
     let entries = s.mdb.entries().await?;
     Ok(Json(json!({
         "machines": entries.values().collect::<Vec<_>>(),
@@ -307,7 +307,7 @@ async fn list_machines(State(s): State<DominatorState>) -> ApiResult<Json<Value>
     })))
 }
 
-async fn set_machine(State(s): State<DominatorState>, body: Bytes) -> ApiResult<Json<Value>> {
+async fn set_machine(State(s): State<ImageServerState>, body: Bytes) -> ApiResult<Json<Value>> {
     let m: Machine = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("a machine in Dominator's MDB JSON: {e}")))?;
     s.mdb.set(m.clone(), Source::Api).await?;
@@ -320,7 +320,7 @@ struct HostQuery {
 }
 
 async fn delete_machine(
-    State(s): State<DominatorState>,
+    State(s): State<ImageServerState>,
     Query(q): Query<HostQuery>,
 ) -> ApiResult<Json<Value>> {
     s.mdb.delete(&q.hostname).await?;

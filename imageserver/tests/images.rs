@@ -4,9 +4,9 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use paddock_dominator::images::{ImageError, ImageServer};
-use paddock_dominator::objects::ObjectStore;
 use paddock_image::{Filter, ObjectId, Triggers};
+use paddock_imageserver::images::{ImageError, ImageServer};
+use paddock_imageserver::objects::ObjectStore;
 use paddock_store::SqliteStore;
 
 fn tarball(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
@@ -53,7 +53,7 @@ async fn add(
     name: &str,
     tar: Vec<u8>,
     filter: Option<Filter>,
-) -> Result<paddock_dominator::images::AddSummary, ImageError> {
+) -> Result<paddock_imageserver::images::AddSummary, ImageError> {
     s.add(
         name.into(),
         Box::new(std::io::Cursor::new(tar)),

@@ -4,9 +4,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use paddock_dominator::ingest::{IngestError, ingest};
-use paddock_dominator::objects::ObjectStore;
 use paddock_image::{Filter, Inode, ObjectId, SpecialKind};
+use paddock_imageserver::ingest::{IngestError, ingest};
+use paddock_imageserver::objects::ObjectStore;
 
 /// One 512-byte ustar header (fields written by hand, so hostile values are possible).
 fn header(name: &[u8], kind: u8, size: u64, link: &[u8]) -> Vec<u8> {

@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use paddock_dominator::ingest::ingest;
-use paddock_dominator::objects::ObjectStore;
+use paddock_imageserver::ingest::ingest;
+use paddock_imageserver::objects::ObjectStore;
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
