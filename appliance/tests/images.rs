@@ -251,15 +251,7 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     let mdb = scratch.path("mdb.json");
-    let config = base_config(
-        &link,
-        &scratch,
-        &format!(
-            "[tftp]\nenabled = false\n[images]\nmdb_file = \"{}\"\nmdb_poll_secs = 1\n",
-            mdb.display()
-        ),
-    );
-    let _app = Appliance::start(&link.server, &scratch, &config);
+    let _app = start_with_mdb_file(&link, &scratch, &mdb);
     let machines = || {
         http(
             &link.server,
@@ -280,11 +272,7 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
             .collect()
     };
     // Replaced atomically (write, then rename): loaded.
-    let write = |text: &str| {
-        let tmp = scratch.path("mdb.json.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &mdb).unwrap();
-    };
+    let write = |text: &str| replace_file(&mdb, text);
     write(
         r#"[ {"Hostname": "mailhost", "RequiredImage": "mail.0", "PlannedImage": "mail.1", "Location": "ignored"},
   {"Hostname": "compute0", "IpAddress": "198.18.0.5", "RequiredImage": "debian/minbase.2", "Tags": {"DisableSafetyCheck": ""}} ]"#,

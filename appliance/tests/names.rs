@@ -24,15 +24,7 @@ fn no_name_carrying_input_accepts_script_syntax() {
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     let mdb = scratch.path("mdb.json");
-    let config = base_config(
-        &link,
-        &scratch,
-        &format!(
-            "[tftp]\nenabled = false\n[images]\nmdb_file = \"{}\"\nmdb_poll_secs = 1\n",
-            mdb.display()
-        ),
-    );
-    let _app = Appliance::start(&link.server, &scratch, &config);
+    let _app = start_with_mdb_file(&link, &scratch, &mdb);
     let call = |method: &str, path: &str, body: Option<String>| {
         http(&link.server, &scratch, method, path, body.as_deref(), &[])
     };
@@ -143,11 +135,7 @@ fn no_name_carrying_input_accepts_script_syntax() {
     assert_eq!(hostnames(), before);
 
     // 4. The MDB file: a bad hostname is reported and changes nothing.
-    let write = |text: &str| {
-        let tmp = scratch.path("mdb.json.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &mdb).unwrap();
-    };
+    let write = |text: &str| replace_file(&mdb, text);
     write(r#"[{"Hostname": "good0"}]"#);
     wait_for("the MDB file", || {
         hostnames().contains(&"good0".to_string())

@@ -480,3 +480,23 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// An appliance (no TFTP) that watches the MDB file `mdb`, polling it every second.
+pub fn start_with_mdb_file(link: &Link, scratch: &Scratch, mdb: &Path) -> Appliance {
+    let config = base_config(
+        link,
+        scratch,
+        &format!(
+            "[tftp]\nenabled = false\n[images]\nmdb_file = \"{}\"\nmdb_poll_secs = 1\n",
+            mdb.display()
+        ),
+    );
+    Appliance::start(&link.server, scratch, &config)
+}
+
+/// Replaces a file as an operator's tool should: written beside it, then renamed over it.
+pub fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
