@@ -104,25 +104,35 @@ impl Elector {
             };
             clock.renewed_ms.store(sent, Ordering::SeqCst);
             let lost = Arc::new(tokio::sync::Notify::new());
-            // Keep the lease alive (candidates too: their key goes with the lease).
+            // Keep the lease alive (candidates too: their key goes with the lease). A
+            // keep-alive is sent every period whether or not the last one was answered: one
+            // that the store's client routed to a partitioned member hangs until its timeout,
+            // and waiting on it would let the tenure run out although the rest of the
+            // cluster is healthy. The tenure counts from the send time of any that succeed.
             let keeper = {
                 let (store, lost, c) = (self.store.clone(), lost.clone(), clock.clone());
                 let now_ms = now_ms.clone();
                 let period = ttl / 4;
                 tokio::spawn(async move {
+                    // Dropping the set (when the keeper is aborted) aborts the requests.
+                    let mut inflight = tokio::task::JoinSet::new();
                     loop {
                         tokio::time::sleep(period).await;
+                        while inflight.try_join_next().is_some() {}
                         let sent = now_ms();
-                        match store.lease_keep_alive(lease).await {
-                            Ok(()) => {
-                                c.renewed_ms.fetch_max(sent, Ordering::SeqCst);
+                        let (store, lost, c) = (store.clone(), lost.clone(), c.clone());
+                        inflight.spawn(async move {
+                            match tokio::time::timeout(ttl, store.lease_keep_alive(lease)).await {
+                                Ok(Ok(())) => {
+                                    c.renewed_ms.fetch_max(sent, Ordering::SeqCst);
+                                }
+                                Ok(Err(StoreError::LeaseNotFound(_))) => lost.notify_one(),
+                                Ok(Err(e)) => {
+                                    tracing::warn!(error = %e, "leader: keep-alive failed")
+                                }
+                                Err(_) => tracing::warn!("leader: keep-alive unanswered"),
                             }
-                            Err(StoreError::LeaseNotFound(_)) => {
-                                lost.notify_one();
-                                return;
-                            }
-                            Err(e) => tracing::warn!(error = %e, "leader: keep-alive failed"),
-                        }
+                        });
                     }
                 })
             };
