@@ -1,7 +1,7 @@
 //! The per-machine iPXE script: what a machine boots is decided from its state each time it
 //! asks, so there is nothing to regenerate when state changes.
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 
 use paddock_inspector::node::Node;
 

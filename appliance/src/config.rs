@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use clap::Args;
 use ipnet::Ipv4Net;
-use paddock_dhcp::{BootPolicy, MacAddr, Pool, Reservation, Subnet};
+use paddock_dhcp::{BootPolicy, Pool, Reservation, Subnet};
 use paddock_inspector::service::{InspectorConfig, NextAction, TimelineLimits};
+use paddock_inventory::MacAddr;
 use serde::Deserialize;
 
 /// The file as written. Every section and key is optional; unknown keys are errors, so a typo

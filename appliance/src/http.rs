@@ -10,9 +10,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use paddock_dhcp::MacAddr;
 use paddock_dhcp::shell::DhcpService;
 use paddock_inspector::service::{Inspector, InspectorError, Subject};
+use paddock_inventory::MacAddr;
 
 use crate::boot;
 use crate::config::Config;
@@ -82,7 +82,7 @@ async fn boot_script(
             format!("no boot file {name:?}; scripts are /boot/<mac>.ipxe"),
         ));
     };
-    let mac: MacAddr = mac.parse().map_err(|e: paddock_dhcp::mac::MacParseError| {
+    let mac: MacAddr = mac.parse().map_err(|e: paddock_inventory::MacParseError| {
         api_error(StatusCode::BAD_REQUEST, e.to_string())
     })?;
     let node = s.inspector.by_mac(mac).await?.map(|v| v.node);

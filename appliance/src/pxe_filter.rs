@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use paddock_dhcp::{Admission, ClientPolicy, MacAddr};
+use paddock_dhcp::{Admission, ClientPolicy};
 use paddock_firewall::{
     Change, Filter, Health, Nft, diff, leader_element, render_changes, render_closed,
 };
 use paddock_inspector::service::{Inspector, NodeObserver, now_ms};
+use paddock_inventory::MacAddr;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use dhcproto::v4::MessageType;
 use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
-use paddock_dhcp::{Leases, MacAddr, Server, ServerConfig};
+use paddock_dhcp::{Leases, Server, ServerConfig};
 use paddock_firewall::Nft;
 use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector, now_ms, now_secs};
+use paddock_inventory::MacAddr;
 use paddock_store::{SqliteStore, Store};
 use tokio::signal::unix::{SignalKind, signal};
 

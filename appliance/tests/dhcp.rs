@@ -538,7 +538,7 @@ fn dhcp_load(spec: &LoadSpec) {
                         sock.send_to(&e.packet, server).expect("send REQUEST");
                     }
                     (Some(MessageType::Ack), true) => {
-                        let mac = paddock_dhcp::MacAddr::from_chaddr(&e.mac).expect("6 bytes");
+                        let mac = paddock_inventory::MacAddr::from_chaddr(&e.mac).expect("6 bytes");
                         acks.write_all(format!("{mac} {}\n", reply.yiaddr()).as_bytes())
                             .expect("record ACK");
                         acked += 1;

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use paddock_dhcp::MacAddr;
 use paddock_inspector::node::Node;
 use paddock_inspector::service::{
     DhcpAnswer, DhcpReply, EVENTS, Inspector, InspectorConfig, TimelineLimits, now_ms,
 };
+use paddock_inventory::MacAddr;
 use paddock_store::{SqliteStore, Store};
 use support::*;
 

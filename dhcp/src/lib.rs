@@ -7,13 +7,12 @@
 //! and only then sends the ACK.
 
 pub mod leases;
-pub mod mac;
 pub mod packet;
 pub mod pxe;
 pub mod server;
 pub mod shell;
 
 pub use leases::{Lease, LeaseState, Leases, Pool, Relay, Reservation, Subnet, SubnetError};
-pub use mac::MacAddr;
+pub use paddock_inventory::MacAddr;
 pub use pxe::{Arch, BootChoice, BootPolicy};
 pub use server::{Admission, AllowAll, ClientPolicy, LeaseChange, Outcome, Server, ServerConfig};

@@ -41,7 +41,7 @@ pub mod table;
 pub use health::{Closed, Health, leader_element};
 pub use table::{Drift, Table, compare};
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use serde_json::{Value, json};
 
 pub const TABLE: &str = "paddock";

@@ -27,7 +27,7 @@ use nix::sys::socket::{
     bind, getsockopt, recv, sendto, setsockopt, socket, sockopt,
 };
 use nix::sys::time::TimeVal;
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 
 use crate::{SetName, TABLE};
 

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use serde_json::Value;
 
 use crate::{Change, Filter, SetName, TABLE, diff, render_full};

@@ -3,11 +3,11 @@
 use std::process::Command;
 use std::time::Instant;
 
-use paddock_dhcp::MacAddr;
 use paddock_firewall::{
     Change, Filter, Health, Nft, NftError, Reconciled, SetName, Table, diff, render_changes,
     render_closed, render_full,
 };
+use paddock_inventory::MacAddr;
 
 struct Ns(String);
 

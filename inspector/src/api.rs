@@ -11,7 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -2,7 +2,7 @@
 //! lookup; `root_disk_selection`, `scheduler` and `capabilities` after. Pure functions from the
 //! posted data (and the node's hints) to processed data and node properties.
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use paddock_inventory::{Disk, IntrospectionData, Inventory, lenient, normalise_mac};
 use serde_json::{Map, Value, json};
 

@@ -1,7 +1,7 @@
 //! Which node is posting? Every node under introspection is scored by how many of the posted
 //! attributes (MACs, BMC addresses) it matches; the single best wins, a tie is an error.
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use uuid::Uuid;
 
 use crate::node::Node;

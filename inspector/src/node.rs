@@ -1,7 +1,7 @@
 //! Node records: Paddock's own (there is no Ironic behind us), keyed by UUID, found by MAC,
 //! BMC address or name.
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;

@@ -11,7 +11,7 @@
 
 use std::sync::LazyLock;
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use serde_json::{Map, Value};
 
 use crate::node::{Bmc, IRONIC_FIELDS, Kind, Node, Secrets, check_name};

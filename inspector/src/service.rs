@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use paddock_dhcp::MacAddr;
+use paddock_inventory::MacAddr;
 use paddock_inventory::{IntrospectionData, normalise_mac};
 use paddock_store::{Compare, KeyValue, Op, Revision, Store, StoreError, Txn};
 use serde::{Deserialize, Serialize};

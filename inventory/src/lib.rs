@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub mod lenient;
+pub mod mac;
+
+pub use mac::{MacAddr, MacParseError};
 
 /// The whole body of `POST /v1/continue`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

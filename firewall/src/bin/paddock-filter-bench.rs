@@ -12,8 +12,8 @@
 use std::process::Command;
 use std::time::Instant;
 
-use paddock_dhcp::MacAddr;
 use paddock_firewall::{Filter, Nft, diff, render_closed, render_full};
+use paddock_inventory::MacAddr;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
