@@ -1,0 +1,123 @@
+//! What every Paddock HTTP API shares on the wire, written once:
+//!
+//! - [`ApiError`]: the `{"error": {"message": …}}` envelope (Ironic Inspector's shape, used by
+//!   every API of ours) with its status, and [`error_message`] to read one back;
+//! - [`frames`]: the length-prefixed stream that carries objects and files (an 8-byte
+//!   big-endian length, then that many bytes, for each);
+//! - [`unix_ms`]: timestamps are Unix milliseconds.
+
+pub mod frames;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+/// An error answer: a status and the message the envelope carries. Services return their
+/// own domain errors; the API layer alone turns them into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(400, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(404, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(500, message)
+    }
+
+    /// The envelope, as sent.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorMessage {
+                message: self.message.clone(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.body())).into_response()
+    }
+}
+
+/// `{"error": {"message": …}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorMessage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    pub message: String,
+}
+
+/// The message of an error answer's body: the envelope's message when the body is one,
+/// else the body itself (trimmed), so that a proxy's or a peer's plain text still reads.
+pub fn error_message(body: &[u8]) -> String {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(b) => b.error.message,
+        Err(_) => String::from_utf8_lossy(body).trim().to_string(),
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_round_trips_and_plain_text_reads_as_itself() {
+        let e = ApiError::not_found("no node rack1-u0");
+        let body = serde_json::to_vec(&e.body()).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            serde_json::json!({"error": {"message": "no node rack1-u0"}})
+        );
+        assert_eq!(error_message(&body), "no node rack1-u0");
+        assert_eq!(error_message(b"  Bad Gateway\n"), "Bad Gateway");
+        assert_eq!(
+            error_message(br#"{"error": "flat"}"#),
+            r#"{"error": "flat"}"#
+        );
+    }
+
+    #[test]
+    fn unix_ms_is_now() {
+        let a = unix_ms();
+        assert!(a > 1_700_000_000_000, "{a}");
+    }
+}
