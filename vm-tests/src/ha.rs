@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::{Artifacts, COUNTER, Vm, VmSpec, sh, sh_ok, start_vm};
+use crate::{Artifacts, Vm, VmSpec, bridge_namespace, curl_in, sh, sh_ok, start_vm, unique_tag};
 
 /// The fabric namespace's own address on the bridge, for clients that are not VMs.
 pub const CLIENT_IP: &str = "198.18.0.2";
@@ -84,19 +84,12 @@ impl HaLab {
     /// Namespaces, bridge, veths and the etcd cluster; appliances are started with
     /// [`HaLab::start_appliance`].
     pub fn start(name: &str, artifacts: &Artifacts, hosts: usize) -> anyhow::Result<HaLab> {
-        let tag = format!(
-            "pdkh{}x{}",
-            std::process::id() % 100_000,
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let tag = unique_tag("pdkh");
         let net = format!("{tag}-{name}");
         let dir = std::env::temp_dir().join(format!("paddock-ha-{net}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        sh_ok(&format!(
-            "ip netns add {net} && ip -n {net} link set lo up && ip -n {net} link add br0 type bridge && \
-             ip -n {net} addr add {CLIENT_IP}/24 dev br0 && ip -n {net} link set br0 up"
-        ))?;
+        bridge_namespace(&net, CLIENT_IP)?;
         let mut lab = HaLab {
             net,
             tag: tag.clone(),
@@ -365,28 +358,7 @@ peers = [{peers}]
         body: Option<&str>,
     ) -> anyhow::Result<(u16, String)> {
         let h = &self.hosts[i];
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            &h.ns,
-            "curl",
-            "-s",
-            "-m",
-            "5",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ]);
-        if let Some(b) = body {
-            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
-        }
-        cmd.arg(format!("{}{path}", h.url()));
-        let out = cmd.output()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+        curl_in(&h.ns, method, &format!("{}{path}", h.url()), body, 5)
     }
 
     /// The API of the first host that answers (any host serves the whole API).
@@ -415,30 +387,7 @@ peers = [{peers}]
     /// An HTTP request from the fabric (a client on the provisioning network, like a
     /// ramdisk agent): (status, body); status 0 when the host could not be reached.
     pub fn client(&self, url: &str, method: &str, body: Option<&str>) -> (u16, String) {
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            &self.net,
-            "curl",
-            "-s",
-            "-m",
-            "5",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ]);
-        if let Some(b) = body {
-            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
-        }
-        cmd.arg(url);
-        let Ok(out) = cmd.output() else {
-            return (0, String::new());
-        };
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        curl_in(&self.net, method, url, body, 5).unwrap_or((0, String::new()))
     }
 
     /// Powers a VM on, on the provisioning bridge.

@@ -93,12 +93,7 @@ fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
-pub fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use paddock_wire::unix_ms;
 
 fn sh(cmd: &str) -> anyhow::Result<Output> {
     Command::new("sh")
@@ -117,6 +112,61 @@ fn sh_ok(cmd: &str) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// An HTTP request with curl from inside namespace `ns`: (status, body); status 0 when
+/// nothing answered within `timeout_secs`.
+pub fn curl_in(
+    ns: &str,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    timeout_secs: u32,
+) -> anyhow::Result<(u16, String)> {
+    let timeout = timeout_secs.to_string();
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        ns,
+        "curl",
+        "-s",
+        "-m",
+        &timeout,
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        method,
+    ]);
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    cmd.arg(url);
+    let out = cmd.output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// A fresh namespace `ns` holding a bridge `br0` that has address `ip`/24 (a stale one of
+/// the same name is removed first).
+fn bridge_namespace(ns: &str, ip: &str) -> anyhow::Result<()> {
+    let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
+    sh_ok(&format!(
+        "ip netns add {ns} && ip -n {ns} link set lo up && ip -n {ns} link add br0 type bridge && \
+         ip -n {ns} addr add {ip}/24 dev br0 && ip -n {ns} link set br0 up"
+    ))?;
+    Ok(())
+}
+
+/// A tag unique to this process and call: `<prefix><pid>x<n>` (short: interface names
+/// are built from it).
+fn unique_tag(prefix: &str) -> String {
+    format!(
+        "{prefix}{}x{}",
+        std::process::id() % 100_000,
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,20 +371,12 @@ impl Lab {
         cmdline: &str,
         extra: &str,
     ) -> anyhow::Result<Lab> {
-        let tag = format!(
-            "pdkv{}x{}",
-            std::process::id() % 100_000,
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let tag = unique_tag("pdkv");
         let ns = format!("{tag}-{name}");
         let dir = std::env::temp_dir().join(format!("paddock-lab-{ns}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
-        sh_ok(&format!(
-            "ip netns add {ns} && ip -n {ns} link set lo up && ip -n {ns} link add br0 type bridge && \
-             ip -n {ns} addr add {SERVER_IP}/24 dev br0 && ip -n {ns} link set br0 up"
-        ))?;
+        bridge_namespace(&ns, SERVER_IP)?;
         let mut lab = Lab {
             ns,
             dir,
@@ -394,28 +436,7 @@ impl Lab {
         path: &str,
         body: Option<&str>,
     ) -> anyhow::Result<(u16, String)> {
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            &self.ns,
-            "curl",
-            "-s",
-            "-m",
-            "10",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ]);
-        if let Some(b) = body {
-            cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
-        }
-        cmd.arg(format!("{URL}{path}"));
-        let out = cmd.output()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+        curl_in(&self.ns, method, &format!("{URL}{path}"), body, 10)
     }
 
     pub fn api_json(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<Value> {
