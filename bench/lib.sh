@@ -126,15 +126,17 @@ paddock_bin() {
     fi
 }
 
-# paddock_config FILE DHCP_ENABLED TFTP_BLOCK: the TOML `paddock serve` reads.
+# paddock_config FILE DHCP_ENABLED TAIL [HTTP_EXTRA]: the TOML `paddock serve` reads; TAIL
+# (the [tftp] table and any after it) goes last, HTTP_EXTRA into [http].
 paddock_config() {
-    local file=$1 dhcp_enabled=$2 tftp_block=$3
+    local file=$1 dhcp_enabled=$2 tftp_block=$3 http_extra=${4:-}
     cat >"$file" <<EOF
 data_dir = "$SCRATCH/paddock-data"
 
 [http]
 listen = "$SRV_IP:8080"
 public_url = "http://$SRV_IP:8080"
+$http_extra
 
 [dhcp]
 $([[ $dhcp_enabled == true ]] || echo "enabled = false")

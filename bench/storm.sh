@@ -52,27 +52,13 @@ client() { # client LABEL ARGS...: one storm from the client namespace
 
 start_paddock() { # start_paddock [keep]: keep = the store of the previous start
     [[ ${1:-} == keep ]] || rm -rf "$SCRATCH/paddock-data"
-    cat >"$SCRATCH/paddock.toml" <<TOML
-data_dir = "$SCRATCH/paddock-data"
-[http]
-listen = "$SRV_IP:8080"
-public_url = "http://$SRV_IP:8080"
-assets_dir = "$WWW"
-[dhcp]
-interfaces = ["veth-srv"]
-[[dhcp.subnets]]
-network = "198.18.0.0/15"
-pools = ["198.18.1.0-198.19.255.254"]
-routers = ["$SRV_IP"]
-lease_time = 3600
-[tftp]
-listen = ["$SRV_IP:69"]
-root = "$TROOT"
+    paddock_config "$SCRATCH/paddock.toml" true "[tftp]
+listen = [\"$SRV_IP:69\"]
+root = \"$TROOT\"
 [boot.discovery]
-kernel = "http://$SRV_IP:8080/boot/assets/vmlinuz"
-initrd = "http://$SRV_IP:8080/boot/assets/initrd.img"
-cmdline = "console=ttyS0"
-TOML
+kernel = \"http://$SRV_IP:8080/boot/assets/vmlinuz\"
+initrd = \"http://$SRV_IP:8080/boot/assets/initrd.img\"
+cmdline = \"console=ttyS0\"" "assets_dir = \"$WWW\""
     start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 69
 }
