@@ -1,0 +1,11 @@
+//! The dominator (Dominator's `dom/herd`): keeps every sub — a machine running
+//! `paddock-subd` — on the image the MDB requires of it.
+//!
+//! [`sub`] is the pure core: one sub's state machine, fed what happened (a poll answered, a
+//! plan computed, a fetch or an update done or failed) and the time, and answering with the
+//! next thing to do. It holds no I/O and no clock; the shell that polls subs over their RPC,
+//! computes plans with `paddock_image::plan` and bounds how many run at once drives it.
+
+pub mod sub;
+
+pub use sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};

@@ -1,0 +1,961 @@
+//! One sub's state machine (Dominator's `dom/herd/sub.go`), pure: the shell feeds it an
+//! [`Event`] with the time and what the MDB and the operator want ([`Desired`]), and it
+//! answers with the [`Action`] to take. At most one action is outstanding per sub; until its
+//! result arrives, ticks answer [`Action::Wait`].
+//!
+//! The cycle: poll (with the generation of the tree last seen, so the tree travels only when
+//! it changed) → plan against the required image → fetch what the sub lacks → wait for a
+//! scan newer than the fetch → update → wait for a scan newer than the update → poll and
+//! plan again, which proves the sub equals its image (an empty plan: synced). A synced sub
+//! is polled every `poll_interval_ms`; a change of its tree or of its required image starts
+//! the cycle again. Failures back off per sub, doubling from `backoff_min_ms` to
+//! `backoff_max_ms`; other subs are not slowed.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// What the MDB and the operator want of this sub now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// The MDB's RequiredImage; none: the sub is left alone.
+    pub required_image: Option<String>,
+    /// The MDB's PlannedImage: its objects are fetched ahead once the sub is synced.
+    pub planned_image: Option<String>,
+    /// The MDB's DisableUpdates, or this sub paused by an operator (the reason).
+    pub updates_disabled: Option<String>,
+    /// The MDB tag `DisableSafetyCheck`.
+    pub disable_safety_check: bool,
+    /// The whole dominator is paused (the reason).
+    pub paused: Option<String>,
+}
+
+/// The timing every sub follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Between polls of a sub with nothing to do.
+    pub poll_interval_ms: u64,
+    pub backoff_min_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Updates in a row that leave the sub still different from its image before the sub
+    /// is put in error (something on the machine undoes them).
+    pub max_update_attempts: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            poll_interval_ms: 1_000,
+            backoff_min_ms: 1_000,
+            backoff_max_ms: 300_000,
+            max_update_attempts: 3,
+        }
+    }
+}
+
+/// What a poll answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PollAnswer {
+    /// 0 before the sub's first scan.
+    pub generation: u64,
+    /// Complete scans since the sub started.
+    pub scan_count: u64,
+    /// A fetch, update or cleanup is running on the sub (someone else's, or an earlier one).
+    pub busy: bool,
+}
+
+/// What the shell learnt planning the sub against its image (`paddock_image::plan`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanSummary {
+    pub image: String,
+    /// The sub already equals the image.
+    pub empty: bool,
+    /// The image has no filter (extra files are kept; no safety check).
+    pub sparse: bool,
+    pub image_inodes: u64,
+    pub sub_inodes: u64,
+    /// Paths the update would delete.
+    pub deletions: u64,
+    /// Objects the sub must fetch, and their bytes each rounded up to 4 KiB
+    /// ([`fetch_need`]).
+    pub objects_to_fetch: u64,
+    pub fetch_bytes: u64,
+    /// Free bytes of the sub's file system, when it said.
+    pub free_bytes: Option<u64>,
+    /// Objects in the sub's cache that neither its required nor its planned image needs.
+    pub unused_cache_objects: u64,
+    /// Objects of the planned image the sub does not hold yet.
+    pub planned_objects_to_fetch: u64,
+}
+
+/// The bytes `sizes` take on the sub's file system: each rounded up to 4 KiB.
+pub fn fetch_need(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes
+        .into_iter()
+        .map(|s| s.div_ceil(4096).saturating_mul(4096))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Dominator's safety rule: an image with fewer than half the sub's inodes, or an update
+/// deleting more than half of them, is held until an operator clears it. The reason, if so.
+pub fn unsafe_reason(p: &PlanSummary) -> Option<String> {
+    if p.sub_inodes == 0 {
+        return None;
+    }
+    if p.image_inodes.saturating_mul(2) < p.sub_inodes {
+        return Some(format!(
+            "image {} has {} inodes, fewer than half of the sub's {}",
+            p.image, p.image_inodes, p.sub_inodes
+        ));
+    }
+    if p.deletions.saturating_mul(2) > p.sub_inodes {
+        return Some(format!(
+            "the update to {} would delete {} of the sub's {} inodes, more than half",
+            p.image, p.deletions, p.sub_inodes
+        ));
+    }
+    None
+}
+
+/// What happened to the sub.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Time passed (and, maybe, the MDB or the operator changed [`Desired`]).
+    Tick,
+    Polled(PollAnswer),
+    PollFailed(String),
+    /// The required image is not on the image server.
+    ImageMissing(String),
+    Planned(PlanSummary),
+    PlanFailed(String),
+    Fetched,
+    FetchFailed(String),
+    Updated,
+    UpdateFailed(String),
+    CleanedUp,
+    CleanupFailed(String),
+    /// An operator cleared the safety hold (`paddock sub clear-safety`).
+    ClearSafety,
+}
+
+/// What the shell does next for this sub.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing until the given time (or until the outstanding action's result arrives).
+    Wait,
+    /// `Subd.Poll` with this generation (0: the tree is wanted whatever its generation).
+    Poll { have_generation: u64 },
+    /// Plan the sub's tree against this image.
+    Plan { image: String },
+    /// Have the sub fetch the objects it lacks for this image (`preload`: the planned
+    /// image, ahead of any update).
+    Fetch { image: String, preload: bool },
+    /// `Subd.Update` with the plan for this image.
+    Update { image: String },
+    /// `Subd.Cleanup`: remove the cache objects neither image needs.
+    Cleanup,
+}
+
+/// Where the sub stands, with the reason an operator needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SubState {
+    /// Not polled yet, or no scan on the sub yet.
+    Polling,
+    Unreachable {
+        error: String,
+    },
+    Computing,
+    Fetching {
+        objects: u64,
+        bytes: u64,
+    },
+    /// A fetch or an update finished; the next plan needs a scan that saw it.
+    WaitingForScan {
+        after_scan: u64,
+    },
+    Updating,
+    Synced {
+        image: String,
+    },
+    UnsafeUpdate {
+        reason: String,
+    },
+    NotEnoughSpace {
+        need: u64,
+        free: u64,
+    },
+    UpdatesDisabled {
+        reason: String,
+    },
+    ImageMissing {
+        image: String,
+    },
+    /// The MDB names no required image for it.
+    NoImage,
+    Error {
+        message: String,
+    },
+}
+
+impl SubState {
+    /// The state's name, as metrics label it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SubState::Polling => "polling",
+            SubState::Unreachable { .. } => "unreachable",
+            SubState::Computing => "computing",
+            SubState::Fetching { .. } => "fetching",
+            SubState::WaitingForScan { .. } => "waiting_for_scan",
+            SubState::Updating => "updating",
+            SubState::Synced { .. } => "synced",
+            SubState::UnsafeUpdate { .. } => "unsafe_update",
+            SubState::NotEnoughSpace { .. } => "not_enough_space",
+            SubState::UpdatesDisabled { .. } => "updates_disabled",
+            SubState::ImageMissing { .. } => "image_missing",
+            SubState::NoImage => "no_image",
+            SubState::Error { .. } => "error",
+        }
+    }
+}
+
+impl fmt::Display for SubState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubState::Polling => write!(f, "polling"),
+            SubState::Unreachable { error } => write!(f, "unreachable: {error}"),
+            SubState::Computing => write!(f, "computing the update"),
+            SubState::Fetching { objects, bytes } => {
+                write!(f, "fetching {objects} objects ({bytes} bytes)")
+            }
+            SubState::WaitingForScan { after_scan } => {
+                write!(f, "waiting for a scan after scan {after_scan}")
+            }
+            SubState::Updating => write!(f, "updating"),
+            SubState::Synced { image } => write!(f, "synced to {image}"),
+            SubState::UnsafeUpdate { reason } => {
+                write!(f, "unsafe update held until cleared: {reason}")
+            }
+            SubState::NotEnoughSpace { need, free } => write!(
+                f,
+                "not enough free space: the update needs {need} bytes, the sub has {free}"
+            ),
+            SubState::UpdatesDisabled { reason } => write!(f, "updates disabled: {reason}"),
+            SubState::ImageMissing { image } => {
+                write!(f, "image {image} is not on the image server")
+            }
+            SubState::NoImage => write!(f, "no required image in the MDB"),
+            SubState::Error { message } => write!(f, "error: {message}"),
+        }
+    }
+}
+
+/// The outstanding action, so that its result is read in context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Pending {
+    Poll,
+    Plan,
+    Fetch { preload: Option<String> },
+    Update,
+    Cleanup,
+}
+
+/// One sub. Small and of fixed size: the sub's tree is the shell's, held only while a plan
+/// needs it.
+#[derive(Clone, Debug)]
+pub struct Sub {
+    state: SubState,
+    pending: Option<Pending>,
+    /// The generation of the tree last planned (0: none).
+    generation: u64,
+    scan_count: u64,
+    /// The image the sub was last proved equal to, at `generation`.
+    synced_image: Option<String>,
+    next_at_ms: u64,
+    failures: u32,
+    update_attempts: u32,
+    safety_cleared: bool,
+    /// The planned image whose objects were fetched ahead.
+    preloaded: Option<String>,
+    /// Cleanup done since the last sync.
+    cleaned: bool,
+}
+
+impl Default for Sub {
+    fn default() -> Self {
+        Sub::new()
+    }
+}
+
+impl Sub {
+    pub fn new() -> Self {
+        Sub {
+            state: SubState::Polling,
+            pending: None,
+            generation: 0,
+            scan_count: 0,
+            synced_image: None,
+            next_at_ms: 0,
+            failures: 0,
+            update_attempts: 0,
+            safety_cleared: false,
+            preloaded: None,
+            cleaned: false,
+        }
+    }
+
+    pub fn state(&self) -> &SubState {
+        &self.state
+    }
+
+    /// When the sub next wants a tick (the shell may tick earlier; it costs nothing).
+    pub fn next_at_ms(&self) -> u64 {
+        self.next_at_ms
+    }
+
+    /// An action is outstanding.
+    pub fn busy(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Consecutive failures (the backoff's exponent).
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The MDB or an operator changed what is wanted: act at the next tick, not after the
+    /// poll interval.
+    pub fn desired_changed(&mut self, now_ms: u64) {
+        self.next_at_ms = self.next_at_ms.min(now_ms);
+    }
+
+    fn backoff_ms(&self, p: &Policy) -> u64 {
+        let exp = self.failures.saturating_sub(1).min(32);
+        p.backoff_min_ms
+            .saturating_mul(1u64 << exp)
+            .min(p.backoff_max_ms)
+    }
+
+    fn fail(&mut self, state: SubState, now_ms: u64, p: &Policy) -> Action {
+        self.failures = self.failures.saturating_add(1);
+        self.state = state;
+        self.next_at_ms = now_ms.saturating_add(self.backoff_ms(p));
+        Action::Wait
+    }
+
+    fn wait(&mut self, now_ms: u64, p: &Policy) -> Action {
+        self.next_at_ms = now_ms.saturating_add(p.poll_interval_ms);
+        Action::Wait
+    }
+
+    fn start(&mut self, pending: Pending, action: Action) -> Action {
+        self.pending = Some(pending);
+        action
+    }
+
+    /// Feeds one event; answers what to do next.
+    pub fn handle(&mut self, event: Event, want: &Desired, now_ms: u64, p: &Policy) -> Action {
+        match event {
+            Event::Tick => self.tick(want, now_ms),
+            Event::Polled(a) => {
+                self.pending = None;
+                self.polled(a, want, now_ms, p)
+            }
+            Event::PollFailed(error) => {
+                self.pending = None;
+                self.fail(SubState::Unreachable { error }, now_ms, p)
+            }
+            Event::ImageMissing(image) => {
+                self.pending = None;
+                self.fail(SubState::ImageMissing { image }, now_ms, p)
+            }
+            Event::Planned(plan) => {
+                self.pending = None;
+                self.planned(plan, want, now_ms, p)
+            }
+            Event::PlanFailed(message)
+            | Event::FetchFailed(message)
+            | Event::UpdateFailed(message)
+            | Event::CleanupFailed(message) => {
+                self.pending = None;
+                self.fail(SubState::Error { message }, now_ms, p)
+            }
+            Event::Fetched => match self.pending.take() {
+                Some(Pending::Fetch {
+                    preload: Some(image),
+                }) => {
+                    self.preloaded = Some(image);
+                    self.wait(now_ms, p)
+                }
+                _ => {
+                    self.state = SubState::WaitingForScan {
+                        after_scan: self.scan_count,
+                    };
+                    self.next_at_ms = now_ms;
+                    Action::Wait
+                }
+            },
+            Event::Updated => {
+                self.pending = None;
+                self.state = SubState::WaitingForScan {
+                    after_scan: self.scan_count,
+                };
+                self.next_at_ms = now_ms;
+                Action::Wait
+            }
+            Event::CleanedUp => {
+                self.pending = None;
+                self.cleaned = true;
+                self.wait(now_ms, p)
+            }
+            Event::ClearSafety => {
+                self.safety_cleared = true;
+                if matches!(self.state, SubState::UnsafeUpdate { .. }) {
+                    self.next_at_ms = now_ms;
+                }
+                Action::Wait
+            }
+        }
+    }
+
+    fn tick(&mut self, want: &Desired, now_ms: u64) -> Action {
+        if self.pending.is_some() || now_ms < self.next_at_ms {
+            return Action::Wait;
+        }
+        if matches!(
+            self.state,
+            SubState::Unreachable { .. } | SubState::Error { .. }
+        ) {
+            self.state = SubState::Polling;
+        }
+        // The tree is wanted whatever its generation when it will be planned against an
+        // image it was not last planned against (the shell keeps no tree of a synced sub).
+        let have_generation = if self.synced_image.is_some()
+            && self.synced_image == want.required_image
+            && matches!(self.state, SubState::Synced { .. })
+        {
+            self.generation
+        } else {
+            0
+        };
+        self.start(Pending::Poll, Action::Poll { have_generation })
+    }
+
+    fn polled(&mut self, a: PollAnswer, want: &Desired, now_ms: u64, p: &Policy) -> Action {
+        if matches!(self.state, SubState::Unreachable { .. }) {
+            self.state = SubState::Polling;
+        }
+        if a.busy || a.generation == 0 {
+            // Someone's fetch or update is running, or the sub has not scanned yet.
+            self.scan_count = a.scan_count;
+            return self.wait(now_ms, p);
+        }
+        if let SubState::WaitingForScan { after_scan } = self.state
+            && a.scan_count <= after_scan
+        {
+            self.scan_count = a.scan_count;
+            self.next_at_ms = now_ms.saturating_add(p.poll_interval_ms.min(250));
+            return Action::Wait;
+        }
+        self.scan_count = a.scan_count;
+        let Some(image) = want.required_image.clone() else {
+            self.state = SubState::NoImage;
+            self.synced_image = None;
+            return self.wait(now_ms, p);
+        };
+        let unchanged = a.generation == self.generation
+            && self.synced_image.as_deref() == Some(image.as_str())
+            && matches!(self.state, SubState::Synced { .. });
+        if unchanged {
+            if let Some(planned) = &want.planned_image
+                && planned != &image
+                && self.preloaded.as_ref() != Some(planned)
+                && want.paused.is_none()
+            {
+                let planned = planned.clone();
+                return self.start(
+                    Pending::Fetch {
+                        preload: Some(planned.clone()),
+                    },
+                    Action::Fetch {
+                        image: planned,
+                        preload: true,
+                    },
+                );
+            }
+            return self.wait(now_ms, p);
+        }
+        self.generation = a.generation;
+        self.state = SubState::Computing;
+        self.start(Pending::Plan, Action::Plan { image })
+    }
+
+    fn planned(&mut self, plan: PlanSummary, want: &Desired, now_ms: u64, p: &Policy) -> Action {
+        if plan.empty {
+            if self.synced_image.as_ref() != Some(&plan.image) {
+                self.cleaned = false;
+            }
+            self.synced_image = Some(plan.image.clone());
+            self.state = SubState::Synced { image: plan.image };
+            self.failures = 0;
+            self.update_attempts = 0;
+            self.safety_cleared = false;
+            if plan.unused_cache_objects > 0 && !self.cleaned && want.paused.is_none() {
+                return self.start(Pending::Cleanup, Action::Cleanup);
+            }
+            return self.wait(now_ms, p);
+        }
+        self.synced_image = None;
+        if let Some(reason) = &want.paused {
+            self.state = SubState::UpdatesDisabled {
+                reason: format!("the dominator is paused: {reason}"),
+            };
+            return self.wait(now_ms, p);
+        }
+        if let Some(reason) = &want.updates_disabled {
+            self.state = SubState::UpdatesDisabled {
+                reason: reason.clone(),
+            };
+            return self.wait(now_ms, p);
+        }
+        if !plan.sparse
+            && !want.disable_safety_check
+            && !self.safety_cleared
+            && let Some(reason) = unsafe_reason(&plan)
+        {
+            self.state = SubState::UnsafeUpdate { reason };
+            return self.wait(now_ms, p);
+        }
+        if plan.objects_to_fetch > 0 {
+            if let Some(free) = plan.free_bytes
+                && plan.fetch_bytes > free
+            {
+                self.state = SubState::NotEnoughSpace {
+                    need: plan.fetch_bytes,
+                    free,
+                };
+                return self.wait(now_ms, p);
+            }
+            self.state = SubState::Fetching {
+                objects: plan.objects_to_fetch,
+                bytes: plan.fetch_bytes,
+            };
+            return self.start(
+                Pending::Fetch { preload: None },
+                Action::Fetch {
+                    image: plan.image,
+                    preload: false,
+                },
+            );
+        }
+        self.update_attempts = self.update_attempts.saturating_add(1);
+        if self.update_attempts > p.max_update_attempts {
+            self.update_attempts = 0;
+            return self.fail(
+                SubState::Error {
+                    message: format!(
+                        "the sub still differs from {} after {} updates",
+                        plan.image, p.max_update_attempts
+                    ),
+                },
+                now_ms,
+                p,
+            );
+        }
+        self.state = SubState::Updating;
+        self.start(Pending::Update, Action::Update { image: plan.image })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Policy = Policy {
+        poll_interval_ms: 1_000,
+        backoff_min_ms: 1_000,
+        backoff_max_ms: 8_000,
+        max_update_attempts: 2,
+    };
+
+    fn want(image: &str) -> Desired {
+        Desired {
+            required_image: Some(image.to_string()),
+            ..Desired::default()
+        }
+    }
+
+    fn answer(generation: u64, scan_count: u64) -> Event {
+        Event::Polled(PollAnswer {
+            generation,
+            scan_count,
+            busy: false,
+        })
+    }
+
+    fn plan(image: &str) -> PlanSummary {
+        PlanSummary {
+            image: image.to_string(),
+            image_inodes: 100,
+            sub_inodes: 100,
+            ..PlanSummary::default()
+        }
+    }
+
+    fn synced(image: &str) -> PlanSummary {
+        PlanSummary {
+            empty: true,
+            ..plan(image)
+        }
+    }
+
+    fn update_of(image: &str, deletions: u64, objects: u64, bytes: u64) -> PlanSummary {
+        PlanSummary {
+            deletions,
+            objects_to_fetch: objects,
+            fetch_bytes: bytes,
+            free_bytes: Some(1 << 30),
+            ..plan(image)
+        }
+    }
+
+    /// Runs `steps` (event, time, expected action, expected state name) from a new sub.
+    fn run(sub: &mut Sub, want: &Desired, steps: &[(Event, u64, Action, &str)]) {
+        for (i, (event, now, action, state)) in steps.iter().enumerate() {
+            let got = sub.handle(event.clone(), want, *now, &P);
+            assert_eq!(&got, action, "step {i}: {event:?} at {now}");
+            assert_eq!(
+                sub.state().name(),
+                *state,
+                "step {i}: {event:?} → {}",
+                sub.state()
+            );
+        }
+    }
+
+    fn poll(g: u64) -> Action {
+        Action::Poll { have_generation: g }
+    }
+
+    fn plan_a(image: &str) -> Action {
+        Action::Plan {
+            image: image.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_drifted_sub_is_fetched_updated_and_proved_synced() {
+        let w = want("minbase2");
+        let mut s = Sub::new();
+        run(
+            &mut s,
+            &w,
+            &[
+                (Event::Tick, 0, poll(0), "polling"),
+                (Event::Tick, 10, Action::Wait, "polling"), // one action at a time
+                (answer(7, 3), 20, plan_a("minbase2"), "computing"),
+                (
+                    Event::Planned(update_of("minbase2", 4, 12, 90_000)),
+                    30,
+                    Action::Fetch {
+                        image: "minbase2".into(),
+                        preload: false,
+                    },
+                    "fetching",
+                ),
+                (Event::Fetched, 40, Action::Wait, "waiting_for_scan"),
+                (Event::Tick, 40, poll(0), "waiting_for_scan"),
+                // The scan that saw the fetch has not finished: ask again soon.
+                (answer(8, 3), 50, Action::Wait, "waiting_for_scan"),
+                (Event::Tick, 300, poll(0), "waiting_for_scan"),
+                (answer(8, 4), 310, plan_a("minbase2"), "computing"),
+                (
+                    Event::Planned(update_of("minbase2", 4, 0, 0)),
+                    320,
+                    Action::Update {
+                        image: "minbase2".into(),
+                    },
+                    "updating",
+                ),
+                (Event::Updated, 400, Action::Wait, "waiting_for_scan"),
+                (Event::Tick, 400, poll(0), "waiting_for_scan"),
+                (answer(9, 5), 410, plan_a("minbase2"), "computing"),
+                (
+                    Event::Planned(synced("minbase2")),
+                    420,
+                    Action::Wait,
+                    "synced",
+                ),
+                // Synced: short polls with the generation, every interval.
+                (Event::Tick, 1_000, Action::Wait, "synced"),
+                (Event::Tick, 1_420, poll(9), "synced"),
+                (answer(9, 6), 1_430, Action::Wait, "synced"),
+                // A file changed by hand: a new generation → plan again.
+                (Event::Tick, 2_430, poll(9), "synced"),
+                (answer(10, 7), 2_440, plan_a("minbase2"), "computing"),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_new_required_image_is_picked_up_at_once_and_the_tree_is_asked_for() {
+        let mut s = Sub::new();
+        let a = want("minbase");
+        run(
+            &mut s,
+            &a,
+            &[
+                (Event::Tick, 0, poll(0), "polling"),
+                (answer(5, 1), 1, plan_a("minbase"), "computing"),
+                (Event::Planned(synced("minbase")), 2, Action::Wait, "synced"),
+            ],
+        );
+        let b = want("minbase2");
+        s.desired_changed(500);
+        run(
+            &mut s,
+            &b,
+            &[
+                (Event::Tick, 500, poll(0), "synced"),
+                (answer(5, 2), 510, plan_a("minbase2"), "computing"),
+            ],
+        );
+    }
+
+    #[test]
+    fn safety_holds_big_deletions_and_small_images_until_cleared() {
+        // More than half deleted.
+        let w = want("tiny");
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(1, 1), &w, 1, &P);
+        let a = s.handle(Event::Planned(update_of("tiny", 51, 0, 0)), &w, 2, &P);
+        assert_eq!(a, Action::Wait);
+        assert!(
+            matches!(s.state(), SubState::UnsafeUpdate { reason } if reason.contains("delete 51 of the sub's 100")),
+            "{}",
+            s.state()
+        );
+        // Exactly half is allowed.
+        assert_eq!(unsafe_reason(&update_of("x", 50, 0, 0)), None);
+        // An image with fewer than half the sub's inodes.
+        let small = PlanSummary {
+            image_inodes: 49,
+            ..plan("tiny")
+        };
+        assert!(unsafe_reason(&small).unwrap().contains("fewer than half"));
+        // Polls go on; cleared, the next plan goes through.
+        assert_eq!(s.handle(Event::ClearSafety, &w, 3, &P), Action::Wait);
+        assert_eq!(s.next_at_ms(), 3);
+        assert_eq!(s.handle(Event::Tick, &w, 3, &P), poll(0));
+        assert_eq!(s.handle(answer(1, 2), &w, 4, &P), plan_a("tiny"));
+        assert_eq!(
+            s.handle(Event::Planned(update_of("tiny", 51, 0, 0)), &w, 5, &P),
+            Action::Update {
+                image: "tiny".into()
+            }
+        );
+        // Sparse images and the DisableSafetyCheck tag skip the check.
+        for (sparse, tag) in [(true, false), (false, true)] {
+            let w = Desired {
+                disable_safety_check: tag,
+                ..want("tiny")
+            };
+            let mut s = Sub::new();
+            s.handle(Event::Tick, &w, 0, &P);
+            s.handle(answer(1, 1), &w, 1, &P);
+            let p = PlanSummary {
+                sparse,
+                ..update_of("tiny", 90, 0, 0)
+            };
+            assert_eq!(
+                s.handle(Event::Planned(p), &w, 2, &P),
+                Action::Update {
+                    image: "tiny".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn objects_that_do_not_fit_are_not_fetched() {
+        let w = want("big");
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(1, 1), &w, 1, &P);
+        let p = PlanSummary {
+            free_bytes: Some(8_191),
+            ..update_of("big", 0, 2, 8_192)
+        };
+        assert_eq!(s.handle(Event::Planned(p), &w, 2, &P), Action::Wait);
+        assert_eq!(
+            s.state(),
+            &SubState::NotEnoughSpace {
+                need: 8_192,
+                free: 8_191
+            }
+        );
+        assert_eq!(s.next_at_ms(), 1_002);
+        // Rounded to 4 KiB each: 1 byte and 4,097 bytes take 12 KiB.
+        assert_eq!(fetch_need([1, 4_097, 0]), 12_288);
+    }
+
+    #[test]
+    fn failures_back_off_per_sub_and_a_sync_resets_them() {
+        let w = want("minbase");
+        let mut s = Sub::new();
+        let mut now = 0;
+        for expect in [1_000, 2_000, 4_000, 8_000, 8_000] {
+            assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
+            assert_eq!(
+                s.handle(Event::PollFailed("connection refused".into()), &w, now, &P),
+                Action::Wait
+            );
+            assert_eq!(s.state().name(), "unreachable");
+            assert_eq!(s.next_at_ms() - now, expect);
+            assert_eq!(
+                s.handle(Event::Tick, &w, now + expect - 1, &P),
+                Action::Wait
+            );
+            now += expect;
+        }
+        assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
+        assert_eq!(s.handle(answer(3, 1), &w, now, &P), plan_a("minbase"));
+        assert_eq!(
+            s.handle(Event::FetchFailed("no route".into()), &w, now, &P),
+            Action::Wait
+        );
+        assert_eq!(s.failures(), 6);
+        s.handle(Event::Tick, &w, now + 8_000, &P);
+        s.handle(answer(3, 2), &w, now + 8_000, &P);
+        s.handle(Event::Planned(synced("minbase")), &w, now + 8_000, &P);
+        assert_eq!(s.failures(), 0);
+        assert_eq!(s.state().to_string(), "synced to minbase");
+    }
+
+    #[test]
+    fn pause_disable_and_missing_images_hold_updates_but_polls_go_on() {
+        let cases = [
+            (
+                Desired {
+                    paused: Some("change freeze".into()),
+                    ..want("m")
+                },
+                "updates disabled: the dominator is paused: change freeze",
+            ),
+            (
+                Desired {
+                    updates_disabled: Some("DisableUpdates in the MDB".into()),
+                    ..want("m")
+                },
+                "updates disabled: DisableUpdates in the MDB",
+            ),
+        ];
+        for (w, text) in cases {
+            let mut s = Sub::new();
+            s.handle(Event::Tick, &w, 0, &P);
+            s.handle(answer(1, 1), &w, 0, &P);
+            assert_eq!(
+                s.handle(Event::Planned(update_of("m", 1, 1, 1)), &w, 0, &P),
+                Action::Wait
+            );
+            assert_eq!(s.state().to_string(), text);
+            assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(0));
+        }
+        let w = want("gone");
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(1, 1), &w, 0, &P);
+        s.handle(Event::ImageMissing("gone".into()), &w, 0, &P);
+        assert_eq!(
+            s.state().to_string(),
+            "image gone is not on the image server"
+        );
+        let mut s = Sub::new();
+        let none = Desired::default();
+        s.handle(Event::Tick, &none, 0, &P);
+        assert_eq!(s.handle(answer(1, 1), &none, 0, &P), Action::Wait);
+        assert_eq!(s.state(), &SubState::NoImage);
+    }
+
+    #[test]
+    fn a_busy_or_unscanned_sub_is_left_alone() {
+        let w = want("m");
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        let busy = Event::Polled(PollAnswer {
+            generation: 4,
+            scan_count: 2,
+            busy: true,
+        });
+        assert_eq!(s.handle(busy, &w, 0, &P), Action::Wait);
+        s.handle(Event::Tick, &w, 1_000, &P);
+        assert_eq!(s.handle(answer(0, 0), &w, 1_000, &P), Action::Wait);
+        assert_eq!(s.state().name(), "polling");
+    }
+
+    #[test]
+    fn updates_that_do_not_stick_end_in_error() {
+        let w = want("m");
+        let mut s = Sub::new();
+        let mut scan = 1;
+        for _ in 0..P.max_update_attempts {
+            s.handle(Event::Tick, &w, 0, &P);
+            s.handle(answer(scan, scan), &w, 0, &P);
+            assert_eq!(
+                s.handle(Event::Planned(update_of("m", 1, 0, 0)), &w, 0, &P),
+                Action::Update { image: "m".into() }
+            );
+            s.handle(Event::Updated, &w, 0, &P);
+            scan += 1;
+        }
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(scan, scan), &w, 0, &P);
+        assert_eq!(
+            s.handle(Event::Planned(update_of("m", 1, 0, 0)), &w, 0, &P),
+            Action::Wait
+        );
+        assert_eq!(
+            s.state().to_string(),
+            "error: the sub still differs from m after 2 updates"
+        );
+    }
+
+    #[test]
+    fn a_synced_sub_preloads_its_planned_image_once_and_cleans_up_once() {
+        let w = Desired {
+            planned_image: Some("next".into()),
+            ..want("m")
+        };
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(1, 1), &w, 0, &P);
+        let done = PlanSummary {
+            unused_cache_objects: 3,
+            ..synced("m")
+        };
+        assert_eq!(s.handle(Event::Planned(done), &w, 0, &P), Action::Cleanup);
+        assert_eq!(s.handle(Event::CleanedUp, &w, 0, &P), Action::Wait);
+        s.handle(Event::Tick, &w, 1_000, &P);
+        assert_eq!(
+            s.handle(answer(1, 2), &w, 1_000, &P),
+            Action::Fetch {
+                image: "next".into(),
+                preload: true
+            }
+        );
+        assert_eq!(s.handle(Event::Fetched, &w, 1_100, &P), Action::Wait);
+        assert_eq!(s.state().name(), "synced");
+        s.handle(Event::Tick, &w, 2_100, &P);
+        assert_eq!(s.handle(answer(1, 3), &w, 2_100, &P), Action::Wait);
+    }
+
+    #[test]
+    fn the_state_serialises_with_its_reason() {
+        let v = serde_json::to_value(SubState::NotEnoughSpace { need: 2, free: 1 }).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"state": "not_enough_space", "need": 2, "free": 1})
+        );
+    }
+}
