@@ -13,11 +13,11 @@ use axum::Json;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::TryStreamExt;
 use paddock_image::{Filter, Machine, ObjectId, Triggers};
+use paddock_wire::{frames, unix_ms};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -29,13 +29,6 @@ use crate::mdb::{MdbService, MdbServiceError, Source};
 pub struct ImageServerState {
     pub images: Arc<ImageServer>,
     pub mdb: Arc<MdbService>,
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 pub fn router(state: ImageServerState) -> Router {
@@ -63,18 +56,19 @@ pub fn router(state: ImageServerState) -> Router {
         .with_state(state)
 }
 
-pub struct ApiError(pub u16, pub String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({"error": {"message": self.1}}))).into_response()
-    }
-}
+/// The error answer (`{"error": {"message"}}` with a status), shared by every API.
+pub use paddock_wire::ApiError;
 
 impl From<ImageError> for ApiError {
+    /// The image index's errors as answers: this is the one place they get a status.
     fn from(e: ImageError) -> Self {
-        ApiError(e.status(), e.to_string())
+        let status = match e {
+            ImageError::Name(_) | ImageError::MissingRequired(..) | ImageError::Ingest(_) => 400,
+            ImageError::Exists(_) | ImageError::NameRetired(_) => 409,
+            ImageError::NotFound(_) => 404,
+            _ => 500,
+        };
+        ApiError::new(status, e.to_string())
     }
 }
 
@@ -85,14 +79,14 @@ impl From<MdbServiceError> for ApiError {
             MdbServiceError::NotFound(_) => 404,
             _ => 500,
         };
-        ApiError(status, e.to_string())
+        ApiError::new(status, e.to_string())
     }
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
 fn bad(msg: impl Into<String>) -> ApiError {
-    ApiError(400, msg.into())
+    ApiError::bad_request(msg)
 }
 
 #[derive(Deserialize)]
@@ -136,7 +130,7 @@ async fn add_image(State(s): State<ImageServerState>, body: Body) -> ApiResult<J
         Some(t) => Triggers::parse(t).map_err(|e| bad(e.to_string()))?,
         None => Triggers::default(),
     };
-    let now = now_ms();
+    let now = unix_ms();
     let expires = h.expires_in_secs.map(|s| now + s.max(0) * 1000);
     let tar = tokio_util::io::SyncIoBridge::new(reader);
     let name = h.name.clone();
@@ -188,7 +182,7 @@ async fn delete_image(
     State(s): State<ImageServerState>,
     Query(q): Query<NameQuery>,
 ) -> ApiResult<Json<Value>> {
-    s.images.delete(&q.name, now_ms()).await?;
+    s.images.delete(&q.name, unix_ms()).await?;
     Ok(Json(json!({"deleted": q.name})))
 }
 
@@ -203,7 +197,7 @@ async fn change_expiration(
     State(s): State<ImageServerState>,
     Query(q): Query<ExpiryQuery>,
 ) -> ApiResult<Json<Value>> {
-    let at = q.expires_in_secs.map(|x| now_ms() + x.max(0) * 1000);
+    let at = q.expires_in_secs.map(|x| unix_ms() + x.max(0) * 1000);
     s.images.set_expiry(&q.name, at).await?;
     Ok(Json(json!({"name": q.name, "expires_at_ms": at})))
 }
@@ -249,49 +243,26 @@ async fn get_objects(State(s): State<ImageServerState>, body: Bytes) -> ApiResul
         .map(|id| id.to_string())
         .collect();
     if !missing.is_empty() {
-        return Err(ApiError(
-            404,
-            format!("{} object(s) missing, first {}", missing.len(), missing[0]),
-        ));
+        return Err(ApiError::not_found(format!(
+            "{} object(s) missing, first {}",
+            missing.len(),
+            missing[0]
+        )));
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
     let objects = s.images.objects().clone();
-    tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        for id in l.objects {
-            let res = (|| -> std::io::Result<()> {
-                let mut f = objects
-                    .open_object(&id)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let len = f.metadata()?.len();
-                tx.blocking_send(Ok(Bytes::copy_from_slice(&len.to_be_bytes())))
-                    .map_err(|_| std::io::Error::other("client went away"))?;
-                let mut left = len;
-                let mut buf = vec![0u8; 256 << 10];
-                while left > 0 {
-                    let n = f.read(&mut buf[..(left.min(256 << 10)) as usize])?;
-                    if n == 0 {
-                        return Err(std::io::ErrorKind::UnexpectedEof.into());
-                    }
-                    left -= n as u64;
-                    tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
-                        .map_err(|_| std::io::Error::other("client went away"))?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = res {
-                let _ = tx.blocking_send(Err(e));
-                return;
-            }
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let body = frames::body(
+        l.objects,
+        move |id| {
+            objects
+                .open_object(id)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        },
+        |id| format!("object {id}"),
+    );
     Response::builder()
         .header("content-type", "application/octet-stream")
-        .body(Body::from_stream(stream))
-        .map_err(|e| ApiError(500, e.to_string()))
+        .body(body)
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 async fn get_mdb(State(s): State<ImageServerState>) -> ApiResult<Response> {

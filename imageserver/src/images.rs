@@ -77,18 +77,6 @@ pub enum ImageError {
     Internal(String),
 }
 
-impl ImageError {
-    /// The HTTP status an API answers with.
-    pub fn status(&self) -> u16 {
-        match self {
-            ImageError::Name(_) | ImageError::MissingRequired(..) | ImageError::Ingest(_) => 400,
-            ImageError::Exists(_) | ImageError::NameRetired(_) => 409,
-            ImageError::NotFound(_) => 404,
-            _ => 500,
-        }
-    }
-}
-
 /// The outcome of an add, for the CLI's summary.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AddSummary {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -84,13 +84,6 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     // FULL: the WAL is fsynced at every commit, so a committed write survives power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl SqliteStore {
@@ -386,7 +379,7 @@ impl Writer {
             }
             return;
         }
-        let now = now_ms();
+        let now = paddock_wire::unix_ms();
         for req in batch.drain(..) {
             // Prepared once: a savepoint per request is cheap, parsing it each time is not.
             let sp = self.exec_cached("SAVEPOINT req");

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use paddock_image::ObjectId;
+use paddock_wire::{error_message, frames};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
 
@@ -118,13 +119,12 @@ pub fn fetch(
     let status = resp.status().as_u16();
     let mut reader = resp.into_body().into_reader();
     if status != 200 {
-        let mut text = String::new();
-        let _ = (&mut reader).take(64 << 10).read_to_string(&mut text);
-        let message = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v["error"]["message"].as_str().map(String::from))
-            .unwrap_or(text);
-        return Err(server_err(format!("{status}: {}", message.trim())));
+        let mut text = Vec::new();
+        let _ = (&mut reader).take(64 << 10).read_to_end(&mut text);
+        return Err(server_err(format!(
+            "{status}: {}",
+            error_message(&text).trim()
+        )));
     }
     let throttle = Throttle::new(
         Limits {
@@ -139,11 +139,8 @@ pub fn fetch(
             object: id.to_string(),
             message,
         };
-        let mut len = [0u8; 8];
-        reader
-            .read_exact(&mut len)
+        let len = frames::read_header(&mut reader)
             .map_err(|e| server_err(format!("reading the length of {}: {e}", id.short())))?;
-        let len = u64::from_be_bytes(len);
         let dest = cache.join(id.path());
         let tmp = tilde(&dest);
         if let Some(p) = dest.parent() {

@@ -24,13 +24,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use paddock_image::UpdateRequest;
+use paddock_wire::frames;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -67,18 +68,19 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
     }
 }
 
-pub struct ApiError(pub u16, pub String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(json!({"error": {"message": self.1}}))).into_response()
-    }
-}
+/// The error answer (`{"error": {"message"}}` with a status), shared by every API.
+pub use paddock_wire::ApiError;
 
 impl From<SubdError> for ApiError {
+    /// subd's errors as answers: this is the one place they get a status.
     fn from(e: SubdError) -> Self {
-        ApiError(e.status(), e.to_string())
+        let status = match e {
+            SubdError::Locked(_) | SubdError::Busy(_) => 409,
+            SubdError::NotReady => 503,
+            SubdError::Bad(_) => 400,
+            SubdError::Failed(_) => 502,
+        };
+        ApiError::new(status, e.to_string())
     }
 }
 
@@ -92,7 +94,7 @@ fn parse<T: DeserializeOwned + Default>(body: &[u8], what: &str) -> Result<T, Ap
 }
 
 fn parse_required<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError(400, format!("{what}: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 
 fn json_response(bytes: Vec<u8>) -> Response {
@@ -107,7 +109,7 @@ async fn blocking<T: serde::Serialize + Send + 'static>(
         f().map(|v| serde_json::to_vec(&v).map_err(|e| SubdError::Failed(e.to_string())))
     })
     .await
-    .map_err(|e| ApiError(500, format!("the request's task failed: {e}")))?;
+    .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?;
     Ok(json_response(r??))
 }
 
@@ -192,44 +194,15 @@ async fn get_files(State(s): State<Arc<Subd>>, body: Bytes) -> ApiResult {
         let s = s.clone();
         tokio::task::spawn_blocking(move || s.files_for(&req.paths))
             .await
-            .map_err(|e| ApiError(500, e.to_string()))??
+            .map_err(|e| ApiError::internal(e.to_string()))??
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
-    tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        for (name, host) in files {
-            let res = (|| -> std::io::Result<()> {
-                let mut f = std::fs::File::open(&host)?;
-                let len = f.metadata()?.len();
-                tx.blocking_send(Ok(Bytes::copy_from_slice(&len.to_be_bytes())))
-                    .map_err(|_| std::io::Error::other("client went away"))?;
-                let mut left = len;
-                let mut buf = vec![0u8; 256 << 10];
-                while left > 0 {
-                    let want = left.min(buf.len() as u64) as usize;
-                    let n = f.read(&mut buf[..want])?;
-                    if n == 0 {
-                        return Err(std::io::Error::other(format!(
-                            "{name} shrank while it was sent"
-                        )));
-                    }
-                    left -= n as u64;
-                    tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
-                        .map_err(|_| std::io::Error::other("client went away"))?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = res {
-                let _ = tx.blocking_send(Err(e));
-                return;
-            }
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let body = frames::body(
+        files,
+        |(_, host): &(String, std::path::PathBuf)| std::fs::File::open(host),
+        |(name, _): &(String, std::path::PathBuf)| name.clone(),
+    );
     Response::builder()
         .header("content-type", "application/octet-stream")
-        .body(Body::from_stream(stream))
-        .map_err(|e| ApiError(500, e.to_string()))
+        .body(body)
+        .map_err(|e| ApiError::internal(e.to_string()))
 }

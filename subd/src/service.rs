@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
 use paddock_image::{FileSystem, Filter, ObjectId};
+use paddock_wire::unix_ms;
 use serde::{Deserialize, Serialize};
 
 use crate::fetch::{self, FetchStats};
@@ -267,17 +268,6 @@ pub enum SubdError {
     Failed(String),
 }
 
-impl SubdError {
-    pub fn status(&self) -> u16 {
-        match self {
-            SubdError::Locked(_) | SubdError::Busy(_) => 409,
-            SubdError::NotReady => 503,
-            SubdError::Bad(_) => 400,
-            SubdError::Failed(_) => 502,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
     Fetch,
@@ -337,13 +327,6 @@ impl Drop for OpGuard {
     }
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 impl Subd {
     /// Prepares `<root>/.subd`, recovers from an interrupted update, starts the scanner.
     pub fn start(mut config: SubdConfig) -> io::Result<Arc<Subd>> {
@@ -383,7 +366,7 @@ impl Subd {
             scanner,
             state: Mutex::new(state),
             origin: Instant::now(),
-            start_time_ms: now_ms(),
+            start_time_ms: unix_ms(),
             agent: fetch::agent(),
             fetch_bytes: AtomicU64::new(0),
             link_speed,
@@ -652,7 +635,7 @@ impl Subd {
             );
             report.health = Some(HealthCheck {
                 image_name: req.image_name.clone(),
-                at_ms: now_ms(),
+                at_ms: unix_ms(),
                 outcome: o,
             });
         }
