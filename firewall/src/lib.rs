@@ -1,8 +1,8 @@
 //! The PXE filter.
 //!
 //! A pure model ([`Filter`]: allow set, deny set, discovery policy for unknown MACs, pass
-//! rule) is rendered into one nftables table, `inet paddock`, and applied with
-//! `nft -j -f -` as one atomic batch:
+//! rule) is rendered into one nftables table, `inet paddock`, built with the `nftables`
+//! crate's typed schema ([`Batch`]) and applied with `nft -j -f -` as one atomic batch:
 //!
 //! ```text
 //! chain input      iifname <prov> udp dport {67, 69, 4011} jump whitelist
@@ -41,8 +41,13 @@ pub mod table;
 pub use health::{Closed, Health, leader_element};
 pub use table::{Drift, Table, compare};
 
+use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, SetItem};
+use nftables::schema::{
+    self, FlushObject, NfCmd, NfListObject, NfObject, Nftables, SetFlag, SetType, SetTypeValue,
+};
+use nftables::stmt::{JumpTarget, Match, Operator, Statement};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use paddock_inventory::MacAddr;
-use serde_json::{Value, json};
 
 pub const TABLE: &str = "paddock";
 /// DHCP, TFTP and PXE boot-server discovery.
@@ -146,135 +151,227 @@ pub fn diff(from: &Filter, to: &Filter) -> Vec<Change> {
     out
 }
 
-fn base() -> Value {
-    json!({"family": "inet", "table": TABLE})
+/// A batch: commands for `nft -j -f -`, typed by the `nftables` crate's schema.
+pub type Batch = Nftables<'static>;
+
+fn add(obj: NfListObject<'static>) -> NfObject<'static> {
+    NfObject::CmdObject(NfCmd::Add(obj))
 }
 
-fn with(mut v: Value, extra: Value) -> Value {
-    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
-        m.extend(e);
+fn table() -> schema::Table<'static> {
+    schema::Table {
+        family: NfFamily::INet,
+        name: TABLE.into(),
+        handle: None,
     }
-    v
 }
 
-fn rule(chain: &str, expr: Value) -> Value {
-    json!({"add": {"rule": with(base(), json!({"chain": chain, "expr": expr}))}})
+fn chain(name: &str) -> schema::Chain<'static> {
+    schema::Chain {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: name.to_string().into(),
+        ..schema::Chain::default()
+    }
 }
 
-fn saddr_in(set: &str) -> Value {
-    json!({"match": {"op": "==", "left": {"payload": {"protocol": "ether", "field": "saddr"}}, "right": format!("@{set}")}})
+fn set(name: &str, set_type: SetType) -> NfListObject<'static> {
+    NfListObject::Set(Box::new(schema::Set {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: name.to_string().into(),
+        set_type: SetTypeValue::Single(set_type),
+        ..schema::Set::default()
+    }))
 }
 
-fn blacklist_rules(discovery: bool) -> Vec<Value> {
-    let mut v = vec![rule("blacklist", json!([saddr_in("deny"), {"drop": null}]))];
+fn rule(chain: &str, expr: Vec<Statement<'static>>) -> NfObject<'static> {
+    add(NfListObject::Rule(schema::Rule {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        chain: chain.to_string().into(),
+        expr: expr.into(),
+        ..schema::Rule::default()
+    }))
+}
+
+fn equals(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(Match {
+        left,
+        right,
+        op: Operator::EQ,
+    })
+}
+
+fn iifname() -> Expression<'static> {
+    Expression::Named(NamedExpression::Meta(Meta {
+        key: MetaKey::Iifname,
+    }))
+}
+
+fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: field.into(),
+        },
+    )))
+}
+
+fn saddr_in(set: &str) -> Statement<'static> {
+    equals(
+        payload("ether", "saddr"),
+        Expression::String(format!("@{set}").into()),
+    )
+}
+
+fn jump(target: &'static str) -> Statement<'static> {
+    Statement::Jump(JumpTarget {
+        target: target.into(),
+    })
+}
+
+fn blacklist_rules(discovery: bool) -> Vec<NfObject<'static>> {
+    let mut v = vec![rule(
+        "blacklist",
+        vec![saddr_in("deny"), Statement::Drop(None)],
+    )];
     if discovery {
-        v.push(rule("blacklist", json!([{"jump": {"target": "pass"}}])));
+        v.push(rule("blacklist", vec![jump("pass")]));
     }
-    v.push(rule("blacklist", json!([{"drop": null}])));
+    v.push(rule("blacklist", vec![Statement::Drop(None)]));
     v
 }
 
 /// The pass chain: the timed leader rule (several hosts: accepted while this host's
 /// element in the `leader` set lives, so a leader that dies closes by itself), then the
 /// static pass rule of a host that alone serves PXE.
-fn pass_rules(pass: bool) -> Vec<Value> {
+fn pass_rules(pass: bool) -> Vec<NfObject<'static>> {
     let mut v = vec![rule(
         "pass",
-        json!([
-            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "@leader"}},
-            {"accept": null}
-        ]),
+        vec![
+            equals(iifname(), Expression::String("@leader".into())),
+            Statement::Accept(None),
+        ],
     )];
     if pass {
-        v.push(rule("pass", json!([{"accept": null}])));
+        v.push(rule("pass", vec![Statement::Accept(None)]));
     }
     v
 }
 
-fn elements(op: &str, set: SetName, macs: &[MacAddr]) -> Value {
-    let elem: Vec<String> = macs.iter().map(MacAddr::to_string).collect();
-    json!({op: {"element": with(base(), json!({"name": set.as_str(), "elem": elem}))}})
+fn elements(set: SetName, macs: &[MacAddr]) -> NfListObject<'static> {
+    NfListObject::Element(schema::Element {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: set.as_str().into(),
+        elem: macs
+            .iter()
+            .map(|m| Expression::String(m.to_string().into()))
+            .collect::<Vec<_>>()
+            .into(),
+    })
+}
+
+fn batch(cmds: Vec<NfObject<'static>>) -> Batch {
+    Nftables {
+        objects: cmds.into(),
+    }
 }
 
 /// The whole table for `f` on interface `iface`, replacing any previous one (one batch).
-pub fn render_full(iface: &str, f: &Filter) -> Value {
-    let table = json!({"family": "inet", "name": TABLE});
-    let chain = |name: &str| json!({"add": {"chain": with(base(), json!({"name": name}))}});
+pub fn render_full(iface: &str, f: &Filter) -> Batch {
+    let mut leader = set("leader", SetType::Ifname);
+    if let NfListObject::Set(s) = &mut leader {
+        s.flags = Some([SetFlag::Timeout].into());
+    }
+    let ports = PORTS
+        .iter()
+        .map(|p| SetItem::Element(Expression::Number(u32::from(*p))))
+        .collect();
     let mut cmds = vec![
-        json!({"add": {"table": table}}),
-        json!({"delete": {"table": table}}),
-        json!({"add": {"table": table}}),
-        json!({"add": {"set": with(base(), json!({"name": "allow", "type": "ether_addr"}))}}),
-        json!({"add": {"set": with(base(), json!({"name": "deny", "type": "ether_addr"}))}}),
-        json!({"add": {"set": with(base(), json!({"name": "leader", "type": "ifname", "flags": ["timeout"]}))}}),
-        json!({"add": {"chain": with(base(), json!({"name": "input", "type": "filter", "hook": "input", "prio": -150, "policy": "accept"}))}}),
-        chain("whitelist"),
-        chain("blacklist"),
-        chain("pass"),
+        add(NfListObject::Table(table())),
+        NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(table()))),
+        add(NfListObject::Table(table())),
+        add(set("allow", SetType::EtherAddr)),
+        add(set("deny", SetType::EtherAddr)),
+        add(leader),
+        add(NfListObject::Chain(schema::Chain {
+            _type: Some(NfChainType::Filter),
+            hook: Some(NfHook::Input),
+            prio: Some(-150),
+            policy: Some(NfChainPolicy::Accept),
+            ..chain("input")
+        })),
+        add(NfListObject::Chain(chain("whitelist"))),
+        add(NfListObject::Chain(chain("blacklist"))),
+        add(NfListObject::Chain(chain("pass"))),
         rule(
             "input",
-            json!([
-                {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": iface}},
-                {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": {"set": PORTS.to_vec()}}},
-                {"jump": {"target": "whitelist"}}
-            ]),
+            vec![
+                equals(iifname(), Expression::String(iface.to_string().into())),
+                equals(
+                    payload("udp", "dport"),
+                    Expression::Named(NamedExpression::Set(ports)),
+                ),
+                jump("whitelist"),
+            ],
         ),
-        rule(
-            "whitelist",
-            json!([saddr_in("allow"), {"jump": {"target": "pass"}}]),
-        ),
-        rule("whitelist", json!([{"jump": {"target": "blacklist"}}])),
+        rule("whitelist", vec![saddr_in("allow"), jump("pass")]),
+        rule("whitelist", vec![jump("blacklist")]),
     ];
     cmds.extend(blacklist_rules(f.discovery));
     cmds.extend(pass_rules(f.pass));
     for (set, macs) in [(SetName::Allow, &f.allow), (SetName::Deny, &f.deny)] {
         let macs: Vec<MacAddr> = macs.iter().copied().collect();
         if !macs.is_empty() {
-            cmds.push(elements("add", set, &macs));
+            cmds.push(add(elements(set, &macs)));
         }
     }
-    json!({"nftables": cmds})
+    batch(cmds)
 }
 
 /// The closed table: nothing passes until the first full sync.
-pub fn render_closed(iface: &str) -> Value {
+pub fn render_closed(iface: &str) -> Batch {
     render_full(iface, &Filter::default())
 }
 
 /// A batch for these changes: element adds/deletes, and the blacklist or pass chain
 /// rewritten when the policy or the pass rule changes.
-pub fn render_changes(changes: &[Change]) -> Value {
+pub fn render_changes(changes: &[Change]) -> Batch {
     let mut cmds = Vec::new();
     for set in [SetName::Allow, SetName::Deny] {
-        for op in ["delete", "add"] {
+        for adding in [false, true] {
             let macs: Vec<MacAddr> = changes
                 .iter()
-                .filter_map(|c| match (c, op) {
-                    (Change::Delete(s, m), "delete") | (Change::Add(s, m), "add") if *s == set => {
-                        Some(*m)
-                    }
+                .filter_map(|c| match *c {
+                    Change::Delete(s, m) if !adding && s == set => Some(m),
+                    Change::Add(s, m) if adding && s == set => Some(m),
                     _ => None,
                 })
                 .collect();
             if !macs.is_empty() {
-                cmds.push(elements(op, set, &macs));
+                let obj = elements(set, &macs);
+                cmds.push(NfObject::CmdObject(if adding {
+                    NfCmd::Add(obj)
+                } else {
+                    NfCmd::Delete(obj)
+                }));
             }
         }
     }
     for c in changes {
-        match c {
-            Change::Discovery(on) => {
-                cmds.push(json!({"flush": {"chain": with(base(), json!({"name": "blacklist"}))}}));
-                cmds.extend(blacklist_rules(*on));
-            }
-            Change::Pass(on) => {
-                cmds.push(json!({"flush": {"chain": with(base(), json!({"name": "pass"}))}}));
-                cmds.extend(pass_rules(*on));
-            }
-            _ => {}
-        }
+        let (name, rules) = match c {
+            Change::Discovery(on) => ("blacklist", blacklist_rules(*on)),
+            Change::Pass(on) => ("pass", pass_rules(*on)),
+            _ => continue,
+        };
+        cmds.push(NfObject::CmdObject(NfCmd::Flush(FlushObject::Chain(
+            chain(name),
+        ))));
+        cmds.extend(rules);
     }
-    json!({"nftables": cmds})
+    batch(cmds)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +382,8 @@ pub enum NftError {
     Refused(String),
     #[error("nft printed something that is not its JSON: {0}")]
     Output(String),
+    #[error("cannot write the batch as nft's JSON: {0}")]
+    Encode(serde_json::Error),
     #[error("nft cannot read table inet {TABLE}: {0}")]
     Unreadable(String),
     #[error("{0}")]
@@ -381,7 +480,8 @@ impl Nft {
 
     /// Applies a batch with `nft -j -f -` (atomic: all or nothing), returning nft's own
     /// error text when it refuses.
-    pub fn apply(&self, batch: &Value) -> Result<(), NftError> {
+    pub fn apply(&self, batch: &Batch) -> Result<(), NftError> {
+        let json = serde_json::to_vec(batch).map_err(NftError::Encode)?;
         let mut child = self
             .command()
             .args(["-j", "-f", "-"])
@@ -391,9 +491,7 @@ impl Nft {
             .spawn()
             .map_err(NftError::Spawn)?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(batch.to_string().as_bytes())
-                .map_err(NftError::Spawn)?;
+            stdin.write_all(&json).map_err(NftError::Spawn)?;
         }
         let out = child.wait_with_output().map_err(NftError::Spawn)?;
         if !out.status.success() {
@@ -502,8 +600,9 @@ pub fn parse_listing(
             Err(NftError::Unreadable(stderr.trim().to_string()))
         };
     }
-    let v: Value = serde_json::from_slice(stdout).map_err(|e| NftError::Output(e.to_string()))?;
-    Table::from_listing(&v)
+    let v: serde_json::Value =
+        serde_json::from_slice(stdout).map_err(|e| NftError::Output(e.to_string()))?;
+    Table::from_listing(v)
         .map(Some)
         .ok_or_else(|| NftError::Output("a listing without the table".into()))
 }
@@ -511,6 +610,7 @@ pub fn parse_listing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn mac(n: u8) -> MacAddr {
         MacAddr([0x52, 0x54, 0, 0, 0, n])
@@ -616,7 +716,7 @@ mod tests {
     #[test]
     fn rendering() {
         let f = Filter::from_machines([(mac(1), true), (mac(2), false)], true, true);
-        let doc = render_full("br0", &f);
+        let doc = serde_json::to_value(render_full("br0", &f)).unwrap();
         let full = doc.to_string();
         // Single key-value needles only: the order of keys within an object depends on
         // whether serde_json preserves insertion order (a feature another crate may enable).
@@ -663,7 +763,8 @@ mod tests {
                 "{set}: {full}"
             );
         }
-        let closed = render_closed("br0").to_string();
+        let closed = serde_json::to_value(render_closed("br0")).unwrap();
+        let closed = closed.to_string();
         assert!(
             !closed.contains(r#""expr":[{"accept":null}]"#),
             "closed: no static pass rule"
@@ -678,14 +779,24 @@ mod tests {
                 || closed.contains(r#""flags":["timeout"]"#),
             "{closed}"
         );
+        let leader_rule = json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "@leader"}},
+            {"accept": null}
+        ]);
+        let closed_doc = serde_json::to_value(render_closed("br0")).unwrap();
         assert!(
-            closed.contains(r#""right":"@leader"}},{"accept":null}"#),
+            closed_doc["nftables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["add"]["rule"]["chain"] == "pass"
+                    && c["add"]["rule"]["expr"] == leader_rule),
             "{closed}"
         );
         // Compared as JSON values: key order within objects is not part of the format.
         let changes = render_changes(&[Change::Add(SetName::Deny, mac(5)), Change::Pass(false)]);
         assert_eq!(
-            changes,
+            serde_json::to_value(changes).unwrap(),
             serde_json::from_str::<serde_json::Value>(r#"{"nftables":[{"add":{"element":{"elem":["52:54:00:00:00:05"],"family":"inet","name":"deny","table":"paddock"}}},{"flush":{"chain":{"family":"inet","name":"pass","table":"paddock"}}},{"add":{"rule":{"chain":"pass","expr":[{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"@leader"}},{"accept":null}],"family":"inet","table":"paddock"}}}]}"#)
             .unwrap()
         );

@@ -159,10 +159,11 @@ fn applied_state_reads_back_and_changes_are_incremental() {
     nft.apply(&render_changes(&diff(&a, &b))).unwrap();
     assert_eq!(nft.read().unwrap(), Some(b.clone()));
     // A batch nft refuses changes nothing, and its own error text comes back.
-    let bad = serde_json::json!({"nftables": [
+    let bad: paddock_firewall::Batch = serde_json::from_value(serde_json::json!({"nftables": [
         {"add": {"element": {"family": "inet", "table": "paddock", "name": "allow", "elem": ["52:54:00:00:00:77"]}}},
         {"add": {"element": {"family": "inet", "table": "paddock", "name": "nope", "elem": ["52:54:00:00:00:78"]}}}
-    ]});
+    ]}))
+    .unwrap();
     let e = nft.apply(&bad).unwrap_err().to_string();
     assert!(
         e.contains("nft refused the batch") && e.contains("No such file or directory"),
@@ -455,7 +456,7 @@ fn a_failed_reconcile_closes_and_the_next_good_one_reopens() {
     // nft 1.0.6 cannot print an owned table's flags as JSON (the listing breaks off: the
     // read fails); later versions list it, and the rebuild is refused.
     let owned = || match nft.read_table() {
-        Ok(t) => t.is_some_and(|t| t.attrs.contains_key("flags")),
+        Ok(t) => t.is_some_and(|t| t.table.extra.contains_key("flags")),
         Err(e) => matches!(e, NftError::Output(_)),
     };
     let deadline = Instant::now() + Duration::from_secs(5);
