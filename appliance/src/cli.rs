@@ -1,94 +1,259 @@
-//! Command-line clients of a running appliance's API (`paddock node …`).
+//! Command-line clients of a running appliance's API (`paddock node …`, `paddock image …`,
+//! `paddock mdb …`, `paddock firewall status`). Answers are read into the types the
+//! services answer with; error answers through [`paddock_wire::error_message`].
 
 use anyhow::{Context, bail};
+use paddock_imageserver::images::{AddSummary, GcReport, ImageDetail, ImageRecord};
+use paddock_imageserver::mdb::Entry;
+use paddock_inspector::node::{Node, iso};
+use paddock_inspector::service::TimelineEvent;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Calls the API; an `{"error": {"message"}}` answer becomes the error text.
-fn call(api: &str, method: &str, path: &str) -> anyhow::Result<Value> {
-    let url = format!("{}{path}", api.trim_end_matches('/'));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(30)))
-        .build()
-        .into();
-    let resp = match method {
-        "POST" => agent.post(&url).send_empty(),
-        _ => agent.get(&url).call(),
-    }
-    .with_context(|| format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)"))?;
-    answer(method, path, resp)
+use crate::pxe_filter::FirewallAnswer;
+
+/// Why a call to the appliance's API failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot reach the appliance at {api} (set --api or PADDOCK_API)")]
+    Unreachable {
+        api: String,
+        #[source]
+        source: ureq::Error,
+    },
+    /// The API answered with an error status.
+    #[error("{method} {path}: {status}: {message}")]
+    Api {
+        method: &'static str,
+        path: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{method} {path}: reading the answer: {source}")]
+    Read {
+        method: &'static str,
+        path: String,
+        #[source]
+        source: ureq::Error,
+    },
+    #[error("{method} {path}: the answer is not what was expected: {source}")]
+    Decode {
+        method: &'static str,
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+impl CallError {
+    /// The status of an error answer (none when there was no answer).
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            CallError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
     }
+}
+
+/// A request to the API: method, path and query; the answer is read as `T`.
+struct Call<'a> {
+    api: &'a str,
+    method: &'static str,
+    path: String,
+    query: Vec<(&'static str, &'a str)>,
+}
+
+impl<'a> Call<'a> {
+    fn new(api: &'a str, method: &'static str, path: impl Into<String>) -> Self {
+        Call {
+            api,
+            method,
+            path: path.into(),
+            query: Vec::new(),
+        }
+    }
+
+    fn query(mut self, key: &'static str, value: &'a str) -> Self {
+        self.query.push((key, value));
+        self
+    }
+
+    fn url(&self) -> String {
+        format!("{}{}", self.api.trim_end_matches('/'), self.path)
+    }
+
+    fn unreachable(&self, source: ureq::Error) -> CallError {
+        CallError::Unreachable {
+            api: self.api.to_string(),
+            source,
+        }
+    }
+
+    /// Sends no body (`GET`, or `POST` without one).
+    fn send<T: DeserializeOwned>(self) -> Result<T, CallError> {
+        let agent = agent(Some(std::time::Duration::from_secs(30)));
+        let url = self.url();
+        let resp = if self.method == "POST" {
+            agent
+                .post(&url)
+                .query_pairs(self.query.clone())
+                .send_empty()
+        } else {
+            agent.get(&url).query_pairs(self.query.clone()).call()
+        }
+        .map_err(|e| self.unreachable(e))?;
+        self.answer(resp)
+    }
+
+    /// Sends a JSON body (`POST` or `PATCH`).
+    fn send_json<T: DeserializeOwned>(self, body: &impl Serialize) -> Result<T, CallError> {
+        let agent = agent(Some(std::time::Duration::from_secs(600)));
+        let url = self.url();
+        let resp = if self.method == "PATCH" {
+            agent
+                .patch(&url)
+                .query_pairs(self.query.clone())
+                .send_json(body)
+        } else {
+            agent
+                .post(&url)
+                .query_pairs(self.query.clone())
+                .send_json(body)
+        }
+        .map_err(|e| self.unreachable(e))?;
+        self.answer(resp)
+    }
+
+    /// An error status becomes [`CallError::Api`] with the envelope's message; anything else
+    /// is read as `T` (an empty body as JSON `null`).
+    fn answer<T: DeserializeOwned>(
+        self,
+        resp: ureq::http::Response<ureq::Body>,
+    ) -> Result<T, CallError> {
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .with_config()
+            .limit(u64::MAX)
+            .read_to_vec()
+            .map_err(|source| CallError::Read {
+                method: self.method,
+                path: self.path.clone(),
+                source,
+            })?;
+        if status >= 400 {
+            return Err(CallError::Api {
+                method: self.method,
+                path: self.path,
+                status,
+                message: paddock_wire::error_message(&body),
+            });
+        }
+        let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+            b"null"
+        } else {
+            &body
+        };
+        serde_json::from_slice(body).map_err(|source| CallError::Decode {
+            method: self.method,
+            path: self.path,
+            source,
+        })
+    }
+}
+
+fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(timeout)
+        .build()
+        .into()
+}
+
+/// An optional text as the CLI prints it: `-` when absent.
+fn or_dash(v: Option<&str>) -> &str {
+    v.unwrap_or("-")
+}
+
+/// A JSON value (a node property) as the CLI prints it: text as is, `-` for none.
+fn json_text(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn state(n: &Node) -> &'static str {
+    n.state().map_or("-", |s| s.as_str())
+}
+
+fn macs(n: &Node, sep: &str) -> String {
+    n.macs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
 }
 
 pub fn node_list(api: &str) -> anyhow::Result<()> {
-    let nodes = call(api, "GET", "/api/v1/nodes")?;
+    let nodes: Vec<Node> = Call::new(api, "GET", "/api/v1/nodes").send()?;
     println!(
         "{:<36}  {:<16}  {:<10}  {:>4}  {:>7}  {:>6}  MACS",
         "UUID", "NAME", "STATE", "CPUS", "MEM_MB", "DISK_G"
     );
-    for n in nodes.as_array().into_iter().flatten() {
+    for n in &nodes {
         println!(
             "{:<36}  {:<16}  {:<10}  {:>4}  {:>7}  {:>6}  {}",
-            s(&n["uuid"]),
-            s(&n["name"]),
-            s(&n["introspection"]["state"]),
-            s(&n["properties"]["cpus"]),
-            s(&n["properties"]["memory_mb"]),
-            s(&n["properties"]["local_gb"]),
-            n["macs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(s)
-                .collect::<Vec<_>>()
-                .join(",")
+            n.uuid,
+            or_dash(n.name.as_deref()),
+            state(n),
+            json_text(n.properties.get("cpus")),
+            json_text(n.properties.get("memory_mb")),
+            json_text(n.properties.get("local_gb")),
+            macs(n, ",")
         );
     }
     Ok(())
 }
 
+/// `GET /api/v1/nodes/{node}`: the node as Ironic shows it, with its timeline.
+#[derive(Debug, Deserialize)]
+struct NodeShown {
+    #[serde(flatten)]
+    node: Node,
+    #[serde(default)]
+    timeline: Vec<TimelineEvent>,
+}
+
 pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
-    let n = call(api, "GET", &format!("/api/v1/nodes/{node}"))?;
-    println!("uuid        {}", s(&n["uuid"]));
-    println!("name        {}", s(&n["name"]));
-    println!("state       {}", s(&n["introspection"]["state"]));
-    println!("error       {}", s(&n["introspection"]["error"]));
-    println!(
-        "macs        {}",
-        n["macs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(s)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("bmc         {}", s(&n["bmc_address"]));
-    println!("driver      {}", s(&n["driver"]));
-    println!("driver_info {}", n["driver_info"]);
-    println!("properties  {}", n["properties"]);
-    println!("extra       {}", n["extra"]);
+    let shown: NodeShown = Call::new(api, "GET", format!("/api/v1/nodes/{node}")).send()?;
+    let n = &shown.node;
+    let error = n.introspection.as_ref().and_then(|i| i.error.as_deref());
+    println!("uuid        {}", n.uuid);
+    println!("name        {}", or_dash(n.name.as_deref()));
+    println!("state       {}", state(n));
+    println!("error       {}", or_dash(error));
+    println!("macs        {}", macs(n, ", "));
+    println!("bmc         {}", or_dash(n.bmc_address.as_deref()));
+    println!("driver      {}", or_dash(n.driver.as_deref()));
+    println!("driver_info {}", Value::Object(n.driver_info.clone()));
+    println!("properties  {}", Value::Object(n.properties.clone()));
+    println!("extra       {}", Value::Object(n.extra.clone()));
     println!("timeline:");
-    for e in n["timeline"].as_array().into_iter().flatten() {
-        let at = e["at_ms"].as_i64().unwrap_or(0);
-        let mark = if e["error"] == Value::Bool(true) {
-            "!"
-        } else {
-            " "
-        };
+    for e in &shown.timeline {
+        let mark = if e.error { "!" } else { " " };
         println!(
             "  {}.{:03} {mark} {:<24} {}",
-            paddock_inspector::node::iso(at / 1000),
-            at % 1000,
-            s(&e["kind"]),
-            s(&e["message"])
+            iso(e.at_ms / 1000),
+            e.at_ms % 1000,
+            e.kind,
+            e.message
         );
     }
     Ok(())
@@ -151,23 +316,17 @@ pub fn node_set_patch(s: &NodeSet) -> anyhow::Result<Vec<Value>> {
 /// `paddock node set`: one PATCH with every change (Ironic's semantics, all or nothing).
 pub fn node_set(api: &str, node: &str, s: &NodeSet) -> anyhow::Result<()> {
     let ops = node_set_patch(s)?;
-    let query = if s.reset_interfaces {
-        "?reset_interfaces=true"
-    } else {
-        ""
-    };
-    call_body(
-        api,
-        "PATCH",
-        &format!("/api/v1/nodes/{node}{query}"),
-        &Value::Array(ops),
-    )?;
+    let mut call = Call::new(api, "PATCH", format!("/api/v1/nodes/{node}"));
+    if s.reset_interfaces {
+        call = call.query("reset_interfaces", "true");
+    }
+    call.send_json::<serde::de::IgnoredAny>(&ops)?;
     println!("node {node} updated");
     Ok(())
 }
 
 pub fn node_inspect(api: &str, node: &str) -> anyhow::Result<()> {
-    call(api, "POST", &format!("/v1/introspection/{node}"))?;
+    Call::new(api, "POST", format!("/v1/introspection/{node}")).send::<serde::de::IgnoredAny>()?;
     println!(
         "introspection of {node} started: it boots the discovery ramdisk at its next PXE boot"
     );
@@ -175,21 +334,24 @@ pub fn node_inspect(api: &str, node: &str) -> anyhow::Result<()> {
 }
 
 pub fn node_abort(api: &str, node: &str) -> anyhow::Result<()> {
-    call(api, "POST", &format!("/v1/introspection/{node}/abort"))?;
+    Call::new(api, "POST", format!("/v1/introspection/{node}/abort"))
+        .send::<serde::de::IgnoredAny>()?;
     println!("introspection of {node} aborted");
     Ok(())
 }
 
 pub fn firewall_status(api: &str) -> anyhow::Result<()> {
-    let st = call(api, "GET", "/api/v1/firewall")?;
-    if st["enabled"] == Value::Bool(false) {
-        println!("PXE filter: off ([firewall] enabled = false)");
-        return Ok(());
-    }
-    println!("interface       {}", s(&st["interface"]));
+    let st = match Call::new(api, "GET", "/api/v1/firewall").send()? {
+        FirewallAnswer::On(st) => st,
+        FirewallAnswer::Off { .. } => {
+            println!("PXE filter: off ([firewall] enabled = false)");
+            return Ok(());
+        }
+    };
+    println!("interface       {}", st.interface);
     println!(
         "pass rule       {}",
-        if st["pass"] == Value::Bool(true) {
+        if st.pass {
             "present (this host answers PXE)"
         } else {
             "absent (closed)"
@@ -197,115 +359,49 @@ pub fn firewall_status(api: &str) -> anyhow::Result<()> {
     );
     println!(
         "unknown MACs    {}",
-        if st["discovery"] == Value::Bool(true) {
-            "allowed"
-        } else {
-            "blocked"
-        }
+        if st.discovery { "allowed" } else { "blocked" }
     );
-    let at = st["last_sync_ms"].as_i64().unwrap_or(0);
     println!(
         "last sync       {} UTC",
-        paddock_inspector::node::iso(at / 1000)
+        iso(st.last_sync_ms.unwrap_or(0) / 1000)
     );
-    println!("syncs           {}", s(&st["syncs"]));
-    println!("drift repaired  {}", s(&st["drift_repaired"]));
-    println!("last error      {}", s(&st["last_error"]));
-    for k in ["allow", "deny"] {
-        let macs: Vec<String> = st[k].as_array().into_iter().flatten().map(s).collect();
+    println!("syncs           {}", st.syncs);
+    println!("drift repaired  {}", st.drift_repaired);
+    println!("last error      {}", or_dash(st.last_error.as_deref()));
+    for (k, list) in [("allow", &st.allow), ("deny", &st.deny)] {
+        let macs: Vec<String> = list.iter().map(ToString::to_string).collect();
         println!("{k:<15} {} {}", macs.len(), macs.join(" "));
     }
     Ok(())
 }
 
-fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(timeout)
-        .build()
-        .into()
-}
-
-fn answer(
-    method: &str,
-    path: &str,
-    resp: ureq::http::Response<ureq::Body>,
-) -> anyhow::Result<Value> {
-    let status = resp.status().as_u16();
-    let text = resp.into_body().read_to_string().unwrap_or_default();
-    let body: Value = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    };
-    if status >= 400 {
-        let msg = body["error"]["message"]
-            .as_str()
-            .map(String::from)
-            .unwrap_or_else(|| body.to_string());
-        bail!("{method} {path}: {status}: {msg}");
-    }
-    Ok(body)
-}
-
-/// Sends a JSON body with `method` (`POST` or `PATCH`).
-fn call_body(api: &str, method: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
-    let url = format!("{}{path}", api.trim_end_matches('/'));
-    let agent = agent(Some(std::time::Duration::from_secs(600)));
-    let resp = match method {
-        "PATCH" => agent.patch(&url).send_json(body),
-        _ => agent.post(&url).send_json(body),
-    }
-    .with_context(|| format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)"))?;
-    answer(method, path, resp)
-}
-
-/// Sends the tarball while drawing a progress bar on stderr.
+/// Counts the tarball's bytes into a progress bar on stderr (drawn only on a terminal).
 struct Progress<R> {
     inner: R,
-    sent: u64,
-    total: u64,
-    started: std::time::Instant,
-    last: std::time::Instant,
-    tty: bool,
-}
-
-impl<R: std::io::Read> Progress<R> {
-    fn draw(&self, done: bool) {
-        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        let pct = if self.total == 0 {
-            100.0
-        } else {
-            self.sent as f64 * 100.0 / self.total as f64
-        };
-        let width = 30usize;
-        let filled = ((pct / 100.0) * width as f64) as usize;
-        let line = format!(
-            "  [{}{}] {pct:5.1}%  {:.1}/{:.1} MiB  {:.1} MiB/s",
-            "#".repeat(filled.min(width)),
-            " ".repeat(width - filled.min(width)),
-            self.sent as f64 / 1048576.0,
-            self.total as f64 / 1048576.0,
-            self.sent as f64 / 1048576.0 / secs
-        );
-        if self.tty {
-            eprint!("\r{line}{}", if done { "\n" } else { "" });
-        } else if done {
-            eprintln!("{line}");
-        }
-    }
+    bar: indicatif::ProgressBar,
 }
 
 impl<R: std::io::Read> std::io::Read for Progress<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.sent += n as u64;
-        if self.last.elapsed() >= std::time::Duration::from_millis(200) {
-            self.last = std::time::Instant::now();
-            self.draw(false);
-        }
+        self.bar.inc(u64::try_from(n).unwrap_or(u64::MAX));
         Ok(n)
     }
+}
+
+/// The upload's progress bar: drawn on stderr when it is a terminal, hidden otherwise.
+fn upload_bar(total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "  [{bar:30}] {percent:>3}%  {binary_bytes}/{binary_total_bytes}  {binary_bytes_per_sec}",
+    ) {
+        bar.set_style(style.progress_chars("# "));
+    }
+    bar
 }
 
 pub struct ImageAdd<'a> {
@@ -316,8 +412,18 @@ pub struct ImageAdd<'a> {
     pub expires_in_secs: Option<i64>,
 }
 
+/// The first line of `POST /rpc/ImageServer.AddImage`, before the tarball.
+#[derive(Serialize)]
+struct AddHeader<'a> {
+    name: &'a str,
+    filter: Option<String>,
+    triggers: Option<String>,
+    expires_in_secs: Option<i64>,
+    created_by: String,
+}
+
 pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
-    use std::io::{IsTerminal, Read};
+    use std::io::Read;
     let read_text = |p: Option<&std::path::Path>| -> anyhow::Result<Option<String>> {
         p.map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
             .transpose()
@@ -341,174 +447,128 @@ pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
     }
     // The server refuses a taken or retired name before reading the upload; ask first so
     // that the answer is a message, not a broken pipe half-way through the tarball.
-    match call(
-        api,
-        "GET",
-        &format!("/rpc/ImageServer.ShowImage?name={}", q(a.name)),
-    ) {
-        Ok(v) if v["record"]["deleted"] == Value::Bool(true) => {
+    match Call::new(api, "GET", "/rpc/ImageServer.ShowImage")
+        .query("name", a.name)
+        .send::<ImageDetail>()
+    {
+        Ok(d) if d.record.deleted => {
             bail!(
                 "image name {:?} belonged to a deleted image and cannot be used again",
                 a.name
             )
         }
         Ok(_) => bail!("image {:?} already exists", a.name),
-        Err(e) if e.to_string().contains(": 404:") => {}
-        Err(e) => return Err(e),
+        Err(e) if e.status() == Some(404) => {}
+        Err(e) => return Err(e.into()),
     }
     let file = std::fs::File::open(a.tarball)
         .with_context(|| format!("opening {}", a.tarball.display()))?;
     let total = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut header = serde_json::to_vec(&serde_json::json!({
-        "name": a.name,
-        "filter": filter,
-        "triggers": triggers,
-        "expires_in_secs": a.expires_in_secs,
-        "created_by": std::env::var("USER").unwrap_or_default(),
-    }))?;
+    let mut header = serde_json::to_vec(&AddHeader {
+        name: a.name,
+        filter,
+        triggers,
+        expires_in_secs: a.expires_in_secs,
+        created_by: std::env::var("USER").unwrap_or_default(),
+    })?;
     header.push(b'\n');
-    let now = std::time::Instant::now();
+    let bar = upload_bar(total);
     let mut body = std::io::Cursor::new(header).chain(Progress {
         inner: file,
-        sent: 0,
-        total,
-        started: now,
-        last: now,
-        tty: std::io::stderr().is_terminal(),
+        bar: bar.clone(),
     });
     eprintln!("adding image {} from {}", a.name, a.tarball.display());
-    let path = "/rpc/ImageServer.AddImage";
-    let url = format!("{}{path}", api.trim_end_matches('/'));
+    let call = Call::new(api, "POST", "/rpc/ImageServer.AddImage");
     let resp = agent(None)
-        .post(&url)
+        .post(call.url())
         .header("content-type", "application/octet-stream")
         .send(ureq::SendBody::from_reader(&mut body))
-        .with_context(|| {
-            format!("cannot reach the appliance at {api} (set --api or PADDOCK_API)")
-        })?;
-    body.get_ref().1.draw(true);
-    let v = answer("POST", path, resp)?;
-    let st = &v["stats"];
-    let mib = |k: &str| st[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
-    println!(
-        "image {} added in {:.1} s",
-        a.name,
-        v["seconds"].as_f64().unwrap_or(0.0)
-    );
+        .map_err(|e| call.unreachable(e))?;
+    bar.finish();
+    let summary: AddSummary = call.answer(resp)?;
+    let st = &summary.stats;
+    println!("image {} added in {:.1} s", a.name, summary.seconds);
     println!(
         "  files {}  directories {}  symlinks {}  devices/fifos {}  hard links {}  filtered {}",
-        st["files"],
-        st["directories"],
-        st["symlinks"],
-        st["specials"],
-        st["hardlinks"],
-        st["filtered"]
+        st.files, st.directories, st.symlinks, st.specials, st.hardlinks, st.filtered
     );
-    println!(
-        "  bytes {:.1} MiB in {} objects",
-        mib("bytes"),
-        st["objects"]
-    );
+    println!("  bytes {:.1} MiB in {} objects", mib(st.bytes), st.objects);
     println!(
         "  new objects {} ({:.1} MiB)  deduplicated {:.1} MiB",
-        st["new_objects"],
-        mib("new_bytes"),
-        mib("dedup_bytes")
+        st.new_objects,
+        mib(st.new_bytes),
+        mib(st.dedup_bytes)
     );
     Ok(())
 }
 
+#[derive(Deserialize)]
+struct ImageList {
+    images: Vec<ImageRecord>,
+}
+
 pub fn image_list(api: &str) -> anyhow::Result<()> {
-    let v = call(api, "GET", "/rpc/ImageServer.ListImages")?;
+    let list: ImageList = Call::new(api, "GET", "/rpc/ImageServer.ListImages").send()?;
     println!(
         "{:<32}  {:>8}  {:>10}  {:>8}  {:<7}  CREATED",
         "IMAGE", "FILES", "MIB", "OBJECTS", "FILTER"
     );
-    for r in v["images"].as_array().into_iter().flatten() {
-        if r["deleted"] == Value::Bool(true) {
-            continue;
-        }
+    for r in list.images.iter().filter(|r| !r.deleted) {
         println!(
             "{:<32}  {:>8}  {:>10.1}  {:>8}  {:<7}  {}",
-            s(&r["name"]),
-            s(&r["files"]),
-            r["bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
-            s(&r["objects"]),
-            if r["filter"].is_null() {
-                "sparse"
-            } else {
-                "yes"
-            },
-            paddock_inspector::node::iso(r["created_on_ms"].as_i64().unwrap_or(0) / 1000)
+            r.name,
+            r.files,
+            mib(r.bytes),
+            r.objects,
+            if r.filter.is_none() { "sparse" } else { "yes" },
+            iso(r.created_on_ms / 1000)
         );
     }
     Ok(())
 }
 
-fn q(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 pub fn image_show(api: &str, name: &str) -> anyhow::Result<()> {
-    let d = call(
-        api,
-        "GET",
-        &format!("/rpc/ImageServer.ShowImage?name={}", q(name)),
-    )?;
-    let r = &d["record"];
-    let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1048576.0;
-    println!("image       {}", s(&r["name"]));
-    if r["deleted"] == Value::Bool(true) {
+    let d: ImageDetail = Call::new(api, "GET", "/rpc/ImageServer.ShowImage")
+        .query("name", name)
+        .send()?;
+    let r = &d.record;
+    println!("image       {}", r.name);
+    if r.deleted {
         println!("deleted     yes (the name cannot be used again)");
         return Ok(());
     }
-    println!("files       {}", s(&r["files"]));
-    println!("bytes       {:.1} MiB", mib(&r["bytes"]));
+    println!("files       {}", r.files);
+    println!("bytes       {:.1} MiB", mib(r.bytes));
     println!(
         "objects     {} ({} only here, {:.1} MiB; {} shared, {:.1} MiB; {} missing)",
-        s(&r["objects"]),
-        s(&d["unique_objects"]),
-        mib(&d["unique_bytes"]),
-        s(&d["shared_objects"]),
-        mib(&d["shared_bytes"]),
-        s(&d["missing_objects"])
+        r.objects,
+        d.unique_objects,
+        mib(d.unique_bytes),
+        d.shared_objects,
+        mib(d.shared_bytes),
+        d.missing_objects
     );
     println!(
         "filter      {}",
-        r["filter"]
-            .as_array()
-            .map_or("none (sparse image)".to_string(), |l| format!(
+        r.filter
+            .as_ref()
+            .map_or("none (sparse image)".to_string(), |f| format!(
                 "{} line(s)",
-                l.len()
+                f.lines().len()
             ))
     );
-    println!(
-        "triggers    {}",
-        r["triggers"].as_array().map_or(0, |l| l.len())
-    );
-    println!(
-        "created     {}",
-        paddock_inspector::node::iso(r["created_on_ms"].as_i64().unwrap_or(0) / 1000)
-    );
-    if let Some(e) = r["expires_at_ms"].as_i64() {
-        println!("expires     {}", paddock_inspector::node::iso(e / 1000));
+    println!("triggers    {}", r.triggers.list().len());
+    println!("created     {}", iso(r.created_on_ms / 1000));
+    if let Some(e) = r.expires_at_ms {
+        println!("expires     {}", iso(e / 1000));
     }
     Ok(())
 }
 
 pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
-    call(
-        api,
-        "POST",
-        &format!("/rpc/ImageServer.DeleteImage?name={}", q(name)),
-    )?;
+    Call::new(api, "POST", "/rpc/ImageServer.DeleteImage")
+        .query("name", name)
+        .send::<serde::de::IgnoredAny>()?;
     println!(
         "image {name} deleted (its name cannot be used again; run `paddock image gc` to free its objects)"
     );
@@ -516,70 +576,91 @@ pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
 }
 
 pub fn image_gc(api: &str) -> anyhow::Result<()> {
-    let r = call_body(
-        api,
-        "POST",
-        "/rpc/ImageServer.DeleteUnreferencedObjects",
-        &Value::Null,
-    )?;
+    let r: GcReport =
+        Call::new(api, "POST", "/rpc/ImageServer.DeleteUnreferencedObjects").send_json(&())?;
     println!(
         "deleted {} unreferenced object(s), {:.1} MiB; {} kept",
-        s(&r["deleted_objects"]),
-        r["deleted_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
-        s(&r["kept_objects"])
+        r.deleted_objects,
+        mib(r.deleted_bytes),
+        r.kept_objects
     );
     Ok(())
 }
 
+/// `POST /rpc/ImageServer.CheckImage`'s answer.
+#[derive(Deserialize)]
+struct ImageCheck {
+    ok: bool,
+    #[serde(default)]
+    bad: Vec<BadObject>,
+}
+
+#[derive(Deserialize)]
+struct BadObject {
+    object: String,
+    problem: String,
+}
+
 pub fn image_check(api: &str, name: &str) -> anyhow::Result<()> {
-    let r = call_body(
-        api,
-        "POST",
-        &format!("/rpc/ImageServer.CheckImage?name={}", q(name)),
-        &Value::Null,
-    )?;
-    if r["ok"] == Value::Bool(true) {
+    let r: ImageCheck = Call::new(api, "POST", "/rpc/ImageServer.CheckImage")
+        .query("name", name)
+        .send_json(&())?;
+    if r.ok {
         println!("image {name}: every object present and intact");
         return Ok(());
     }
-    for b in r["bad"].as_array().into_iter().flatten() {
-        println!("{}  {}", s(&b["problem"]), s(&b["object"]));
+    for b in &r.bad {
+        println!("{}  {}", b.problem, b.object);
     }
     bail!("image {name} has damaged or missing objects")
 }
 
+#[derive(Deserialize)]
+struct MachineList {
+    machines: Vec<Entry>,
+}
+
 pub fn mdb_list(api: &str) -> anyhow::Result<()> {
-    let v = call(api, "GET", "/rpc/Mdb.ListMachines")?;
+    let list: MachineList = Call::new(api, "GET", "/rpc/Mdb.ListMachines").send()?;
     println!(
         "{:<28}  {:<15}  {:<24}  {:<24}  SOURCE",
         "HOSTNAME", "IP", "REQUIRED", "PLANNED"
     );
-    for e in v["machines"].as_array().into_iter().flatten() {
-        let m = &e["machine"];
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    for e in &list.machines {
+        let m = &e.machine;
         println!(
             "{:<28}  {:<15}  {:<24}  {:<24}  {}",
-            s(&m["Hostname"]),
-            s(&m["IpAddress"]),
-            s(&m["RequiredImage"]),
-            s(&m["PlannedImage"]),
-            s(&e["source"])
+            m.hostname,
+            dash(&m.ip_address),
+            dash(&m.required_image),
+            dash(&m.planned_image),
+            serde_json::to_value(e.source)
+                .ok()
+                .as_ref()
+                .and_then(Value::as_str)
+                .unwrap_or("-")
         );
     }
     Ok(())
 }
 
-pub fn mdb_set(api: &str, machine: &Value) -> anyhow::Result<()> {
-    call_body(api, "POST", "/rpc/Mdb.SetMachine", machine)?;
-    println!("mdb: {} set", s(&machine["Hostname"]));
+pub fn mdb_set(api: &str, machine: &paddock_image::Machine) -> anyhow::Result<()> {
+    Call::new(api, "POST", "/rpc/Mdb.SetMachine").send_json::<serde::de::IgnoredAny>(machine)?;
+    println!("mdb: {} set", machine.hostname);
     Ok(())
 }
 
 pub fn mdb_delete(api: &str, hostname: &str) -> anyhow::Result<()> {
-    call(
-        api,
-        "POST",
-        &format!("/rpc/Mdb.DeleteMachine?hostname={}", q(hostname)),
-    )?;
+    Call::new(api, "POST", "/rpc/Mdb.DeleteMachine")
+        .query("hostname", hostname)
+        .send::<serde::de::IgnoredAny>()?;
     println!("mdb: {hostname} deleted");
     Ok(())
 }

@@ -1,243 +1,291 @@
-//! The web console (`/ui`): every appliance host serves it. Server-rendered HTML, escaped,
-//! no JavaScript needed; the node list refreshes itself.
+//! The web console (`/ui`): every appliance host serves it. Server-rendered HTML from
+//! compile-time-checked `maud` templates, which escape every interpolated value; no
+//! JavaScript needed; the node list refreshes itself.
+//!
+//! The console gets what it shows through [`Console`], not the HTTP layer's state, so that
+//! `http` can route to it without a cycle.
 
+use std::sync::Arc;
+
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use paddock_dhcp::shell::DhcpService;
+use paddock_imageserver::api::ImageServerState;
 use paddock_inspector::node::{Node, iso};
-use paddock_inspector::service::TimelineEvent;
+use paddock_inspector::service::{Inspector, TimelineEvent};
+use paddock_inventory::{IntrospectionData, Inventory};
 use serde_json::Value;
 
-use crate::http::AppState;
+use crate::config::ClusterConfig;
+use crate::pxe_filter::PxeFilter;
 
-/// HTML-escapes text.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+/// What the console reads: the services it shows and this host's place in the appliance.
+#[derive(Clone)]
+pub struct Console {
+    pub inspector: Arc<Inspector>,
+    pub dhcp: Option<Arc<DhcpService>>,
+    pub filter: Option<Arc<PxeFilter>>,
+    pub imageserver: ImageServerState,
+    pub leader: crate::leader::LeaderRx,
+    /// Several hosts: which one this is, and the etcd cluster.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// The console's routes under `/ui`.
+pub fn router(console: Console) -> Router {
+    Router::new()
+        .route("/ui/firewall", get(firewall))
+        .route("/ui", get(nodes))
+        .route("/ui/", get(nodes))
+        .route("/ui/nodes/{node}", get(node))
+        .route("/ui/leases", get(leases))
+        .route("/ui/images", get(images))
+        .route("/ui/images/{*name}", get(image))
+        .route("/ui/mdb", get(mdb))
+        .with_state(console)
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222} h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:1.5rem}
+table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}
+.state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
+code{font-size:.9em} nav a{margin-right:1rem}";
+
+fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html {
+                head {
+                    meta charset="utf-8";
+                    @if refresh { meta http-equiv="refresh" content="5"; }
+                    title { (title) " · Paddock" }
+                    style { (PreEscaped(STYLE)) }
+                }
+                body {
+                    nav {
+                        a href="/ui" { "Nodes" }
+                        a href="/ui/leases" { "Leases" }
+                        a href="/ui/firewall" { "PXE filter" }
+                        a href="/ui/images" { "Images" }
+                        a href="/ui/mdb" { "MDB" }
+                        a href="/metrics" { "Metrics" }
+                    }
+                    h1 { (title) }
+                    (body)
+                }
+            }
         }
-    }
-    out
+        .into_string(),
+    )
 }
 
-fn page(title: &str, refresh: bool, body: &str) -> Html<String> {
-    let refresh = if refresh {
-        r#"<meta http-equiv="refresh" content="5">"#
-    } else {
-        ""
-    };
-    Html(format!(
-        r#"<!doctype html><html><head><meta charset="utf-8">{refresh}<title>{t} · Paddock</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}} h1{{font-size:1.4rem}} h2{{font-size:1.1rem;margin-top:1.5rem}}
-table{{border-collapse:collapse}} td,th{{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}}
-.state{{font-weight:600}} .error{{color:#b00}} .finished{{color:#070}} .waiting,.enrolling,.processing{{color:#a60}}
-code{{font-size:.9em}} nav a{{margin-right:1rem}}
-</style></head><body><nav><a href="/ui">Nodes</a><a href="/ui/leases">Leases</a><a href="/ui/firewall">PXE filter</a><a href="/ui/images">Images</a><a href="/ui/mdb">MDB</a><a href="/metrics">Metrics</a></nav>
-<h1>{t}</h1>{body}</body></html>"#,
-        t = esc(title)
-    ))
+/// A failure reading what a page shows: the status and the error as text.
+fn failure(status: StatusCode, error: &str) -> Response {
+    (status, html! { (error) }.into_string()).into_response()
 }
 
-fn state_cell(n: &Node) -> String {
+fn state_cell(n: &Node) -> Markup {
     let s = n.state().map_or("-", |s| s.as_str());
-    format!(r#"<span class="state {s}">{s}</span>"#)
+    html! { span class={ "state " (s) } { (s) } }
 }
 
+/// A scheduling property as text (strings without their quotes).
 fn prop(n: &Node, k: &str) -> String {
-    n.properties
-        .get(k)
-        .map(|v| match v {
-            Value::String(s) => esc(s),
-            other => esc(&other.to_string()),
-        })
-        .unwrap_or_default()
+    match n.properties.get(k) {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
 }
 
-pub async fn nodes(State(s): State<AppState>) -> Response {
+fn macs(n: &Node) -> String {
+    n.macs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn error_of(n: &Node) -> Option<&str> {
+    n.introspection.as_ref().and_then(|i| i.error.as_deref())
+}
+
+async fn nodes(State(s): State<Console>) -> Response {
     let mut nodes = match s.inspector.list().await {
         Ok(n) => n,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.message)).into_response(),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
     };
     nodes.sort_by_key(|n| std::cmp::Reverse(n.created_at));
-    let mut rows = String::new();
-    for n in &nodes {
-        rows.push_str(&format!(
-            r#"<tr><td><a href="/ui/nodes/{u}">{name}</a></td><td>{state}</td><td>{err}</td><td><code>{macs}</code></td><td>{cpus}</td><td>{mem}</td><td>{disk}</td><td>{arch}</td></tr>"#,
-            u = n.uuid,
-            name = esc(&n.label()),
-            state = state_cell(n),
-            err = n.introspection.as_ref().and_then(|i| i.error.as_deref()).map(|e| format!(r#"<span class="error">{}</span>"#, esc(e))).unwrap_or_default(),
-            macs = esc(&n.macs.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(" ")),
-            cpus = prop(n, "cpus"),
-            mem = prop(n, "memory_mb"),
-            disk = prop(n, "local_gb"),
-            arch = prop(n, "cpu_arch"),
-        ));
-    }
-    let body = if nodes.is_empty() {
-        "<p>No nodes yet. Power on a machine on the provisioning network: it enrols itself.</p>"
-            .to_string()
-    } else {
-        format!(
-            "<table><tr><th>Node</th><th>State</th><th>Error</th><th>MACs</th><th>CPUs</th><th>Memory MiB</th><th>Disk GiB</th><th>Arch</th></tr>{rows}</table>"
-        )
+    let body = html! {
+        @if nodes.is_empty() {
+            p { "No nodes yet. Power on a machine on the provisioning network: it enrols itself." }
+        } @else {
+            table {
+                tr { th { "Node" } th { "State" } th { "Error" } th { "MACs" } th { "CPUs" } th { "Memory MiB" } th { "Disk GiB" } th { "Arch" } }
+                @for n in &nodes {
+                    tr {
+                        td { a href={ "/ui/nodes/" (n.uuid) } { (n.label()) } }
+                        td { (state_cell(n)) }
+                        td { @if let Some(e) = error_of(n) { span class="error" { (e) } } }
+                        td { code { (macs(n)) } }
+                        td { (prop(n, "cpus")) }
+                        td { (prop(n, "memory_mb")) }
+                        td { (prop(n, "local_gb")) }
+                        td { (prop(n, "cpu_arch")) }
+                    }
+                }
+            }
+        }
     };
-    page(&format!("Nodes ({})", nodes.len()), true, &body).into_response()
+    page(&format!("Nodes ({})", nodes.len()), true, body).into_response()
 }
 
-pub async fn node(State(s): State<AppState>, Path(ident): Path<String>) -> Response {
+/// A value that may be absent (a number the agent did not send, no PXE NIC): `-`.
+fn or_dash(n: Option<impl ToString>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// The inventory rows of the node page: text the machine sent, escaped like any other.
+fn inventory_rows(inv: &Inventory) -> Vec<(&'static str, String)> {
+    let text = |s: Option<&String>| s.map_or("", String::as_str).to_string();
+    let vendor = inv.system_vendor.clone().unwrap_or_default();
+    let firmware = vendor.firmware.clone().unwrap_or_default();
+    let cpu = inv.cpu.clone().unwrap_or_default();
+    let memory = inv.memory.clone().unwrap_or_default();
+    let mut rows = vec![
+        (
+            "System",
+            format!(
+                "{} {} (serial {})",
+                text(vendor.manufacturer.as_ref()),
+                text(vendor.product_name.as_ref()),
+                text(vendor.serial_number.as_ref())
+            ),
+        ),
+        (
+            "Firmware",
+            format!(
+                "{} {} · boot mode {}",
+                text(firmware.vendor.as_ref()),
+                text(firmware.version.as_ref()),
+                inv.boot
+                    .as_ref()
+                    .map_or("", |b| b.current_boot_mode.as_str())
+            ),
+        ),
+        (
+            "CPU",
+            format!(
+                "{} × {} ({})",
+                or_dash(cpu.count),
+                text(cpu.model_name.as_ref()),
+                text(cpu.architecture.as_ref())
+            ),
+        ),
+        ("Memory", format!("{} MiB", or_dash(memory.physical_mb))),
+    ];
+    for d in &inv.disks {
+        rows.push((
+            "Disk",
+            format!(
+                "{} {} bytes {} serial {}",
+                d.name,
+                d.size,
+                text(d.model.as_ref()),
+                text(d.serial.as_ref())
+            ),
+        ));
+    }
+    for i in &inv.interfaces {
+        rows.push((
+            "NIC",
+            format!(
+                "{} {} {} {} {}",
+                i.name,
+                text(i.mac_address.as_ref()),
+                text(i.ipv4_address.as_ref()),
+                text(i.driver.as_ref()),
+                text(i.pci_address.as_ref())
+            ),
+        ));
+    }
+    rows
+}
+
+async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
     let v = match s.inspector.find(&ident).await {
         Ok(Some(v)) => v,
         Ok(None) => {
-            return (
-                StatusCode::NOT_FOUND,
-                page(
-                    "Not found",
-                    false,
-                    &format!("<p>No node {}.</p>", esc(&ident)),
-                ),
-            )
-                .into_response();
+            let body = html! { p { "No node " (ident) "." } };
+            return (StatusCode::NOT_FOUND, page("Not found", false, body)).into_response();
         }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.message)).into_response(),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
     };
     let n = &v.node;
     let timeline: Vec<TimelineEvent> = s.inspector.timeline(n).await.unwrap_or_default();
-    let data: Option<Value> = s
+    let inventory: Option<Inventory> = s
         .inspector
         .data(&n.uuid.to_string(), true)
         .await
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .and_then(|b| serde_json::from_slice::<IntrospectionData>(&b).ok())
+        .map(|d| d.inventory.unwrap_or_default());
     let i = n.introspection.as_ref();
-    let mut body = format!(
-        "<table><tr><th>UUID</th><td><code>{}</code></td></tr><tr><th>State</th><td>{}</td></tr><tr><th>Error</th><td class=error>{}</td></tr><tr><th>Started</th><td>{}</td></tr><tr><th>Finished</th><td>{}</td></tr><tr><th>MACs</th><td><code>{}</code> (PXE {})</td></tr><tr><th>BMC</th><td>{}</td></tr><tr><th>Auto-discovered</th><td>{}</td></tr><tr><th>Properties</th><td><code>{}</code></td></tr><tr><th>Traits</th><td>{}</td></tr></table>",
-        n.uuid,
-        state_cell(n),
-        esc(i.and_then(|i| i.error.as_deref()).unwrap_or("")),
-        i.and_then(|i| i.started_at).map(iso).unwrap_or_default(),
-        i.and_then(|i| i.finished_at).map(iso).unwrap_or_default(),
-        esc(&n
-            .macs
-            .iter()
-            .map(|m| m.to_string())
-            .collect::<Vec<_>>()
-            .join(" ")),
-        n.pxe_mac
-            .map(|m| m.to_string())
-            .unwrap_or_else(|| "-".into()),
-        esc(n.bmc_address.as_deref().unwrap_or("-")),
-        n.auto_discovered,
-        esc(&Value::Object(n.properties.clone()).to_string()),
-        esc(&n.traits.join(", ")),
-    );
-    if let Some(d) = &data {
-        let inv = &d["inventory"];
-        body.push_str("<h2>Inventory</h2><table>");
-        let row = |k: &str, v: String| format!("<tr><th>{}</th><td>{}</td></tr>", esc(k), v);
-        body.push_str(&row(
-            "System",
-            esc(&format!(
-                "{} {} (serial {})",
-                inv["system_vendor"]["manufacturer"].as_str().unwrap_or(""),
-                inv["system_vendor"]["product_name"].as_str().unwrap_or(""),
-                inv["system_vendor"]["serial_number"].as_str().unwrap_or("")
-            )),
-        ));
-        body.push_str(&row(
-            "Firmware",
-            esc(&format!(
-                "{} {} · boot mode {}",
-                inv["system_vendor"]["firmware"]["vendor"]
-                    .as_str()
-                    .unwrap_or(""),
-                inv["system_vendor"]["firmware"]["version"]
-                    .as_str()
-                    .unwrap_or(""),
-                inv["boot"]["current_boot_mode"].as_str().unwrap_or("")
-            )),
-        ));
-        body.push_str(&row(
-            "CPU",
-            esc(&format!(
-                "{} × {} ({})",
-                inv["cpu"]["count"],
-                inv["cpu"]["model_name"].as_str().unwrap_or(""),
-                inv["cpu"]["architecture"].as_str().unwrap_or("")
-            )),
-        ));
-        body.push_str(&row(
-            "Memory",
-            esc(&format!("{} MiB", inv["memory"]["physical_mb"])),
-        ));
-        for disk in inv["disks"].as_array().into_iter().flatten() {
-            body.push_str(&row(
-                "Disk",
-                esc(&format!(
-                    "{} {} bytes {} serial {}",
-                    disk["name"].as_str().unwrap_or(""),
-                    disk["size"],
-                    disk["model"].as_str().unwrap_or(""),
-                    disk["serial"].as_str().unwrap_or("")
-                )),
-            ));
+    let body = html! {
+        table {
+            tr { th { "UUID" } td { code { (n.uuid) } } }
+            tr { th { "State" } td { (state_cell(n)) } }
+            tr { th { "Error" } td class="error" { (error_of(n).unwrap_or("")) } }
+            tr { th { "Started" } td { (i.and_then(|i| i.started_at).map(iso).unwrap_or_default()) } }
+            tr { th { "Finished" } td { (i.and_then(|i| i.finished_at).map(iso).unwrap_or_default()) } }
+            tr { th { "MACs" } td { code { (macs(n)) } " (PXE " (or_dash(n.pxe_mac)) ")" } }
+            tr { th { "BMC" } td { (n.bmc_address.as_deref().unwrap_or("-")) } }
+            tr { th { "Auto-discovered" } td { (n.auto_discovered) } }
+            tr { th { "Properties" } td { code { (Value::Object(n.properties.clone())) } } }
+            tr { th { "Traits" } td { (n.traits.join(", ")) } }
         }
-        for nic in inv["interfaces"].as_array().into_iter().flatten() {
-            body.push_str(&row(
-                "NIC",
-                esc(&format!(
-                    "{} {} {} {} {}",
-                    nic["name"].as_str().unwrap_or(""),
-                    nic["mac_address"].as_str().unwrap_or(""),
-                    nic["ipv4_address"].as_str().unwrap_or(""),
-                    nic["driver"].as_str().unwrap_or(""),
-                    nic["pci_address"].as_str().unwrap_or("")
-                )),
-            ));
+        @if let Some(inv) = &inventory {
+            h2 { "Inventory" }
+            table {
+                @for (what, text) in inventory_rows(inv) {
+                    tr { th { (what) } td { (text) } }
+                }
+            }
         }
-        body.push_str("</table>");
-    }
-    body.push_str(
-        "<h2>Timeline</h2><table><tr><th>When (UTC)</th><th>What</th><th>Details</th></tr>",
-    );
-    for e in &timeline {
-        let class = if e.error { " class=error" } else { "" };
-        body.push_str(&format!(
-            "<tr{class}><td>{}.{:03}</td><td>{}</td><td>{}</td></tr>",
-            iso(e.at_ms / 1000),
-            e.at_ms % 1000,
-            esc(&e.kind),
-            esc(&e.message)
-        ));
-    }
-    body.push_str("</table>");
-    page(&n.label(), n.inspecting(), &body).into_response()
+        h2 { "Timeline" }
+        table {
+            tr { th { "When (UTC)" } th { "What" } th { "Details" } }
+            @for e in &timeline {
+                tr class=[e.error.then_some("error")] {
+                    td { (iso(e.at_ms / 1000)) "." (format!("{:03}", e.at_ms % 1000)) }
+                    td { (e.kind) }
+                    td { (e.message) }
+                }
+            }
+        }
+    };
+    page(&n.label(), n.inspecting(), body).into_response()
 }
 
-pub async fn firewall(State(s): State<AppState>) -> Response {
+async fn firewall(State(s): State<Console>) -> Response {
     let Some(f) = &s.filter else {
-        return page(
-            "PXE filter",
-            false,
-            "<p>The PXE filter is off (<code>[firewall] enabled = false</code>).</p>",
-        )
-        .into_response();
+        let body = html! {
+            p { "The PXE filter is off (" code { "[firewall] enabled = false" } ")." }
+        };
+        return page("PXE filter", false, body).into_response();
     };
     let st = f.status();
     let leads = s.leader.borrow().is_some();
-    let who = match &s.config.cluster {
+    let who = match &s.cluster {
         None => "one host: this host serves PXE".to_string(),
         Some(c) => format!(
             "host {} of several ({}): {}",
-            esc(&c.host),
-            esc(&c.etcd_endpoints.join(", ")),
+            c.host,
+            c.etcd_endpoints.join(", "),
             if leads {
                 "this host leads and serves PXE"
             } else {
@@ -245,69 +293,46 @@ pub async fn firewall(State(s): State<AppState>) -> Response {
             }
         ),
     };
-    let list = |k: &str| {
-        st[k]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|m| m.as_str())
-                    .map(esc)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default()
+    let list = |macs: &[paddock_inventory::MacAddr]| {
+        macs.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
     };
-    let body = format!(
-        "<table><tr><th>Appliance</th><td>{who}</td></tr><tr><th>Interface</th><td>{}</td></tr><tr><th>Pass rule</th><td>{}</td></tr><tr><th>Unknown MACs</th><td>{}</td></tr><tr><th>Last sync (UTC)</th><td>{}</td></tr><tr><th>Syncs</th><td>{}</td></tr><tr><th>Drift repaired</th><td>{}</td></tr><tr><th>Last error</th><td class=error>{}</td></tr><tr><th>Allow ({})</th><td><code>{}</code></td></tr><tr><th>Deny ({})</th><td><code>{}</code></td></tr></table>",
-        esc(st["interface"].as_str().unwrap_or("")),
-        if st["pass"] == true {
-            "present: this host answers PXE"
-        } else {
-            "absent: closed"
-        },
-        if st["discovery"] == true {
-            "allowed (discovery on)"
-        } else {
-            "blocked (discovery off)"
-        },
-        st["last_sync_ms"]
-            .as_i64()
-            .map(|ms| iso(ms / 1000))
-            .unwrap_or_default(),
-        st["syncs"],
-        st["drift_repaired"],
-        esc(st["last_error"].as_str().unwrap_or("")),
-        st["allow"].as_array().map_or(0, Vec::len),
-        list("allow"),
-        st["deny"].as_array().map_or(0, Vec::len),
-        list("deny"),
-    );
-    page("PXE filter", true, &body).into_response()
+    let body = html! {
+        table {
+            tr { th { "Appliance" } td { (who) } }
+            tr { th { "Interface" } td { (st.interface) } }
+            tr { th { "Pass rule" } td { (if st.pass { "present: this host answers PXE" } else { "absent: closed" }) } }
+            tr { th { "Unknown MACs" } td { (if st.discovery { "allowed (discovery on)" } else { "blocked (discovery off)" }) } }
+            tr { th { "Last sync (UTC)" } td { (st.last_sync_ms.map(|ms| iso(ms / 1000)).unwrap_or_default()) } }
+            tr { th { "Syncs" } td { (st.syncs) } }
+            tr { th { "Drift repaired" } td { (st.drift_repaired) } }
+            tr { th { "Last error" } td class="error" { (st.last_error.as_deref().unwrap_or("")) } }
+            tr { th { "Allow (" (st.allow.len()) ")" } td { code { (list(&st.allow)) } } }
+            tr { th { "Deny (" (st.deny.len()) ")" } td { code { (list(&st.deny)) } } }
+        }
+    };
+    page("PXE filter", true, body).into_response()
 }
 
-pub async fn leases(State(s): State<AppState>) -> Response {
+async fn leases(State(s): State<Console>) -> Response {
     let leases = s.dhcp.as_ref().map(|d| d.leases()).unwrap_or_default();
-    let mut rows = String::new();
-    for l in &leases {
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td><code>{}</code></td><td>{:?}</td><td>{}</td><td>{}</td></tr>",
-            l.ip,
-            l.mac,
-            l.state,
-            iso(l.expires as i64),
-            esc(&l
-                .relay
-                .as_ref()
-                .map(|r| r.giaddr.to_string())
-                .unwrap_or_default())
-        ));
-    }
-    page(
-        &format!("DHCP leases ({})", leases.len()),
-        false,
-        &format!("<table><tr><th>IP</th><th>MAC</th><th>State</th><th>Expires (UTC)</th><th>Relay</th></tr>{rows}</table>"),
-    )
-    .into_response()
+    let body = html! {
+        table {
+            tr { th { "IP" } th { "MAC" } th { "State" } th { "Expires (UTC)" } th { "Relay" } }
+            @for l in &leases {
+                tr {
+                    td { (l.ip) }
+                    td { code { (l.mac) } }
+                    td { (format!("{:?}", l.state)) }
+                    td { (iso(i64::try_from(l.expires).unwrap_or(i64::MAX))) }
+                    td { (l.relay.as_ref().map(|r| r.giaddr.to_string()).unwrap_or_default()) }
+                }
+            }
+        }
+    };
+    page(&format!("DHCP leases ({})", leases.len()), false, body).into_response()
 }
 
 fn bytes(n: u64) -> String {
@@ -329,148 +354,124 @@ fn ms_iso(ms: Option<i64>) -> String {
     ms.map(|m| iso(m / 1000)).unwrap_or_else(|| "-".into())
 }
 
-pub async fn images(State(s): State<AppState>) -> Response {
+async fn images(State(s): State<Console>) -> Response {
     let list = match s.imageserver.images.list().await {
         Ok(l) => l,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
-    let mut rows = String::new();
-    for r in list.iter().filter(|r| !r.deleted) {
-        rows.push_str(&format!(
-            r#"<tr><td><a href="/ui/images/{n}">{n}</a></td><td>{files}</td><td>{bytes}</td><td>{objects}</td><td>{filter}</td><td>{triggers}</td><td>{created}</td><td>{expires}</td></tr>"#,
-            n = esc(&r.name),
-            files = r.files,
-            bytes = bytes(r.bytes),
-            objects = r.objects,
-            filter = r.filter.as_ref().map_or("sparse (no filter)".to_string(), |f| format!("{} line(s)", f.lines().len())),
-            triggers = r.triggers.list().len(),
-            created = ms_iso(Some(r.created_on_ms)),
-            expires = ms_iso(r.expires_at_ms),
-        ));
-    }
-    let deleted: Vec<String> = list
+    let deleted: Vec<&str> = list
         .iter()
         .filter(|r| r.deleted)
-        .map(|r| esc(&r.name))
+        .map(|r| r.name.as_str())
         .collect();
-    let body = format!(
-        r#"<p>Add with <code>paddock image add NAME TARBALL [--filter F] [--triggers T]</code>.</p>
-<table><tr><th>Image</th><th>Files</th><th>Bytes</th><th>Objects</th><th>Filter</th><th>Triggers</th><th>Created</th><th>Expires</th></tr>{rows}</table>
-<h2>Retired names</h2><p>{}</p>"#,
-        if deleted.is_empty() {
-            "none".to_string()
-        } else {
-            deleted.join(", ")
+    let body = html! {
+        p { "Add with " code { "paddock image add NAME TARBALL [--filter F] [--triggers T]" } "." }
+        table {
+            tr { th { "Image" } th { "Files" } th { "Bytes" } th { "Objects" } th { "Filter" } th { "Triggers" } th { "Created" } th { "Expires" } }
+            @for r in list.iter().filter(|r| !r.deleted) {
+                tr {
+                    td { a href={ "/ui/images/" (r.name) } { (r.name) } }
+                    td { (r.files) }
+                    td { (bytes(r.bytes)) }
+                    td { (r.objects) }
+                    td { (r.filter.as_ref().map_or("sparse (no filter)".to_string(), |f| format!("{} line(s)", f.lines().len()))) }
+                    td { (r.triggers.list().len()) }
+                    td { (ms_iso(Some(r.created_on_ms))) }
+                    td { (ms_iso(r.expires_at_ms)) }
+                }
+            }
         }
-    );
-    page("Images", false, &body).into_response()
+        h2 { "Retired names" }
+        p { (if deleted.is_empty() { "none".to_string() } else { deleted.join(", ") }) }
+    };
+    page("Images", false, body).into_response()
 }
 
-pub async fn image(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+async fn image(State(s): State<Console>, Path(name): Path<String>) -> Response {
     let d = match s.imageserver.images.show(&name).await {
         Ok(d) => d,
         Err(e) => {
-            return (
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                esc(&e.to_string()),
-            )
-                .into_response();
+            // The image server's API gives its errors their status.
+            let e = paddock_wire::ApiError::from(e);
+            let status =
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return failure(status, &e.message);
         }
     };
     let r = &d.record;
-    let filter = r
-        .filter
-        .as_ref()
-        .map_or("(none: a sparse image)".to_string(), |f| {
-            esc(&f.lines().join("\n"))
-        });
-    let triggers = r
-        .triggers
-        .list()
+    let flags = |t: &paddock_image::Trigger| {
+        [
+            (t.do_reload, "reload"),
+            (t.do_reboot, "reboot"),
+            (t.high_impact, "high impact"),
+        ]
         .iter()
-        .map(|t| {
-            format!(
-                "<tr><td>{}</td><td><code>{}</code></td><td>{}</td></tr>",
-                esc(&t.service),
-                esc(&t.match_lines.join(" ")),
-                [
-                    (t.do_reload, "reload"),
-                    (t.do_reboot, "reboot"),
-                    (t.high_impact, "high impact")
-                ]
-                .iter()
-                .filter(|x| x.0)
-                .map(|x| x.1)
-                .collect::<Vec<_>>()
-                .join(", ")
-            )
-        })
-        .collect::<String>();
-    let body = format!(
-        r#"<table>
-<tr><th>Files</th><td>{files}</td></tr><tr><th>Bytes</th><td>{bytes}</td></tr>
-<tr><th>Objects</th><td>{objects}: {uo} only in this image ({ub}), {so} shared with other images ({sb}), {mo} missing</td></tr>
-<tr><th>Created</th><td>{created} by {by}</td></tr><tr><th>Expires</th><td>{exp}</td></tr>
-<tr><th>Deleted</th><td>{del}</td></tr></table>
-<h2>Filter</h2><pre>{filter}</pre><h2>Triggers</h2><table><tr><th>Service</th><th>Match</th><th>Flags</th></tr>{triggers}</table>"#,
-        files = r.files,
-        bytes = bytes(r.bytes),
-        objects = r.objects,
-        uo = d.unique_objects,
-        ub = bytes(d.unique_bytes),
-        so = d.shared_objects,
-        sb = bytes(d.shared_bytes),
-        mo = d.missing_objects,
-        created = ms_iso(Some(r.created_on_ms)),
-        by = esc(if r.created_by.is_empty() {
-            "-"
-        } else {
-            &r.created_by
-        }),
-        exp = ms_iso(r.expires_at_ms),
-        del = if r.deleted {
-            ms_iso(r.deleted_on_ms)
-        } else {
-            "no".into()
-        },
-    );
-    page(&format!("Image {name}"), false, &body).into_response()
+        .filter(|x| x.0)
+        .map(|x| x.1)
+        .collect::<Vec<_>>()
+        .join(", ")
+    };
+    let body = html! {
+        table {
+            tr { th { "Files" } td { (r.files) } }
+            tr { th { "Bytes" } td { (bytes(r.bytes)) } }
+            tr { th { "Objects" } td {
+                (r.objects) ": " (d.unique_objects) " only in this image (" (bytes(d.unique_bytes)) "), "
+                (d.shared_objects) " shared with other images (" (bytes(d.shared_bytes)) "), "
+                (d.missing_objects) " missing"
+            } }
+            tr { th { "Created" } td { (ms_iso(Some(r.created_on_ms))) " by " (if r.created_by.is_empty() { "-" } else { &r.created_by }) } }
+            tr { th { "Expires" } td { (ms_iso(r.expires_at_ms)) } }
+            tr { th { "Deleted" } td { (if r.deleted { ms_iso(r.deleted_on_ms) } else { "no".into() }) } }
+        }
+        h2 { "Filter" }
+        pre { (r.filter.as_ref().map_or("(none: a sparse image)".to_string(), |f| f.lines().join("\n"))) }
+        h2 { "Triggers" }
+        table {
+            tr { th { "Service" } th { "Match" } th { "Flags" } }
+            @for t in r.triggers.list() {
+                tr { td { (t.service) } td { code { (t.match_lines.join(" ")) } } td { (flags(t)) } }
+            }
+        }
+    };
+    page(&format!("Image {name}"), false, body).into_response()
 }
 
-pub async fn mdb(State(s): State<AppState>) -> Response {
+async fn mdb(State(s): State<Console>) -> Response {
     let entries = match s.imageserver.mdb.entries().await {
         Ok(e) => e,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, esc(&e.to_string())).into_response(),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
-    let mut rows = String::new();
-    for e in entries.values() {
-        let m = &e.machine;
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:?}</td></tr>",
-            esc(&m.hostname),
-            esc(&m.ip_address),
-            esc(&m.required_image),
-            esc(&m.planned_image),
-            if m.disable_updates { "disabled" } else { "" },
-            esc(&m.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
-            e.source,
-        ));
-    }
     let st = s.imageserver.mdb.status();
-    let file = match &st.path {
-        None => "No MDB file is configured (<code>[images] mdb_file</code>); machines come from the API and enrolment.".to_string(),
-        Some(p) => format!(
-            "File <code>{}</code>: {} machine(s), last loaded {}{}",
-            esc(p),
-            st.machines,
-            ms_iso(st.last_load_ms),
-            st.last_error.as_ref().map(|e| format!(r#" — <span class="error">{}</span>"#, esc(e))).unwrap_or_default()
-        ),
+    let body = html! {
+        p {
+            @match &st.path {
+                None => {
+                    "No MDB file is configured (" code { "[images] mdb_file" } "); machines come from the API and enrolment."
+                }
+                Some(path) => {
+                    "File " code { (path) } ": " (st.machines) " machine(s), last loaded " (ms_iso(st.last_load_ms))
+                    @if let Some(e) = &st.last_error { " — " span class="error" { (e) } }
+                }
+            }
+        }
+        table {
+            tr { th { "Hostname" } th { "IpAddress" } th { "RequiredImage" } th { "PlannedImage" } th { "Updates" } th { "Tags" } th { "Source" } }
+            @for e in entries.values() {
+                @let m = &e.machine;
+                tr {
+                    td { (m.hostname) }
+                    td { (m.ip_address) }
+                    td { (m.required_image) }
+                    td { (m.planned_image) }
+                    td { (if m.disable_updates { "disabled" } else { "" }) }
+                    td { (m.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")) }
+                    td { (format!("{:?}", e.source)) }
+                }
+            }
+        }
     };
-    let body = format!(
-        r#"<p>{file}</p><table><tr><th>Hostname</th><th>IpAddress</th><th>RequiredImage</th><th>PlannedImage</th><th>Updates</th><th>Tags</th><th>Source</th></tr>{rows}</table>"#
-    );
-    page("MDB", true, &body).into_response()
+    page("MDB", true, body).into_response()
 }
 
 #[cfg(test)]
@@ -478,10 +479,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escapes_everything_that_matters() {
+    fn text_is_escaped_everywhere_it_lands() {
+        let hostile = r#"<script>alert("x&y")</script>'"#;
+        let html = page(hostile, false, html! { p { (hostile) } }).0;
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn inventory_rows_read_the_typed_inventory() {
+        let data: IntrospectionData = serde_json::from_value(serde_json::json!({"inventory": {
+            "system_vendor": {"manufacturer": "QEMU", "product_name": "<b>x</b>", "serial_number": "s1"},
+            "cpu": {"count": 2, "model_name": "m", "architecture": "x86_64"},
+            "memory": {"physical_mb": 1024},
+            "disks": [{"name": "/dev/vda", "size": 16, "model": "d", "serial": "ds"}],
+            "interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01"}],
+        }}))
+        .unwrap();
+        let rows = inventory_rows(data.inventory.as_ref().unwrap());
+        let text: Vec<String> = rows.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         assert_eq!(
-            esc(r#"<script>alert("x&y")</script>'"#),
-            "&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;&#39;"
+            text,
+            [
+                "System: QEMU <b>x</b> (serial s1)",
+                "Firmware:   · boot mode ",
+                "CPU: 2 × m (x86_64)",
+                "Memory: 1024 MiB",
+                "Disk: /dev/vda 16 bytes d serial ds",
+                "NIC: eth0 52:54:00:00:00:01   ",
+            ]
         );
     }
 }

@@ -1,7 +1,6 @@
 //! The HTTP face of the appliance: boot scripts and assets, the Inspector API, Paddock's
 //! API, health and metrics.
 
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -13,9 +12,16 @@ use axum::{Json, Router};
 use paddock_dhcp::shell::DhcpService;
 use paddock_inspector::service::{Inspector, InspectorError, Subject};
 use paddock_inventory::MacAddr;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::boot;
 use crate::config::Config;
+use crate::pxe_filter::FirewallAnswer;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -37,15 +43,7 @@ pub fn router(state: AppState) -> Router {
         .route("/boot/{name}", get(boot_script))
         .route("/api/v1/leases", get(leases))
         .route("/api/v1/firewall", get(firewall))
-        .route("/api/v1/cluster", get(cluster))
-        .route("/ui/firewall", get(crate::console::firewall))
-        .route("/ui", get(crate::console::nodes))
-        .route("/ui/", get(crate::console::nodes))
-        .route("/ui/nodes/{node}", get(crate::console::node))
-        .route("/ui/leases", get(crate::console::leases))
-        .route("/ui/images", get(crate::console::images))
-        .route("/ui/images/{*name}", get(crate::console::image))
-        .route("/ui/mdb", get(crate::console::mdb));
+        .route("/api/v1/cluster", get(cluster));
     if let Some(assets) = &state.assets {
         let assets = assets.clone();
         r = r.route(
@@ -59,7 +57,18 @@ pub fn router(state: AppState) -> Router {
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
-    r.with_state(state).merge(inspector).merge(imageserver)
+    let console = crate::console::router(crate::console::Console {
+        inspector: state.inspector.clone(),
+        dhcp: state.dhcp.clone(),
+        filter: state.filter.clone(),
+        imageserver: state.imageserver.clone(),
+        leader: state.leader.clone(),
+        cluster: state.config.cluster.clone(),
+    });
+    r.with_state(state)
+        .merge(inspector)
+        .merge(imageserver)
+        .merge(console)
 }
 
 fn api_error(status: StatusCode, message: impl Into<String>) -> InspectorError {
@@ -118,8 +127,8 @@ async fn boot_script(
 
 async fn firewall(State(s): State<AppState>) -> Response {
     match &s.filter {
-        Some(f) => Json(f.status()).into_response(),
-        None => Json(serde_json::json!({"enabled": false})).into_response(),
+        Some(f) => Json(FirewallAnswer::On(Box::new(f.status()))).into_response(),
+        None => Json(FirewallAnswer::Off { enabled: false }).into_response(),
     }
 }
 
@@ -152,16 +161,31 @@ async fn leases(State(s): State<AppState>) -> Response {
     Json(leases).into_response()
 }
 
+/// The labels of `paddock_dhcp_packets_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// The labels of `paddock_nodes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+/// `/metrics` in the OpenMetrics text format: the DHCP server's counters and the nodes by
+/// introspection state, read at each scrape.
 async fn metrics(State(s): State<AppState>) -> Response {
-    let mut out = String::new();
+    let mut registry = Registry::default();
     if let Some(d) = &s.dhcp {
-        let st = &d.stats;
-        let _ = writeln!(
-            out,
-            "# HELP paddock_dhcp_packets_total DHCP packets by outcome."
+        let packets = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "paddock_dhcp_packets",
+            "DHCP packets by outcome",
+            packets.clone(),
         );
-        let _ = writeln!(out, "# TYPE paddock_dhcp_packets_total counter");
-        for (what, c) in [
+        let st = &d.stats;
+        for (outcome, c) in [
             ("received", &st.received),
             ("malformed", &st.malformed),
             ("ignored", &st.ignored),
@@ -170,25 +194,33 @@ async fn metrics(State(s): State<AppState>) -> Response {
             ("nak", &st.naks),
             ("persist_error", &st.persist_errors),
         ] {
-            let _ = writeln!(
-                out,
-                "paddock_dhcp_packets_total{{outcome=\"{what}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
+            packets
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc_by(c.load(Ordering::Relaxed));
         }
     }
     if let Ok(nodes) = s.inspector.list().await {
-        let _ = writeln!(out, "# HELP paddock_nodes Nodes by introspection state.");
-        let _ = writeln!(out, "# TYPE paddock_nodes gauge");
-        let mut counts = std::collections::BTreeMap::new();
+        let by_state = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "paddock_nodes",
+            "Nodes by introspection state",
+            by_state.clone(),
+        );
         for n in &nodes {
-            *counts
-                .entry(n.state().map_or("none", |s| s.as_str()))
-                .or_insert(0) += 1;
-        }
-        for (state, n) in counts {
-            let _ = writeln!(out, "paddock_nodes{{state=\"{state}\"}} {n}");
+            let state = n.state().map_or("none", |s| s.as_str());
+            by_state.get_or_create(&StateLabels { state }).inc();
         }
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    let mut out = String::new();
+    if let Err(e) = encode(&mut out, &registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
 }

@@ -9,6 +9,7 @@ use paddock_imageserver::mdb::{MdbService, MdbServiceError, Source};
 use paddock_inspector::node::Node;
 use paddock_inspector::service::{DATA, Inspector, InspectorError, NodeObserver};
 use paddock_inspector::state::State;
+use paddock_inventory::IntrospectionData;
 
 type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
@@ -129,7 +130,7 @@ impl MdbRecorder {
                 node: node.uuid,
                 source,
             })?
-            .and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok());
+            .and_then(|kv| serde_json::from_slice::<IntrospectionData>(&kv.value).ok());
         let machine = enrolled_machine(node, processed.as_ref());
         let added = self
             .mdb
@@ -149,20 +150,20 @@ impl MdbRecorder {
 
 /// The MDB entry of an enrolled node: its label, the IPv4 address its PXE NIC (or, without
 /// one, its first NIC with an address) reported in the processed data, tag `NodeUuid`.
-fn enrolled_machine(node: &Node, processed: Option<&serde_json::Value>) -> Machine {
+fn enrolled_machine(node: &Node, processed: Option<&IntrospectionData>) -> Machine {
     let pxe = node.pxe_mac.map(|m| m.to_string());
     let ip = processed
-        .and_then(|d| d["inventory"]["interfaces"].as_array())
-        .and_then(|ifaces| {
-            ifaces.iter().find(|i| {
+        .and_then(|d| d.inventory.as_ref())
+        .and_then(|inv| {
+            inv.interfaces.iter().find(|i| {
                 pxe.as_deref().is_none_or(|p| {
-                    i["mac_address"]
-                        .as_str()
+                    i.mac_address
+                        .as_deref()
                         .is_some_and(|m| m.eq_ignore_ascii_case(p))
                 })
             })
         })
-        .and_then(|i| i["ipv4_address"].as_str())
+        .and_then(|i| i.ipv4_address.as_deref())
         // The agent's text is untrusted: the dominator will connect to this address.
         .and_then(|a| a.parse::<std::net::Ipv4Addr>().ok())
         .map(|a| a.to_string())
@@ -220,7 +221,9 @@ mod tests {
             (&named, Some(&json!({"inventory": {}})), "r1u7", ""),
         ];
         for (node, data, hostname, ip) in cases {
-            let m = enrolled_machine(node, data);
+            let data: Option<IntrospectionData> =
+                data.map(|d| serde_json::from_value(d.clone()).unwrap());
+            let m = enrolled_machine(node, data.as_ref());
             assert_eq!((m.hostname.as_str(), m.ip_address.as_str()), (hostname, ip));
             assert_eq!(m.tags["NodeUuid"], uuid.to_string());
         }

@@ -1,6 +1,7 @@
-//! Leadership of a several-host appliance: one host (the leader) holds the PXE pass rule,
-//! answers DHCP and runs the singleton tasks. The elector campaigns with a store lease and
-//! publishes `Some(Leader)` while this host leads, `None` otherwise.
+//! Leadership of the appliance: one host (the leader) holds the PXE pass rule, answers DHCP
+//! and runs the singleton tasks. A host alone always leads ([`Leadership::Sole`]); among
+//! several, the elector campaigns with a store lease and publishes
+//! `Some(Leadership::Elected(_))` while this host leads, `None` otherwise.
 //!
 //! Stepping down never waits on the store: a checker compares the clock with the
 //! [`Tenure`] deadline (last keep-alive *sent* + TTL − margin) every 50 ms and publishes
@@ -13,10 +14,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use paddock_store::election::{Election, Leader, Tenure};
-use paddock_store::{Store, StoreError};
+use paddock_store::{Compare, Store, StoreError};
 use tokio::sync::watch;
 
-pub type LeaderRx = watch::Receiver<Option<Leader>>;
+/// Why this host may do leader work now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// The only host (embedded store): it always leads, and there is no one to fence off.
+    Sole,
+    /// Elected among several hosts: its leader-only writes carry the election's fence.
+    Elected(Leader),
+}
+
+impl Leadership {
+    /// The comparison a leader-only write carries (none for a host alone).
+    pub fn fence(&self) -> Option<Compare> {
+        match self {
+            Leadership::Sole => None,
+            Leadership::Elected(leader) => Some(leader.fence()),
+        }
+    }
+}
+
+/// This host's leadership: `Some` while it leads.
+pub type LeaderRx = watch::Receiver<Option<Leadership>>;
+pub type LeaderTx = watch::Sender<Option<Leadership>>;
 
 /// Until when this host may act as leader: shared by the elector (which renews it) and the
 /// PXE filter (which gives the kernel's `leader` element exactly that long to live).
@@ -62,12 +84,8 @@ impl TenureClock {
 }
 
 /// A host that is always the leader (one host, embedded store).
-pub fn always() -> (watch::Sender<Option<Leader>>, LeaderRx) {
-    watch::channel(Some(Leader {
-        key: String::new(),
-        revision: 0,
-        lease: 0,
-    }))
+pub fn always() -> (LeaderTx, LeaderRx) {
+    watch::channel(Some(Leadership::Sole))
 }
 
 pub struct Elector {
@@ -79,7 +97,7 @@ pub struct Elector {
 impl Elector {
     /// Runs until `stop` turns true (SIGTERM): then resigns, so that another host takes
     /// over at once rather than after the lease runs out.
-    pub async fn run(self, tx: watch::Sender<Option<Leader>>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, tx: LeaderTx, mut stop: watch::Receiver<bool>) {
         let election = Arc::new(Election::new(self.store.clone(), "pxe"));
         let clock = self.clock.clone();
         let ttl = clock.ttl;
@@ -160,7 +178,7 @@ impl Elector {
                 Ok(leader) => {
                     tracing::info!(host = %self.host, revision = leader.revision, "leader: this host leads");
                     clock.leading.store(true, Ordering::SeqCst);
-                    tx.send_replace(Some(leader.clone()));
+                    tx.send_replace(Some(Leadership::Elected(leader.clone())));
                     let why = loop {
                         tokio::select! {
                             _ = tokio::time::sleep(Duration::from_millis(50)) => {

@@ -343,13 +343,14 @@ fn main() -> ExitCode {
                     disable_updates,
                 } => paddock::cli::mdb_set(
                     &api,
-                    &serde_json::json!({
-                        "Hostname": hostname,
-                        "IpAddress": ip.unwrap_or_default(),
-                        "RequiredImage": required_image.unwrap_or_default(),
-                        "PlannedImage": planned_image.unwrap_or_default(),
-                        "DisableUpdates": disable_updates,
-                    }),
+                    &paddock_image::Machine {
+                        hostname,
+                        ip_address: ip.unwrap_or_default(),
+                        required_image: required_image.unwrap_or_default(),
+                        planned_image: planned_image.unwrap_or_default(),
+                        disable_updates,
+                        ..paddock_image::Machine::default()
+                    },
                 ),
                 MdbCmd::Delete { hostname } => paddock::cli::mdb_delete(&api, &hostname),
             };

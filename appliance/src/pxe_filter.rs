@@ -16,7 +16,7 @@ use paddock_firewall::{
 };
 use paddock_inspector::service::{Inspector, NodeObserver, now_ms};
 use paddock_inventory::MacAddr;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 /// The longest wait between attempts to reopen after an error: the longest reconcile period
@@ -29,6 +29,45 @@ struct Status {
     last_error: Option<String>,
     syncs: u64,
     drift_repaired: u64,
+}
+
+/// What `GET /api/v1/firewall` answers while the filter is on (and what `/ui/firewall` and
+/// `paddock firewall status` show).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterStatus {
+    pub interface: String,
+    /// `serving`, or why not, for people.
+    pub state: String,
+    pub closed_after_error: Option<ClosedAfterError>,
+    /// Unknown MACs may boot the discovery ramdisk.
+    pub discovery: bool,
+    /// This host answers PXE now.
+    pub pass: bool,
+    pub pass_kind: String,
+    pub allow: Vec<MacAddr>,
+    pub deny: Vec<MacAddr>,
+    /// Unix ms.
+    pub last_sync_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub syncs: u64,
+    pub drift_repaired: u64,
+}
+
+/// The filter is closed after an error: since when, how often it failed, the next attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedAfterError {
+    pub error: String,
+    pub since_ms: i64,
+    pub attempts: u32,
+    pub next_retry_ms: i64,
+}
+
+/// The whole answer of `GET /api/v1/firewall`: the status, or `{"enabled": false}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FirewallAnswer {
+    On(Box<FilterStatus>),
+    Off { enabled: bool },
 }
 
 /// Each node's MACs and whether it may PXE-boot now.
@@ -458,7 +497,7 @@ impl PxeFilter {
             .unwrap_or_default()
     }
 
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> FilterStatus {
         let st = self.status.lock().unwrap_or_else(|p| p.into_inner());
         let applied = self.applied();
         let health = self.health.borrow().clone();
@@ -472,31 +511,37 @@ impl PxeFilter {
             None if !self.entitled() => "not serving: another host leads".into(),
             None => "serving".into(),
         };
-        let closed = health.closed().map(|c| {
+        let closed_after_error = health.closed().map(|c| {
             let retry = health
                 .next_retry(Instant::now(), RETRY_CAP)
                 .unwrap_or_default();
-            json!({
-                "error": c.error,
-                "since_ms": c.since_ms,
-                "attempts": c.attempts,
-                "next_retry_ms": now_ms() + retry.as_millis() as i64,
-            })
+            ClosedAfterError {
+                error: c.error.clone(),
+                since_ms: c.since_ms,
+                attempts: c.attempts,
+                next_retry_ms: now_ms()
+                    .saturating_add(i64::try_from(retry.as_millis()).unwrap_or(i64::MAX)),
+            }
         });
-        json!({
-            "interface": self.iface,
-            "state": state,
-            "closed_after_error": closed,
-            "discovery": applied.discovery,
-            "pass": self.serves(&applied),
-            "pass_kind": if self.timed.is_some() { "leader element (timed, several hosts)" } else { "static rule (one host)" },
-            "allow": applied.allow.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
-            "deny": applied.deny.iter().map(MacAddr::to_string).collect::<Vec<_>>(),
-            "last_sync_ms": st.last_sync_ms,
-            "last_error": st.last_error,
-            "syncs": st.syncs,
-            "drift_repaired": st.drift_repaired,
-        })
+        FilterStatus {
+            interface: self.iface.clone(),
+            state,
+            closed_after_error,
+            discovery: applied.discovery,
+            pass: self.serves(&applied),
+            pass_kind: if self.timed.is_some() {
+                "leader element (timed, several hosts)"
+            } else {
+                "static rule (one host)"
+            }
+            .into(),
+            allow: applied.allow.iter().copied().collect(),
+            deny: applied.deny.iter().copied().collect(),
+            last_sync_ms: st.last_sync_ms,
+            last_error: st.last_error.clone(),
+            syncs: st.syncs,
+            drift_repaired: st.drift_repaired,
+        }
     }
 
     /// The DHCP-level decision by `chaddr` (relayed requests arrive from the relay's MAC).

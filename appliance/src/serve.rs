@@ -409,10 +409,10 @@ fn every_while_leading<W, F>(
         let mut tick = tokio::time::interval(period);
         loop {
             tick.tick().await;
-            let Some(leader) = lrx.borrow().clone() else {
+            let Some(leadership) = lrx.borrow().clone() else {
                 continue;
             };
-            work((!leader.key.is_empty()).then(|| leader.fence())).await;
+            work(leadership.fence()).await;
         }
     });
 }

@@ -1,0 +1,43 @@
+//! Every default of the configuration file, once. Validation reads them from here and the
+//! file's documentation points here. The inspector's own defaults (auto-enrolment, the
+//! introspection timeout of 3600 s, the 4 MiB body limit, poweroff after inspection) and
+//! the timeline's (entries kept) are the inspector crate's `InspectorConfig::default()` and
+//! `TimelineLimits::default()`, read as they are, never restated.
+
+pub const DATA_DIR: &str = "/var/lib/paddock";
+pub const LOG_FORMAT: &str = "human";
+pub const HTTP_LISTEN: &str = "0.0.0.0:8080";
+
+pub const DHCP_ENABLED: bool = true;
+pub const DHCP_PORT: u16 = 67;
+pub const DHCP_CLIENT_PORT: u16 = 68;
+pub const DHCP_RELAY_PORT: u16 = 67;
+/// Seconds.
+pub const DHCP_LEASE_TIME: u32 = 3600;
+
+pub const TFTP_ENABLED: bool = true;
+pub const TFTP_LISTEN: &str = "0.0.0.0:69";
+pub const TFTP_MAX_TRANSFERS: usize = 4096;
+/// Seconds (at least 1).
+pub const TFTP_TIMEOUT_SECS: u64 = 3;
+
+/// Seconds between checks for introspections that timed out.
+pub const INSPECTOR_CLEAN_UP_PERIOD_SECS: u64 = 10;
+
+pub const FIREWALL_ENABLED: bool = false;
+/// Seconds (1 to 15).
+pub const FIREWALL_RECONCILE_SECS: u64 = 10;
+
+/// The image directory under `data_dir`.
+pub const IMAGES_SUBDIR: &str = "images";
+pub const IMAGES_MDB_POLL_SECS: u64 = 2;
+pub const IMAGES_RECORD_ENROLLED: bool = true;
+pub const IMAGES_EXPIRE_CHECK_SECS: u64 = 60;
+
+pub const TIMELINE_PRUNE_EVERY_SECS: u64 = 60;
+
+pub const CLUSTER_STORE: &str = "sqlite";
+/// Seconds (2 to 60).
+pub const CLUSTER_LEASE_TTL_SECS: u64 = 3;
+/// This host's name when neither the file nor the kernel names it.
+pub const CLUSTER_HOST: &str = "paddock";

@@ -1,0 +1,189 @@
+//! The configuration file as operators write it: every section and key optional, unknown
+//! keys errors. Defaults are applied by validation, from [`super::defaults`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The file as written. Every section and key is optional; unknown keys are errors, so a typo
+/// never silently falls back to a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub log_format: Option<String>,
+    pub http: HttpFile,
+    pub dhcp: DhcpFile,
+    pub tftp: TftpFile,
+    pub boot: BootFile,
+    pub inspector: InspectorFile,
+    pub firewall: FirewallFile,
+    pub images: ImagesFile,
+    pub cluster: ClusterFile,
+    pub timeline: TimelineFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimelineFile {
+    /// Entries kept for every node and every MAC, the newest (default: `TimelineLimits::default()`).
+    pub keep_per_subject: Option<usize>,
+    /// Also keep every entry of each node's last introspection, however many (default: `TimelineLimits::default()`).
+    pub keep_last_introspection: Option<bool>,
+    /// Seconds between prunings, on the leader ([`super::defaults::TIMELINE_PRUNE_EVERY_SECS`]).
+    pub prune_every_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterFile {
+    /// "sqlite" (one host, the default) or "etcd" (several hosts sharing an etcd cluster).
+    pub store: Option<String>,
+    /// The etcd members' client URLs, e.g. "http://198.18.0.11:2379".
+    pub etcd_endpoints: Vec<String>,
+    /// This host's name in the election and the console (default: the system's hostname).
+    pub host: Option<String>,
+    /// Seconds of the leader's lease ([`super::defaults::CLUSTER_LEASE_TTL_SECS`]): a dead leader is replaced after about this.
+    pub lease_ttl_secs: Option<u64>,
+    /// Every host's public URL; the discovery ramdisk is given all of them and fails over.
+    pub peers: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesFile {
+    /// The object store and image server's directory (default `<data_dir>/`[`super::defaults::IMAGES_SUBDIR`]).
+    pub dir: Option<PathBuf>,
+    /// An MDB file in Dominator's JSON to load and watch (replace it with write-then-rename).
+    pub mdb_file: Option<PathBuf>,
+    /// Seconds between checks of the MDB file ([`super::defaults::IMAGES_MDB_POLL_SECS`]).
+    pub mdb_poll_secs: Option<u64>,
+    /// Record machines that finish enrolment in the MDB ([`super::defaults::IMAGES_RECORD_ENROLLED`]).
+    pub record_enrolled: Option<bool>,
+    /// Seconds between checks for expired images ([`super::defaults::IMAGES_EXPIRE_CHECK_SECS`]).
+    pub expire_check_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FirewallFile {
+    /// Keep the PXE filter (nftables table `inet paddock`) in step with the nodes ([`super::defaults::FIREWALL_ENABLED`]).
+    pub enabled: Option<bool>,
+    /// The provisioning interface (default: the first DHCP interface).
+    pub interface: Option<String>,
+    /// Unknown MACs may PXE-boot (default: inspector.auto_enrol).
+    pub discovery: Option<bool>,
+    /// Seconds between reconciliations that repair drift ([`super::defaults::FIREWALL_RECONCILE_SECS`], at most 15).
+    pub reconcile_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InspectorFile {
+    /// Enrol machines no node matches (default: `InspectorConfig::default()`).
+    pub auto_enrol: Option<bool>,
+    /// Seconds before a running introspection ends in error (default: `InspectorConfig::default()`).
+    pub timeout_secs: Option<i64>,
+    /// How often timeouts are checked ([`super::defaults::INSPECTOR_CLEAN_UP_PERIOD_SECS`]).
+    pub clean_up_period_secs: Option<u64>,
+    /// Largest `/v1/continue` body in bytes (default: `InspectorConfig::default()`).
+    pub max_body_bytes: Option<usize>,
+    /// What the ramdisk does after introspection: poweroff, reboot or wait (default: `InspectorConfig::default()`).
+    pub after_inspection: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpFile {
+    pub listen: Option<String>,
+    pub public_url: Option<String>,
+    pub assets_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DhcpFile {
+    pub enabled: Option<bool>,
+    pub interfaces: Vec<String>,
+    pub port: Option<u16>,
+    pub client_port: Option<u16>,
+    pub relay_port: Option<u16>,
+    pub deny_macs: Vec<String>,
+    pub subnets: Vec<SubnetFile>,
+    pub reservations: Vec<ReservationFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubnetFile {
+    pub network: String,
+    pub pools: Vec<String>,
+    pub exclude: Vec<String>,
+    pub routers: Vec<String>,
+    pub dns: Vec<String>,
+    pub domain: Option<String>,
+    pub lease_time: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationFile {
+    pub mac: String,
+    pub ip: String,
+    pub hostname: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TftpFile {
+    pub enabled: Option<bool>,
+    pub listen: Vec<String>,
+    pub root: Option<PathBuf>,
+    pub roots: Vec<PathBuf>,
+    pub max_transfers: Option<usize>,
+    pub block_size_limit: Option<u16>,
+    pub window_size_limit: Option<u16>,
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootFile {
+    /// Option 93 value → boot file, overriding the built-in table.
+    pub arch: BTreeMap<String, String>,
+    pub tftp_server: Option<String>,
+    pub discovery: DiscoveryFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryFile {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub cmdline: Option<String>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            problems: vec![format!("{}: cannot read: {e}", path.display())],
+        })?;
+        Self::parse(&text).map_err(|mut e| {
+            e.problems = e
+                .problems
+                .into_iter()
+                .map(|p| format!("{}: {p}", path.display()))
+                .collect();
+            e
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError {
+            problems: vec![e.to_string().trim_end().to_string()],
+        })
+    }
+}

@@ -1,0 +1,235 @@
+//! Configuration in two layers: the TOML file operators write ([`file`]) with flag and
+//! environment [`overrides`], and the validated [`Config`] that everything after start-up
+//! uses ([`validate`], one function per section). Every default is in [`defaults`].
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use paddock_dhcp::{BootPolicy, Reservation, Subnet};
+use paddock_inspector::service::TimelineLimits;
+use paddock_inventory::MacAddr;
+
+pub mod defaults;
+pub mod file;
+pub mod overrides;
+mod validate;
+
+pub use file::*;
+pub use overrides::Overrides;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub log_format: LogFormat,
+    pub http_listen: SocketAddr,
+    pub public_url: String,
+    pub assets_dir: Option<PathBuf>,
+    pub dhcp: Option<DhcpConfig>,
+    pub tftp: Option<TftpConfig>,
+    pub boot: BootPolicy,
+    pub discovery: Discovery,
+    pub inspector: paddock_inspector::service::InspectorConfig,
+    pub clean_up_period: Duration,
+    pub firewall: Option<FirewallConfig>,
+    pub images: ImagesConfig,
+    pub cluster: Option<ClusterConfig>,
+    pub timeline: TimelineConfig,
+}
+
+/// What the timeline keeps, and how often the leader prunes it.
+#[derive(Clone, Debug)]
+pub struct TimelineConfig {
+    pub limits: TimelineLimits,
+    pub prune_every: Duration,
+}
+
+/// Several hosts on one etcd cluster (`None`: one host on the embedded store).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub etcd_endpoints: Vec<String>,
+    pub host: String,
+    pub lease_ttl: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct ImagesConfig {
+    pub dir: PathBuf,
+    pub mdb_file: Option<PathBuf>,
+    pub mdb_poll: Duration,
+    pub record_enrolled: bool,
+    pub expire_check: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct FirewallConfig {
+    pub interface: String,
+    pub discovery: bool,
+    pub reconcile: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct DhcpConfig {
+    pub interfaces: Vec<String>,
+    pub port: u16,
+    pub client_port: u16,
+    pub relay_port: u16,
+    pub deny_macs: BTreeSet<MacAddr>,
+    pub subnets: Vec<Subnet>,
+    pub reservations: Vec<Reservation>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TftpConfig {
+    pub listen: Vec<SocketAddr>,
+    pub server: paddock_tftp::TftpConfig,
+}
+
+/// The discovery ramdisk entry of the boot script.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Discovery {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub cmdline: String,
+    /// `paddock.url` for the agent when there are several hosts (this one first); empty:
+    /// the public URL alone.
+    pub agent_urls: Vec<String>,
+}
+
+/// All problems found in a configuration, each with the setting it concerns.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .problems.join("\n"))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_inspector::service::TimelineLimits;
+
+    const GOOD: &str = r#"
+data_dir = "/tmp/paddock"
+[http]
+listen = "198.18.0.1:8080"
+[dhcp]
+interfaces = ["br0"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100-198.18.0.199"]
+exclude = ["198.18.0.150"]
+routers = ["198.18.0.1"]
+[[dhcp.reservations]]
+mac = "52:54:00:00:00:01"
+ip = "198.18.0.10"
+[tftp]
+enabled = false
+[boot.arch]
+7 = "ipxe.efi"
+"#;
+
+    #[test]
+    fn a_good_file_validates() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.public_url, "http://198.18.0.1:8080");
+        let d = c.dhcp.unwrap();
+        assert_eq!((d.port, d.subnets.len(), d.reservations.len()), (67, 1, 1));
+        assert_eq!(c.boot.table[&7], "ipxe.efi");
+        assert!(c.tftp.is_none());
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut f = FileConfig::parse(GOOD).unwrap();
+        f.apply(&Overrides {
+            dhcp_port: Some(1067),
+            public_url: Some("http://198.18.0.9:80/".into()),
+            ..Overrides::default()
+        });
+        let c = f.validate().unwrap();
+        assert_eq!(c.dhcp.unwrap().port, 1067);
+        assert_eq!(c.public_url, "http://198.18.0.9:80");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_setting() {
+        let bad = r#"
+log_format = "xml"
+[http]
+listen = "nowhere"
+[dhcp]
+interfaces = []
+deny_macs = ["zz"]
+[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100", "198.18.0.200-198.18.1.5"]
+[boot.arch]
+x = "a"
+"#;
+        let e = FileConfig::parse(bad).unwrap().validate().unwrap_err();
+        let text = e.to_string();
+        for needle in [
+            "log_format",
+            "http.listen",
+            "dhcp.interfaces",
+            "dhcp.deny_macs[0]",
+            "dhcp.subnets[0].pools[0]",
+            "not inside subnet",
+            "boot.arch.x",
+            "tftp.root",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_timeline_keeps_what_it_is_told() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.timeline.limits, TimelineLimits::default());
+        assert_eq!(c.timeline.prune_every, Duration::from_secs(60));
+        let text = format!(
+            "{GOOD}[timeline]\nkeep_per_subject = 20\nkeep_last_introspection = false\nprune_every_secs = 5\n"
+        );
+        let mut f = FileConfig::parse(&text).unwrap();
+        f.apply(&Overrides {
+            timeline_keep_per_subject: Some(30),
+            ..Overrides::default()
+        });
+        let c = f.validate().unwrap();
+        assert_eq!(
+            c.timeline.limits,
+            TimelineLimits {
+                keep_per_subject: 30,
+                keep_last_introspection: false
+            }
+        );
+        assert_eq!(c.timeline.prune_every, Duration::from_secs(5));
+        let bad = format!("{GOOD}[timeline]\nkeep_per_subject = 0\nprune_every_secs = 0\n");
+        let text = FileConfig::parse(&bad)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        for needle in ["timeline.keep_per_subject", "timeline.prune_every_secs"] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        let e = FileConfig::parse("[timeline]\nkeep = 5\n").unwrap_err();
+        assert!(e.to_string().contains("unknown field `keep`"), "{e}");
+    }
+
+    #[test]
+    fn typos_are_errors_with_a_location() {
+        let e = FileConfig::parse("[dhcp]\ninterface = [\"br0\"]\n").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("unknown field `interface`"), "{text}");
+        assert!(text.contains("line 2"), "{text}");
+    }
+}

@@ -1,0 +1,484 @@
+//! From the file to the validated [`Config`]: one function per section, each adding the
+//! problems it finds (with the setting they concern) and its defaults from [`defaults`].
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use paddock_dhcp::{BootPolicy, Pool, Reservation, Subnet};
+use paddock_inspector::service::{InspectorConfig, NextAction, TimelineLimits};
+use paddock_inventory::MacAddr;
+
+use super::file::*;
+use super::*;
+
+/// Problems found so far, each naming its setting.
+type Problems = Vec<String>;
+
+impl FileConfig {
+    /// Checks everything and builds the internal configuration; reports every problem found.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let mut p = Problems::new();
+        let http_listen: Option<SocketAddr> = parse_or(
+            &mut p,
+            "http.listen",
+            self.http.listen.as_deref().unwrap_or(defaults::HTTP_LISTEN),
+        );
+        let public_url = public_url(&self.http, http_listen, &mut p);
+        let log_format = log_format(self.log_format.as_deref(), &mut p);
+        let boot = boot(&self.boot, &public_url, &mut p);
+        let first_dhcp_interface = self.dhcp.interfaces.first().cloned();
+        let dhcp = if self.dhcp.enabled.unwrap_or(defaults::DHCP_ENABLED) {
+            dhcp(self.dhcp, &mut p)
+        } else {
+            None
+        };
+        let (inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
+        let firewall = firewall(
+            &self.firewall,
+            first_dhcp_interface,
+            inspector.auto_enrol,
+            &mut p,
+        );
+        let tftp = if self.tftp.enabled.unwrap_or(defaults::TFTP_ENABLED) {
+            tftp(self.tftp, &mut p)
+        } else {
+            None
+        };
+        let data_dir = self
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(defaults::DATA_DIR));
+        let images = images(&self.images, &data_dir, &mut p);
+        let timeline = timeline(&self.timeline, &mut p);
+        let cluster = cluster(&self.cluster, &mut p);
+        let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
+        let Some(http_listen) = http_listen else {
+            return Err(ConfigError { problems: p });
+        };
+        if !p.is_empty() {
+            return Err(ConfigError { problems: p });
+        }
+        Ok(Config {
+            data_dir,
+            log_format,
+            http_listen,
+            public_url,
+            assets_dir: self.http.assets_dir,
+            dhcp,
+            tftp,
+            boot,
+            discovery: Discovery {
+                kernel: self.boot.discovery.kernel,
+                initrd: self.boot.discovery.initrd,
+                cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
+                agent_urls,
+            },
+            inspector,
+            clean_up_period,
+            firewall,
+            images,
+            cluster,
+            timeline,
+        })
+    }
+}
+
+/// `http.public_url`, or one made from `http.listen` when that names an address.
+fn public_url(f: &HttpFile, listen: Option<SocketAddr>, p: &mut Problems) -> String {
+    match &f.public_url {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+            u.trim_end_matches('/').to_string()
+        }
+        Some(u) => {
+            p.push(format!(
+                "http.public_url: {u:?} must start with http:// or https://"
+            ));
+            String::new()
+        }
+        None => match listen {
+            Some(a) if !a.ip().is_unspecified() => format!("http://{a}"),
+            _ => {
+                p.push("http.public_url: required when http.listen is a wildcard address; set the URL machines use to reach this host, e.g. http://198.18.0.1:8080".into());
+                String::new()
+            }
+        },
+    }
+}
+
+fn log_format(f: Option<&str>, p: &mut Problems) -> LogFormat {
+    match f.unwrap_or(defaults::LOG_FORMAT) {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => {
+            p.push(format!(
+                "log_format: {other:?} is neither \"human\" nor \"json\""
+            ));
+            LogFormat::Human
+        }
+    }
+}
+
+/// `[boot]`: the option 93 table's overrides and the TFTP server named in answers.
+fn boot(f: &BootFile, public_url: &str, p: &mut Problems) -> BootPolicy {
+    let mut overrides = BTreeMap::new();
+    for (k, v) in &f.arch {
+        match k.parse::<u16>() {
+            Ok(a) if !v.is_empty() => {
+                overrides.insert(a, v.clone());
+            }
+            Ok(_) => p.push(format!("boot.arch.{k}: the boot file name is empty")),
+            Err(_) => p.push(format!("boot.arch.{k}: keys are option 93 numbers (0 BIOS, 7 x64 UEFI, 11 arm64 UEFI, 16 x64 HTTP …)")),
+        }
+    }
+    let mut boot = BootPolicy::new(public_url, &overrides);
+    boot.tftp_server = f
+        .tftp_server
+        .as_deref()
+        .and_then(|s| parse_or(p, "boot.tftp_server", s));
+    boot
+}
+
+/// `[inspector]`, with the inspector's own defaults; and the clean-up period.
+fn inspector(f: &InspectorFile, public_url: &str, p: &mut Problems) -> (InspectorConfig, Duration) {
+    let d = InspectorConfig::default();
+    let after_inspection = match f.after_inspection.as_deref() {
+        None => d.after_inspection,
+        Some("poweroff") => NextAction::Poweroff,
+        Some("reboot") => NextAction::Reboot,
+        Some("wait") => NextAction::Wait,
+        Some(other) => {
+            p.push(format!(
+                "inspector.after_inspection: {other:?} is not poweroff, reboot or wait"
+            ));
+            d.after_inspection
+        }
+    };
+    let timeout_secs = f.timeout_secs.unwrap_or(d.timeout_secs);
+    if timeout_secs < 10 {
+        p.push(format!(
+            "inspector.timeout_secs: {timeout_secs} is too short (at least 10)"
+        ));
+    }
+    let clean_up = f
+        .clean_up_period_secs
+        .unwrap_or(defaults::INSPECTOR_CLEAN_UP_PERIOD_SECS);
+    if clean_up == 0 {
+        p.push(
+            "inspector.clean_up_period_secs: 0 would never time introspections out; use at least 1"
+                .into(),
+        );
+    }
+    let config = InspectorConfig {
+        auto_enrol: f.auto_enrol.unwrap_or(d.auto_enrol),
+        timeout_secs,
+        max_body_bytes: f.max_body_bytes.unwrap_or(d.max_body_bytes),
+        after_inspection,
+        public_url: public_url.to_string(),
+    };
+    (config, Duration::from_secs(clean_up.max(1)))
+}
+
+/// `[firewall]` (when enabled): the interface defaults to the first DHCP interface, the
+/// discovery policy to auto-enrolment.
+fn firewall(
+    f: &FirewallFile,
+    first_dhcp_interface: Option<String>,
+    auto_enrol: bool,
+    p: &mut Problems,
+) -> Option<FirewallConfig> {
+    if !f.enabled.unwrap_or(defaults::FIREWALL_ENABLED) {
+        return None;
+    }
+    let interface = f.interface.clone().or(first_dhcp_interface);
+    let reconcile = f
+        .reconcile_secs
+        .unwrap_or(defaults::FIREWALL_RECONCILE_SECS);
+    if !(1..=15).contains(&reconcile) {
+        p.push(format!(
+            "firewall.reconcile_secs: {reconcile} is outside 1..=15"
+        ));
+    }
+    match interface {
+        Some(interface) => Some(FirewallConfig {
+            interface,
+            discovery: f.discovery.unwrap_or(auto_enrol),
+            reconcile: Duration::from_secs(reconcile.clamp(1, 15)),
+        }),
+        None => {
+            p.push("firewall.interface: name the provisioning interface (there is no DHCP interface to default to)".into());
+            None
+        }
+    }
+}
+
+/// A period in seconds that must be at least 1.
+fn period(what: &str, secs: u64, p: &mut Problems) -> Duration {
+    if secs == 0 {
+        p.push(format!("{what}: must be at least 1"));
+    }
+    Duration::from_secs(secs.max(1))
+}
+
+/// `[images]`.
+fn images(f: &ImagesFile, data_dir: &std::path::Path, p: &mut Problems) -> ImagesConfig {
+    let mdb_poll = period(
+        "images.mdb_poll_secs",
+        f.mdb_poll_secs.unwrap_or(defaults::IMAGES_MDB_POLL_SECS),
+        p,
+    );
+    let expire_check = period(
+        "images.expire_check_secs",
+        f.expire_check_secs
+            .unwrap_or(defaults::IMAGES_EXPIRE_CHECK_SECS),
+        p,
+    );
+    ImagesConfig {
+        dir: f
+            .dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join(defaults::IMAGES_SUBDIR)),
+        mdb_file: f.mdb_file.clone(),
+        mdb_poll,
+        record_enrolled: f
+            .record_enrolled
+            .unwrap_or(defaults::IMAGES_RECORD_ENROLLED),
+        expire_check,
+    }
+}
+
+/// `[timeline]`, with the inspector's default limits.
+fn timeline(f: &TimelineFile, p: &mut Problems) -> TimelineConfig {
+    let d = TimelineLimits::default();
+    let keep_per_subject = f.keep_per_subject.unwrap_or(d.keep_per_subject);
+    let prune_every = period(
+        "timeline.prune_every_secs",
+        f.prune_every_secs
+            .unwrap_or(defaults::TIMELINE_PRUNE_EVERY_SECS),
+        p,
+    );
+    if keep_per_subject == 0 {
+        p.push("timeline.keep_per_subject: 0 would empty every timeline; keep at least 1".into());
+    }
+    TimelineConfig {
+        limits: TimelineLimits {
+            keep_per_subject: keep_per_subject.max(1),
+            keep_last_introspection: f
+                .keep_last_introspection
+                .unwrap_or(d.keep_last_introspection),
+        },
+        prune_every,
+    }
+}
+
+fn is_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://")
+}
+
+/// `[cluster]`: `None` for one host on SQLite, else the etcd cluster and this host's name.
+fn cluster(f: &ClusterFile, p: &mut Problems) -> Option<ClusterConfig> {
+    match f.store.as_deref().unwrap_or(defaults::CLUSTER_STORE) {
+        "sqlite" => {
+            if !f.etcd_endpoints.is_empty() {
+                p.push("cluster.etcd_endpoints: set cluster.store = \"etcd\" to use them".into());
+            }
+            None
+        }
+        "etcd" => {
+            if f.etcd_endpoints.is_empty() {
+                p.push("cluster.etcd_endpoints: list the etcd members' client URLs".into());
+            }
+            for e in f.etcd_endpoints.iter().filter(|e| !is_url(e)) {
+                p.push(format!(
+                    "cluster.etcd_endpoints: {e:?} must start with http:// or https://"
+                ));
+            }
+            let ttl = f.lease_ttl_secs.unwrap_or(defaults::CLUSTER_LEASE_TTL_SECS);
+            if !(2..=60).contains(&ttl) {
+                p.push(format!("cluster.lease_ttl_secs: {ttl} is outside 2..=60"));
+            }
+            let host = f.host.clone().unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| defaults::CLUSTER_HOST.into())
+            });
+            Some(ClusterConfig {
+                etcd_endpoints: f.etcd_endpoints.clone(),
+                host,
+                lease_ttl: Duration::from_secs(ttl.clamp(2, 60)),
+            })
+        }
+        other => {
+            p.push(format!(
+                "cluster.store: {other:?} is neither \"sqlite\" nor \"etcd\""
+            ));
+            None
+        }
+    }
+}
+
+/// `cluster.peers`: the agent's `paddock.url` list, this host first (empty: this host alone).
+fn agent_urls(peers: &[String], public_url: &str, p: &mut Problems) -> Vec<String> {
+    for peer in peers.iter().filter(|peer| !is_url(peer)) {
+        p.push(format!(
+            "cluster.peers: {peer:?} must start with http:// or https://"
+        ));
+    }
+    let mut urls = Vec::new();
+    if !peers.is_empty() {
+        urls.push(public_url.to_string());
+        for peer in peers {
+            let peer = peer.trim_end_matches('/').to_string();
+            if !urls.contains(&peer) {
+                urls.push(peer);
+            }
+        }
+    }
+    urls
+}
+
+fn parse_or<T: std::str::FromStr>(p: &mut Problems, what: &str, s: &str) -> Option<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match s.trim().parse() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            p.push(format!("{what}: {s:?}: {e}"));
+            None
+        }
+    }
+}
+
+/// `[dhcp]` (when enabled).
+fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
+    let before = p.len();
+    if f.interfaces.is_empty() {
+        p.push("dhcp.interfaces: name at least one interface to serve on (or set dhcp.enabled = false)".into());
+    }
+    if f.subnets.is_empty() {
+        p.push("dhcp.subnets: configure at least one subnet (network and pools)".into());
+    }
+    let mut subnets = Vec::new();
+    for (i, s) in f.subnets.iter().enumerate() {
+        let at = format!("dhcp.subnets[{i}]");
+        let Some(network) = parse_or::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
+            continue;
+        };
+        let mut pools = Vec::new();
+        for (j, range) in s.pools.iter().enumerate() {
+            let Some((a, b)) = range.split_once('-') else {
+                p.push(format!(
+                    "{at}.pools[{j}]: {range:?} is not a range like 198.18.0.100-198.18.0.199"
+                ));
+                continue;
+            };
+            let start = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), a);
+            let end = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), b);
+            if let (Some(start), Some(end)) = (start, end) {
+                pools.push(Pool { start, end });
+            }
+        }
+        let ips = |p: &mut Problems, what: &str, v: &[String]| -> Vec<Ipv4Addr> {
+            v.iter()
+                .enumerate()
+                .filter_map(|(k, s)| parse_or(p, &format!("{at}.{what}[{k}]"), s))
+                .collect()
+        };
+        let subnet = Subnet {
+            network: network.trunc(),
+            pools,
+            exclude: ips(p, "exclude", &s.exclude).into_iter().collect(),
+            routers: ips(p, "routers", &s.routers),
+            dns: ips(p, "dns", &s.dns),
+            domain: s.domain.clone(),
+            lease_time: s.lease_time.unwrap_or(defaults::DHCP_LEASE_TIME),
+        };
+        if let Err(e) = subnet.validate() {
+            p.push(format!("{at}: {e}"));
+        }
+        subnets.push(subnet);
+    }
+    let mut reservations = Vec::new();
+    for (i, r) in f.reservations.iter().enumerate() {
+        let at = format!("dhcp.reservations[{i}]");
+        let mac = parse_or::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
+        let ip = parse_or::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
+        if let (Some(mac), Some(ip)) = (mac, ip) {
+            reservations.push(Reservation {
+                mac,
+                ip,
+                hostname: r.hostname.clone(),
+            });
+        }
+    }
+    let deny_macs = f
+        .deny_macs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| parse_or(p, &format!("dhcp.deny_macs[{i}]"), m))
+        .collect();
+    if p.len() == before
+        && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
+    {
+        p.push(format!("dhcp: {e}"));
+    }
+    Some(DhcpConfig {
+        interfaces: f.interfaces,
+        port: f.port.unwrap_or(defaults::DHCP_PORT),
+        client_port: f.client_port.unwrap_or(defaults::DHCP_CLIENT_PORT),
+        relay_port: f.relay_port.unwrap_or(defaults::DHCP_RELAY_PORT),
+        deny_macs,
+        subnets,
+        reservations,
+    })
+}
+
+/// `[tftp]` (when enabled).
+fn tftp(f: TftpFile, p: &mut Problems) -> Option<TftpConfig> {
+    let mut roots = f.roots;
+    if let Some(r) = f.root {
+        roots.insert(0, r);
+    }
+    if roots.is_empty() {
+        p.push("tftp.root: set the directory to serve (or tftp.enabled = false)".into());
+    }
+    for r in &roots {
+        if !r.is_dir() {
+            p.push(format!("tftp.root: {} is not a directory", r.display()));
+        }
+    }
+    let listen_src = if f.listen.is_empty() {
+        vec![defaults::TFTP_LISTEN.to_string()]
+    } else {
+        f.listen
+    };
+    let listen = listen_src
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| parse_or::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
+        .collect();
+    if let Some(b) = f.block_size_limit
+        && !(8..=65464).contains(&b)
+    {
+        p.push(format!(
+            "tftp.block_size_limit: {b} is outside 8..=65464 (RFC 2348)"
+        ));
+    }
+    if f.window_size_limit == Some(0) {
+        p.push("tftp.window_size_limit: must be at least 1".into());
+    }
+    Some(TftpConfig {
+        listen,
+        server: paddock_tftp::TftpConfig {
+            roots,
+            max_transfers: f.max_transfers.unwrap_or(defaults::TFTP_MAX_TRANSFERS),
+            block_size_limit: f.block_size_limit,
+            window_size_limit: f.window_size_limit,
+            timeout: Duration::from_secs(
+                f.timeout_secs.unwrap_or(defaults::TFTP_TIMEOUT_SECS).max(1),
+            ),
+        },
+    })
+}
