@@ -12,13 +12,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_inventory::MacAddr;
+use paddock_wire::ApiError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::node::{Node, Secrets, iso};
 use crate::patch;
 use crate::rules::Rule;
-use crate::service::{Inspector, InspectorError, Subject, now_secs};
+use crate::service::{ErrorKind, Inspector, InspectorError, Subject, now_secs};
 use crate::state::State as IState;
 
 pub const VERSION_HEADER: &str = "X-OpenStack-Ironic-Inspector-API-Version";
@@ -32,19 +33,52 @@ pub const MAX_LIMIT: usize = 1000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version(pub u32);
 
-impl IntoResponse for InspectorError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({"error": {"message": self.message}}))).into_response()
+/// The HTTP status Inspector answers each kind of failure with: here, at the API's edge, and
+/// nowhere else.
+fn status_of(kind: ErrorKind) -> u16 {
+    match kind {
+        ErrorKind::Invalid => 400,
+        ErrorKind::NotFound => 404,
+        ErrorKind::Conflict => 409,
+        ErrorKind::Store => 500,
+        ErrorKind::NotLeader => 503,
     }
 }
 
-fn err(status: u16, message: impl Into<String>) -> InspectorError {
-    InspectorError::new(status, message)
+impl From<InspectorError> for ApiError {
+    fn from(e: InspectorError) -> Self {
+        ApiError::new(status_of(e.kind), e.message)
+    }
+}
+
+impl IntoResponse for InspectorError {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
+}
+
+impl InspectorError {
+    /// An error from an HTTP status, for handlers outside this crate that still speak
+    /// statuses: the kind the status stands for ([`status_of`]'s inverse); any other
+    /// status is a store failure (500).
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        let kind = match status {
+            400 => ErrorKind::Invalid,
+            404 => ErrorKind::NotFound,
+            409 => ErrorKind::Conflict,
+            503 => ErrorKind::NotLeader,
+            _ => ErrorKind::Store,
+        };
+        InspectorError::of(kind, message)
+    }
+}
+
+fn err(status: u16, message: impl Into<String>) -> ApiError {
+    ApiError::new(status, message)
 }
 
 /// Parses the version header: absent or `latest` → 1.18; malformed → 400; out of range → 406.
-pub fn parse_version(h: Option<&str>) -> Result<Version, InspectorError> {
+pub fn parse_version(h: Option<&str>) -> Result<Version, ApiError> {
     let Some(h) = h.map(str::trim) else {
         return Ok(Version(MAX_MINOR));
     };
@@ -156,7 +190,7 @@ fn status_json(api: &Inspector, node: &Node) -> Value {
 }
 
 /// A node by UUID or name, at any version (Inspector's `node_cache.get_node`).
-async fn node_for(api: &Inspector, ident: &str) -> Result<Node, InspectorError> {
+async fn node_for(api: &Inspector, ident: &str) -> Result<Node, ApiError> {
     let n = api
         .find(ident)
         .await?
@@ -181,7 +215,7 @@ async fn start(
     State(api): State<Api>,
     Path(ident): Path<String>,
     Query(q): Query<StartQuery>,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     let manage_boot = match q.manage_boot.as_deref() {
         None => true,
         Some(s) => parse_bool(s)
@@ -196,7 +230,7 @@ async fn start(
 async fn status(
     State(api): State<Api>,
     Path(ident): Path<String>,
-) -> Result<Json<Value>, InspectorError> {
+) -> Result<Json<Value>, ApiError> {
     let node = node_for(&api, &ident).await?;
     if node.introspection.is_none() {
         return Err(err(404, format!("Could not find node {ident} in cache")));
@@ -211,10 +245,7 @@ struct ListQuery {
     state: Option<String>,
 }
 
-async fn list(
-    State(api): State<Api>,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, InspectorError> {
+async fn list(State(api): State<Api>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
     let limit = match q.limit.as_deref() {
         None => MAX_LIMIT,
         Some(l) => match l.parse::<usize>() {
@@ -273,10 +304,7 @@ async fn list(
     ))
 }
 
-async fn abort(
-    State(api): State<Api>,
-    Path(ident): Path<String>,
-) -> Result<Response, InspectorError> {
+async fn abort(State(api): State<Api>, Path(ident): Path<String>) -> Result<Response, ApiError> {
     let node = node_for(&api, &ident).await?;
     api.abort(&node.uuid.to_string(), now_secs()).await?;
     Ok(StatusCode::ACCEPTED.into_response())
@@ -286,10 +314,7 @@ fn json_bytes(bytes: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
-async fn data(
-    State(api): State<Api>,
-    Path(ident): Path<String>,
-) -> Result<Response, InspectorError> {
+async fn data(State(api): State<Api>, Path(ident): Path<String>) -> Result<Response, ApiError> {
     let node = node_for(&api, &ident).await?;
     Ok(json_bytes(api.data(&node.uuid.to_string(), true).await?))
 }
@@ -297,7 +322,7 @@ async fn data(
 async fn unprocessed(
     State(api): State<Api>,
     Path(ident): Path<String>,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     let node = node_for(&api, &ident).await?;
     Ok(json_bytes(api.data(&node.uuid.to_string(), false).await?))
 }
@@ -306,7 +331,7 @@ async fn reapply(
     State(api): State<Api>,
     Path(ident): Path<String>,
     body: Bytes,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     let node = node_for(&api, &ident).await?;
     let body = if body.is_empty() {
         None
@@ -324,7 +349,7 @@ async fn reapply(
 async fn continue_(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, InspectorError> {
+) -> Result<Json<Value>, ApiError> {
     let body = body.map_err(|e| {
         let status = e.status().as_u16();
         if status == 413 {
@@ -357,7 +382,7 @@ fn rule_json(api: &Inspector, r: &Rule, full: bool) -> Value {
     v
 }
 
-async fn list_rules(State(api): State<Api>) -> Result<Json<Value>, InspectorError> {
+async fn list_rules(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     // In creation order, as Inspector lists them (`rules.get_all`, by `created_at`).
     let rules = api.rules().await?;
     Ok(Json(
@@ -369,7 +394,7 @@ async fn create_rule(
     State(api): State<Api>,
     axum::Extension(v): axum::Extension<Version>,
     body: Bytes,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     let body: Value =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid JSON body: {e}")))?;
     let rule = api.create_rule(&body, now_secs()).await?;
@@ -384,7 +409,7 @@ async fn create_rule(
 async fn get_rule(
     State(api): State<Api>,
     Path(uuid): Path<String>,
-) -> Result<Json<Value>, InspectorError> {
+) -> Result<Json<Value>, ApiError> {
     Ok(Json(rule_json(&api, &api.rule(&uuid).await?, true)))
 }
 
@@ -402,12 +427,12 @@ fn no_content() -> Response {
 async fn delete_rule(
     State(api): State<Api>,
     Path(uuid): Path<String>,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     api.delete_rule(&uuid).await?;
     Ok(no_content())
 }
 
-async fn delete_rules(State(api): State<Api>) -> Result<Response, InspectorError> {
+async fn delete_rules(State(api): State<Api>) -> Result<Response, ApiError> {
     api.delete_rules().await?;
     Ok(no_content())
 }
@@ -424,7 +449,7 @@ struct AgentEvent {
     level: Option<String>,
 }
 
-async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, InspectorError> {
+async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, ApiError> {
     let ev: AgentEvent =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid agent event: {e}")))?;
     let mac: MacAddr = ev
@@ -447,7 +472,7 @@ async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, 
 async fn agent_next(
     State(api): State<Api>,
     Path(ident): Path<String>,
-) -> Result<Json<Value>, InspectorError> {
+) -> Result<Json<Value>, ApiError> {
     let action = api.next_action(&ident).await?;
     Ok(Json(json!({"action": action})))
 }
@@ -457,7 +482,7 @@ fn node_json(node: &Node) -> Value {
     node.view(Secrets::Masked)
 }
 
-async fn list_nodes(State(api): State<Api>) -> Result<Json<Value>, InspectorError> {
+async fn list_nodes(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let mut nodes = api.list().await?;
     nodes.sort_by_key(|n| n.created_at);
     Ok(Json(Value::Array(nodes.iter().map(node_json).collect())))
@@ -466,7 +491,7 @@ async fn list_nodes(State(api): State<Api>) -> Result<Json<Value>, InspectorErro
 async fn show_node(
     State(api): State<Api>,
     Path(ident): Path<String>,
-) -> Result<Json<Value>, InspectorError> {
+) -> Result<Json<Value>, ApiError> {
     let v = api
         .find(&ident)
         .await?
@@ -481,7 +506,7 @@ async fn show_node(
 /// PATCH `add` would set it.
 const CREATE_FIELDS: [&str; 3] = ["macs", "name", "bmc_address"];
 
-async fn create_node(State(api): State<Api>, body: Bytes) -> Result<Response, InspectorError> {
+async fn create_node(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
     let req: serde_json::Map<String, Value> =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid node: {e}")))?;
     let macs = match req.get("macs") {
@@ -518,7 +543,7 @@ async fn create_node(State(api): State<Api>, body: Bytes) -> Result<Response, In
         ));
     }
     if let Some(name) = &name {
-        crate::node::check_name(name).map_err(|e| err(400, e))?;
+        crate::node::check_name(name).map_err(|e| err(400, e.to_string()))?;
     }
     let mut node = Node::new(uuid::Uuid::new_v4(), now_secs());
     node.macs = macs;
@@ -548,7 +573,7 @@ struct PatchQuery {
 
 /// An error as Ironic's API shapes it (`error_message`, a JSON text with `faultstring`), and
 /// as Paddock's (`error.message`), so either client reads it.
-fn ironic_error(e: InspectorError) -> Response {
+fn ironic_error(e: ApiError) -> Response {
     let fault = json!({"faultstring": e.message, "faultcode": "Client", "debuginfo": null});
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
     (
@@ -580,7 +605,7 @@ async fn patch_node(
         if api.find(&ident).await?.is_none() {
             return Err(err(404, format!("Node {ident} could not be found.")));
         }
-        api.patch_node(&ident, &ops, reset_interfaces).await
+        Ok(api.patch_node(&ident, &ops, reset_interfaces).await?)
     }
     .await;
     match res {

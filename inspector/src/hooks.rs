@@ -24,10 +24,27 @@ pub struct Interfaces {
     pub bmc: Option<String>,
 }
 
+/// Why a processing hook fails the introspection (Inspector's messages, word for word).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HookError {
+    /// `ramdisk_error`: what the ramdisk said went wrong.
+    #[error("Ramdisk reported error: {0}")]
+    Ramdisk(String),
+    /// `validate_interfaces`: no interface to add ports for (the inventory's names).
+    #[error("No suitable interfaces found in {0:?}")]
+    NoInterfaces(Vec<String>),
+    /// `root_disk_selection`: hints given, but the inventory has no disk.
+    #[error("No disks found to apply root device hints to")]
+    NoDisks,
+    /// `root_disk_selection`: no disk satisfies the hints (given as JSON).
+    #[error("No disks satisfied root device hints {0}")]
+    NoDiskMatches(Value),
+}
+
 /// `ramdisk_error`: a ramdisk that reported an error fails processing with its message.
-pub fn ramdisk_error(data: &IntrospectionData) -> Result<(), String> {
+pub fn ramdisk_error(data: &IntrospectionData) -> Result<(), HookError> {
     match data.error.as_deref().map(str::trim) {
-        Some(e) if !e.is_empty() => Err(format!("Ramdisk reported error: {e}")),
+        Some(e) if !e.is_empty() => Err(HookError::Ramdisk(e.to_string())),
         _ => Ok(()),
     }
 }
@@ -36,7 +53,7 @@ pub fn ramdisk_error(data: &IntrospectionData) -> Result<(), String> {
 pub fn validate_interfaces(
     data: &IntrospectionData,
     inv: &Inventory,
-) -> Result<Interfaces, String> {
+) -> Result<Interfaces, HookError> {
     let pxe = data
         .boot_interface
         .as_deref()
@@ -77,12 +94,8 @@ pub fn validate_interfaces(
         }
     }
     if used.is_empty() {
-        return Err(format!(
-            "No suitable interfaces found in {:?}",
-            inv.interfaces
-                .iter()
-                .map(|i| i.name.as_str())
-                .collect::<Vec<_>>()
+        return Err(HookError::NoInterfaces(
+            inv.interfaces.iter().map(|i| i.name.clone()).collect(),
         ));
     }
     let macs = used
@@ -142,7 +155,7 @@ pub fn root_disk_selection(
     data: &IntrospectionData,
     inv: &Inventory,
     hints: Option<&Value>,
-) -> Result<Option<Disk>, String> {
+) -> Result<Option<Disk>, HookError> {
     let Some(hints) = hints.and_then(Value::as_object).filter(|h| !h.is_empty()) else {
         if let Some(d) = &data.root_disk {
             return Ok(Some(d.clone()));
@@ -155,7 +168,7 @@ pub fn root_disk_selection(
             .cloned());
     };
     if inv.disks.is_empty() {
-        return Err("No disks found to apply root device hints to".into());
+        return Err(HookError::NoDisks);
     }
     let found = inv.disks.iter().find(|d| {
         hints.iter().all(|(k, want)| {
@@ -174,12 +187,10 @@ pub fn root_disk_selection(
             hint_matches(want, &have)
         })
     });
-    found.cloned().map(Some).ok_or_else(|| {
-        format!(
-            "No disks satisfied root device hints {}",
-            Value::Object(hints.clone())
-        )
-    })
+    found
+        .cloned()
+        .map(Some)
+        .ok_or_else(|| HookError::NoDiskMatches(Value::Object(hints.clone())))
 }
 
 /// The CPU flags Inspector's `capabilities` hook maps to capabilities
@@ -413,6 +424,7 @@ mod tests {
         assert!(
             validate_interfaces(&data, &bare)
                 .unwrap_err()
+                .to_string()
                 .starts_with("No suitable interfaces found")
         );
     }
@@ -442,6 +454,7 @@ mod tests {
         assert!(
             pick(json!({"serial": "ZZZ"}))
                 .unwrap_err()
+                .to_string()
                 .contains("No disks satisfied root device hints")
         );
         assert!(
@@ -539,7 +552,7 @@ mod tests {
         assert!(ramdisk_error(&d).is_ok());
         d.error = Some("disk collector: no /sys/block".into());
         assert_eq!(
-            ramdisk_error(&d).unwrap_err(),
+            ramdisk_error(&d).unwrap_err().to_string(),
             "Ramdisk reported error: disk collector: no /sys/block"
         );
     }

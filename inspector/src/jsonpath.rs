@@ -62,7 +62,7 @@ struct Token {
 
 impl Token {
     /// `near token VALUE (TYPE)`, as jsonpath_rw's parse errors say it.
-    fn describe(&self) -> String {
+    fn describe(&self) -> JsonPathError {
         let (value, kind) = match &self.tok {
             Tok::DoubleDot => ("..".to_string(), "DOUBLEDOT".to_string()),
             Tok::Number(n) => (n.to_string(), "NUMBER".to_string()),
@@ -71,11 +71,39 @@ impl Token {
             Tok::Where => ("where".to_string(), "WHERE".to_string()),
             Tok::Lit(c) => (c.to_string(), c.to_string()),
         };
-        format!(
-            "Parse error at {}:{} near token {value} ({kind})",
-            self.line, self.col
-        )
+        JsonPathError::Near {
+            line: self.line,
+            col: self.col,
+            value,
+            kind,
+        }
     }
+}
+
+/// A JSONPath jsonpath_rw does not parse, with the library's message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JsonPathError {
+    #[error("Number {0} is too large")]
+    NumberTooLarge(String),
+    #[error("Unexpected EOF in string literal or identifier")]
+    UnterminatedString,
+    #[error("Error on line {line}, col {col}: Unexpected character: {character} ")]
+    UnexpectedCharacter {
+        line: usize,
+        col: usize,
+        character: char,
+    },
+    #[error("Parse error at {line}:{col} near token {value} ({kind})")]
+    Near {
+        line: usize,
+        col: usize,
+        value: String,
+        kind: String,
+    },
+    #[error("Parse error at end of input")]
+    EndOfInput,
+    #[error("Unknown named operator `{op}` at {line}:{col}")]
+    UnknownOperator { op: String, line: usize, col: usize },
 }
 
 fn is_id_start(c: char) -> bool {
@@ -86,7 +114,7 @@ fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | '-')
 }
 
-fn lex(s: &str) -> Result<Vec<Token>, String> {
+fn lex(s: &str) -> Result<Vec<Token>, JsonPathError> {
     let chars: Vec<char> = s.chars().collect();
     let mut out = Vec::new();
     let (mut i, mut line, mut newline_at) = (0usize, 1usize, 0usize);
@@ -127,7 +155,7 @@ fn lex(s: &str) -> Result<Vec<Token>, String> {
                 let text: String = chars[from..i].iter().collect();
                 let n = text
                     .parse()
-                    .map_err(|_| format!("Number {text} is too large"))?;
+                    .map_err(|_| JsonPathError::NumberTooLarge(text))?;
                 push(&mut out, Tok::Number(n));
             }
             '\'' | '"' | '`' => {
@@ -136,9 +164,7 @@ fn lex(s: &str) -> Result<Vec<Token>, String> {
                 loop {
                     match chars.get(i) {
                         None => {
-                            return Err(
-                                "Unexpected EOF in string literal or identifier".to_string()
-                            );
+                            return Err(JsonPathError::UnterminatedString);
                         }
                         Some('\\') => match chars.get(i + 1) {
                             Some(e) if *e != '\n' => {
@@ -146,10 +172,11 @@ fn lex(s: &str) -> Result<Vec<Token>, String> {
                                 i += 2;
                             }
                             _ => {
-                                return Err(format!(
-                                    "Error on line {line}, col {}: Unexpected character: \\ ",
-                                    i - newline_at
-                                ));
+                                return Err(JsonPathError::UnexpectedCharacter {
+                                    line,
+                                    col: i - newline_at,
+                                    character: '\\',
+                                });
                             }
                         },
                         Some(q) if *q == c => {
@@ -183,9 +210,11 @@ fn lex(s: &str) -> Result<Vec<Token>, String> {
                 i += 1;
             }
             other => {
-                return Err(format!(
-                    "Error on line {line}, col {col}: Unexpected character: {other} "
-                ));
+                return Err(JsonPathError::UnexpectedCharacter {
+                    line,
+                    col,
+                    character: other,
+                });
             }
         }
     }
@@ -202,14 +231,14 @@ impl Parser {
         self.tokens.get(self.at).map(|t| &t.tok)
     }
 
-    fn error(&self) -> String {
+    fn error(&self) -> JsonPathError {
         match self.tokens.get(self.at) {
             Some(t) => t.describe(),
-            None => "Parse error at end of input".to_string(),
+            None => JsonPathError::EndOfInput,
         }
     }
 
-    fn expect(&mut self, c: char) -> Result<(), String> {
+    fn expect(&mut self, c: char) -> Result<(), JsonPathError> {
         if self.peek() == Some(&Tok::Lit(c)) {
             self.at += 1;
             Ok(())
@@ -229,7 +258,7 @@ impl Parser {
         })
     }
 
-    fn path(&mut self, min: u8) -> Result<Path, String> {
+    fn path(&mut self, min: u8) -> Result<Path, JsonPathError> {
         let mut left = self.primary()?;
         while let Some(tok) = self.peek().cloned() {
             // PLY reduces before shifting a '[' (it has no precedence): a bracket applies to
@@ -259,7 +288,7 @@ impl Parser {
     }
 
     /// `ID (',' ID)*`, the first ID already seen.
-    fn fields(&mut self, first: String) -> Result<Vec<String>, String> {
+    fn fields(&mut self, first: String) -> Result<Vec<String>, JsonPathError> {
         let mut names = vec![first];
         while self.peek() == Some(&Tok::Lit(',')) {
             self.at += 1;
@@ -274,7 +303,7 @@ impl Parser {
         Ok(names)
     }
 
-    fn primary(&mut self) -> Result<Path, String> {
+    fn primary(&mut self) -> Result<Path, JsonPathError> {
         let Some(tok) = self.peek().cloned() else {
             return Err(self.error());
         };
@@ -289,10 +318,11 @@ impl Parser {
                 "parent" => Ok(Path::Parent),
                 _ => {
                     let t = &self.tokens[here];
-                    Err(format!(
-                        "Unknown named operator `{op}` at {}:{}",
-                        t.line, t.col
-                    ))
+                    Err(JsonPathError::UnknownOperator {
+                        op: op.clone(),
+                        line: t.line,
+                        col: t.col,
+                    })
                 }
             },
             Tok::Lit('[') => {
@@ -313,7 +343,7 @@ impl Parser {
     }
 
     /// What `[…]` holds: an index, a slice, `*`, or field names.
-    fn bracket(&mut self) -> Result<Path, String> {
+    fn bracket(&mut self) -> Result<Path, JsonPathError> {
         let tok = self.peek().cloned();
         let number = |p: &mut Self| match p.peek() {
             Some(Tok::Number(n)) => {
@@ -348,7 +378,7 @@ impl Parser {
 }
 
 /// Parses a JSONPath as jsonpath_rw does; the error is the library's message.
-pub fn parse(s: &str) -> Result<Path, String> {
+pub fn parse(s: &str) -> Result<Path, JsonPathError> {
     let tokens = lex(s)?;
     let mut p = Parser { tokens, at: 0 };
     let path = p.path(0)?;
@@ -574,8 +604,18 @@ pub fn split_scheme(field: &str) -> (&str, &str) {
 }
 
 /// The message Inspector gives for a field that does not parse.
-pub fn parse_error(field: &str, error: &str) -> String {
-    format!("Unable to parse field JSON path {field}: {error}")
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("Unable to parse field JSON path {field}: {error}")]
+pub struct FieldError {
+    pub field: String,
+    pub error: JsonPathError,
+}
+
+pub fn parse_error(field: &str, error: JsonPathError) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        error,
+    }
 }
 
 #[cfg(test)]
@@ -584,7 +624,7 @@ mod tests {
     use serde_json::json;
 
     fn values(path: &str, data: &Value) -> Result<Vec<Value>, String> {
-        let p = parse(path)?;
+        let p = parse(path).map_err(|e| e.to_string())?;
         find(&p, data)
             .map(|v| v.into_iter().map(Cow::into_owned).collect())
             .map_err(|e| e.to_string())
@@ -662,7 +702,7 @@ mod tests {
             ("ünïcode", "Unexpected character: ü"),
         ];
         for (s, want) in bad {
-            let e = parse(s).unwrap_err();
+            let e = parse(s).unwrap_err().to_string();
             assert!(e.contains(want), "{s}: {e}");
         }
     }

@@ -7,6 +7,7 @@ pub mod jsonpath;
 pub mod lookup;
 pub mod node;
 pub mod patch;
+pub mod processing;
 pub mod py;
 pub mod rules;
 pub mod service;

@@ -337,14 +337,21 @@ pub fn update_capabilities(
 
 /// Ironic's node names (`api_utils.is_valid_node_name`): a logical name (RFC 3986 unreserved
 /// characters only) that does not look like a UUID, so `{node}` in a route stays unambiguous.
-pub fn check_name(name: &str) -> Result<(), String> {
-    paddock_image::check_logical_name(name).map_err(|e| format!("Invalid node name: {e}"))?;
+pub fn check_name(name: &str) -> Result<(), InvalidName> {
+    paddock_image::check_logical_name(name).map_err(InvalidName::NotLogical)?;
     if uuid::Uuid::parse_str(name).is_ok() {
-        return Err(format!(
-            "Invalid node name {name:?}: a name must not look like a UUID"
-        ));
+        return Err(InvalidName::LooksLikeUuid(name.to_string()));
     }
     Ok(())
+}
+
+/// A node name Ironic refuses.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidName {
+    #[error("Invalid node name: {0}")]
+    NotLogical(paddock_image::BadName),
+    #[error("Invalid node name {0:?}: a name must not look like a UUID")]
+    LooksLikeUuid(String),
 }
 
 /// Formats Unix seconds as Inspector does: naive ISO 8601 in UTC, `2017-08-16T12:22:01`.

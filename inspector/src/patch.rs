@@ -19,8 +19,50 @@ use crate::py::{repr, str_repr};
 
 /// A patch Ironic would refuse (400), with Ironic's message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PatchError(pub String);
+pub enum PatchError {
+    /// The request does not follow Ironic's patch schema.
+    #[error("Schema error for patch: {0}")]
+    Schema(String),
+    /// One operation python-json-patch could not apply (`op` is its Python repr).
+    #[error("Couldn't apply patch '{op}'. Reason: {reason}")]
+    Operation { op: String, reason: OperationError },
+    /// Any other refusal of Ironic's (attribute not patchable, bad value, name taken …).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Why python-json-patch could not apply one operation (its messages, word for word).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OperationError {
+    #[error("The operation does not contain a 'value' member")]
+    NoValue,
+    #[error("Location must start with /")]
+    NotAbsolute,
+    #[error("member '{part}' not found in {document}")]
+    NoMember { part: String, document: String },
+    #[error("index '{0}' is out of bounds")]
+    OutOfBounds(String),
+    #[error("'{0}' is not a valid sequence index")]
+    NotAnIndex(String),
+    #[error(
+        "Document '{0}' does not support indexing, must be mapping/sequence or support __getitem__"
+    )]
+    NotIndexable(String),
+    #[error("can't insert outside of list")]
+    InsertOutside,
+    #[error("can't replace a non-existent object '{0}'")]
+    ReplaceMissing(String),
+    #[error("'path' with '-' can't be applied to 'replace' operation")]
+    ReplaceEnd,
+    #[error("can't replace outside of list")]
+    ReplaceOutside,
+    #[error("can't remove a non-existent object '{0}'")]
+    RemoveMissing(String),
+    #[error("invalid array index '{0}'")]
+    InvalidIndex(String),
+    #[error("unable to fully resolve json pointer {path}, part {part}")]
+    Unresolvable { path: String, part: String },
+}
 
 /// Node attributes of Paddock's own a patch may change.
 const PADDOCK_FIELDS: &[&str] = &["bmc_address", "macs", "pxe_mac"];
@@ -54,7 +96,7 @@ pub struct Options<'a> {
 }
 
 fn schema_error(message: String) -> PatchError {
-    PatchError(format!("Schema error for patch: {message}"))
+    PatchError::Schema(message)
 }
 
 static PATH: LazyLock<regex::Regex> =
@@ -131,10 +173,13 @@ fn check_request(ops: &[&Map<String, Value>], opts: &Options) -> Result<(), Patc
     for op in ops {
         let root = root_of(path_of(op));
         if let Some((_, why)) = UNSTORABLE.iter().find(|(f, _)| *f == root) {
-            return Err(PatchError(format!("Cannot patch {}: {why}", path_of(op))));
+            return Err(PatchError::Refused(format!(
+                "Cannot patch {}: {why}",
+                path_of(op)
+            )));
         }
         if !allowed.contains(&root) {
-            return Err(PatchError(format!(
+            return Err(PatchError::Refused(format!(
                 "Cannot patch {}. Only the following can be updated: {}",
                 path_of(op),
                 allowed.join(", ")
@@ -142,7 +187,7 @@ fn check_request(ops: &[&Map<String, Value>], opts: &Options) -> Result<(), Patc
         }
     }
     if opts.reset_interfaces == Some(true) && values_for(ops, "/driver").is_empty() {
-        return Err(PatchError(
+        return Err(PatchError::Refused(
             "The reset_interfaces parameter can only be used when changing the node's driver."
                 .into(),
         ));
@@ -150,7 +195,7 @@ fn check_request(ops: &[&Map<String, Value>], opts: &Options) -> Result<(), Patc
     if let Some(Value::String(d)) = values_for(ops, "/description").first()
         && d.chars().count() > 4096
     {
-        return Err(PatchError(
+        return Err(PatchError::Refused(
             "Cannot update node with description exceeding 4096 characters".into(),
         ));
     }
@@ -158,7 +203,7 @@ fn check_request(ops: &[&Map<String, Value>], opts: &Options) -> Result<(), Patc
         if let Value::String(n) = name
             && check_name(n).is_err()
         {
-            return Err(PatchError(format!(
+            return Err(PatchError::Refused(format!(
                 "Node {}: Cannot change name to invalid name '{n}'",
                 opts.ident
             )));
@@ -173,50 +218,48 @@ fn py_class(v: &Value) -> String {
 }
 
 /// python-json-pointer's `get_part` + `walk`: one step down.
-fn walk<'v>(doc: &'v mut Value, part: &str) -> Result<&'v mut Value, String> {
+fn walk<'v>(doc: &'v mut Value, part: &str) -> Result<&'v mut Value, OperationError> {
     let shown = repr(doc);
     match doc {
-        Value::Object(m) => m
-            .get_mut(part)
-            .ok_or_else(|| format!("member '{part}' not found in {shown}")),
+        Value::Object(m) => m.get_mut(part).ok_or_else(|| OperationError::NoMember {
+            part: part.to_string(),
+            document: shown,
+        }),
         Value::Array(a) => {
             let i = seq_index(part)?;
             a.get_mut(i)
-                .ok_or_else(|| format!("index '{part}' is out of bounds"))
+                .ok_or_else(|| OperationError::OutOfBounds(part.to_string()))
         }
         other => Err(not_indexable(other)),
     }
 }
 
-fn not_indexable(v: &Value) -> String {
-    format!(
-        "Document '{}' does not support indexing, must be mapping/sequence or support __getitem__",
-        py_class(v)
-    )
+fn not_indexable(v: &Value) -> OperationError {
+    OperationError::NotIndexable(py_class(v))
 }
 
 /// A list index as JSON pointer allows it: `0` or no leading zero.
-fn seq_index(part: &str) -> Result<usize, String> {
+fn seq_index(part: &str) -> Result<usize, OperationError> {
     let ok = part == "0"
         || (!part.starts_with('0') && !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()));
     if !ok {
-        return Err(format!("'{part}' is not a valid sequence index"));
+        return Err(OperationError::NotAnIndex(part.to_string()));
     }
     Ok(part.parse().unwrap_or(usize::MAX))
 }
 
 /// One operation (python-json-patch's `AddOperation`, `ReplaceOperation`,
 /// `RemoveOperation`); the error is its reason.
-fn apply_op(doc: &mut Value, op: &Map<String, Value>) -> Result<(), String> {
+fn apply_op(doc: &mut Value, op: &Map<String, Value>) -> Result<(), OperationError> {
     let kind = op["op"].as_str().unwrap_or_default();
     let path = path_of(op);
     let value = op.get("value");
     if kind != "remove" && value.is_none() {
-        return Err("The operation does not contain a 'value' member".into());
+        return Err(OperationError::NoValue);
     }
     let parts: Vec<&str> = path.split('/').skip(1).collect();
     let Some((last, parents)) = parts.split_last() else {
-        return Err("Location must start with /".into());
+        return Err(OperationError::NotAbsolute);
     };
     let mut sub = doc;
     for p in parents {
@@ -233,44 +276,45 @@ fn apply_op(doc: &mut Value, op: &Map<String, Value>) -> Result<(), String> {
             } else {
                 let i = seq_index(last)?;
                 if i > a.len() {
-                    return Err("can't insert outside of list".into());
+                    return Err(OperationError::InsertOutside);
                 }
                 a.insert(i, value);
             }
         }
         ("replace", Value::Object(m)) => match m.get_mut(*last) {
             Some(slot) => *slot = value,
-            None => return Err(format!("can't replace a non-existent object '{last}'")),
+            None => return Err(OperationError::ReplaceMissing((*last).to_string())),
         },
         ("replace", Value::Array(a)) => {
             if *last == "-" {
-                return Err("'path' with '-' can't be applied to 'replace' operation".into());
+                return Err(OperationError::ReplaceEnd);
             }
             let i = seq_index(last)?;
             match a.get_mut(i) {
                 Some(slot) => *slot = value,
-                None => return Err("can't replace outside of list".into()),
+                None => return Err(OperationError::ReplaceOutside),
             }
         }
         ("remove", Value::Object(m)) => {
             if m.shift_remove(*last).is_none() {
-                return Err(format!("can't remove a non-existent object '{last}'"));
+                return Err(OperationError::RemoveMissing((*last).to_string()));
             }
         }
         ("remove", Value::Array(a)) => {
             if *last == "-" {
-                return Err(format!("invalid array index '{last}'"));
+                return Err(OperationError::InvalidIndex((*last).to_string()));
             }
             let i = seq_index(last)?;
             if i >= a.len() {
-                return Err(format!("can't remove a non-existent object '{last}'"));
+                return Err(OperationError::RemoveMissing((*last).to_string()));
             }
             a.remove(i);
         }
         (_, Value::String(_)) if kind != "remove" => {
-            return Err(format!(
-                "unable to fully resolve json pointer {path}, part {last}"
-            ));
+            return Err(OperationError::Unresolvable {
+                path: path.to_string(),
+                part: (*last).to_string(),
+            });
         }
         (_, other) => return Err(not_indexable(other)),
     }
@@ -284,7 +328,7 @@ fn flag(field: &str, v: &Value) -> Result<Value, PatchError> {
         Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
             "1" | "t" | "true" | "on" | "y" | "yes" => Ok(Value::Bool(true)),
             "0" | "f" | "false" | "off" | "n" | "no" => Ok(Value::Bool(false)),
-            _ => Err(PatchError(format!(
+            _ => Err(PatchError::Refused(format!(
                 "Unrecognized value '{s}' for {field}, acceptable values are: '0', '1', 'f', 'false', 'n', 'no', 'off', 'on', 't', 'true', 'y', 'yes'"
             ))),
         },
@@ -324,7 +368,7 @@ fn mac(v: &Value, what: &str) -> Result<MacAddr, PatchError> {
     v.as_str()
         .and_then(paddock_inventory::normalise_mac)
         .and_then(|m| m.parse().ok())
-        .ok_or_else(|| PatchError(format!("Invalid MAC address {} in {what}", repr(v))))
+        .ok_or_else(|| PatchError::Refused(format!("Invalid MAC address {} in {what}", repr(v))))
 }
 
 /// The node a patched view describes: the patchable attributes read back from it, checked
@@ -353,7 +397,7 @@ fn from_view(old: &Node, view: &Map<String, Value>) -> Result<Node, PatchError> 
                     Value::Null => None,
                     Value::String(s) => Some(s),
                     other => {
-                        return Err(PatchError(format!(
+                        return Err(PatchError::Refused(format!(
                             "driver_info/{key} must be a string, not {}: Paddock keeps BMC settings as text",
                             repr(&other)
                         )));
@@ -398,7 +442,9 @@ fn from_view(old: &Node, view: &Map<String, Value>) -> Result<Node, PatchError> 
     };
     for (i, m) in macs.iter().enumerate() {
         if macs[..i].contains(m) {
-            return Err(PatchError(format!("MAC {m} is listed twice in macs")));
+            return Err(PatchError::Refused(format!(
+                "MAC {m} is listed twice in macs"
+            )));
         }
     }
     node.macs = macs;
@@ -420,21 +466,21 @@ pub fn patch(node: &Node, ops: &Value, opts: &Options) -> Result<Node, PatchErro
     for op in &ops {
         let path = path_of(op);
         if op["op"] == "add" && path.matches('/').count() == 1 && doc.get(&path[1..]).is_none() {
-            return Err(PatchError(format!(
+            return Err(PatchError::Refused(format!(
                 "Adding a new attribute ({path}) to the root of the resource is not allowed"
             )));
         }
     }
     for op in &ops {
-        apply_op(&mut doc, op).map_err(|reason| {
-            PatchError(format!(
-                "Couldn't apply patch '{}'. Reason: {reason}",
-                repr(&Value::Object((*op).clone()))
-            ))
+        apply_op(&mut doc, op).map_err(|reason| PatchError::Operation {
+            op: repr(&Value::Object((*op).clone())),
+            reason,
         })?;
     }
     let Value::Object(view) = doc else {
-        return Err(PatchError("the patched node is not an object".into()));
+        return Err(PatchError::Refused(
+            "the patched node is not an object".into(),
+        ));
     };
     let mut new = from_view(node, &view)?;
     let reset = opts.reset_interfaces == Some(true) && new.driver != node.driver;
@@ -468,7 +514,7 @@ mod tests {
                 reset_interfaces: None,
             },
         )
-        .map_err(|e| e.0)
+        .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -677,7 +723,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            e.0,
+            e.to_string(),
             "The reset_interfaces parameter can only be used when changing the node's driver."
         );
     }

@@ -92,7 +92,7 @@ fn check_params(
     params: &Map<String, Value>,
     required: &[&str],
     optional: &[&str],
-) -> Result<(), String> {
+) -> Result<(), InvalidParameters> {
     let passed: Vec<&str> = params
         .iter()
         .filter(|(_, v)| !v.is_null())
@@ -110,6 +110,66 @@ fn check_params(
         .collect();
     missing.sort_unstable();
     unexpected.sort_unstable();
+    if missing.is_empty() && unexpected.is_empty() {
+        Ok(())
+    } else {
+        Err(InvalidParameters::Names {
+            missing: missing.into_iter().map(String::from).collect(),
+            unexpected: unexpected.into_iter().map(String::from).collect(),
+        })
+    }
+}
+
+/// Why a rule is refused at creation (`POST /v1/rules`, 400), in Inspector's words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRule {
+    #[error("A rule must be a JSON object")]
+    NotObject,
+    #[error("Invalid UUID value")]
+    Uuid,
+    #[error("Invalid scope: the scope must be a string")]
+    ScopeNotString,
+    #[error("Invalid scope: the length of the scope should be within 255 characters")]
+    ScopeTooLong,
+    #[error("Invalid description: the description must be a string")]
+    Description,
+    /// The JSON schema of `conditions` or `actions` (`part`) refuses it.
+    #[error("Validation failed for {part}: {message}")]
+    Schema { part: &'static str, message: String },
+    #[error("Unsupported scheme for field: {0}, valid values are node:// or data://")]
+    Scheme(String),
+    #[error(transparent)]
+    Field(#[from] jsonpath::FieldError),
+    /// An operator's or action's (`kind`) own check of its parameters.
+    #[error("Invalid parameters for {kind} {name}: {error}")]
+    Parameters {
+        kind: &'static str,
+        name: String,
+        error: InvalidParameters,
+    },
+}
+
+/// Why an operator or an action refuses its parameters.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidParameters {
+    #[error("{}", names_message(missing, unexpected))]
+    Names {
+        missing: Vec<String>,
+        unexpected: Vec<String>,
+    },
+    #[error("invalid value: invalid IPNetwork {0}")]
+    Network(String),
+    /// Not a string (its Python repr).
+    #[error("invalid value: {0} is not a network (a string such as 192.0.2.0/24)")]
+    NotNetwork(String),
+    #[error("invalid regular expression: {0}")]
+    Regex(RegexError),
+    /// Not a string (its Python repr).
+    #[error("invalid regular expression: {0} is not a string")]
+    RegexNotString(String),
+}
+
+fn names_message(missing: &[String], unexpected: &[String]) -> String {
     let mut msg = Vec::new();
     if !missing.is_empty() {
         msg.push(format!(
@@ -123,17 +183,48 @@ fn check_params(
             unexpected.join(", ")
         ));
     }
-    if msg.is_empty() {
-        Ok(())
-    } else {
-        Err(msg.join("; "))
+    msg.join("; ")
+}
+
+/// `value` missing (or null).
+fn missing_value() -> InvalidParameters {
+    InvalidParameters::Names {
+        missing: vec!["value".into()],
+        unexpected: Vec::new(),
     }
+}
+
+/// A regular expression Rust's engine does not compile (the engine's message).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RegexError(String);
+
+/// Why applying rules fails the processing, as Inspector records it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleFailure {
+    /// A `fail` action's message.
+    #[error("{0}")]
+    Fail(String),
+    /// A Python exception escaping a condition or an action.
+    #[error("Unexpected exception {} during processing: {}", .0.kind, .0.message)]
+    Unexpected(PyError),
+    /// Ironic refusing the node PATCH an action makes.
+    #[error("Unexpected exception BadRequestException during processing: {0}")]
+    Refused(PatchError),
+    /// A trait name Ironic refuses (its Python repr).
+    #[error(
+        "Unexpected exception BadRequestException during processing: Invalid trait {0}: a trait is upper case letters, digits and '_' (CUSTOM_… or a standard trait), at most 255 characters"
+    )]
+    InvalidTrait(String),
+    /// A value formatting variable the data does not have (`_format_value`).
+    #[error("Invalid formatting variable key provided in value {value}: {key}")]
+    FormatKey { value: String, key: String },
 }
 
 /// A regular expression as Python's `re` reads it, for Rust's engine: `$` outside a class
 /// also matches before a final newline, `\Z` is the very end, `[` in a class is literal.
 /// Rust's engine has no look-around or back-references: such patterns do not compile.
-fn py_regex(pattern: &str, anchored: bool) -> Result<regex::Regex, String> {
+fn py_regex(pattern: &str, anchored: bool) -> Result<regex::Regex, RegexError> {
     let mut out = String::with_capacity(pattern.len() + 8);
     let mut chars = pattern.chars().peekable();
     let mut in_class = false;
@@ -180,7 +271,7 @@ fn py_regex(pattern: &str, anchored: bool) -> Result<regex::Regex, String> {
     regex::Regex::new(&full).map_err(|e| {
         let text = e.to_string();
         let last = text.lines().last().unwrap_or_default().trim().to_string();
-        last.strip_prefix("error: ").unwrap_or(&last).to_string()
+        RegexError(last.strip_prefix("error: ").unwrap_or(&last).to_string())
     })
 }
 
@@ -232,44 +323,36 @@ fn py_ip(field: &Value) -> Result<IpAddr, PyError> {
 }
 
 /// The operator's own validation (`validate` of each plugin in `plugins/rules.py`).
-fn check_condition_params(op: &str, params: &Map<String, Value>) -> Result<(), String> {
+fn check_condition_params(op: &str, params: &Map<String, Value>) -> Result<(), InvalidParameters> {
     match op {
         "is-empty" => check_params(params, &[], &[]),
         "in-net" => {
             check_params(params, &["value"], &[])?;
             match &params["value"] {
                 Value::String(s) if parse_network(s).is_some() => Ok(()),
-                Value::String(s) => Err(format!("invalid value: invalid IPNetwork {s}")),
+                Value::String(s) => Err(InvalidParameters::Network(s.clone())),
                 // Inspector answers 500 (netaddr's TypeError).
-                other => Err(format!(
-                    "invalid value: {} is not a network (a string such as 192.0.2.0/24)",
-                    repr(other)
-                )),
+                other => Err(InvalidParameters::NotNetwork(repr(other))),
             }
         }
         // ReCondition.validate only compiles the value (other parameters pass); a missing
         // or non-string value makes Inspector answer 500.
         "matches" | "contains" => match params.get("value") {
-            None | Some(Value::Null) => Err("missing required parameter(s): value".into()),
+            None | Some(Value::Null) => Err(missing_value()),
             Some(Value::String(re)) => py_regex(re, false)
                 .map(|_| ())
-                .map_err(|e| format!("invalid regular expression: {e}")),
-            Some(other) => Err(format!(
-                "invalid regular expression: {} is not a string",
-                repr(other)
-            )),
+                .map_err(InvalidParameters::Regex),
+            Some(other) => Err(InvalidParameters::RegexNotString(repr(other))),
         },
         _ => check_params(params, &["value"], &[]),
     }
 }
 
-fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), String> {
+fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), InvalidParameters> {
     match action {
         "fail" => check_params(params, &["message"], &[]),
         // `value` must be there, null or not.
-        "set-attribute" if !params.contains_key("value") => {
-            Err("missing required parameter(s): value".into())
-        }
+        "set-attribute" if !params.contains_key("value") => Err(missing_value()),
         "set-attribute" => check_params(params, &["path"], &["value", "reset_interfaces"]),
         "set-capability" => check_params(params, &["name"], &["value"]),
         "extend-attribute" => check_params(params, &["path", "value"], &["unique"]),
@@ -278,8 +361,11 @@ fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), 
     }
 }
 
-fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, String> {
-    let fail = |m: String| format!("Validation failed for conditions: {m}");
+fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, InvalidRule> {
+    let fail = |message: String| InvalidRule::Schema {
+        part: "conditions",
+        message,
+    };
     let list = conditions
         .as_array()
         .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(conditions))))?;
@@ -325,26 +411,30 @@ fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, String> {
     Ok(list)
 }
 
-fn validate_conditions(conditions: &Value) -> Result<(), String> {
+fn validate_conditions(conditions: &Value) -> Result<(), InvalidRule> {
     for c in conditions_schema(conditions)? {
         let field = c["field"].as_str().unwrap_or_default();
         let (scheme, path) = jsonpath::split_scheme(field);
         if scheme != "node" && scheme != "data" {
-            return Err(format!(
-                "Unsupported scheme for field: {scheme}, valid values are node:// or data://"
-            ));
+            return Err(InvalidRule::Scheme(scheme.to_string()));
         }
-        jsonpath::parse(path).map_err(|e| jsonpath::parse_error(field, &e))?;
+        jsonpath::parse(path).map_err(|e| jsonpath::parse_error(field, e))?;
         let op = c["op"].as_str().unwrap_or_default();
         let params = params_of(c, &RESERVED);
-        check_condition_params(op, &params)
-            .map_err(|e| format!("Invalid parameters for operator {op}: {e}"))?;
+        check_condition_params(op, &params).map_err(|error| InvalidRule::Parameters {
+            kind: "operator",
+            name: op.to_string(),
+            error,
+        })?;
     }
     Ok(())
 }
 
-fn validate_actions(actions: &Value) -> Result<(), String> {
-    let fail = |m: String| format!("Validation failed for actions: {m}");
+fn validate_actions(actions: &Value) -> Result<(), InvalidRule> {
+    let fail = |message: String| InvalidRule::Schema {
+        part: "actions",
+        message,
+    };
     let list = actions
         .as_array()
         .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(actions))))?;
@@ -369,36 +459,35 @@ fn validate_actions(actions: &Value) -> Result<(), String> {
     for a in list {
         let action = a["action"].as_str().unwrap_or_default();
         let params = params_of(a, &["action"]);
-        check_action_params(action, &params)
-            .map_err(|e| format!("Invalid parameters for action {action}: {e}"))?;
+        check_action_params(action, &params).map_err(|error| InvalidRule::Parameters {
+            kind: "action",
+            name: action.to_string(),
+            error,
+        })?;
     }
     Ok(())
 }
 
 /// Checks a rule as `POST /v1/rules` does (Inspector's `main.py` `api_rules`, then
 /// `rules.create`); the API refuses an invalid rule with this text (400).
-pub fn validate(rule: &Value) -> Result<(), String> {
-    let obj = rule.as_object().ok_or("A rule must be a JSON object")?;
+pub fn validate(rule: &Value) -> Result<(), InvalidRule> {
+    let obj = rule.as_object().ok_or(InvalidRule::NotObject)?;
     if let Some(u) = obj.get("uuid").filter(|u| truthy(u))
         && u.as_str().is_none_or(|s| Uuid::parse_str(s).is_err())
     {
-        return Err("Invalid UUID value".into());
+        return Err(InvalidRule::Uuid);
     }
     if let Some(s) = obj.get("scope").filter(|s| truthy(s)) {
-        let s = s
-            .as_str()
-            .ok_or("Invalid scope: the scope must be a string")?;
+        let s = s.as_str().ok_or(InvalidRule::ScopeNotString)?;
         if s.chars().count() > 255 {
-            return Err(
-                "Invalid scope: the length of the scope should be within 255 characters".into(),
-            );
+            return Err(InvalidRule::ScopeTooLong);
         }
     }
     if obj
         .get("description")
         .is_some_and(|d| !d.is_null() && !d.is_string())
     {
-        return Err("Invalid description: the description must be a string".into());
+        return Err(InvalidRule::Description);
     }
     let empty = json!([]);
     validate_conditions(obj.get("conditions").unwrap_or(&empty))?;
@@ -406,11 +495,8 @@ pub fn validate(rule: &Value) -> Result<(), String> {
 }
 
 /// What Inspector records when a Python exception escapes processing.
-pub fn unexpected(e: &PyError) -> String {
-    format!(
-        "Unexpected exception {} during processing: {}",
-        e.kind, e.message
-    )
+pub fn unexpected(e: &PyError) -> RuleFailure {
+    RuleFailure::Unexpected(e.clone())
 }
 
 /// One condition's check of one value (the plugins' `check`).
@@ -446,7 +532,7 @@ fn check(op: &str, field: &Value, c: &Value) -> Result<bool, PyError> {
             };
             let compiled = py_regex(&pattern, op == "matches").map_err(|e| PyError {
                 kind: "error",
-                message: e,
+                message: e.to_string(),
             })?;
             Ok(compiled.is_match(&str_of(field)))
         }
@@ -462,7 +548,7 @@ fn conditions_hold(rule: &Rule, data: &Value, node: &Value) -> Result<bool, PyEr
         let source = if scheme == "node" { node } else { data };
         let parsed = jsonpath::parse(path).map_err(|e| PyError {
             kind: "JsonPathParserError",
-            message: e,
+            message: e.to_string(),
         })?;
         let op = c["op"].as_str().unwrap_or_default();
         let mut values = jsonpath::find(&parsed, source)?;
@@ -493,8 +579,8 @@ fn conditions_hold(rule: &Rule, data: &Value, node: &Value) -> Result<bool, PyEr
 }
 
 /// A node PATCH refused by Ironic, as Inspector records it.
-fn refused(e: &PatchError) -> String {
-    format!("Unexpected exception BadRequestException during processing: {e}")
+fn refused(e: PatchError) -> RuleFailure {
+    RuleFailure::Refused(e)
 }
 
 /// `node_info.patch`: a path without its leading slash gets one.
@@ -507,17 +593,17 @@ fn add_op(path: &str, value: Value) -> Value {
     json!([{"op": "add", "path": path, "value": value}])
 }
 
-fn run_patch(node: &mut Node, ops: &Value, reset: bool) -> Result<(), String> {
+fn run_patch(node: &mut Node, ops: &Value, reset: bool) -> Result<(), RuleFailure> {
     let ident = node.uuid.to_string();
     let opts = patch::Options {
         ident: &ident,
         reset_interfaces: reset.then_some(true),
     };
-    *node = patch::patch(node, ops, &opts).map_err(|e| refused(&e))?;
+    *node = patch::patch(node, ops, &opts).map_err(refused)?;
     Ok(())
 }
 
-fn path_param(params: &Map<String, Value>) -> Result<&str, String> {
+fn path_param(params: &Map<String, Value>) -> Result<&str, RuleFailure> {
     match params.get("path") {
         Some(Value::String(p)) => Ok(p),
         other => Err(unexpected(&PyError::attribute_error(format!(
@@ -529,7 +615,7 @@ fn path_param(params: &Map<String, Value>) -> Result<&str, String> {
 
 /// `ExtendAttributeAction` through `NodeInfo.replace_field`: the list at `path` (one level
 /// below an attribute at most, as `get_by_path` reads it) with `value` appended.
-fn extend(node: &mut Node, params: &Map<String, Value>) -> Result<(), String> {
+fn extend(node: &mut Node, params: &Map<String, Value>) -> Result<(), RuleFailure> {
     let path = path_param(params)?;
     let value = params.get("value").cloned().unwrap_or(Value::Null);
     let unique = params.get("unique").is_some_and(truthy);
@@ -584,7 +670,7 @@ fn extend(node: &mut Node, params: &Map<String, Value>) -> Result<(), String> {
 
 /// `SetCapabilityAction` through `NodeInfo.update_capabilities`: the capability replaced
 /// where it is (or added last); a `null` value removes it.
-fn set_capability(node: &mut Node, params: &Map<String, Value>) -> Result<(), String> {
+fn set_capability(node: &mut Node, params: &Map<String, Value>) -> Result<(), RuleFailure> {
     let name = str_of(params.get("name").unwrap_or(&Value::Null));
     let value = params.get("value").filter(|v| !v.is_null()).map(str_of);
     let caps = update_capabilities(node.properties.get("capabilities"), &[(name, value)])
@@ -607,7 +693,7 @@ fn valid_trait(name: &str) -> bool {
 }
 
 /// Runs one action (its plugin's `apply`, after formatting its `value`).
-fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), String> {
+fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), RuleFailure> {
     let action = a["action"].as_str().unwrap_or_default();
     let mut params = params_of(a, &["action"]);
     if matches!(
@@ -617,17 +703,18 @@ fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), String> {
     {
         let formatted = py::format_deep(v, data).map_err(|e| match e.kind {
             // The one error Inspector reports itself (`_format_value`).
-            "KeyError" => format!(
-                "Invalid formatting variable key provided in value {}: {}",
-                failing_string(v, data),
-                e.message
-            ),
+            "KeyError" => RuleFailure::FormatKey {
+                value: failing_string(v, data),
+                key: e.message,
+            },
             _ => unexpected(&e),
         })?;
         params.insert("value".into(), formatted);
     }
     match action {
-        "fail" => Err(str_of(params.get("message").unwrap_or(&Value::Null))),
+        "fail" => Err(RuleFailure::Fail(str_of(
+            params.get("message").unwrap_or(&Value::Null),
+        ))),
         "set-attribute" => {
             let path = path_param(&params)?;
             // `reset_interfaces` is implied for /driver unless the rule says false.
@@ -648,10 +735,7 @@ fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), String> {
                 return Ok(());
             }
             if !valid_trait(&name) {
-                return Err(format!(
-                    "Unexpected exception BadRequestException during processing: Invalid trait {}: a trait is upper case letters, digits and '_' (CUSTOM_… or a standard trait), at most 255 characters",
-                    str_repr(&name)
-                ));
+                return Err(RuleFailure::InvalidTrait(str_repr(&name)));
             }
             if !node.traits.contains(&name) {
                 node.traits.push(name);
@@ -697,7 +781,14 @@ pub struct Applied {
     pub matched: Vec<String>,
     /// Why processing fails: a `fail` action's message, or what Inspector would report for
     /// an action or a condition it could not carry out.
-    pub failure: Option<String>,
+    pub failure: Option<RuleFailure>,
+}
+
+impl Applied {
+    /// The failure as Inspector records it.
+    pub fn failure_message(&self) -> Option<String> {
+        self.failure.as_ref().map(RuleFailure::to_string)
+    }
 }
 
 /// `rules.apply`: checks every rule's scope and conditions against the node as it is, then
@@ -803,7 +894,7 @@ mod tests {
             &data(),
             &node,
         );
-        match a.failure.as_deref() {
+        match a.failure_message().as_deref() {
             Some("m") => Ok(true),
             None => Ok(false),
             Some(other) => Err(other.to_string()),
@@ -878,7 +969,10 @@ mod tests {
         let a = apply(&[r], &data(), &node);
         assert_eq!(a.matched, ["r"]);
         // `fail`'s message is not formatted (FailAction has no FORMATTED_PARAMS).
-        assert_eq!(a.failure.as_deref(), Some("stop {data[memory_mb]}"));
+        assert_eq!(
+            a.failure_message().as_deref(),
+            Some("stop {data[memory_mb]}")
+        );
         let n = a.node;
         assert_eq!(n.extra["bmc"], "ipmi://198.18.9.7");
         assert_eq!(n.name.as_deref(), Some("node-4cpu"));
@@ -903,13 +997,17 @@ mod tests {
         node.properties
             .insert("inspection_scope".into(), json!("gpu"));
         assert_eq!(
-            apply(&[scoped], &data(), &node).failure.as_deref(),
+            apply(&[scoped], &data(), &node)
+                .failure_message()
+                .as_deref(),
             Some("no")
         );
         let mut global = fail.clone();
         global.scope = Some(String::new());
         assert_eq!(
-            apply(&[global], &data(), &node).failure.as_deref(),
+            apply(&[global], &data(), &node)
+                .failure_message()
+                .as_deref(),
             Some("no")
         );
         let bad_ref = rule(
@@ -917,7 +1015,9 @@ mod tests {
             json!([{"action": "set-attribute", "path": "/extra/x", "value": ["ok", "{data[nope]}"]}]),
         );
         assert_eq!(
-            apply(&[bad_ref], &data(), &node).failure.as_deref(),
+            apply(&[bad_ref], &data(), &node)
+                .failure_message()
+                .as_deref(),
             Some("Invalid formatting variable key provided in value {data[nope]}: 'nope'")
         );
         let bad_path = rule(
@@ -925,7 +1025,9 @@ mod tests {
             json!([{"action": "set-attribute", "path": "/extra/a/b", "value": 1}]),
         );
         assert_eq!(
-            apply(&[bad_path], &data(), &node).failure.as_deref(),
+            apply(&[bad_path], &data(), &node)
+                .failure_message()
+                .as_deref(),
             Some(
                 "Unexpected exception BadRequestException during processing: Couldn't apply patch '{'op': 'add', 'path': '/extra/a/b', 'value': 1}'. Reason: member 'a' not found in {}"
             )
@@ -936,7 +1038,7 @@ mod tests {
         );
         assert!(
             apply(&[bad_name], &data(), &node)
-                .failure
+                .failure_message()
                 .unwrap()
                 .contains("Cannot change name to invalid name 'not a name'")
         );
@@ -1045,7 +1147,7 @@ mod tests {
             ),
         ];
         for (r, want) in cases {
-            let e = validate(&r).unwrap_err();
+            let e = validate(&r).unwrap_err().to_string();
             assert!(e.starts_with(want), "{r}: {e}");
         }
         // What Inspector accepts.

@@ -106,7 +106,7 @@ fn run(cases: Vec<Case>) {
         let before = node(&case.before);
         let applied = rules::apply(&rules, &case.data, &before);
         assert_eq!(
-            applied.failure.as_deref(),
+            applied.failure_message().as_deref(),
             case.failure,
             "{}: failure",
             case.source
