@@ -25,7 +25,7 @@ use crate::api::{self, Action, Event, IPA_BACKOFF};
 use crate::cmdline::{self, Cmdline, LogLevel};
 use crate::collect::{self, Collected, Context};
 use crate::console::Console;
-use crate::http::{TcpClient, Url};
+use crate::http::{Client, Url, UrlError};
 use crate::lldp;
 
 pub const MODULE_LIST: &str = "/etc/paddock/modules";
@@ -33,6 +33,85 @@ pub const UDHCPC_SCRIPT: &str = "/etc/paddock/udhcpc.script";
 pub const BUSYBOX: &str = "/bin/busybox";
 const NIC_WAIT: Duration = Duration::from_secs(20);
 const WAIT_POLL: Duration = Duration::from_secs(10);
+
+/// Why the agent stopped (the console and the `error` event say it).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot read /proc/cmdline: {0}")]
+    Cmdline(#[source] std::io::Error),
+    #[error("no paddock.url= on the kernel command line; the boot script must set it")]
+    NoUrl,
+    #[error("paddock.url: {0}")]
+    Url(#[from] UrlError),
+    #[error("paddock.url= is empty")]
+    EmptyUrl,
+    #[error(
+        "no network interface with MAC {mac} (BOOTIF) appeared within {secs} s (seen: [{seen}]); is its driver in the ramdisk (paddock-ramdisk-build --modules)?"
+    )]
+    NoBootNic {
+        mac: String,
+        secs: u64,
+        seen: String,
+    },
+    #[error("no network interface appeared within {secs} s and BOOTIF is not set")]
+    NoNic { secs: u64 },
+    #[error("no network")]
+    NoNetwork,
+    #[error(transparent)]
+    Continue(#[from] api::ContinueError),
+    #[error("reboot(2) for {step} failed: {errno}")]
+    Reboot { step: &'static str, errno: Errno },
+    #[error(transparent)]
+    Mount(#[from] MountError),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot mount {fstype} on {target}: {errno}")]
+pub struct MountError {
+    fstype: &'static str,
+    target: &'static str,
+    errno: Errno,
+}
+
+/// A busybox applet that could not run or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BusyboxError {
+    #[error("cannot run {BUSYBOX} {args}: {source}")]
+    Spawn {
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`busybox {args}` {status}")]
+    Failed {
+        args: String,
+        status: std::process::ExitStatus,
+    },
+}
+
+/// A kernel module that did not load.
+#[derive(Debug, thiserror::Error)]
+enum ModuleError {
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Load(Errno),
+}
+
+/// Why the LLDP collector heard nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum LldpError {
+    #[error("AF_PACKET socket: {0}")]
+    Socket(Errno),
+    #[error("SO_RCVTIMEO: {0}")]
+    Timeout(Errno),
+    #[error("recvfrom: {0}")]
+    Recv(Errno),
+}
 
 /// Assembles the `/v1/continue` body (pure): the inventory, IPA's root disk guess, the boot
 /// interface, the collectors asked for, and every problem in `error`.
@@ -79,7 +158,7 @@ pub fn run(console: &Console) -> ! {
     };
     let reason = match a.steps() {
         Ok(never) => match never {},
-        Err(reason) => reason,
+        Err(reason) => reason.to_string(),
     };
     a.halt(&reason)
 }
@@ -87,7 +166,7 @@ pub fn run(console: &Console) -> ! {
 struct Agent<'a> {
     console: &'a Console,
     cmd: Cmdline,
-    client: Option<TcpClient>,
+    client: Option<Client>,
     /// The boot MAC, for events.
     mac: String,
     /// Events from before the network was up.
@@ -149,11 +228,10 @@ impl Agent<'_> {
         }
     }
 
-    fn steps(&mut self) -> Result<Never, String> {
+    fn steps(&mut self) -> Result<Never, AgentError> {
         self.say("starting");
         mount_all(self.console)?;
-        let line = std::fs::read_to_string("/proc/cmdline")
-            .map_err(|e| format!("cannot read /proc/cmdline: {e}"))?;
+        let line = std::fs::read_to_string("/proc/cmdline").map_err(AgentError::Cmdline)?;
         self.cmd = cmdline::parse(&line);
         self.console.set_debug(self.cmd.log == LogLevel::Debug);
         self.console
@@ -167,20 +245,14 @@ impl Agent<'_> {
         if let Some(m) = &self.cmd.boot_mac {
             self.mac = m.clone();
         }
-        let url_s = self
-            .cmd
-            .url
-            .clone()
-            .ok_or("no paddock.url= on the kernel command line; the boot script must set it")?;
+        let url_s = self.cmd.url.clone().ok_or(AgentError::NoUrl)?;
         // Several appliance hosts: `paddock.url=http://a:8080,http://b:8080`.
         let urls = url_s
             .split(',')
             .filter(|u| !u.trim().is_empty())
-            .map(|u| {
-                Url::parse(u.trim().trim_end_matches('/')).map_err(|e| format!("paddock.url: {e}"))
-            })
+            .map(|u| Url::parse(u.trim().trim_end_matches('/')))
             .collect::<Result<Vec<_>, _>>()?;
-        let url = urls.first().cloned().ok_or("paddock.url= is empty")?;
+        let url = urls.first().cloned().ok_or(AgentError::EmptyUrl)?;
 
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let modules_msg = self.load_modules();
@@ -196,7 +268,7 @@ impl Agent<'_> {
         );
 
         let (ifname, ip) = self.network()?;
-        self.client = TcpClient::with_hosts(urls, Duration::from_secs(5), Duration::from_secs(30));
+        self.client = Client::with_hosts(urls, Duration::from_secs(5), Duration::from_secs(30));
         self.flush_events();
         self.step(
             "network-up",
@@ -288,11 +360,14 @@ impl Agent<'_> {
         {
             let name = path.rsplit('/').next().unwrap_or(path);
             let res = match File::open(path) {
-                Err(e) => Err(format!("cannot open {path}: {e}")),
+                Err(source) => Err(ModuleError::Open {
+                    path: path.to_string(),
+                    source,
+                }),
                 Ok(f) => match finit_module(&f, c"", ModuleInitFlags::empty()) {
                     Ok(()) => Ok(true),
                     Err(Errno::EEXIST) => Ok(false),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(ModuleError::Load(e)),
                 },
             };
             match res {
@@ -315,7 +390,7 @@ impl Agent<'_> {
     }
 
     /// Finds the boot NIC, brings it up and runs DHCP on it until it has an address.
-    fn network(&mut self) -> Result<(String, String), String> {
+    fn network(&mut self) -> Result<(String, String), AgentError> {
         let _ = busybox(&["ip", "link", "set", "dev", "lo", "up"]);
         let root = Path::new("/");
         let deadline = Instant::now() + NIC_WAIT;
@@ -335,15 +410,14 @@ impl Agent<'_> {
                     .map(|(n, m)| format!("{n}={m}"))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let secs = NIC_WAIT.as_secs();
                 return Err(match &self.cmd.boot_mac {
-                    Some(mac) => format!(
-                        "no network interface with MAC {mac} (BOOTIF) appeared within {} s (seen: [{seen}]); is its driver in the ramdisk (paddock-ramdisk-build --modules)?",
-                        NIC_WAIT.as_secs()
-                    ),
-                    None => format!(
-                        "no network interface appeared within {} s and BOOTIF is not set",
-                        NIC_WAIT.as_secs()
-                    ),
+                    Some(mac) => AgentError::NoBootNic {
+                        mac: mac.clone(),
+                        secs,
+                        seen,
+                    },
+                    None => AgentError::NoNic { secs },
                 });
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -392,11 +466,11 @@ impl Agent<'_> {
         }
     }
 
-    fn post(&mut self, data: &IntrospectionData) -> Result<String, String> {
+    fn post(&mut self, data: &IntrospectionData) -> Result<String, AgentError> {
         let console = self.console;
         let mut round = 0u32;
         loop {
-            let client = self.client.as_mut().ok_or("no network")?;
+            let client = self.client.as_mut().ok_or(AgentError::NoNetwork)?;
             self.console.say(&format!(
                 "posting the inventory to {}/v1/continue",
                 client.url
@@ -426,17 +500,17 @@ impl Agent<'_> {
                     );
                     std::thread::sleep(Duration::from_secs(60));
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
     /// Asks what to do next until told to power off or reboot.
-    fn follow(&mut self, uuid: &str) -> Result<Never, String> {
+    fn follow(&mut self, uuid: &str) -> Result<Never, AgentError> {
         let mut failures = 0u32;
         let mut waits = 0u32;
         loop {
-            let client = self.client.as_mut().ok_or("no network")?;
+            let client = self.client.as_mut().ok_or(AgentError::NoNetwork)?;
             match api::next_action(client, uuid) {
                 Ok(Action::Wait) => {
                     failures = 0;
@@ -456,8 +530,8 @@ impl Agent<'_> {
                     };
                     self.step(step, "info", &format!("the appliance says {step}"));
                     nix::unistd::sync();
-                    let Err(e) = reboot(mode);
-                    return Err(format!("reboot(2) for {step} failed: {e}"));
+                    let Err(errno) = reboot(mode);
+                    return Err(AgentError::Reboot { step, errno });
                 }
                 Err(e) => {
                     let pause = IPA_BACKOFF.delay(failures);
@@ -473,7 +547,7 @@ impl Agent<'_> {
     }
 
     /// Listens on every NIC for one LLDP frame each, for at most `paddock.lldp_timeout`.
-    fn listen_lldp(&mut self) -> Result<BTreeMap<String, Vec<(u8, String)>>, String> {
+    fn listen_lldp(&mut self) -> Result<BTreeMap<String, Vec<(u8, String)>>, LldpError> {
         let nics = collect::net::physical(Path::new("/"));
         let mut by_index = BTreeMap::new();
         for (n, _) in &nics {
@@ -498,9 +572,9 @@ impl Agent<'_> {
                 SockFlag::empty(),
                 SockProtocol::EthAll,
             )
-            .map_err(|e| format!("AF_PACKET socket: {e}"))?;
+            .map_err(LldpError::Socket)?;
             setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(1, 0))
-                .map_err(|e| format!("SO_RCVTIMEO: {e}"))?;
+                .map_err(LldpError::Timeout)?;
             let deadline = Instant::now() + self.cmd.lldp_timeout;
             let mut heard = BTreeMap::new();
             let mut buf = vec![0u8; 9216];
@@ -521,7 +595,7 @@ impl Agent<'_> {
                     }
                     Ok((_, None)) => {}
                     Err(Errno::EAGAIN | Errno::EINTR) => {}
-                    Err(e) => return Err(format!("recvfrom: {e}")),
+                    Err(e) => return Err(LldpError::Recv(e)),
                 }
             }
             Ok(heard)
@@ -533,15 +607,21 @@ impl Agent<'_> {
     }
 }
 
-fn busybox(args: &[&str]) -> Result<(), String> {
+fn busybox(args: &[&str]) -> Result<(), BusyboxError> {
     let status = Command::new(BUSYBOX)
         .args(args)
         .status()
-        .map_err(|e| format!("cannot run {BUSYBOX} {}: {e}", args.join(" ")))?;
+        .map_err(|source| BusyboxError::Spawn {
+            args: args.join(" "),
+            source,
+        })?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("`busybox {}` {status}", args.join(" ")))
+        Err(BusyboxError::Failed {
+            args: args.join(" "),
+            status,
+        })
     }
 }
 
@@ -560,7 +640,7 @@ fn ipv4_addresses() -> BTreeMap<String, String> {
 }
 
 /// Mounts the API file systems. `/proc` and `/sys` are required; the others are best effort.
-fn mount_all(console: &Console) -> Result<(), String> {
+fn mount_all(console: &Console) -> Result<(), MountError> {
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let table: [(&str, &str, MsFlags, Option<&str>, bool); 5] = [
         // devtmpfs first: /dev/urandom and /dev/console must exist before anything else.
@@ -593,7 +673,13 @@ fn mount_all(console: &Console) -> Result<(), String> {
         console.say(&format!("mounting {target} ({fstype})"));
         match mount(Some(fstype), target, Some(fstype), flags, data) {
             Ok(()) | Err(Errno::EBUSY) => {}
-            Err(e) if required => return Err(format!("cannot mount {fstype} on {target}: {e}")),
+            Err(errno) if required => {
+                return Err(MountError {
+                    fstype,
+                    target,
+                    errno,
+                });
+            }
             Err(e) => console.say(&format!("warning: cannot mount {fstype} on {target}: {e}")),
         }
     }

@@ -44,6 +44,8 @@ pub enum ContinueError {
     GaveUp { tries: u32, last: String },
     #[error("the appliance answered 200 without a node uuid: {0}")]
     BadReply(String),
+    #[error("cannot encode the introspection data: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 /// What to do with one `/v1/continue` attempt's result.
@@ -84,7 +86,7 @@ pub fn post_continue(
     backoff: Backoff,
     pause: &mut dyn FnMut(Duration, &str),
 ) -> Result<String, ContinueError> {
-    let body = serde_json::to_vec(data).map_err(|e| ContinueError::BadReply(e.to_string()))?;
+    let body = serde_json::to_vec(data).map_err(ContinueError::Encode)?;
     let mut last = String::new();
     for attempt in 0..tries {
         match classify_continue(&t.send("POST", "/v1/continue", Some(&body))) {
@@ -157,13 +159,27 @@ pub struct Event {
     pub level: String,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot encode the event: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+}
+
 /// Posts one event; the caller ignores failures.
-pub fn report(t: &mut dyn Transport, ev: &Event) -> Result<(), String> {
-    let body = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
-    match t.send("POST", "/api/v1/agent/events", Some(&body)) {
-        Ok(r) if (200..300).contains(&r.status) => Ok(()),
-        Ok(r) => Err(format!("HTTP {}: {}", r.status, r.error_message())),
-        Err(e) => Err(e.to_string()),
+pub fn report(t: &mut dyn Transport, ev: &Event) -> Result<(), ReportError> {
+    let body = serde_json::to_vec(ev).map_err(ReportError::Encode)?;
+    let r = t.send("POST", "/api/v1/agent/events", Some(&body))?;
+    if (200..300).contains(&r.status) {
+        Ok(())
+    } else {
+        Err(ReportError::Status {
+            status: r.status,
+            message: r.error_message(),
+        })
     }
 }
 
@@ -196,9 +212,12 @@ pub(crate) mod tests {
         ) -> Result<Response, HttpError> {
             self.requests
                 .push((method.into(), path.into(), body.map(<[u8]>::to_vec)));
-            self.replies
-                .pop_front()
-                .unwrap_or_else(|| Err(HttpError::Protocol("script exhausted".into())))
+            self.replies.pop_front().unwrap_or_else(|| {
+                Err(HttpError::Exchange {
+                    addr: "script".into(),
+                    source: ureq::Error::Other("script exhausted".into()),
+                })
+            })
         }
     }
 
@@ -212,7 +231,7 @@ pub(crate) mod tests {
     pub(crate) fn refused() -> Result<Response, HttpError> {
         Err(HttpError::Connect {
             addr: "198.18.0.1:8080".into(),
-            source: std::io::ErrorKind::ConnectionRefused.into(),
+            source: ureq::Error::Io(std::io::ErrorKind::ConnectionRefused.into()),
         })
     }
 
@@ -346,8 +365,11 @@ pub(crate) mod tests {
             message: "hi".into(),
             level: "info".into(),
         };
-        assert_eq!(report(&mut s, &ev), Ok(()));
-        assert_eq!(report(&mut s, &ev), Err("HTTP 404: nope".into()));
+        assert!(report(&mut s, &ev).is_ok());
+        assert_eq!(
+            report(&mut s, &ev).unwrap_err().to_string(),
+            "HTTP 404: nope"
+        );
         assert!(report(&mut s, &ev).is_err());
         let body: serde_json::Value =
             serde_json::from_slice(s.requests[0].2.as_ref().unwrap()).unwrap();

@@ -1,13 +1,14 @@
-//! A tiny HTTP/1.1 client over `std::net::TcpStream`: one request per connection
-//! (`Connection: close`), `Content-Length` or chunked responses, plain `http://` only (the
-//! ramdisk carries no TLS).
+//! The agent's HTTP client: `ureq` (plain `http://` only: the ramdisk carries no TLS), one
+//! request per connection, with the appliance's hosts tried in turn when one cannot be
+//! reached.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 /// Responses larger than this are refused.
 pub const MAX_RESPONSE: usize = 1 << 20;
+
+/// Error texts longer than this are shortened on the console and in events.
+const MAX_MESSAGE_CHARS: usize = 300;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Url {
@@ -96,17 +97,12 @@ impl Response {
     /// The message of an error body (`{"error": {"message": …}}`, Inspector's shape), else the
     /// body as text, shortened.
     pub fn error_message(&self) -> String {
-        let parsed: Option<String> = serde_json::from_slice::<serde_json::Value>(&self.body)
-            .ok()
-            .and_then(|v| v.get("error")?.get("message")?.as_str().map(str::to_string));
-        parsed.unwrap_or_else(|| {
-            let t = String::from_utf8_lossy(&self.body).trim().to_string();
-            if t.chars().count() > 300 {
-                format!("{}…", t.chars().take(300).collect::<String>())
-            } else {
-                t
-            }
-        })
+        let t = paddock_wire::error_message(&self.body);
+        if t.chars().count() > MAX_MESSAGE_CHARS {
+            format!("{}…", t.chars().take(MAX_MESSAGE_CHARS).collect::<String>())
+        } else {
+            t
+        }
     }
 }
 
@@ -116,161 +112,59 @@ pub enum HttpError {
     Resolve {
         host: String,
         #[source]
-        source: std::io::Error,
+        source: ureq::Error,
     },
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
         #[source]
-        source: std::io::Error,
+        source: ureq::Error,
     },
-    #[error("i/o error talking to {addr}: {source}")]
-    Io {
+    #[error("error talking to {addr}: {source}")]
+    Exchange {
         addr: String,
         #[source]
-        source: std::io::Error,
+        source: ureq::Error,
     },
-    #[error("bad HTTP response: {0}")]
-    Protocol(String),
 }
 
-/// The request bytes.
-pub fn encode_request(url: &Url, method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
-    let mut r = format!(
-        "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: paddock-agent/{}\r\nAccept: application/json\r\nConnection: close\r\n",
-        url.base,
-        url.host_header(),
-        env!("CARGO_PKG_VERSION")
-    );
-    if let Some(b) = body {
-        r.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        ));
+impl HttpError {
+    /// Sorts a `ureq` error: the host could not be found or reached (the next host is
+    /// tried), or the exchange itself failed.
+    fn from_ureq(url: &Url, source: ureq::Error) -> Self {
+        use std::io::ErrorKind as K;
+        use ureq::Timeout as T;
+        let addr = format!("{}:{}", url.host, url.port);
+        match &source {
+            ureq::Error::HostNotFound | ureq::Error::Timeout(T::Resolve) => HttpError::Resolve {
+                host: url.host.clone(),
+                source,
+            },
+            ureq::Error::ConnectionFailed | ureq::Error::Timeout(T::Connect) => {
+                HttpError::Connect { addr, source }
+            }
+            ureq::Error::Io(e)
+                if matches!(
+                    e.kind(),
+                    K::ConnectionRefused
+                        | K::HostUnreachable
+                        | K::NetworkUnreachable
+                        | K::AddrNotAvailable
+                ) =>
+            {
+                HttpError::Connect { addr, source }
+            }
+            _ => HttpError::Exchange { addr, source },
+        }
     }
-    r.push_str("\r\n");
-    let mut bytes = r.into_bytes();
-    if let Some(b) = body {
-        bytes.extend_from_slice(b);
-    }
-    bytes
-}
 
-/// Parses a whole response (the connection was closed by the server or the length was reached).
-pub fn parse_response(raw: &[u8]) -> Result<Response, HttpError> {
-    let p = |m: &str| HttpError::Protocol(m.to_string());
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| p("no end of headers"))?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| p("headers are not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        return Err(p(&format!("status line {status_line:?}")));
-    }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .filter(|s| (100..600).contains(s))
-        .ok_or_else(|| p(&format!("status line {status_line:?}")))?;
-    let mut length = None;
-    let mut chunked = false;
-    for l in lines {
-        let Some((k, v)) = l.split_once(':') else {
-            continue;
-        };
-        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-        if k == "content-length" {
-            length = Some(v.parse::<usize>().map_err(|_| p("bad Content-Length"))?);
-        } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-            chunked = true;
-        }
-    }
-    let rest = &raw[end + 4..];
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some(n) = length {
-        rest.get(..n)
-            .ok_or_else(|| p(&format!("body shorter than Content-Length {n}")))?
-            .to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Ok(Response { status, body })
-}
-
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, HttpError> {
-    let p = |m: &str| HttpError::Protocol(m.to_string());
-    let mut out = Vec::new();
-    loop {
-        let eol = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| p("truncated chunk size"))?;
-        let size_s = std::str::from_utf8(&b[..eol]).map_err(|_| p("bad chunk size"))?;
-        let size_s = size_s.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_s, 16).map_err(|_| p("bad chunk size"))?;
-        b = &b[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(b.get(..size).ok_or_else(|| p("truncated chunk"))?);
-        b = b.get(size + 2..).ok_or_else(|| p("truncated chunk"))?;
-        if out.len() > MAX_RESPONSE {
-            return Err(p("response too large"));
-        }
+    /// Whether another host may answer where this one could not.
+    fn unreachable(&self) -> bool {
+        matches!(self, HttpError::Connect { .. } | HttpError::Resolve { .. })
     }
 }
 
-/// Sends one request over any stream and reads the whole response.
-pub fn exchange<S: Read + Write>(
-    stream: &mut S,
-    request: &[u8],
-    addr: &str,
-) -> Result<Response, HttpError> {
-    let io = |source| HttpError::Io {
-        addr: addr.to_string(),
-        source,
-    };
-    stream.write_all(request).map_err(io)?;
-    stream.flush().map_err(io)?;
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = stream.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-        if raw.len() > MAX_RESPONSE + 16384 {
-            return Err(HttpError::Protocol("response too large".into()));
-        }
-        // Stop early once a Content-Length body is complete (some servers linger).
-        if let Ok(r) = parse_response(&raw)
-            && has_complete_length(&raw, r.body.len())
-        {
-            return Ok(r);
-        }
-    }
-    parse_response(&raw)
-}
-
-fn has_complete_length(raw: &[u8], body_len: usize) -> bool {
-    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    head.lines().any(|l| {
-        l.strip_prefix("content-length:")
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            == Some(body_len)
-    })
-}
-
-/// How requests reach the appliance; the agent uses [`TcpClient`], tests a script.
+/// How requests reach the appliance; the agent uses [`Client`], tests a script.
 pub trait Transport {
     fn send(
         &mut self,
@@ -283,24 +177,15 @@ pub trait Transport {
 /// A client of the appliance. With several appliance hosts (`paddock.url=A,B,C`) a host
 /// that cannot be reached is skipped: the request goes to the next, which then stays
 /// current. HTTP-level answers (5xx, 409) are not failed over; the caller retries them.
-pub struct TcpClient {
+pub struct Client {
     pub url: Url,
     pub others: Vec<Url>,
-    pub connect_timeout: Duration,
-    pub io_timeout: Duration,
+    agent: ureq::Agent,
 }
 
-impl TcpClient {
-    pub fn new(url: Url, connect_timeout: Duration, io_timeout: Duration) -> Self {
-        Self {
-            url,
-            others: Vec::new(),
-            connect_timeout,
-            io_timeout,
-        }
-    }
-
-    /// A client for several appliance hosts, the first tried first.
+impl Client {
+    /// A client for several appliance hosts, the first tried first (`None`: no host).
+    /// `connect_timeout` bounds each connection attempt, `io_timeout` each read and write.
     pub fn with_hosts(
         urls: Vec<Url>,
         connect_timeout: Duration,
@@ -308,16 +193,56 @@ impl TcpClient {
     ) -> Option<Self> {
         let mut it = urls.into_iter();
         let url = it.next()?;
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            // One request per connection, as before: nothing stale after an appliance restart.
+            .max_idle_connections(0)
+            .max_idle_connections_per_host(0)
+            .timeout_connect(Some(connect_timeout))
+            .timeout_per_read(Some(io_timeout))
+            .timeout_per_write(Some(io_timeout))
+            .user_agent(concat!("paddock-agent/", env!("CARGO_PKG_VERSION")))
+            .accept("application/json")
+            .build()
+            .new_agent();
         Some(Self {
             url,
             others: it.collect(),
-            connect_timeout,
-            io_timeout,
+            agent,
         })
+    }
+
+    fn send_one(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Response, HttpError> {
+        let err = |e| HttpError::from_ureq(&self.url, e);
+        let uri = format!("{}{path}", self.url);
+        let res = match (method, body) {
+            ("GET", _) => self.agent.get(&uri).call(),
+            (_, body) => self
+                .agent
+                .post(&uri)
+                .header("Content-Type", "application/json")
+                .send(body.unwrap_or_default()),
+        };
+        let mut res = res.map_err(err)?;
+        let status = res.status().as_u16();
+        let body = res
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE as u64)
+            .read_to_vec()
+            .map_err(err)?;
+        Ok(Response { status, body })
     }
 }
 
-impl Transport for TcpClient {
+impl Transport for Client {
     fn send(
         &mut self,
         method: &str,
@@ -326,66 +251,23 @@ impl Transport for TcpClient {
     ) -> Result<Response, HttpError> {
         let mut last = self.send_one(method, path, body);
         for _ in 0..self.others.len() {
-            match &last {
-                Err(HttpError::Connect { .. } | HttpError::Resolve { .. }) => {
-                    let next = self.others.remove(0);
-                    let old = std::mem::replace(&mut self.url, next);
-                    self.others.push(old);
-                    last = self.send_one(method, path, body);
-                }
-                _ => break,
+            if !last.as_ref().is_err_and(HttpError::unreachable) {
+                break;
             }
+            let next = self.others.remove(0);
+            let old = std::mem::replace(&mut self.url, next);
+            self.others.push(old);
+            last = self.send_one(method, path, body);
         }
         last
-    }
-}
-
-impl TcpClient {
-    fn send_one(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: Option<&[u8]>,
-    ) -> Result<Response, HttpError> {
-        let target = (self.url.host.as_str(), self.url.port);
-        let addrs: Vec<_> = target
-            .to_socket_addrs()
-            .map_err(|source| HttpError::Resolve {
-                host: self.url.host.clone(),
-                source,
-            })?
-            .collect();
-        let mut last = None;
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, self.connect_timeout) {
-                Ok(mut s) => {
-                    let io = |source| HttpError::Io {
-                        addr: a.to_string(),
-                        source,
-                    };
-                    s.set_read_timeout(Some(self.io_timeout)).map_err(io)?;
-                    s.set_write_timeout(Some(self.io_timeout)).map_err(io)?;
-                    let req = encode_request(&self.url, method, path, body);
-                    return exchange(&mut s, &req, &a.to_string());
-                }
-                Err(e) => {
-                    last = Some(HttpError::Connect {
-                        addr: a.to_string(),
-                        source: e,
-                    })
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| HttpError::Resolve {
-            host: self.url.host.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no addresses"),
-        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
 
     #[test]
     fn urls() {
@@ -417,80 +299,130 @@ mod tests {
         );
     }
 
-    #[test]
-    fn request_bytes() {
-        let u = Url::parse("http://198.18.0.1:8080/pfx").unwrap();
-        let r = String::from_utf8(encode_request(&u, "POST", "/v1/continue", Some(b"{}"))).unwrap();
-        assert!(
-            r.starts_with("POST /pfx/v1/continue HTTP/1.1\r\nHost: 198.18.0.1:8080\r\n"),
-            "{r}"
-        );
-        assert!(
-            r.contains("Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"),
-            "{r}"
-        );
-        assert!(r.contains("Connection: close\r\n"));
-        let g = String::from_utf8(encode_request(&u, "GET", "/x", None)).unwrap();
-        assert!(!g.contains("Content-Length") && g.ends_with("\r\n\r\n"));
-    }
-
-    #[test]
-    fn responses_table() {
-        type Case<'a> = (&'a [u8], Result<(u16, &'a [u8]), &'a str>);
-        let cases: &[Case] = &[
-            (b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"uuid\":\"u\"}\n", Ok((200, b"{\"uuid\":\"u\"}\n"))),
-            (b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy", Ok((503, b"busy"))),
-            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nWiki\r\n5;x=y\r\npedia\r\n0\r\n\r\n", Ok((200, b"Wikipedia"))),
-            (b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", Ok((204, b""))),
-            (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", Err("shorter than Content-Length")),
-            (b"SSH-2.0-OpenSSH\r\n\r\n", Err("status line")),
-            (b"HTTP/1.1 200 OK\r\n", Err("no end of headers")),
-            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", Err("bad chunk size")),
-        ];
-        for (raw, want) in cases {
-            let got = parse_response(raw);
-            match (got, want) {
-                (Ok(r), Ok((s, b))) => assert_eq!((r.status, &r.body[..]), (*s, *b)),
-                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e} vs {w}"),
-                (g, w) => panic!("{:?}: got {g:?}, want {w:?}", String::from_utf8_lossy(raw)),
+    /// A one-shot HTTP server on a free port: answers each connection with `reply` and
+    /// sends back what it was asked (request line, headers, body).
+    fn serve(replies: Vec<&'static [u8]>) -> (Url, std::sync::mpsc::Receiver<String>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for reply in replies {
+                let (s, _) = l.accept().unwrap();
+                let mut r = BufReader::new(s);
+                let mut head = String::new();
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    r.read_line(&mut line).unwrap();
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    head.push_str(&line);
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let mut body = vec![0; length];
+                r.read_exact(&mut body).unwrap();
+                head.push_str(&String::from_utf8_lossy(&body));
+                r.get_mut().write_all(reply).unwrap();
+                tx.send(head).unwrap();
             }
-        }
+        });
+        (
+            Url::parse(&format!("http://127.0.0.1:{port}/pfx")).unwrap(),
+            rx,
+        )
     }
 
-    /// A fake stream: records what is written, returns `reply` in small pieces.
-    struct Fake {
-        written: Vec<u8>,
-        reply: Vec<u8>,
-        pos: usize,
+    /// A port nothing listens on.
+    fn closed_port() -> Url {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        Url::parse(&format!("http://127.0.0.1:{port}")).unwrap()
     }
-    impl Read for Fake {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = buf.len().min(7).min(self.reply.len() - self.pos);
-            buf[..n].copy_from_slice(&self.reply[self.pos..self.pos + n]);
-            self.pos += n;
-            Ok(n)
-        }
-    }
-    impl Write for Fake {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.written.extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+
+    fn client(urls: Vec<Url>) -> Client {
+        Client::with_hosts(urls, Duration::from_secs(2), Duration::from_secs(5)).unwrap()
     }
 
     #[test]
-    fn exchange_over_a_stream() {
-        let mut f = Fake {
-            written: Vec::new(),
-            reply: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}trailing junk".to_vec(),
-            pos: 0,
-        };
-        let r = exchange(&mut f, b"GET / HTTP/1.1\r\n\r\n", "a").unwrap();
-        assert_eq!((r.status, r.body), (200, b"{}".to_vec()));
-        assert_eq!(f.written, b"GET / HTTP/1.1\r\n\r\n");
+    fn requests_and_responses() {
+        let (url, asked) = serve(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"uuid\":\"u\"}\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nWiki\r\n5;x=y\r\npedia\r\n0\r\n\r\n",
+            b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n",
+        ]);
+        let mut c = client(vec![url]);
+        let r = c.send("POST", "/v1/continue", Some(b"{}")).unwrap();
+        assert_eq!((r.status, &r.body[..]), (200, &b"{\"uuid\":\"u\"}\n"[..]));
+        let head = asked.recv().unwrap();
+        assert!(
+            head.starts_with("POST /pfx/v1/continue HTTP/1.1\r\n"),
+            "{head}"
+        );
+        let lower = head.to_ascii_lowercase();
+        for h in [
+            "content-type: application/json\r\n",
+            "content-length: 2\r\n",
+            "accept: application/json\r\n",
+            "user-agent: paddock-agent/",
+        ] {
+            assert!(lower.contains(h), "{h}: {head}");
+        }
+        assert!(head.ends_with("\r\n\r\n{}"), "{head}");
+        let r = c.send("GET", "/x", None).unwrap();
+        assert_eq!((r.status, &r.body[..]), (200, &b"Wikipedia"[..]));
+        assert!(asked.recv().unwrap().starts_with("GET /pfx/x HTTP/1.1\r\n"));
+        let r = c.send("GET", "/x", None).unwrap();
+        assert_eq!((r.status, &r.body[..]), (503, &b"busy"[..]));
+        assert_eq!(c.send("GET", "/x", None).unwrap().status, 204);
+        assert_eq!(
+            c.send("GET", "/x", None).unwrap().status,
+            302,
+            "not followed"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_host_fails_over_to_the_next() {
+        let (url, _asked) = serve(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]);
+        let dead = closed_port();
+        let mut c = client(vec![dead.clone(), url.clone()]);
+        assert_eq!(c.send("GET", "/x", None).unwrap().status, 200);
+        assert_eq!((c.url.clone(), c.others.clone()), (url, vec![dead.clone()]));
+        // Alone, the dead host is an error naming it.
+        let e = client(vec![dead.clone()])
+            .send("GET", "/x", None)
+            .unwrap_err();
+        assert!(matches!(e, HttpError::Connect { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot connect to 127.0.0.1:{}: ", dead.port)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_response_over_the_limit_is_refused() {
+        let big: &'static [u8] = Box::leak(
+            [
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                    MAX_RESPONSE + 1
+                )
+                .as_bytes(),
+                &vec![b'x'; MAX_RESPONSE + 1],
+            ]
+            .concat()
+            .into_boxed_slice(),
+        );
+        let (url, _asked) = serve(vec![big]);
+        let e = client(vec![url]).send("GET", "/x", None).unwrap_err();
+        assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
     }
 
     #[test]
@@ -505,5 +437,10 @@ mod tests {
             body: b"  oops \n".to_vec(),
         };
         assert_eq!(r.error_message(), "oops");
+        let r = Response {
+            status: 502,
+            body: vec![b'y'; 400],
+        };
+        assert_eq!(r.error_message().chars().count(), MAX_MESSAGE_CHARS + 1);
     }
 }

@@ -8,8 +8,8 @@
 //! * The **builder** ([`initramfs::build`]): a reproducible gzip'd `newc` cpio with the agent,
 //!   busybox and the modules, plus Debian's kernel, extracted into a cache.
 //!
-//! Pure parts (command line, collectors over a root directory, LLDP, HTTP framing, retry
-//! policy, cpio, module resolution) are unit-tested; [`agent`] is the thin shell around them.
+//! Pure parts (command line, collectors over a root directory, LLDP, URLs, retry policy,
+//! cpio, module resolution) are unit-tested; [`agent`] is the thin shell around them.
 
 pub mod agent;
 pub mod api;

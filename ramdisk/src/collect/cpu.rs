@@ -11,7 +11,7 @@ pub fn collect(root: &Path, architecture: &str) -> Result<Cpu, CollectError> {
     let text = read_req(root, "/proc/cpuinfo")?;
     let mut cpu = parse_cpuinfo(&text, architecture).map_err(|why| CollectError::Parse {
         path: "/proc/cpuinfo".into(),
-        why,
+        why: why.to_string(),
     })?;
     // IPA reports the maximum frequency when the kernel knows it (lscpu "CPU max MHz").
     if let Some(khz) = read_opt(
@@ -25,9 +25,15 @@ pub fn collect(root: &Path, architecture: &str) -> Result<Cpu, CollectError> {
     Ok(cpu)
 }
 
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CpuinfoError {
+    #[error("no `processor` entries")]
+    NoProcessor,
+}
+
 /// Parses `/proc/cpuinfo`: `count` is the number of logical CPUs (`processor` entries),
 /// `socket_count` the number of distinct `physical id`s (1 when the kernel shows none).
-pub fn parse_cpuinfo(text: &str, architecture: &str) -> Result<Cpu, String> {
+pub fn parse_cpuinfo(text: &str, architecture: &str) -> Result<Cpu, CpuinfoError> {
     let mut count = 0u32;
     let mut model = None;
     let mut mhz = None;
@@ -53,7 +59,7 @@ pub fn parse_cpuinfo(text: &str, architecture: &str) -> Result<Cpu, String> {
         }
     }
     if count == 0 {
-        return Err("no `processor` entries".into());
+        return Err(CpuinfoError::NoProcessor);
     }
     Ok(Cpu {
         model_name: model,
@@ -119,7 +125,7 @@ mod tests {
             assert_eq!(cpu.architecture.as_deref(), Some("x86_64"));
         }
         assert_eq!(
-            parse_cpuinfo("", "x86_64").unwrap_err(),
+            parse_cpuinfo("", "x86_64").unwrap_err().to_string(),
             "no `processor` entries"
         );
     }

@@ -99,7 +99,7 @@ impl ModuleIndex {
         let bytes = read_module(&path)?;
         let info = modinfo(&bytes).map_err(|why| ModError::BadElf {
             path: path.clone(),
-            why,
+            why: why.to_string(),
         })?;
         let mut out = Vec::new();
         for (k, v) in &info {
@@ -290,17 +290,28 @@ fn le_u64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Why a file is not a module [`modinfo`] can read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ElfError {
+    #[error("not a 64-bit little-endian ELF file")]
+    NotElf64,
+    #[error("section table out of bounds")]
+    OutOfBounds,
+    #[error("no .modinfo section")]
+    NoModinfo,
+}
+
 /// The `key=value` strings of an ELF64 little-endian module's `.modinfo` section, in order.
-pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, ElfError> {
     if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        return Err("not a 64-bit little-endian ELF file".into());
+        return Err(ElfError::NotElf64);
     }
-    let short = || "section table out of bounds".to_string();
+    let short = || ElfError::OutOfBounds;
     let shoff = usize::try_from(le_u64(elf, 0x28).ok_or_else(short)?).map_err(|_| short())?;
     let shentsize = usize::from(le_u16(elf, 0x3a).ok_or_else(short)?);
     let shnum = usize::from(le_u16(elf, 0x3c).ok_or_else(short)?);
     let shstrndx = usize::from(le_u16(elf, 0x3e).ok_or_else(short)?);
-    let section = |i: usize| -> Result<(u32, usize, usize), String> {
+    let section = |i: usize| -> Result<(u32, usize, usize), ElfError> {
         let at = shoff + i * shentsize;
         let name = le_u32(elf, at).ok_or_else(short)?;
         let off =
@@ -313,7 +324,9 @@ pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, String> {
     let strtab = elf.get(stroff..stroff + strsize).ok_or_else(short)?;
     for i in 0..shnum {
         let (name, off, size) = section(i)?;
-        let n = strtab.get(name as usize..).ok_or_else(short)?;
+        let n = strtab
+            .get(usize::try_from(name).map_err(|_| short())?..)
+            .ok_or_else(short)?;
         let n = &n[..n.iter().position(|&b| b == 0).unwrap_or(n.len())];
         if n == b".modinfo" {
             let data = elf.get(off..off + size).ok_or_else(short)?;
@@ -327,7 +340,7 @@ pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, String> {
                 .collect());
         }
     }
-    Err("no .modinfo section".into())
+    Err(ElfError::NoModinfo)
 }
 
 /// Builds a minimal ELF64 file with a `.modinfo` section (tests, and the builder's tests).
@@ -409,8 +422,13 @@ mod tests {
                 ("softdep".into(), "pre: crc32c post: x".into()),
             ]
         );
-        assert!(modinfo(b"not an elf").unwrap_err().contains("not a 64-bit"));
-        assert!(modinfo(&elf[..70]).unwrap_err().contains("out of bounds"));
+        assert_eq!(modinfo(b"not an elf").unwrap_err(), ElfError::NotElf64);
+        assert_eq!(modinfo(&elf[..70]).unwrap_err(), ElfError::OutOfBounds);
+        assert!(
+            ElfError::OutOfBounds
+                .to_string()
+                .contains("section table out of bounds")
+        );
         assert_eq!(softdep_pre("pre: a b post: c"), vec!["a", "b"]);
         assert_eq!(softdep_pre("post: c"), Vec::<String>::new());
     }

@@ -194,13 +194,13 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
     check_static(&agent).map_err(|why| BuildError::NotStatic {
         what: "agent",
         path: spec.agent.clone(),
-        why,
+        why: why.to_string(),
     })?;
     let busybox = read(&spec.busybox)?;
     check_static(&busybox).map_err(|why| BuildError::NotStatic {
         what: "busybox",
         path: spec.busybox.clone(),
-        why,
+        why: why.to_string(),
     })?;
 
     let moddir = tree.join("lib/modules").join(&version);
@@ -291,16 +291,31 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     std::fs::rename(&tmp, path).map_err(w)
 }
 
+/// Why a file cannot be `/init` ([`check_static`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StaticError {
+    #[error("not a 64-bit little-endian ELF file")]
+    NotElf64,
+    #[error("program header table out of bounds")]
+    OutOfBounds,
+    #[error("ELF type {0} is not an executable")]
+    NotExecutable(u16),
+    #[error(
+        "it has an ELF interpreter (dynamically linked); build with RUSTFLAGS=\"-C target-feature=+crt-static\" --target x86_64-unknown-linux-gnu"
+    )]
+    Interpreter,
+}
+
 /// Refuses anything but an ELF executable without an interpreter (a dynamically linked `/init`
 /// fails with "No such file or directory" and the kernel panics).
-pub fn check_static(elf: &[u8]) -> Result<(), String> {
+pub fn check_static(elf: &[u8]) -> Result<(), StaticError> {
     if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        return Err("not a 64-bit little-endian ELF file".into());
+        return Err(StaticError::NotElf64);
     }
-    let bad = || "program header table out of bounds".to_string();
-    let etype = u16::from_le_bytes([elf[16], elf[17]]);
+    let bad = || StaticError::OutOfBounds;
+    let etype = u16::from_le_bytes([*elf.get(16).ok_or_else(bad)?, *elf.get(17).ok_or_else(bad)?]);
     if etype != 2 && etype != 3 {
-        return Err(format!("ELF type {etype} is not an executable"));
+        return Err(StaticError::NotExecutable(etype));
     }
     let phoff = u64::from_le_bytes(
         elf.get(0x20..0x28)
@@ -330,7 +345,7 @@ pub fn check_static(elf: &[u8]) -> Result<(), String> {
                 .map_err(|_| bad())?,
         );
         if ptype == 3 {
-            return Err("it has an ELF interpreter (dynamically linked); build with RUSTFLAGS=\"-C target-feature=+crt-static\" --target x86_64-unknown-linux-gnu".into());
+            return Err(StaticError::Interpreter);
         }
     }
     Ok(())
@@ -503,11 +518,13 @@ mod tests {
         assert!(
             check_static(&with_interp())
                 .unwrap_err()
+                .to_string()
                 .contains("dynamically linked")
         );
         assert!(
             check_static(b"#!/bin/sh\n")
                 .unwrap_err()
+                .to_string()
                 .contains("not a 64-bit")
         );
         let mut rel = fake_static_exe(b"");
@@ -515,6 +532,7 @@ mod tests {
         assert!(
             check_static(&rel)
                 .unwrap_err()
+                .to_string()
                 .contains("not an executable")
         );
     }
