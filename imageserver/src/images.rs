@@ -115,7 +115,8 @@ pub struct ImageServer {
 
 pub type Result<T> = std::result::Result<T, ImageError>;
 
-fn required_paths(fs: &FileSystem) -> std::result::Result<(), String> {
+/// A full image (one with a filter) needs `/etc`, `/etc/passwd`, `/usr` and `/usr/bin`.
+fn required_paths(name: &str, fs: &FileSystem) -> Result<()> {
     for (p, dir) in [
         ("/etc", true),
         ("/etc/passwd", false),
@@ -124,7 +125,7 @@ fn required_paths(fs: &FileSystem) -> std::result::Result<(), String> {
     ] {
         match fs.get(p) {
             Some(i) if i.is_dir() == dir => {}
-            _ => return Err(p.to_string()),
+            _ => return Err(ImageError::MissingRequired(name.to_string(), p.to_string())),
         }
     }
     Ok(())
@@ -185,7 +186,7 @@ impl ImageServer {
         .await
         .map_err(|e| ImageError::Internal(e.to_string()))??;
         if filter.is_some() {
-            required_paths(&fs).map_err(|p| ImageError::MissingRequired(name.clone(), p))?;
+            required_paths(&name, &fs)?;
         }
         let tree_json = serde_json::to_vec(&fs).map_err(|e| ImageError::Internal(e.to_string()))?;
         let tree = ObjectId::of(&tree_json);

@@ -195,7 +195,7 @@ fn read_members(
                     "(extension header)",
                 ));
             }
-            let mut data = Vec::with_capacity(size as usize);
+            let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
             entry
                 .read_to_end(&mut data)
                 .map_err(|e| member(format!("truncated extension header: {e}"), "?"))?;
@@ -206,7 +206,7 @@ fn read_members(
             } else if kind.is_pax_local_extensions() {
                 pending
                     .pax(&data)
-                    .map_err(|why| member(why, "(PAX header)"))?;
+                    .map_err(|why| member(why.to_string(), "(PAX header)"))?;
             }
             continue;
         }
@@ -314,31 +314,31 @@ impl Extensions {
     }
 
     /// PAX records: `"<len> <key>=<value>\n"`.
-    fn pax(&mut self, mut data: &[u8]) -> Result<(), String> {
+    fn pax(&mut self, mut data: &[u8]) -> Result<(), PaxError> {
         self.any_pax = true;
         while !data.is_empty() {
             let sp = data
                 .iter()
                 .position(|b| *b == b' ')
-                .ok_or("PAX record without a length")?;
+                .ok_or(PaxError::NoLength)?;
             let len: usize = std::str::from_utf8(&data[..sp])
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .ok_or("PAX record with a bad length")?;
+                .ok_or(PaxError::BadLength)?;
             if len <= sp + 1 || len > data.len() || data[len - 1] != b'\n' {
-                return Err("PAX record length does not match its text".into());
+                return Err(PaxError::LengthMismatch);
             }
             let rec = &data[sp + 1..len - 1];
             let eq = rec
                 .iter()
                 .position(|b| *b == b'=')
-                .ok_or("PAX record without `=`")?;
+                .ok_or(PaxError::NoEquals)?;
             let (key, value) = (&rec[..eq], &rec[eq + 1..]);
-            let num = || -> Result<u64, String> {
+            let num = || -> Result<u64, PaxError> {
                 std::str::from_utf8(value)
                     .ok()
                     .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| format!("PAX {} is not a number", String::from_utf8_lossy(key)))
+                    .ok_or_else(|| PaxError::NotANumber(String::from_utf8_lossy(key).into_owned()))
             };
             match key {
                 b"path" => self.path = Some(value.to_vec()),
@@ -346,26 +346,48 @@ impl Extensions {
                 b"size" => self.size = Some(num()?),
                 b"uid" => self.uid = Some(num()?),
                 b"gid" => self.gid = Some(num()?),
-                b"mtime" => {
-                    let s = std::str::from_utf8(value).map_err(|_| "PAX mtime is not text")?;
-                    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
-                    let sec: i64 = sec.parse().map_err(|_| "PAX mtime is not a number")?;
-                    let digits: String = frac.chars().take(9).collect();
-                    let nsec = if digits.is_empty() {
-                        0
-                    } else {
-                        format!("{digits:0<9}")
-                            .parse()
-                            .map_err(|_| "PAX mtime is not a number")?
-                    };
-                    self.mtime = Some(Mtime { sec, nsec });
-                }
+                b"mtime" => self.mtime = Some(pax_mtime(value)?),
                 _ => {} // atime, ctime, uname, gname, xattrs: not part of an image
             }
             data = &data[len..];
         }
         Ok(())
     }
+}
+
+/// A PAX `mtime`: seconds, optionally a fraction (nanoseconds at most).
+fn pax_mtime(value: &[u8]) -> Result<Mtime, PaxError> {
+    let s = std::str::from_utf8(value).map_err(|_| PaxError::MtimeNotText)?;
+    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
+    let sec: i64 = sec.parse().map_err(|_| PaxError::MtimeNotANumber)?;
+    let digits: String = frac.chars().take(9).collect();
+    let nsec = if digits.is_empty() {
+        0
+    } else {
+        format!("{digits:0<9}")
+            .parse()
+            .map_err(|_| PaxError::MtimeNotANumber)?
+    };
+    Ok(Mtime { sec, nsec })
+}
+
+/// Why a PAX extension header is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum PaxError {
+    #[error("PAX record without a length")]
+    NoLength,
+    #[error("PAX record with a bad length")]
+    BadLength,
+    #[error("PAX record length does not match its text")]
+    LengthMismatch,
+    #[error("PAX record without `=`")]
+    NoEquals,
+    #[error("PAX {0} is not a number")]
+    NotANumber(String),
+    #[error("PAX mtime is not text")]
+    MtimeNotText,
+    #[error("PAX mtime is not a number")]
+    MtimeNotANumber,
 }
 
 fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
@@ -487,15 +509,7 @@ impl Ingest<'_> {
                 let (object, pending) = if size == 0 {
                     (None, None)
                 } else if size <= IN_MEMORY && self.jobs.is_some() {
-                    let mut buf = Vec::with_capacity(size as usize);
-                    entry
-                        .take(size)
-                        .read_to_end(&mut buf)
-                        .map_err(MemberError::Io)?;
-                    if buf.len() as u64 != size {
-                        return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
-                    }
-                    (None, Some(buf))
+                    (None, Some(read_member(entry, size)?))
                 } else {
                     (Some(self.store_content(entry, size)?), None)
                 };
@@ -628,14 +642,7 @@ impl Ingest<'_> {
 
     fn store_content(&mut self, entry: &mut impl Read, size: u64) -> Result<ObjectId, MemberError> {
         let (id, new) = if size <= IN_MEMORY {
-            let mut buf = Vec::with_capacity(size as usize);
-            entry
-                .take(size)
-                .read_to_end(&mut buf)
-                .map_err(MemberError::Io)?;
-            if buf.len() as u64 != size {
-                return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
-            }
+            let buf = read_member(entry, size)?;
             let id = ObjectId(Sha512::digest(&buf).into());
             // An object this ingest already stored is not compared again.
             let new = if self.seen.contains(&id) {
@@ -663,6 +670,22 @@ impl Ingest<'_> {
         self.seen.insert(id);
         Ok(id)
     }
+}
+
+/// A member's `size` bytes (at most [`IN_MEMORY`]), all of them: fewer is a truncated
+/// archive.
+fn read_member(entry: &mut impl Read, size: u64) -> Result<Vec<u8>, MemberError> {
+    let capacity =
+        usize::try_from(size).map_err(|_| MemberError::Why(format!("a member of {size} bytes")))?;
+    let mut buf = Vec::with_capacity(capacity);
+    entry
+        .take(size)
+        .read_to_end(&mut buf)
+        .map_err(MemberError::Io)?;
+    if buf.len() != capacity {
+        return Err(MemberError::Io(io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(buf)
 }
 
 /// Whether a relative symlink at `path` pointing to `target` leaves the root when resolved

@@ -155,7 +155,7 @@ pub fn fetch(
         let mut left = len;
         let res: Result<(), FetchError> = (|| {
             while left > 0 {
-                let want = left.min(CHUNK as u64) as usize;
+                let want = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
                 let n = match reader.read(&mut buf[..want]) {
                     Ok(0) => {
                         return Err(server_err(format!(

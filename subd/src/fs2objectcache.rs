@@ -63,6 +63,26 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ConvertError + '_ {
     }
 }
 
+/// Why one file could not be moved into the cache (a line of [`Summary::errors`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+struct MoveError {
+    path: PathBuf,
+    problem: MoveProblem,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum MoveProblem {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Errno(#[from] nix::errno::Errno),
+    #[error("changed during the conversion")]
+    Changed,
+    #[error("abandoned")]
+    Abandoned,
+}
+
 struct FileJob {
     path: PathBuf,
     ino: u64,
@@ -149,7 +169,7 @@ pub fn convert(root: &Path, threads: usize) -> Result<Summary, ConvertError> {
     // Hash and move into the cache.
     let next = AtomicUsize::new(0);
     let known: Mutex<HashSet<ObjectId>> = Mutex::new(HashSet::new());
-    let results: Mutex<Vec<Result<(u64, bool), String>>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<Result<(u64, bool), MoveError>>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, files.len().max(1)) {
             s.spawn(|| {
@@ -168,7 +188,7 @@ pub fn convert(root: &Path, threads: usize) -> Result<Summary, ConvertError> {
                 sum.bytes += bytes;
                 sum.duplicates += u64::from(dup);
             }
-            Err(e) => sum.errors.push(e),
+            Err(e) => sum.errors.push(e.to_string()),
         }
     }
     sum.objects = known.into_inner().unwrap_or_else(|e| e.into_inner()).len() as u64;
@@ -206,21 +226,24 @@ fn move_one(
     objects: &Path,
     known: &Mutex<HashSet<ObjectId>>,
     buf: &mut [u8],
-) -> Result<(u64, bool), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", job.path.display());
-    let fd = open_for_hashing(&job.path).map_err(|e| fail(&e))?;
-    let st = fstat(fd.as_fd()).map_err(|e| fail(&e))?;
+) -> Result<(u64, bool), MoveError> {
+    let fail = |problem: MoveProblem| MoveError {
+        path: job.path.clone(),
+        problem,
+    };
+    let fd = open_for_hashing(&job.path).map_err(|e| fail(e.into()))?;
+    let st = fstat(fd.as_fd()).map_err(|e| fail(e.into()))?;
     if kind(&st) != SFlag::S_IFREG || st.st_ino != job.ino || st.st_dev != dev {
-        return Err(fail(&"changed during the conversion"));
+        return Err(fail(MoveProblem::Changed));
     }
     let mut file = File::from(fd);
     let (id, bytes) = hash_reader(&mut file, buf, u64::MAX, &mut |_| true)
-        .map_err(|e| fail(&e))?
-        .ok_or_else(|| fail(&"abandoned"))?;
+        .map_err(|e| fail(e.into()))?
+        .ok_or_else(|| fail(MoveProblem::Abandoned))?;
     drop(file);
     let fresh = known.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
     if !fresh {
-        std::fs::remove_file(&job.path).map_err(|e| fail(&e))?;
+        std::fs::remove_file(&job.path).map_err(|e| fail(e.into()))?;
         return Ok((bytes, true));
     }
     let dest = objects.join(id.path());
@@ -229,8 +252,8 @@ fn move_one(
             .recursive(true)
             .mode(0o755)
             .create(parent)
-            .map_err(|e| fail(&e))?;
+            .map_err(|e| fail(e.into()))?;
     }
-    std::fs::rename(&job.path, &dest).map_err(|e| fail(&e))?;
+    std::fs::rename(&job.path, &dest).map_err(|e| fail(e.into()))?;
     Ok((bytes, false))
 }

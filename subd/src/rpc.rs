@@ -77,8 +77,8 @@ impl From<SubdError> for ApiError {
         let status = match e {
             SubdError::Locked(_) | SubdError::Busy(_) => 409,
             SubdError::NotReady => 503,
-            SubdError::Bad(_) => 400,
-            SubdError::Failed(_) => 502,
+            SubdError::InvalidRequest(_) | SubdError::Configuration(_) | SubdError::Bad(_) => 400,
+            SubdError::Fetch(_) | SubdError::Failed(_) => 502,
         };
         ApiError::new(status, e.to_string())
     }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use paddock_image::filter::FilterError;
 use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
 use paddock_image::{FileSystem, Filter, ObjectId};
@@ -121,20 +122,28 @@ impl Default for Configuration {
     }
 }
 
+/// Why a [`Configuration`] is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigurationError {
+    #[error("{name} must be above 0 and at most 100, not {value}")]
+    Percent { name: &'static str, value: f64 },
+    #[error("scan_exclusions: {0}")]
+    Exclusions(#[from] FilterError),
+}
+
 impl Configuration {
     /// Checks the percentages and compiles the exclusions.
-    pub fn check(&self) -> Result<Filter, String> {
-        for (name, v) in [
+    pub fn check(&self) -> Result<Filter, ConfigurationError> {
+        for (name, value) in [
             ("cpu_percent", self.cpu_percent),
             ("network_speed_percent", self.network_speed_percent),
             ("scan_speed_percent", self.scan_speed_percent),
         ] {
-            if !(v > 0.0 && v <= 100.0) {
-                return Err(format!("{name} must be above 0 and at most 100, not {v}"));
+            if !(value > 0.0 && value <= 100.0) {
+                return Err(ConfigurationError::Percent { name, value });
             }
         }
-        Filter::from_lines(self.scan_exclusions.iter().cloned())
-            .map_err(|e| format!("scan_exclusions: {e}"))
+        Ok(Filter::from_lines(self.scan_exclusions.iter().cloned())?)
     }
 }
 
@@ -262,6 +271,12 @@ pub enum SubdError {
     Busy(&'static str),
     #[error("no scan yet: subd is not ready")]
     NotReady,
+    #[error(transparent)]
+    InvalidRequest(#[from] update::InvalidRequest),
+    #[error(transparent)]
+    Configuration(#[from] ConfigurationError),
+    #[error(transparent)]
+    Fetch(#[from] fetch::FetchError),
     #[error("{0}")]
     Bad(String),
     #[error("{0}")]
@@ -501,7 +516,7 @@ impl Subd {
                 Err(e) => {
                     tracing::warn!("fetch failed: {e}");
                     st.last_fetch_error = Some(e.to_string());
-                    Err(SubdError::Failed(e.to_string()))
+                    Err(e.into())
                 }
             };
             drop(st);
@@ -530,7 +545,7 @@ impl Subd {
         client: &str,
         req: UpdateRequest,
     ) -> Result<UpdateReport, SubdError> {
-        update::validate(&req).map_err(SubdError::Bad)?;
+        update::validate(&req)?;
         let handle = self.scanner.handle();
         if handle.scan_count() == 0 {
             return Err(SubdError::NotReady);
@@ -547,7 +562,7 @@ impl Subd {
         };
         let mut extra_errors: Vec<String> = Vec::new();
         let old = previous_triggers(root).unwrap_or_else(|e| {
-            extra_errors.push(e);
+            extra_errors.push(e.to_string());
             Default::default()
         });
         if let Err(e) = save_triggers(root, &req.triggers) {
@@ -708,7 +723,7 @@ impl Subd {
 
     /// Changes the scan limits and exclusions (from the next scan) and the fetch share.
     pub fn set_configuration(&self, c: Configuration) -> Result<Configuration, SubdError> {
-        let exclusions = c.check().map_err(SubdError::Bad)?;
+        let exclusions = c.check()?;
         let handle = self.scanner.handle();
         handle.set_limits(c.scan_speed_percent, c.cpu_percent);
         handle.set_exclusions(exclusions);

@@ -34,6 +34,7 @@ use nix::sys::stat::{Mode, SFlag, UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
+use paddock_image::triggers::TriggersError;
 use paddock_image::{Filter, Inode, Mtime, ObjectId, SpecialKind, Triggers};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
@@ -101,52 +102,73 @@ pub struct ApplyOptions<'a> {
     pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
 }
 
+/// Why a request from the network is refused ([`validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("{0:?} is not a normalised absolute path")]
+    NotNormalised(String),
+    #[error("/ cannot be made, linked, copied or deleted")]
+    Root,
+    #[error("{0:?} is subd's own directory")]
+    SubdDir(String),
+    #[error("{path}: {why}")]
+    Inode { path: String, why: &'static str },
+    #[error("an object used more than a million times")]
+    TooManyUses,
+}
+
 /// Checks that a request from the network names only normalised absolute paths outside
 /// `/.subd`, `/` only as a metadata change, and well-formed inodes.
-pub fn validate(req: &UpdateRequest) -> Result<(), String> {
-    let path_ok = |p: &str, root_ok: bool| -> Result<(), String> {
+pub fn validate(req: &UpdateRequest) -> Result<(), InvalidRequest> {
+    let path_ok = |p: &str, root_ok: bool| -> Result<(), InvalidRequest> {
         match normalize(p) {
             Ok(n) if n == p => {}
-            _ => return Err(format!("{p:?} is not a normalised absolute path")),
+            _ => return Err(InvalidRequest::NotNormalised(p.to_string())),
         }
         if p == "/" && !root_ok {
-            return Err("/ cannot be made, linked, copied or deleted".into());
+            return Err(InvalidRequest::Root);
         }
         if untouchable(p, None) {
-            return Err(format!("{p:?} is subd's own directory"));
+            return Err(InvalidRequest::SubdDir(p.to_string()));
         }
         Ok(())
     };
-    let inode_ok = |p: &str, i: &Inode, dir: bool| -> Result<(), String> {
-        let bad = |why: &str| Err(format!("{p}: {why}"));
+    let bad = |p: &str, why: &'static str| {
+        Err(InvalidRequest::Inode {
+            path: p.to_string(),
+            why,
+        })
+    };
+    const MODE: &str = "mode has more than permission bits";
+    let inode_ok = |p: &str, i: &Inode, dir: bool| -> Result<(), InvalidRequest> {
         match i {
             Inode::Directory { mode, .. } => {
                 if !dir {
-                    return bad("a directory among the inodes to make");
+                    return bad(p, "a directory among the inodes to make");
                 }
                 if mode & !0o7777 != 0 {
-                    return bad("mode has more than permission bits");
+                    return bad(p, MODE);
                 }
             }
-            _ if dir => return bad("not a directory among the directories to make"),
+            _ if dir => return bad(p, "not a directory among the directories to make"),
             Inode::Regular {
                 mode, size, object, ..
             } => {
                 if (*size == 0) != object.is_none() {
-                    return bad("an empty file has no object; any other has one");
+                    return bad(p, "an empty file has no object; any other has one");
                 }
                 if mode & !0o7777 != 0 {
-                    return bad("mode has more than permission bits");
+                    return bad(p, MODE);
                 }
             }
             Inode::Special { mode, .. } => {
                 if mode & !0o7777 != 0 {
-                    return bad("mode has more than permission bits");
+                    return bad(p, MODE);
                 }
             }
             Inode::Symlink { target, .. } => {
                 if target.is_empty() || target.contains('\0') {
-                    return bad("bad symlink target");
+                    return bad(p, "bad symlink target");
                 }
             }
         }
@@ -178,13 +200,13 @@ pub fn validate(req: &UpdateRequest) -> Result<(), String> {
             | Inode::Special { mode, .. }
                 if mode & !0o7777 != 0 =>
             {
-                return Err(format!("{p}: mode has more than permission bits"));
+                return bad(p, MODE);
             }
             _ => {}
         }
     }
     if req.multiply_used_objects.values().any(|n| *n > 1_000_000) {
-        return Err("an object used more than a million times".into());
+        return Err(InvalidRequest::TooManyUses);
     }
     Ok(())
 }
@@ -622,7 +644,11 @@ fn copy_into_cache(src: &Path, dest: &Path, id: ObjectId, hardlink: bool) -> io:
 
 /// Applies a whole request without triggers (prepare, then the change window, then the
 /// image record): what an update does to the file system.
-pub fn apply(root: &Path, req: &UpdateRequest, opts: ApplyOptions) -> Result<ApplyStats, String> {
+pub fn apply(
+    root: &Path,
+    req: &UpdateRequest,
+    opts: ApplyOptions,
+) -> Result<ApplyStats, InvalidRequest> {
     validate(req)?;
     let mut a = Applier::new(root, opts);
     a.prepare(req);
@@ -661,12 +687,21 @@ pub fn patched_image(root: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Why the previous update's triggers cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviousTriggersError {
+    #[error("{TRIGGERS_PREVIOUS}: {0}")]
+    Parse(#[from] TriggersError),
+    #[error("{TRIGGERS_PREVIOUS}: {0}")]
+    Io(#[from] io::Error),
+}
+
 /// The triggers of the previous update (none: empty).
-pub fn previous_triggers(root: &Path) -> Result<Triggers, String> {
+pub fn previous_triggers(root: &Path) -> Result<Triggers, PreviousTriggersError> {
     match fs::read_to_string(root.join(TRIGGERS_PREVIOUS)) {
-        Ok(s) => Triggers::parse(&s).map_err(|e| format!("{TRIGGERS_PREVIOUS}: {e}")),
+        Ok(s) => Ok(Triggers::parse(&s)?),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Triggers::default()),
-        Err(e) => Err(format!("{TRIGGERS_PREVIOUS}: {e}")),
+        Err(e) => Err(e.into()),
     }
 }
 
