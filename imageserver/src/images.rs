@@ -110,10 +110,22 @@ pub struct ImageServer {
     objects: Arc<ObjectStore>,
     /// Adds share it, garbage collection takes it alone.
     gc: tokio::sync::RwLock<()>,
+    /// Garbage collections waiting for adds in flight to finish.
+    gc_waiting: tokio::sync::watch::Sender<usize>,
     trees: std::sync::Mutex<BTreeMap<ObjectId, Arc<FileSystem>>>,
 }
 
 pub type Result<T> = std::result::Result<T, ImageError>;
+
+/// Counts a collection out of [`ImageServer::gc_waiting`] when it stops waiting (it got
+/// the lock, or it was cancelled).
+struct WaitingGc<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for WaitingGc<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
 
 /// A full image (one with a filter) needs `/etc`, `/etc/passwd`, `/usr` and `/usr/bin`.
 fn required_paths(name: &str, fs: &FileSystem) -> Result<()> {
@@ -137,12 +149,19 @@ impl ImageServer {
             store,
             objects,
             gc: tokio::sync::RwLock::new(()),
+            gc_waiting: tokio::sync::watch::Sender::new(0),
             trees: Default::default(),
         })
     }
 
     pub fn objects(&self) -> &Arc<ObjectStore> {
         &self.objects
+    }
+
+    /// How many garbage collections are waiting for adds in flight to finish, as it
+    /// changes (a hook: a test knows a collection is held back without sleeping).
+    pub fn gc_waiting(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.gc_waiting.subscribe()
     }
 
     pub async fn record(&self, name: &str) -> Result<Option<ImageRecord>> {
@@ -432,7 +451,14 @@ impl ImageServer {
     /// Deletes every object no image refers to. Waits for adds in flight to finish and
     /// keeps new ones out until it is done.
     pub async fn collect_garbage(&self) -> Result<GcReport> {
-        let _alone = self.gc.write().await;
+        let _alone = match self.gc.try_write() {
+            Ok(alone) => alone,
+            Err(_) => {
+                self.gc_waiting.send_modify(|n| *n += 1);
+                let _counted = WaitingGc(&self.gc_waiting);
+                self.gc.write().await
+            }
+        };
         let mut live: BTreeSet<ObjectId> = BTreeSet::new();
         for r in self.list().await? {
             if r.deleted {

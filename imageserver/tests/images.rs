@@ -9,6 +9,9 @@ use paddock_imageserver::images::{ImageError, ImageServer};
 use paddock_imageserver::objects::ObjectStore;
 use paddock_store::SqliteStore;
 
+/// Longest wait for something that must happen.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn tarball(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, data) in files {
@@ -170,11 +173,19 @@ async fn a_refused_tarball_records_nothing() {
     assert!(e.server.record("evil").await.unwrap().is_none());
 }
 
-/// A reader fed chunk by chunk from the test, to hold an add in flight.
-struct Fed(std::sync::mpsc::Receiver<Vec<u8>>, Vec<u8>);
+/// A reader fed chunk by chunk from the test, to hold an add in flight; it says when it is
+/// first read (the add then holds its share of the GC lock).
+struct Fed(
+    std::sync::mpsc::Receiver<Vec<u8>>,
+    Vec<u8>,
+    Option<tokio::sync::oneshot::Sender<()>>,
+);
 
 impl Read for Fed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(reading) = self.2.take() {
+            let _ = reading.send(());
+        }
         if self.1.is_empty() {
             match self.0.recv() {
                 Ok(v) => self.1 = v,
@@ -194,12 +205,13 @@ async fn garbage_collection_waits_for_an_add_in_flight() {
     let s = e.server.clone();
     let tar = full_image(&[("opt/slow", vec![9u8; 300_000])]);
     let (tx, rx) = std::sync::mpsc::channel();
+    let (reading_tx, reading) = tokio::sync::oneshot::channel();
     let adding = {
         let s = s.clone();
         tokio::spawn(async move {
             s.add(
                 "slow".into(),
-                Box::new(Fed(rx, Vec::new())),
+                Box::new(Fed(rx, Vec::new(), Some(reading_tx))),
                 None,
                 Triggers::default(),
                 String::new(),
@@ -210,14 +222,21 @@ async fn garbage_collection_waits_for_an_add_in_flight() {
             .await
         })
     };
-    // Half the archive: some objects are written, the image is not recorded yet.
+    // Half the archive: the add is reading it, the image is not recorded yet.
     tx.send(tar[..tar.len() / 2].to_vec()).unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::timeout(WAIT, reading)
+        .await
+        .expect("the add never read its tarball")
+        .unwrap();
+    let mut waiting = s.gc_waiting();
     let gc = {
         let s = s.clone();
         tokio::spawn(async move { s.collect_garbage().await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::timeout(WAIT, waiting.wait_for(|n| *n == 1))
+        .await
+        .expect("the collection never waited for the add in flight")
+        .unwrap();
     assert!(!gc.is_finished(), "GC must wait while an add is in flight");
     tx.send(tar[tar.len() / 2..].to_vec()).unwrap();
     drop(tx);

@@ -104,6 +104,10 @@ struct State {
     last_error: Option<String>,
     pauses: usize,
     scanning: bool,
+    /// The thread is waiting for the pauses to end (it starts no scan until they do).
+    parked: bool,
+    /// The scanner thread's kernel id, once it runs.
+    thread_id: Option<i32>,
     shutdown: bool,
     boost: bool,
     io_percent: f64,
@@ -249,6 +253,32 @@ impl ScannerHandle {
         true
     }
 
+    /// Waits until the scanner thread has stopped for a pause: from then until every
+    /// [`PauseGuard`] is dropped it starts no scan. False on timeout (and at once when no
+    /// pause is held). For tests and for callers that must know the tree is left alone.
+    pub fn wait_paused(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        while !st.parked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || st.pauses == 0 || st.shutdown {
+                return false;
+            }
+            st = self
+                .shared
+                .cond
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// The scanner thread's kernel id (`/proc/self/task/<id>`), once it runs.
+    pub fn thread_id(&self) -> Option<i32> {
+        self.shared.lock().thread_id
+    }
+
     /// Pauses scanning: a scan in progress is abandoned, and this returns once it has
     /// stopped. Scanning resumes when every guard is dropped.
     pub fn pause(&self) -> PauseGuard {
@@ -344,7 +374,11 @@ fn run(h: ScannerHandle) {
     if let Some(d) = device {
         shared.throttle.set_measure(d.io_measure());
     }
-    shared.lock().device = device;
+    {
+        let mut st = shared.lock();
+        st.device = device;
+        st.thread_id = Some(nix::unistd::gettid().as_raw());
+    }
     let mut first = true;
     loop {
         let boost;
@@ -353,8 +387,11 @@ fn run(h: ScannerHandle) {
         {
             let mut st = shared.lock();
             while st.pauses > 0 && !st.shutdown {
+                st.parked = true;
+                shared.cond.notify_all();
                 st = shared.cond.wait(st).unwrap_or_else(|e| e.into_inner());
             }
+            st.parked = false;
             if st.shutdown {
                 return;
             }

@@ -131,7 +131,7 @@ fn the_client_lock_keeps_other_controllers_out() {
         "Subd.Poll",
         &json!({"lock_for_ms": 1, "short_poll_only": true}),
     );
-    std::thread::sleep(Duration::from_millis(5));
+    wait_until("A's lock to run out", || !b.poll(0).lock.held);
     let fetch_b =
         json!({"server": server, "objects": [ids[1]], "speed_percent": 100, "lock_for_ms": 5000});
     b.ok("Subd.Fetch", &fetch_b);
@@ -296,7 +296,10 @@ fn fetch_update_and_cleanup_exclude_each_other() {
         assert_eq!(st, 409, "{method}: {v}");
         assert_eq!(message(&v), "an update in progress");
     }
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        s.subd.scanner().wait_paused(WAIT),
+        "the scanner stops for the update"
+    );
     let p = c.poll(0);
     assert!(p.update_in_progress);
     assert_eq!(p.scan_count, scans, "no scan during an update");

@@ -18,23 +18,15 @@ fn config(root: &Path, fsbench: &Path) -> ScannerConfig {
     c
 }
 
-/// The nice value of this process's thread named `name` (field 19 of its stat).
-fn nice_of(name: &str) -> Option<i64> {
-    for t in fs::read_dir("/proc/self/task").ok()? {
-        let dir = t.ok()?.path();
-        if fs::read_to_string(dir.join("comm")).ok()?.trim() == name {
-            let stat = fs::read_to_string(dir.join("stat")).ok()?;
-            let after = &stat[stat.rfind(')')? + 2..];
-            return after.split(' ').nth(16)?.parse().ok();
-        }
-    }
-    None
+/// The nice value of this process's thread `tid` (field 19 of its stat).
+fn nice_of(tid: i32) -> Option<i64> {
+    let stat = fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(16)?.parse().ok()
 }
 
-// One test: the nice check looks the scanner thread up by name in this process.
 #[test]
 fn generations_pause_and_cache_rescans() {
-    a_missing_root_is_reported_and_retried();
     let t = tempfile::tempdir().unwrap();
     let bench = tempfile::tempdir().unwrap();
     let root = t.path();
@@ -51,15 +43,17 @@ fn generations_pause_and_cache_rescans() {
     );
     // Nice 15 once the first scan is done.
     assert!(h.wait_for_scans(2, WAIT));
-    assert_eq!(nice_of("subd-scanner"), Some(15));
+    assert_eq!(nice_of(h.thread_id().unwrap()), Some(15));
 
     // Unchanged rescans keep the generation.
     let n = h.scan_count();
     assert!(h.wait_for_scans(n + 3, WAIT));
     assert_eq!(h.generation(), 1);
 
-    // Paused: no scans; the change below is seen only after resuming.
+    // Paused: the thread stops (the hook says when), so the change below is seen only
+    // after resuming.
     let guard = h.pause();
+    assert!(h.wait_paused(WAIT), "the scanner stops for a pause");
     let n = h.scan_count();
     let p = root.join("etc/motd");
     let mtime = fs::metadata(&p).unwrap().modified().unwrap();
@@ -70,7 +64,7 @@ fn generations_pause_and_cache_rescans() {
         .unwrap()
         .set_times(FileTimes::new().set_modified(mtime))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    assert!(h.wait_paused(Duration::ZERO), "still stopped");
     assert_eq!(h.scan_count(), n, "no scan while paused");
     assert_eq!(h.generation(), 1);
     drop(guard);
@@ -111,6 +105,7 @@ fn generations_pause_and_cache_rescans() {
     drop(scanner); // stops and joins the thread
 }
 
+#[test]
 fn a_missing_root_is_reported_and_retried() {
     let t = tempfile::tempdir().unwrap();
     let bench = tempfile::tempdir().unwrap();
