@@ -173,18 +173,37 @@ struct StateLabels {
     state: &'static str,
 }
 
-/// `/metrics` in the OpenMetrics text format: the DHCP server's counters and the nodes by
-/// introspection state, read at each scrape.
+/// `/metrics`: the DHCP server's counters and the nodes by introspection state, read at
+/// each scrape.
 async fn metrics(State(s): State<AppState>) -> Response {
+    let nodes = s.inspector.list().await.ok();
+    match render_metrics(s.dhcp.as_ref().map(|d| &d.stats), nodes.as_deref()) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The metrics in the OpenMetrics text format: `paddock_dhcp_packets_total{outcome}` (with
+/// a DHCP server) and `paddock_nodes{state}` (when the nodes could be read).
+fn render_metrics(
+    dhcp: Option<&paddock_dhcp::shell::Stats>,
+    nodes: Option<&[paddock_inspector::node::Node]>,
+) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    if let Some(d) = &s.dhcp {
+    if let Some(st) = dhcp {
         let packets = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "paddock_dhcp_packets",
             "DHCP packets by outcome",
             packets.clone(),
         );
-        let st = &d.stats;
         for (outcome, c) in [
             ("received", &st.received),
             ("malformed", &st.malformed),
@@ -199,28 +218,51 @@ async fn metrics(State(s): State<AppState>) -> Response {
                 .inc_by(c.load(Ordering::Relaxed));
         }
     }
-    if let Ok(nodes) = s.inspector.list().await {
+    if let Some(nodes) = nodes {
         let by_state = Family::<StateLabels, Gauge>::default();
         registry.register(
             "paddock_nodes",
             "Nodes by introspection state",
             by_state.clone(),
         );
-        for n in &nodes {
+        for n in nodes {
             let state = n.state().map_or("none", |s| s.as_str());
             by_state.get_or_create(&StateLabels { state }).inc();
         }
     }
     let mut out = String::new();
-    if let Err(e) = encode(&mut out, &registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_keep_their_names_and_labels() {
+        let stats = paddock_dhcp::shell::Stats::default();
+        stats.malformed.store(3, Ordering::Relaxed);
+        let mut node = paddock_inspector::node::Node::new(uuid::Uuid::from_u128(1), 0);
+        let bare = node.clone();
+        node.introspection = Some(paddock_inspector::node::Introspection {
+            state: paddock_inspector::state::State::Finished,
+            started_at: None,
+            finished_at: None,
+            error: None,
+            manage_boot: true,
+        });
+        let text = render_metrics(Some(&stats), Some(&[node.clone(), node, bare])).unwrap();
+        for line in [
+            "# TYPE paddock_dhcp_packets counter",
+            "paddock_dhcp_packets_total{outcome=\"malformed\"} 3",
+            "paddock_dhcp_packets_total{outcome=\"ack\"} 0",
+            "# TYPE paddock_nodes gauge",
+            "paddock_nodes{state=\"finished\"} 2",
+            "paddock_nodes{state=\"none\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+        assert_eq!(render_metrics(None, None).unwrap(), "# EOF\n");
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response()
 }

@@ -217,3 +217,24 @@ impl Elector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_elected_leader_fences_its_writes() {
+        assert_eq!(Leadership::Sole.fence(), None);
+        let leader = Leader {
+            key: "election/pxe/1".into(),
+            revision: 7,
+            lease: 1,
+        };
+        assert_eq!(
+            Leadership::Elected(leader.clone()).fence(),
+            Some(leader.fence())
+        );
+        let (_tx, rx) = always();
+        assert_eq!(*rx.borrow(), Some(Leadership::Sole));
+    }
+}
