@@ -236,32 +236,29 @@ impl ScannerHandle {
 
     /// Waits until at least `count` scans are complete; false on timeout.
     pub fn wait_for_scans(&self, count: u64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.shared.lock();
-        while st.gens.scan_count() < count {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || st.shutdown {
-                return false;
-            }
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        self.wait_until(timeout, |st| st.gens.scan_count() >= count, |_| false)
     }
 
     /// Waits until the scanner thread has stopped for a pause: from then until every
     /// [`PauseGuard`] is dropped it starts no scan. False on timeout (and at once when no
     /// pause is held). For tests and for callers that must know the tree is left alone.
     pub fn wait_paused(&self, timeout: Duration) -> bool {
+        self.wait_until(timeout, |st| st.parked, |st| st.pauses == 0)
+    }
+
+    /// Waits (on the state's condition variable) until `done`; false on timeout, at
+    /// shutdown or once `hopeless`.
+    fn wait_until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&State) -> bool,
+        hopeless: impl Fn(&State) -> bool,
+    ) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
-        while !st.parked {
+        while !done(&st) {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || st.pauses == 0 || st.shutdown {
+            if left.is_zero() || st.shutdown || hopeless(&st) {
                 return false;
             }
             st = self
