@@ -19,6 +19,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use serde::{Deserialize, Serialize};
+
 use crate::boot;
 use crate::config::Config;
 use crate::pxe_filter::FirewallAnswer;
@@ -132,28 +134,51 @@ async fn firewall(State(s): State<AppState>) -> Response {
     }
 }
 
+/// What `GET /api/v1/cluster` answers: this host's place in the appliance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "store", rename_all = "lowercase")]
+pub enum ClusterStatus {
+    /// One host on the embedded store: it always leads.
+    Sqlite { hosts: u32, leading: bool },
+    /// Several hosts sharing an etcd cluster.
+    Etcd {
+        etcd_endpoints: Vec<String>,
+        host: String,
+        leading: bool,
+        /// The leader as the store shows it (none while an election runs).
+        leader: Option<ClusterLeader>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterLeader {
+    pub host: String,
+    pub revision: paddock_store::Revision,
+}
+
 /// This host's place in the appliance: one host, or which host of several leads.
-async fn cluster(State(s): State<AppState>) -> Response {
+async fn cluster(State(s): State<AppState>) -> Json<ClusterStatus> {
     let leading = s.leader.borrow().is_some();
-    let body = match &s.config.cluster {
-        None => serde_json::json!({"store": "sqlite", "hosts": 1, "leading": true}),
-        Some(c) => {
-            let leader = paddock_store::election::Election::new(s.store.clone(), "pxe")
+    Json(match &s.config.cluster {
+        None => ClusterStatus::Sqlite {
+            hosts: 1,
+            leading: true,
+        },
+        Some(c) => ClusterStatus::Etcd {
+            etcd_endpoints: c.etcd_endpoints.clone(),
+            host: c.host.clone(),
+            leading,
+            leader: paddock_store::election::Election::new(s.store.clone(), "pxe")
                 .leader()
                 .await
                 .ok()
                 .flatten()
-                .map(|(_, v, rev)| serde_json::json!({"host": String::from_utf8_lossy(&v), "revision": rev}));
-            serde_json::json!({
-                "store": "etcd",
-                "etcd_endpoints": c.etcd_endpoints,
-                "host": c.host,
-                "leading": leading,
-                "leader": leader,
-            })
-        }
-    };
-    Json(body).into_response()
+                .map(|(_, host, revision)| ClusterLeader {
+                    host: String::from_utf8_lossy(&host).into_owned(),
+                    revision,
+                }),
+        },
+    })
 }
 
 async fn leases(State(s): State<AppState>) -> Response {
@@ -264,5 +289,31 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
         assert_eq!(render_metrics(None, None).unwrap(), "# EOF\n");
+    }
+
+    #[test]
+    fn the_cluster_answer_keeps_its_json() {
+        let one = ClusterStatus::Sqlite {
+            hosts: 1,
+            leading: true,
+        };
+        assert_eq!(
+            serde_json::to_value(&one).unwrap(),
+            serde_json::json!({"store": "sqlite", "hosts": 1, "leading": true})
+        );
+        let several = ClusterStatus::Etcd {
+            etcd_endpoints: vec!["http://198.18.0.11:2379".into()],
+            host: "a".into(),
+            leading: false,
+            leader: Some(ClusterLeader {
+                host: "b".into(),
+                revision: 9,
+            }),
+        };
+        assert_eq!(
+            serde_json::to_value(&several).unwrap(),
+            serde_json::json!({"store": "etcd", "etcd_endpoints": ["http://198.18.0.11:2379"],
+                "host": "a", "leading": false, "leader": {"host": "b", "revision": 9}})
+        );
     }
 }
