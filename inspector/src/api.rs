@@ -628,4 +628,23 @@ mod tests {
         assert_eq!(parse_version(Some("1.19")).unwrap_err().status, 406);
         assert_eq!(parse_version(Some("2.0")).unwrap_err().status, 406);
     }
+
+    #[test]
+    fn every_kind_has_inspectors_status_and_back() {
+        let kinds = [
+            (ErrorKind::Invalid, 400),
+            (ErrorKind::NotFound, 404),
+            (ErrorKind::Conflict, 409),
+            (ErrorKind::Store, 500),
+            (ErrorKind::NotLeader, 503),
+        ];
+        for (kind, status) in kinds {
+            let e = InspectorError::of(kind, "Could not find node r1u1 in cache");
+            assert_eq!(
+                ApiError::from(e.clone()),
+                ApiError::new(status, "Could not find node r1u1 in cache")
+            );
+            assert_eq!(InspectorError::new(status, e.message.clone()), e);
+        }
+    }
 }

@@ -236,7 +236,7 @@ impl Inspector {
             };
             match self.record_processing(input, node, rev, now).await? {
                 Recorded::Finished(uuid) => return Ok(uuid),
-                Recorded::Failed(e) => return Err(InspectorError::invalid(e)),
+                Recorded::Failed(e) => return Err(InspectorError::invalid(e.to_string())),
                 Recorded::Raced => continue, // lost a race with another writer: look up again
             }
         }
@@ -289,9 +289,9 @@ impl Inspector {
         if !self.store.txn(txn).await?.succeeded {
             return Ok(Recorded::Raced);
         }
-        let result = outcome.result.map_err(|e| e.to_string());
+        let result = outcome.result.as_ref().map_err(ToString::to_string);
         tracing::info!(node = %uuid, enrolled = input.enrolled, result = ?result, "inspector: inventory processed");
-        Ok(match result {
+        Ok(match outcome.result {
             Ok(()) => Recorded::Finished(uuid),
             Err(e) => Recorded::Failed(e),
         })
@@ -458,8 +458,8 @@ fn end_in_error(
 enum Recorded {
     /// Written: the introspection finished.
     Finished(Uuid),
-    /// Written: the introspection failed, for this reason (Inspector's message).
-    Failed(String),
+    /// Written: the introspection failed, for this reason.
+    Failed(ProcessingError),
     /// The node's record changed underneath; nothing was written.
     Raced,
 }
