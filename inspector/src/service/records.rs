@@ -135,7 +135,7 @@ impl Inspector {
             .collect()
     }
 
-    /// Creates a node; refuses (409) if a MAC, the name or the BMC address is already taken.
+    /// Creates a node; refuses it (a conflict) if a MAC, the name or the BMC address is already taken.
     pub async fn create(&self, node: &Node) -> Result<()> {
         if let Some(n) = &node.name
             && Uuid::parse_str(n).is_ok()
@@ -178,7 +178,7 @@ impl Inspector {
     /// `PATCH /api/v1/nodes/{node}`: a JSON patch with Ironic's semantics ([`patch::patch`])
     /// applied in one compare-and-swap on the node's record and its MAC, name and BMC
     /// indexes; a lost race is retried from a fresh read, a MAC or name another node has is
-    /// refused (409).
+    /// refused (a conflict).
     pub async fn patch_node(
         &self,
         ident: &str,
