@@ -135,7 +135,8 @@ impl Inspector {
             .collect()
     }
 
-    /// Creates a node; refuses it (a conflict) if a MAC, the name or the BMC address is already taken.
+    /// Creates a node; refuses it (a conflict) if a MAC, the name or the BMC address is
+    /// already taken.
     pub async fn create(&self, node: &Node) -> Result<()> {
         if let Some(n) = &node.name
             && Uuid::parse_str(n).is_ok()
