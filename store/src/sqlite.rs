@@ -881,13 +881,11 @@ mod tests {
         assert_eq!(s.revision().await.unwrap(), 500);
     }
 
-    #[tokio::test]
-    async fn leases_delete_their_keys() {
-        let (_d, s) = store();
-        let lease = s.lease_grant(Duration::from_millis(300)).await.unwrap();
+    /// Puts `key` bound to `lease`.
+    async fn put_leased(s: &SqliteStore, key: &str, lease: LeaseId) {
         s.txn(Txn {
             success: vec![Op::Put {
-                key: "eph".into(),
+                key: key.into(),
                 value: b"x".to_vec(),
                 lease: Some(lease),
             }],
@@ -895,6 +893,13 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn leases_delete_their_keys() {
+        let (_d, s) = store();
+        let lease = s.lease_grant(Duration::from_millis(300)).await.unwrap();
+        put_leased(&s, "eph", lease).await;
         s.lease_keep_alive(lease).await.unwrap();
         assert!(s.get("eph").await.unwrap().is_some());
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -907,16 +912,7 @@ mod tests {
             Err(StoreError::LeaseNotFound(_))
         ));
         let l2 = s.lease_grant(Duration::from_secs(60)).await.unwrap();
-        s.txn(Txn {
-            success: vec![Op::Put {
-                key: "eph2".into(),
-                value: b"x".to_vec(),
-                lease: Some(l2),
-            }],
-            ..Txn::default()
-        })
-        .await
-        .unwrap();
+        put_leased(&s, "eph2", l2).await;
         s.lease_revoke(l2).await.unwrap();
         assert!(s.get("eph2").await.unwrap().is_none());
     }

@@ -8,7 +8,6 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use paddock_image::Image;
 use paddock_image::plan::{missing_objects, plan};
@@ -71,15 +70,12 @@ fn plan_with_fetch(c: &Client, image: &Image, server: &str) -> paddock_image::Up
 
 #[test]
 fn kill_9_during_an_update_then_a_restart_converges() {
-    let d = tempfile::tempdir().unwrap();
-    let (root, want, store) = (
-        d.path().join("root"),
-        d.path().join("want"),
-        d.path().join("store"),
-    );
-    for p in [&root, &want, &store] {
-        fs::create_dir(p).unwrap();
-    }
+    let Dirs {
+        tmp: d,
+        root,
+        want,
+        store,
+    } = dirs();
     // 120 files change content, 40 are removed, 40 arrive in new directories, a content
     // used three times, a hard-link group, a directory that becomes a file.
     for i in 0..160 {
@@ -139,20 +135,11 @@ fn kill_9_during_an_update_then_a_restart_converges() {
             .post(format!("{url}/rpc/Subd.Update"))
             .send_json(&body);
     });
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let p = c.poll(0);
-        if p.update_progress
+    wait_until("the update's change window", || {
+        c.poll(0)
+            .update_progress
             .is_some_and(|p| p.phase == "make inodes" && p.done >= 30)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the update never reached its change window"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    });
     first.child.kill().unwrap(); // SIGKILL
     first.child.wait().unwrap();
     update.join().unwrap();

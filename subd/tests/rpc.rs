@@ -17,19 +17,24 @@ use paddock_subd::service::{PollResponse, UpdateReport};
 use serde_json::{Value, json};
 use support::*;
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn message(v: &Value) -> String {
     v["error"]["message"]
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// Fetch, Update and Cleanup are each refused (409) with `why`.
+fn assert_all_busy(c: &Client, server: &str, why: &str) {
+    for (method, body) in [
+        ("Subd.Fetch", json!({"server": server, "objects": []})),
+        ("Subd.Update", json!({"image_name": "x"})),
+        ("Subd.Cleanup", json!({"objects": []})),
+    ] {
+        let (st, v) = c.call(method, &body);
+        assert_eq!(st, 409, "{method}: {v}");
+        assert_eq!(message(&v), why);
+    }
 }
 
 /// Objects in a store directory, made from contents.
@@ -245,15 +250,7 @@ fn fetch_update_and_cleanup_exclude_each_other() {
     assert_eq!(v["started"], true);
     wait_until("the first object", || c.poll(0).fetch_bytes >= 5);
     assert!(c.poll(0).fetch_in_progress);
-    for (method, body) in [
-        ("Subd.Fetch", json!({"server": server, "objects": []})),
-        ("Subd.Update", json!({"image_name": "x"})),
-        ("Subd.Cleanup", json!({"objects": []})),
-    ] {
-        let (st, v) = c.call(method, &body);
-        assert_eq!(st, 409, "{method}: {v}");
-        assert_eq!(message(&v), "a fetch in progress");
-    }
+    assert_all_busy(&c, &server, "a fetch in progress");
     control.stall.store(false, Ordering::SeqCst);
     wait_until("the fetch", || !c.poll(0).fetch_in_progress);
     let p2 = c.poll(0);
@@ -287,15 +284,7 @@ fn fetch_update_and_cleanup_exclude_each_other() {
             .is_some_and(|p| p.phase == "delete" && p.done >= 3)
     });
     let scans = c.poll(0).scan_count;
-    for (method, body) in [
-        ("Subd.Fetch", json!({"server": server, "objects": []})),
-        ("Subd.Update", json!({"image_name": "x"})),
-        ("Subd.Cleanup", json!({"objects": []})),
-    ] {
-        let (st, v) = c.call(method, &body);
-        assert_eq!(st, 409, "{method}: {v}");
-        assert_eq!(message(&v), "an update in progress");
-    }
+    assert_all_busy(&c, &server, "an update in progress");
     assert!(
         s.subd.scanner().wait_paused(WAIT),
         "the scanner stops for the update"
@@ -312,13 +301,12 @@ fn fetch_update_and_cleanup_exclude_each_other() {
 
 #[test]
 fn updates_run_triggers_and_the_health_check() {
-    let d = tempfile::tempdir().unwrap();
-    let root = d.path().join("root");
-    let want = d.path().join("want");
-    let store = d.path().join("store");
-    for p in [&root, &want, &store] {
-        fs::create_dir(p).unwrap();
-    }
+    let Dirs {
+        tmp: d,
+        root,
+        want,
+        store,
+    } = dirs();
     write(&root, "usr/sbin/web", b"web 1\n", 0o755);
     write(&root, "etc/web/web.conf", b"conf 1\n", 0o644);
     write(&root, "usr/sbin/legacy", b"legacy\n", 0o755);

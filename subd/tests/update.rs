@@ -7,11 +7,12 @@ mod support;
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use paddock_image::plan::{missing_objects, plan};
 use paddock_image::{Filter, Image, Inode, Mtime, UpdateRequest};
-use paddock_subd::update::{self, ApplyOptions, Progress};
+use paddock_subd::update::{self, ApplyOptions, ApplyStats, InvalidRequest, Progress};
 use support::*;
 
 struct Scenario {
@@ -23,15 +24,12 @@ struct Scenario {
 }
 
 fn scenario(sparse: bool) -> Scenario {
-    let d = tempfile::tempdir().unwrap();
-    let (root, want, store) = (
-        d.path().join("root"),
-        d.path().join("want"),
-        d.path().join("store"),
-    );
-    for p in [&root, &want, &store] {
-        fs::create_dir(p).unwrap();
-    }
+    let Dirs {
+        tmp: d,
+        root,
+        want,
+        store,
+    } = dirs();
     old_tree(&root);
     new_tree(&want);
     let s = scan_tree(&want);
@@ -47,6 +45,29 @@ fn scenario(sparse: bool) -> Scenario {
         store,
         image,
     }
+}
+
+/// Applies with the default options and asserts that nothing failed.
+fn apply_cleanly(root: &Path, req: &UpdateRequest) -> ApplyStats {
+    let stats = update::apply(root, req, ApplyOptions::default()).unwrap();
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    stats
+}
+
+/// Applies, telling `progress` after each operation.
+fn apply_with_progress(
+    root: &Path,
+    req: &UpdateRequest,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<ApplyStats, InvalidRequest> {
+    update::apply(
+        root,
+        req,
+        ApplyOptions {
+            progress: Some(progress),
+            ..ApplyOptions::default()
+        },
+    )
 }
 
 /// Scans the root, plans, puts the missing objects into its cache (a fetch).
@@ -110,15 +131,7 @@ fn every_step_of_an_update() {
             ph.push(p.phase.clone());
         }
     };
-    let stats = update::apply(
-        &sc.root,
-        &req,
-        ApplyOptions {
-            progress: Some(&progress),
-            ..ApplyOptions::default()
-        },
-    )
-    .unwrap();
+    let stats = apply_with_progress(&sc.root, &req, &progress).unwrap();
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(
         *phases.lock().unwrap(),
@@ -159,8 +172,7 @@ fn a_sparse_image_deletes_nothing_and_records_nothing() {
     let sc = scenario(true);
     let req = plan_and_fetch(&sc);
     assert!(req.sparse && req.paths_to_delete.is_empty());
-    let stats = update::apply(&sc.root, &req, ApplyOptions::default()).unwrap();
-    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    apply_cleanly(&sc.root, &req);
     assert!(sc.root.join("gone/deep/er/file").exists());
     assert!(sc.root.join("opt/moved").exists(), "copied, not moved");
     assert_eq!(
@@ -199,8 +211,7 @@ fn errors_are_recorded_and_the_update_goes_on() {
     );
     // A retry with the objects converges.
     let req = plan_and_fetch(&sc);
-    let stats = update::apply(&sc.root, &req, ApplyOptions::default()).unwrap();
-    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    apply_cleanly(&sc.root, &req);
     assert_same_tree(&scan_tree(&sc.root).fs, &sc.image.fs);
 }
 
@@ -271,8 +282,7 @@ fn links_and_replacements_in_place() {
         hardlinks_to_make: vec![("/b".into(), "/a".into()), ("/e".into(), "/c".into())],
         ..UpdateRequest::default()
     };
-    let stats = update::apply(root, &req, ApplyOptions::default()).unwrap();
-    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    let stats = apply_cleanly(root, &req);
     let m = fs::symlink_metadata(root.join("c")).unwrap();
     assert!(m.is_file() && m.len() == 0 && m.mode() & 0o7777 == 0o600);
     assert_eq!((m.mtime(), m.mtime_nsec()), (5, 7));
@@ -293,15 +303,7 @@ fn every_interruption_point_converges() {
         let progress = |_: &Progress| {
             n.fetch_add(1, Ordering::Relaxed);
         };
-        update::apply(
-            &sc.root,
-            &req,
-            ApplyOptions {
-                progress: Some(&progress),
-                ..ApplyOptions::default()
-            },
-        )
-        .unwrap();
+        apply_with_progress(&sc.root, &req, &progress).unwrap();
         n.into_inner()
     };
     assert!(count > 20, "{count}");
@@ -321,14 +323,7 @@ fn every_interruption_point_converges() {
             }
         };
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            update::apply(
-                &sc.root,
-                &req,
-                ApplyOptions {
-                    progress: Some(&progress),
-                    ..ApplyOptions::default()
-                },
-            )
+            apply_with_progress(&sc.root, &req, &progress)
         }));
         assert!(r.is_err(), "cut {cut}: not interrupted");
         // What subd does at start, then the controller's next round.

@@ -22,6 +22,38 @@ use serde_json::{Value, json};
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// Polls `f` until it holds (at most [`WAIT`]; `what` names it in the failure).
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A temporary directory holding three empty ones: the sub's root, the image's tree
+/// (`want`) and an object store.
+pub struct Dirs {
+    pub tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub want: PathBuf,
+    pub store: PathBuf,
+}
+
+pub fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let [root, want, store] = ["root", "want", "store"].map(|n| tmp.path().join(n));
+    for p in [&root, &want, &store] {
+        fs::create_dir(p).unwrap();
+    }
+    Dirs {
+        tmp,
+        root,
+        want,
+        store,
+    }
+}
+
 pub fn write(root: &Path, rel: &str, content: &[u8], mode: u32) {
     let p = root.join(rel);
     fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -269,10 +301,7 @@ async fn get_objects(State(s): State<ObjState>, body: Bytes) -> Response {
     let ids: Vec<ObjectId> = serde_json::from_value(req["objects"].clone()).unwrap();
     for id in &ids {
         if !s.dir.join(id.path()).exists() {
-            return (
-                axum::http::StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": {"message": format!("object {id} missing")}})),
-            )
+            return paddock_wire::ApiError::not_found(format!("object {id} missing"))
                 .into_response();
         }
     }
@@ -288,7 +317,7 @@ async fn get_objects(State(s): State<ObjState>, body: Bytes) -> Response {
             if s.control.corrupt.load(Ordering::SeqCst) && !bytes.is_empty() {
                 bytes[0] ^= 0xff;
             }
-            let len = (bytes.len() as u64).to_be_bytes();
+            let len = paddock_wire::frames::header(u64::try_from(bytes.len()).unwrap());
             if tx.blocking_send(Ok(Bytes::copy_from_slice(&len))).is_err() {
                 return;
             }
@@ -402,15 +431,14 @@ impl Client {
 
     /// Polls until a scan newer than `after` scans is in, returning the full answer.
     pub fn wait_scan(&self, after: u64) -> PollResponse {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let p = self.poll(0);
-            if p.scan_count > after && p.file_system.is_some() {
-                return p;
-            }
-            assert!(Instant::now() < deadline, "no scan after {after}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut p = None;
+        wait_until(&format!("a scan after {after}"), || {
+            let q = self.poll(0);
+            let done = q.scan_count > after && q.file_system.is_some();
+            p = Some(q);
+            done
+        });
+        p.unwrap()
     }
 }
 
