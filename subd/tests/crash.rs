@@ -70,12 +70,7 @@ fn plan_with_fetch(c: &Client, image: &Image, server: &str) -> paddock_image::Up
 
 #[test]
 fn kill_9_during_an_update_then_a_restart_converges() {
-    let Dirs {
-        tmp: d,
-        root,
-        want,
-        store,
-    } = dirs();
+    let (d, root, want, store) = dirs();
     // 120 files change content, 40 are removed, 40 arrive in new directories, a content
     // used three times, a hard-link group, a directory that becomes a file.
     for i in 0..160 {

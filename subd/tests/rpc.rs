@@ -301,12 +301,7 @@ fn fetch_update_and_cleanup_exclude_each_other() {
 
 #[test]
 fn updates_run_triggers_and_the_health_check() {
-    let Dirs {
-        tmp: d,
-        root,
-        want,
-        store,
-    } = dirs();
+    let (d, root, want, store) = dirs();
     write(&root, "usr/sbin/web", b"web 1\n", 0o755);
     write(&root, "etc/web/web.conf", b"conf 1\n", 0o644);
     write(&root, "usr/sbin/legacy", b"legacy\n", 0o755);

@@ -24,12 +24,7 @@ struct Scenario {
 }
 
 fn scenario(sparse: bool) -> Scenario {
-    let Dirs {
-        tmp: d,
-        root,
-        want,
-        store,
-    } = dirs();
+    let (d, root, want, store) = dirs();
     old_tree(&root);
     new_tree(&want);
     let s = scan_tree(&want);

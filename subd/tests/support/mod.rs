@@ -33,25 +33,13 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 /// A temporary directory holding three empty ones: the sub's root, the image's tree
 /// (`want`) and an object store.
-pub struct Dirs {
-    pub tmp: tempfile::TempDir,
-    pub root: PathBuf,
-    pub want: PathBuf,
-    pub store: PathBuf,
-}
-
-pub fn dirs() -> Dirs {
+pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let [root, want, store] = ["root", "want", "store"].map(|n| tmp.path().join(n));
     for p in [&root, &want, &store] {
         fs::create_dir(p).unwrap();
     }
-    Dirs {
-        tmp,
-        root,
-        want,
-        store,
-    }
+    (tmp, root, want, store)
 }
 
 pub fn write(root: &Path, rel: &str, content: &[u8], mode: u32) {
