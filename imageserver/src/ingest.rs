@@ -736,8 +736,18 @@ mod tests {
                 nsec: 500_000_000
             })
         );
-        assert!(Extensions::default().pax(b"99 path=x\n").is_err());
-        assert!(Extensions::default().pax(b"x path=x\n").is_err());
-        assert!(Extensions::default().pax(b"9 pathx\n").is_err());
+        let refused = |data: &[u8]| Extensions::default().pax(data).unwrap_err().to_string();
+        assert_eq!(
+            refused(b"99 path=x\n"),
+            "PAX record length does not match its text"
+        );
+        assert_eq!(refused(b"x path=x\n"), "PAX record with a bad length");
+        assert_eq!(
+            refused(b"9 pathx\n"),
+            "PAX record length does not match its text"
+        );
+        assert_eq!(refused(b"8 pathx\n"), "PAX record without `=`");
+        assert_eq!(refused(b"10 uid=ab\n"), "PAX uid is not a number");
+        assert_eq!(refused(b"13 mtime=1.x\n"), "PAX mtime is not a number");
     }
 }

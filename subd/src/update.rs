@@ -833,8 +833,22 @@ mod tests {
                 ..UpdateRequest::default()
             },
         ];
-        for (i, r) in bad.iter().enumerate() {
-            assert!(validate(r).is_err(), "case {i} accepted");
+        // The refusals read as they always have (they reach the controller as 400s).
+        let why = [
+            r#""/etc/../x" is not a normalised absolute path"#,
+            r#""etc/x" is not a normalised absolute path"#,
+            r#""/.subd/objects" is subd's own directory"#,
+            "/ cannot be made, linked, copied or deleted",
+            r#""/.subd/x" is subd's own directory"#,
+            r#""/a//b" is not a normalised absolute path"#,
+            "/d: a directory among the inodes to make",
+            "/d: not a directory among the directories to make",
+            "/d: mode has more than permission bits",
+        ];
+        assert_eq!(bad.len(), why.len());
+        for (i, (r, why)) in bad.iter().zip(why).enumerate() {
+            let e = validate(r).expect_err(&format!("case {i} accepted"));
+            assert_eq!(e.to_string(), why, "case {i}");
         }
     }
 

@@ -131,9 +131,7 @@ fn parse() -> Result<Args> {
         c.step_delay =
             Duration::from_millis(ms.parse().context("PADDOCK_SUBD_TEST_STEP_DELAY_MS")?);
     }
-    c.configuration
-        .check()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configuration.check()?;
     Ok(Args {
         config: c,
         listen,
