@@ -583,15 +583,7 @@ impl Writer {
         match op {
             Op::Put { key, value, lease } => {
                 if let Some(id) = lease {
-                    let exists: Option<i64> = self
-                        .conn
-                        .query_row("SELECT id FROM leases WHERE id = ?1", params![id], |r| {
-                            r.get(0)
-                        })
-                        .optional()?;
-                    if exists.is_none() {
-                        return Err(StoreError::LeaseNotFound(*id));
-                    }
+                    self.lease_exists(*id)?;
                 }
                 let old = self.current(key)?;
                 let (create_rev, version) = match &old {
@@ -684,16 +676,22 @@ impl Writer {
     }
 
     fn lease_revoke(&mut self, id: LeaseId, events: &mut Vec<Event>) -> Result<(), StoreError> {
+        self.lease_exists(id)?;
+        self.drop_lease(id, events)
+    }
+
+    /// `LeaseNotFound` unless the lease `id` is granted (and not yet expired or revoked).
+    fn lease_exists(&self, id: LeaseId) -> Result<(), StoreError> {
         let exists: Option<i64> = self
             .conn
             .query_row("SELECT id FROM leases WHERE id = ?1", params![id], |r| {
                 r.get(0)
             })
             .optional()?;
-        if exists.is_none() {
-            return Err(StoreError::LeaseNotFound(id));
+        match exists {
+            Some(_) => Ok(()),
+            None => Err(StoreError::LeaseNotFound(id)),
         }
-        self.drop_lease(id, events)
     }
 
     fn expire(&mut self, now: i64, events: &mut Vec<Event>) -> Result<usize, StoreError> {
