@@ -10,8 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use paddock_dhcp::shell::DhcpService;
-use paddock_inspector::service::{Inspector, InspectorError, Subject};
+use paddock_inspector::service::{Inspector, Subject};
 use paddock_inventory::MacAddr;
+use paddock_wire::ApiError;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -73,14 +74,10 @@ pub fn router(state: AppState) -> Router {
         .merge(console)
 }
 
-fn api_error(status: StatusCode, message: impl Into<String>) -> InspectorError {
-    InspectorError::new(status.as_u16(), message)
-}
-
 async fn boot_script(
     State(s): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Response, InspectorError> {
+) -> Result<Response, ApiError> {
     let ipxe = |body: String| {
         ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
     };
@@ -88,14 +85,13 @@ async fn boot_script(
         return Ok(ipxe(boot::chain_script(&s.config.public_url)));
     }
     let Some(mac) = name.strip_suffix(".ipxe") else {
-        return Err(api_error(
-            StatusCode::NOT_FOUND,
-            format!("no boot file {name:?}; scripts are /boot/<mac>.ipxe"),
-        ));
+        return Err(ApiError::not_found(format!(
+            "no boot file {name:?}; scripts are /boot/<mac>.ipxe"
+        )));
     };
-    let mac: MacAddr = mac.parse().map_err(|e: paddock_inventory::MacParseError| {
-        api_error(StatusCode::BAD_REQUEST, e.to_string())
-    })?;
+    let mac: MacAddr = mac
+        .parse()
+        .map_err(|e: paddock_inventory::MacParseError| ApiError::bad_request(e.to_string()))?;
     let node = s.inspector.by_mac(mac).await?.map(|v| v.node);
     let script = boot::script(
         mac,

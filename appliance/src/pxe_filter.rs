@@ -14,8 +14,9 @@ use paddock_dhcp::{Admission, ClientPolicy};
 use paddock_firewall::{
     Change, Filter, Health, Nft, diff, leader_element, render_changes, render_closed,
 };
-use paddock_inspector::service::{Inspector, NodeObserver, now_ms};
+use paddock_inspector::service::{Inspector, NodeObserver};
 use paddock_inventory::MacAddr;
+use paddock_wire::unix_ms as now_ms;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 

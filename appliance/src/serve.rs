@@ -8,9 +8,10 @@ use dhcproto::v4::MessageType;
 use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{Leases, Server, ServerConfig};
 use paddock_firewall::Nft;
-use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector, now_ms, now_secs};
+use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector, now_secs};
 use paddock_inventory::MacAddr;
 use paddock_store::{SqliteStore, Store};
+use paddock_wire::unix_ms as now_ms;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::boot;

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use paddock_inspector::node::Node;
 use paddock_inspector::service::{
-    DhcpAnswer, DhcpReply, EVENTS, Inspector, InspectorConfig, TimelineLimits, now_ms,
+    DhcpAnswer, DhcpReply, EVENTS, Inspector, InspectorConfig, TimelineLimits,
 };
 use paddock_inventory::MacAddr;
 use paddock_store::{SqliteStore, Store};
+use paddock_wire::unix_ms as now_ms;
 use support::*;
 
 /// `events/` keys per subject.

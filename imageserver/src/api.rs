@@ -57,7 +57,7 @@ pub fn router(state: ImageServerState) -> Router {
 }
 
 /// The error answer (`{"error": {"message"}}` with a status), shared by every API.
-pub use paddock_wire::ApiError;
+use paddock_wire::ApiError;
 
 impl From<ImageError> for ApiError {
     /// The image index's errors as answers: this is the one place they get a status.

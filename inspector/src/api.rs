@@ -51,28 +51,6 @@ impl From<InspectorError> for ApiError {
     }
 }
 
-impl IntoResponse for InspectorError {
-    fn into_response(self) -> Response {
-        ApiError::from(self).into_response()
-    }
-}
-
-impl InspectorError {
-    /// An error from an HTTP status, for handlers outside this crate that still speak
-    /// statuses: the kind the status stands for ([`status_of`]'s inverse); any other
-    /// status is a store failure (500).
-    pub fn new(status: u16, message: impl Into<String>) -> Self {
-        let kind = match status {
-            400 => ErrorKind::Invalid,
-            404 => ErrorKind::NotFound,
-            409 => ErrorKind::Conflict,
-            503 => ErrorKind::NotLeader,
-            _ => ErrorKind::Store,
-        };
-        InspectorError::of(kind, message)
-    }
-}
-
 fn err(status: u16, message: impl Into<String>) -> ApiError {
     ApiError::new(status, message)
 }
@@ -630,7 +608,7 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_has_inspectors_status_and_back() {
+    fn every_kind_has_inspectors_status() {
         let kinds = [
             (ErrorKind::Invalid, 400),
             (ErrorKind::NotFound, 404),
@@ -644,7 +622,6 @@ mod tests {
                 ApiError::from(e.clone()),
                 ApiError::new(status, "Could not find node r1u1 in cache")
             );
-            assert_eq!(InspectorError::new(status, e.message.clone()), e);
         }
     }
 }

@@ -36,7 +36,7 @@ pub use timeline::{
 };
 
 /// Unix milliseconds now.
-pub use paddock_wire::unix_ms as now_ms;
+use paddock_wire::unix_ms as now_ms;
 
 /// What the ramdisk does once its introspection has ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -69,7 +69,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
 }
 
 /// The error answer (`{"error": {"message"}}` with a status), shared by every API.
-pub use paddock_wire::ApiError;
+use paddock_wire::ApiError;
 
 impl From<SubdError> for ApiError {
     /// subd's errors as answers: this is the one place they get a status.

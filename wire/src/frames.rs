@@ -3,9 +3,11 @@
 //! sender reads files on a blocking thread and streams them as they are read; the receiver
 //! reads a header with [`read_header`] and then the bytes it announces.
 
+#[cfg(feature = "server")]
 use std::fs::File;
 use std::io::{self, Read};
 
+#[cfg(feature = "server")]
 use axum::body::{Body, Bytes};
 
 /// The header announcing `len` bytes.
@@ -25,6 +27,7 @@ pub fn read_header(r: &mut impl Read) -> io::Result<u64> {
 /// `name` says which item it was in errors. A file that cannot be opened or that shrinks
 /// while it is sent ends the stream with an error, so the receiver sees a short stream
 /// rather than wrong bytes.
+#[cfg(feature = "server")]
 pub fn body<T, O, N>(items: Vec<T>, open: O, name: N) -> Body
 where
     T: Send + 'static,
@@ -69,7 +72,7 @@ where
     Body::from_stream(stream)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
     use futures_util::StreamExt;

@@ -8,9 +8,6 @@
 
 pub mod frames;
 
-use axum::Json;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 /// An error answer: a status and the message the envelope carries. Services return their
@@ -59,10 +56,12 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+#[cfg(feature = "server")]
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::StatusCode;
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self.body())).into_response()
+        (status, axum::Json(self.body())).into_response()
     }
 }
 
