@@ -351,22 +351,8 @@ impl PxeFilter {
         if self.timed.is_some() {
             self.drop_leader_element().await;
         }
-        let nft = self.nft.clone();
-        let batch = render_changes(&[Change::Pass(false)]);
-        let error = match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
-            Ok(Ok(())) => {
-                if let Some(f) = self
-                    .applied
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_mut()
-                {
-                    f.pass = false;
-                }
-                return;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
+        let Err(error) = self.apply_pass(false).await else {
+            return;
         };
         if loud {
             tracing::error!(%error, "pxe filter: cannot remove the pass rule");
@@ -416,8 +402,16 @@ impl PxeFilter {
             );
             return;
         }
+        match self.apply_pass(true).await {
+            Ok(()) => tracing::info!("pxe filter: pass rule in place (this host serves PXE)"),
+            Err(error) => tracing::error!(%error, "pxe filter: cannot add the pass rule"),
+        }
+    }
+
+    /// Adds or removes the pass rule in the kernel, and records it as applied.
+    async fn apply_pass(&self, pass: bool) -> Result<(), String> {
         let nft = self.nft.clone();
-        let batch = render_changes(&[Change::Pass(true)]);
+        let batch = render_changes(&[Change::Pass(pass)]);
         match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
             Ok(Ok(())) => {
                 if let Some(f) = self
@@ -426,12 +420,12 @@ impl PxeFilter {
                     .unwrap_or_else(|p| p.into_inner())
                     .as_mut()
                 {
-                    f.pass = true;
+                    f.pass = pass;
                 }
-                tracing::info!("pxe filter: pass rule in place (this host serves PXE)");
+                Ok(())
             }
-            Ok(Err(e)) => tracing::error!(error = %e, "pxe filter: cannot add the pass rule"),
-            Err(e) => tracing::error!(error = %e, "pxe filter: cannot add the pass rule"),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 

@@ -57,10 +57,7 @@ fn setup_with(max_transfers: usize) -> Setup {
         s = scratch.0.display(),
         a = assets.display()
     ));
-    link.client.sh_ok(&format!(
-        "ip addr add 198.18.0.50/24 dev {}",
-        link.client_if
-    ));
+    link.give_client_static_address();
     let app = Appliance::start(
         &link.server,
         &scratch,

@@ -673,10 +673,7 @@ fn malformed_packets_never_stop_the_server() {
     require(&["python3", "curl", "ip"]);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
-    link.client.sh_ok(&format!(
-        "ip addr add 198.18.0.50/24 dev {}",
-        link.client_if
-    ));
+    link.give_client_static_address();
     let app = Appliance::start(
         &link.server,
         &scratch,

@@ -429,6 +429,20 @@ mod tests {
     const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
     const MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
 
+    /// `MAC` takes `ip` with a REQUEST at time 0.
+    fn bind(s: &mut Server, ip: Ipv4Addr) {
+        s.handle(
+            &msg(
+                MessageType::Request,
+                MAC,
+                vec![DhcpOption::RequestedIpAddress(ip)],
+            ),
+            LOCAL,
+            0,
+            &AllowAll,
+        );
+    }
+
     fn server() -> Server {
         let subnet = |net: &str, a: [u8; 4], b: [u8; 4]| Subnet {
             network: net.parse().unwrap(),
@@ -597,16 +611,7 @@ mod tests {
     fn renewal_is_unicast_to_ciaddr() {
         let mut s = server();
         let ip = Ipv4Addr::new(198, 18, 0, 120);
-        s.handle(
-            &msg(
-                MessageType::Request,
-                MAC,
-                vec![DhcpOption::RequestedIpAddress(ip)],
-            ),
-            LOCAL,
-            0,
-            &AllowAll,
-        );
+        bind(&mut s, ip);
         let mut renew = msg(MessageType::Request, MAC, vec![]);
         renew.set_ciaddr(ip);
         let out = s.handle(&renew, LOCAL, 1800, &AllowAll);
@@ -782,16 +787,7 @@ mod tests {
     fn release_decline_and_inform() {
         let mut s = server();
         let ip = Ipv4Addr::new(198, 18, 0, 100);
-        s.handle(
-            &msg(
-                MessageType::Request,
-                MAC,
-                vec![DhcpOption::RequestedIpAddress(ip)],
-            ),
-            LOCAL,
-            0,
-            &AllowAll,
-        );
+        bind(&mut s, ip);
         let mut rel = msg(MessageType::Release, MAC, vec![]);
         rel.set_ciaddr(ip);
         let out = s.handle(&rel, LOCAL, 10, &AllowAll);

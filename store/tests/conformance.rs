@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paddock_store::election::Election;
-use paddock_store::{Compare, EtcdStore, EventKind, Op, SqliteStore, Store, StoreError, Txn};
+use paddock_store::{
+    Compare, EtcdStore, EventKind, LeaseId, Op, SqliteStore, Store, StoreError, Txn,
+};
 
 /// etcd in its own namespace; removed on drop.
 struct Etcd {
@@ -369,18 +371,23 @@ async fn watch_concurrent(s: Arc<dyn Store>, p: String) {
     );
 }
 
-async fn leases(s: Arc<dyn Store>, p: String) {
-    let l = s.lease_grant(Duration::from_secs(2)).await.unwrap();
+/// Puts `key` = "1" bound to `lease`.
+async fn put_leased(s: &dyn Store, key: &str, lease: LeaseId) {
     s.txn(Txn {
         success: vec![Op::Put {
-            key: format!("{p}l/eph"),
+            key: key.to_string(),
             value: b"1".to_vec(),
-            lease: Some(l),
+            lease: Some(lease),
         }],
         ..Txn::default()
     })
     .await
     .unwrap();
+}
+
+async fn leases(s: Arc<dyn Store>, p: String) {
+    let l = s.lease_grant(Duration::from_secs(2)).await.unwrap();
+    put_leased(&*s, &format!("{p}l/eph"), l).await;
     s.put(&format!("{p}l/keep"), b"1".to_vec()).await.unwrap();
     assert_eq!(
         s.get(&format!("{p}l/eph")).await.unwrap().unwrap().lease,
@@ -415,16 +422,7 @@ async fn leases(s: Arc<dyn Store>, p: String) {
     ));
     // Revoked: at once.
     let l2 = s.lease_grant(Duration::from_secs(60)).await.unwrap();
-    s.txn(Txn {
-        success: vec![Op::Put {
-            key: format!("{p}l/r"),
-            value: b"1".to_vec(),
-            lease: Some(l2),
-        }],
-        ..Txn::default()
-    })
-    .await
-    .unwrap();
+    put_leased(&*s, &format!("{p}l/r"), l2).await;
     s.lease_revoke(l2).await.unwrap();
     assert!(s.get(&format!("{p}l/r")).await.unwrap().is_none());
 }

@@ -442,13 +442,17 @@ mod tests {
         }
     }
 
+    fn limits(max_block_size: u16, max_window_size: u16) -> Limits {
+        Limits {
+            max_block_size,
+            max_window_size,
+            default_timeout: Duration::from_secs(3),
+        }
+    }
+
     #[test]
     fn negotiates_within_limits() {
-        let limits = Limits {
-            max_block_size: 1468,
-            max_window_size: 8,
-            default_timeout: Duration::from_secs(3),
-        };
+        let limits = limits(1468, 8);
         let req = parse_request(&rrq(&[
             "f",
             "octet",
@@ -498,11 +502,7 @@ mod tests {
         let n = negotiate(&req, None, limits);
         assert_eq!((n.block_size, n.window_size, n.oack.len()), (512, 1, 0));
         // A client may not hold a slot for minutes, nor a window of megabytes.
-        let big = Limits {
-            max_block_size: 65464,
-            max_window_size: 64,
-            default_timeout: Duration::from_secs(3),
-        };
+        let big = self::limits(65464, 64);
         let req = parse_request(&rrq(&[
             "f",
             "octet",

@@ -141,6 +141,15 @@ pub struct Link {
 }
 
 impl Link {
+    /// Gives the client end the static address 198.18.0.50/24 (for clients that do not use
+    /// DHCP).
+    pub fn give_client_static_address(&self) {
+        self.client.sh_ok(&format!(
+            "ip addr add 198.18.0.50/24 dev {}",
+            self.client_if
+        ));
+    }
+
     pub fn new() -> Self {
         let tag = format!(
             "pdk{}x{}",
