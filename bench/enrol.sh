@@ -7,17 +7,16 @@
 #   enrol baseline seconds=<s>
 #   enrol paddock seconds=<s>
 #   enrol ratio paddock/baseline=<R>
-# Run (as root), after `cargo build --release -p paddock -p paddock-vm-tests` and
-# `scripts/build-ramdisk.sh`:  bash bench/enrol.sh      Env: RUNS=2 (best of)
+# Run as root (it builds what it needs, the ramdisk too):  bash bench/enrol.sh
+# Env: RUNS=2 (best of)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 RUNS=${RUNS:-2}
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
-for f in target/release/paddock target/release/paddock-lab target/ramdisk/vmlinuz target/ramdisk/initrd.img; do
-  [[ -e $f ]] || { echo "missing $f: cargo build --release -p paddock -p paddock-vm-tests && scripts/build-ramdisk.sh" >&2; exit 1; }
-done
 scripts/install-deps.sh --bench   # cpio, dnsmasq: the one list of packages
+cargo build --release --locked -q -p paddock -p paddock-vm-tests
+[[ -e target/ramdisk/vmlinuz && -e target/ramdisk/initrd.img ]] || scripts/build-ramdisk.sh
 
 NS=pdk-enrol
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/paddock-enrol.XXXXXX")

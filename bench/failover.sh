@@ -4,12 +4,11 @@
 # sampler reads every host's ruleset every 100 ms and counts the samples with two pass rules.
 # Prints `failover p50=<s> max=<s> double_pass=<n>` (goal: p50 <= 3 s, double_pass = 0).
 # Everything runs in namespaces it creates (198.18.0.0/24), with real etcd members.
-# Run as root after `cargo build -p paddock -p paddock-vm-tests` and scripts/build-ramdisk.sh:
-#   bash bench/failover.sh
+# Run as root (it builds the debug binaries it needs):  bash bench/failover.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $EUID -eq 0 ]] || { echo "run as root (network namespaces)" >&2; exit 1; }
 scripts/install-deps.sh --bench   # etcd: the one list of packages
 BIN=target/debug/paddock-failover
-[[ -x $BIN && -x target/debug/paddock ]] || { echo "missing binaries: cargo build -p paddock -p paddock-vm-tests" >&2; exit 1; }
+cargo build --locked -q -p paddock -p paddock-vm-tests
 $BIN "${ROUNDS:-10}"

@@ -14,7 +14,7 @@
 #   filter paddock ... / filter iptables ... / filter ratio paddock/iptables=<R> (10,000 MACs)
 #   filter netlink macs=<N> add_all_ms=... move_ms=... remove_all_ms=... repair_ms=...
 #                  reconcile_idle_ms=...
-# Run (as root) after `cargo build --release -p paddock-firewall`:  bash bench/filter.sh
+# Run as root (it builds what it needs):  bash bench/filter.sh
 # Env: COUNT=10000, NETLINK_COUNTS="10000 100000"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +22,8 @@ COUNT=${COUNT:-10000}
 NETLINK_COUNTS=${NETLINK_COUNTS:-10000 100000}
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
 BIN=target/release/paddock-filter-bench
-[[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p paddock-firewall" >&2; exit 1; }
-command -v nft >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null
-command -v iptables >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null
+scripts/install-deps.sh --bench >&2   # nftables, iptables: the one list of packages
+cargo build --release --locked -q -p paddock-firewall --bin paddock-filter-bench
 NS=pdk-filter-bench
 ip netns del $NS 2>/dev/null || true
 ip netns add $NS

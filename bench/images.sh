@@ -11,13 +11,14 @@
 #   images ingest paddock=<MB/s> tar+sha512sum=<MB/s>
 #   images ingest ratio paddock/tar+sha512sum=<R>
 #   images dedup new_bytes=<n> changed_bytes=<m> ratio=<n/m>
-# Run as root after `cargo build --release -p paddock-imageserver`:  bash bench/images.sh
+# Run as root (it builds what it needs):  bash bench/images.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 [[ $EUID -eq 0 ]] || { echo "run as root (debootstrap for the test images)" >&2; exit 1; }
 BIN=target/release/paddock-ingest-bench
-[[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p paddock-imageserver" >&2; exit 1; }
+scripts/install-deps.sh --bench >&2
+cargo build --release --locked -q -p paddock-imageserver --bin paddock-ingest-bench
 [[ -s target/images/minbase2.tar ]] || bash scripts/test-images.sh
 TAR=target/images/minbase.tar
 WORK=$(mktemp -d target/bench-images.XXXXXX)

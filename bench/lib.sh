@@ -114,8 +114,12 @@ stop_server() {
     SRV_PID=
 }
 
-# paddock_bin: resolve $PADDOCK_BIN (relative to the repo root) or explain how to build it.
+# paddock_bin: resolve $PADDOCK_BIN (relative to the repo root); unset, build the release
+# binary.
 paddock_bin() {
+    if [[ -z ${PADDOCK_BIN:-} ]]; then
+        (cd "$ROOT" && cargo build --release --locked -q -p paddock)
+    fi
     PADDOCK_BIN=${PADDOCK_BIN:-target/release/paddock}
     [[ $PADDOCK_BIN == /* ]] || PADDOCK_BIN=$ROOT/$PADDOCK_BIN
     if [[ ! -x $PADDOCK_BIN ]]; then

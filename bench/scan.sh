@@ -17,7 +17,7 @@
 # Prints
 #   scan subd ... MB/s=<X> / scan sha512sum ... MB/s=<Y> / scan ratio subd/sha512sum=<R>
 #   scan ratelimit target=<MB/s> achieved=<MB/s>   (and a detail line)
-# Run (as root) after `cargo build --release -p paddock-subd`:  bash bench/scan.sh
+# Run as root (it builds what it needs):  bash bench/scan.sh
 # Env: DIR=target/images/minbase IO_PERCENT=2 MAX_SECONDS=60 RUNS=3
 #      DEVICE_SPEED=<bytes/s> (skip the device benchmark)
 set -euo pipefail
@@ -28,7 +28,8 @@ MAX_SECONDS=${MAX_SECONDS:-60}
 RUNS=${RUNS:-3}
 [[ $EUID -eq 0 ]] || { echo "run as root (drop_caches, the block device)" >&2; exit 1; }
 BIN=target/release/paddock-subd-scan
-[[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p paddock-subd" >&2; exit 1; }
+scripts/install-deps.sh --bench >&2
+cargo build --release --locked -q -p paddock-subd --bin paddock-subd-scan
 if [[ ! -d $DIR ]]; then
     [[ $DIR == target/images/minbase ]] || { echo "no tree at $DIR" >&2; exit 1; }
     echo "# building the minbase tree: scripts/test-images.sh" >&2
