@@ -6,6 +6,8 @@
 //! next thing to do. It holds no I/O and no clock; the shell that polls subs over their RPC,
 //! computes plans with `paddock_image::plan` and bounds how many run at once drives it.
 
+pub mod compute;
 pub mod sub;
 
+pub use compute::{Computed, compute};
 pub use sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
