@@ -84,18 +84,8 @@ fn count(n: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paddock_image::{Filter, Inode, Mtime, Triggers};
-
-    fn file(content: &str) -> Inode {
-        Inode::Regular {
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime: Mtime { sec: 1, nsec: 0 },
-            size: u64::try_from(content.len()).unwrap(),
-            object: (!content.is_empty()).then(|| ObjectId::of(content.as_bytes())),
-        }
-    }
+    use crate::sim::file;
+    use paddock_image::{Filter, Triggers};
 
     fn tree(files: &[(&str, &str)]) -> FileSystem {
         let mut fs = FileSystem::with_root(0o755, 0, 0);

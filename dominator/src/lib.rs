@@ -7,7 +7,10 @@
 //! computes plans with `paddock_image::plan` and bounds how many run at once drives it.
 
 pub mod compute;
+pub mod herd;
+pub mod sim;
 pub mod sub;
 
 pub use compute::{Computed, compute};
+pub use herd::{Census, Herd, ImageSource, Limits, RpcError, SubRpc, SubSpec, SubStatus};
 pub use sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
