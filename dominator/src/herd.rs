@@ -49,6 +49,9 @@ pub struct SubSpec {
     /// `host:port` of its subd.
     pub address: String,
     pub desired: Desired,
+    /// Raised by an operator clearing the safety hold (`paddock sub clear-safety`): a
+    /// higher number than the herd last saw clears the hold once.
+    pub safety_clearance: u64,
 }
 
 /// How hard the herd may push.
@@ -118,13 +121,20 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
-    pub fn new(rpc: Arc<R>, images: Arc<I>, policy: Policy, limits: Limits) -> Self {
+    /// A herd that publishes what it sees in `census` (kept across leaderships).
+    pub fn new(
+        rpc: Arc<R>,
+        images: Arc<I>,
+        policy: Policy,
+        limits: Limits,
+        census: Census,
+    ) -> Self {
         Herd {
             rpc,
             images,
             policy,
             limits,
-            census: Census::default(),
+            census,
         }
     }
 
@@ -159,7 +169,16 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 for spec in want {
                     match slots.get_mut(&spec.hostname) {
                         Some(slot) if slot.spec != spec => {
+                            let cleared = spec.safety_clearance > slot.spec.safety_clearance;
                             slot.spec = spec;
+                            if cleared {
+                                slot.sub.handle(
+                                    Event::ClearSafety,
+                                    &slot.spec.desired,
+                                    now,
+                                    &self.policy,
+                                );
+                            }
                             slot.sub.desired_changed(now);
                         }
                         Some(_) => {}

@@ -6,11 +6,13 @@
 //! next thing to do. It holds no I/O and no clock; the shell that polls subs over their RPC,
 //! computes plans with `paddock_image::plan` and bounds how many run at once drives it.
 
+pub mod client;
 pub mod compute;
 pub mod herd;
 pub mod sim;
 pub mod sub;
 
+pub use client::HttpSubRpc;
 pub use compute::{Computed, compute};
 pub use herd::{Census, Herd, ImageSource, Limits, RpcError, SubRpc, SubSpec, SubStatus};
 pub use sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};

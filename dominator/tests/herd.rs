@@ -40,6 +40,7 @@ fn spec(i: usize, image: &str, paused: Option<&str>) -> SubSpec {
             paused: paused.map(String::from),
             ..Desired::default()
         },
+        safety_clearance: 0,
     }
 }
 
@@ -71,6 +72,7 @@ fn start(fleet: Arc<SimFleet>, initial: Vec<SubSpec>, update_slots: usize) -> Ru
             image_server: "198.18.0.1:8080".into(),
             ..Limits::default()
         },
+        Census::default(),
     );
     let census = herd.census();
     let (specs, specs_rx) = watch::channel(initial);
@@ -220,6 +222,15 @@ async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges
     })
     .await;
     assert_eq!(fleet.sub("198.18.7.0:6969").updates, 0);
+    // Cleared by an operator: the update goes through.
+    let mut cleared = vec![spec(0, "tiny", None), spec(1, "big", None)];
+    cleared[0].safety_clearance = 1;
+    r.specs.send_replace(cleared);
+    r.until("cleared and synced", |r| {
+        r.states().first().is_some_and(|s| s.1 == "synced to tiny")
+    })
+    .await;
+    assert_eq!(*fleet.sub("198.18.7.0:6969").fs, tiny.fs);
     let failures = r.census.read().unwrap()["sub1"].failures;
     assert!(failures >= 1);
     fleet
