@@ -37,6 +37,8 @@ pub struct AppState {
     pub store: std::sync::Arc<dyn paddock_store::Store>,
     /// `http.assets_dir`, served at `/boot/assets/`.
     pub assets: Option<Arc<crate::assets::Assets>>,
+    /// The dominator's census and controls (`/rpc/Dominator.*`).
+    pub dominator: crate::dominator::Dominator,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -60,6 +62,7 @@ pub fn router(state: AppState) -> Router {
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
+    let dominator = crate::dominator::router(state.dominator.clone());
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),
         dhcp: state.dhcp.clone(),
@@ -71,6 +74,7 @@ pub fn router(state: AppState) -> Router {
     r.with_state(state)
         .merge(inspector)
         .merge(imageserver)
+        .merge(dominator)
         .merge(console)
 }
 

@@ -6,6 +6,7 @@ pub mod boot;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod dominator;
 pub mod http;
 pub mod images;
 pub mod leader;

@@ -309,7 +309,31 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             },
         );
     }
+    let census = match &cfg.dominator {
+        Some(d) => crate::dominator::spawn(
+            &mut tasks,
+            d,
+            crate::dominator::Wiring {
+                store: store.clone(),
+                mdb: mdb.clone(),
+                images: images.clone(),
+                leader: leader_rx.clone(),
+                image_server_url: cfg.public_url.clone(),
+                host: cfg
+                    .cluster
+                    .as_ref()
+                    .map_or_else(|| "paddock".to_string(), |c| c.host.clone()),
+            },
+        ),
+        None => paddock_dominator::Census::default(),
+    };
     let state = AppState {
+        dominator: crate::dominator::Dominator {
+            store: store.clone(),
+            census,
+            leader: leader_rx.clone(),
+            enabled: cfg.dominator.is_some(),
+        },
         config: cfg.clone(),
         inspector,
         dhcp,

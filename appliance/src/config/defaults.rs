@@ -36,6 +36,14 @@ pub const IMAGES_EXPIRE_CHECK_SECS: u64 = 60;
 
 pub const TIMELINE_PRUNE_EVERY_SECS: u64 = 60;
 
+pub const DOMINATOR_ENABLED: bool = true;
+/// subd's default port (Dominator's).
+pub const DOMINATOR_SUBD_PORT: u16 = 6969;
+pub const DOMINATOR_MAX_UPDATES: usize = 2;
+pub const DOMINATOR_MAX_POLLS: usize = 200;
+pub const DOMINATOR_POLL_INTERVAL_MS: u64 = 1_000;
+pub const DOMINATOR_FETCH_SPEED_PERCENT: f64 = 10.0;
+
 pub const CLUSTER_STORE: &str = "sqlite";
 /// Seconds (2 to 60).
 pub const CLUSTER_LEASE_TTL_SECS: u64 = 3;

@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub inspector: InspectorFile,
     pub firewall: FirewallFile,
     pub images: ImagesFile,
+    pub dominator: DominatorFile,
     pub cluster: ClusterFile,
     pub timeline: TimelineFile,
 }
@@ -50,6 +51,23 @@ pub struct ClusterFile {
     pub lease_ttl_secs: Option<u64>,
     /// Every host's public URL; the discovery ramdisk is given all of them and fails over.
     pub peers: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DominatorFile {
+    /// Keep every MDB machine that has a RequiredImage and an address on it ([`super::defaults::DOMINATOR_ENABLED`]); leader-only.
+    pub enabled: Option<bool>,
+    /// The port subd listens on ([`super::defaults::DOMINATOR_SUBD_PORT`]).
+    pub subd_port: Option<u16>,
+    /// Fetches, updates and cleanups at once, over the whole fleet ([`super::defaults::DOMINATOR_MAX_UPDATES`]).
+    pub max_updates: Option<usize>,
+    /// Polls at once ([`super::defaults::DOMINATOR_MAX_POLLS`]).
+    pub max_polls: Option<usize>,
+    /// Milliseconds between polls of a sub with nothing to do ([`super::defaults::DOMINATOR_POLL_INTERVAL_MS`]).
+    pub poll_interval_ms: Option<u64>,
+    /// Share of a sub's link its fetches may use, in percent ([`super::defaults::DOMINATOR_FETCH_SPEED_PERCENT`]).
+    pub fetch_speed_percent: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

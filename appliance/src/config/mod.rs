@@ -41,6 +41,8 @@ pub struct Config {
     pub clean_up_period: Duration,
     pub firewall: Option<FirewallConfig>,
     pub images: ImagesConfig,
+    /// `None`: the dominator is off.
+    pub dominator: Option<DominatorConfig>,
     pub cluster: Option<ClusterConfig>,
     pub timeline: TimelineConfig,
 }
@@ -58,6 +60,16 @@ pub struct ClusterConfig {
     pub etcd_endpoints: Vec<String>,
     pub host: String,
     pub lease_ttl: Duration,
+}
+
+/// The dominator: how it reaches subs and how hard it pushes.
+#[derive(Clone, Debug)]
+pub struct DominatorConfig {
+    pub subd_port: u16,
+    pub max_updates: usize,
+    pub max_polls: usize,
+    pub poll_interval: Duration,
+    pub fetch_speed_percent: f64,
 }
 
 #[derive(Clone, Debug)]

@@ -51,6 +51,7 @@ impl FileConfig {
             .data_dir
             .unwrap_or_else(|| PathBuf::from(defaults::DATA_DIR));
         let images = images(&self.images, &data_dir, &mut p);
+        let dominator = dominator(&self.dominator, &mut p);
         let timeline = timeline(&self.timeline, &mut p);
         let cluster = cluster(&self.cluster, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
@@ -79,6 +80,7 @@ impl FileConfig {
             clean_up_period,
             firewall,
             images,
+            dominator,
             cluster,
             timeline,
         })
@@ -219,6 +221,44 @@ fn period(what: &str, secs: u64, p: &mut Problems) -> Duration {
         p.push(format!("{what}: must be at least 1"));
     }
     Duration::from_secs(secs.max(1))
+}
+
+/// `[dominator]`.
+fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
+    if !f.enabled.unwrap_or(defaults::DOMINATOR_ENABLED) {
+        return None;
+    }
+    let max_updates = f.max_updates.unwrap_or(defaults::DOMINATOR_MAX_UPDATES);
+    if max_updates == 0 {
+        p.push("dominator.max_updates: must be at least 1".into());
+    }
+    let max_polls = f.max_polls.unwrap_or(defaults::DOMINATOR_MAX_POLLS);
+    if max_polls == 0 {
+        p.push("dominator.max_polls: must be at least 1".into());
+    }
+    let interval = f
+        .poll_interval_ms
+        .unwrap_or(defaults::DOMINATOR_POLL_INTERVAL_MS);
+    if !(10..=3_600_000).contains(&interval) {
+        p.push(format!(
+            "dominator.poll_interval_ms: {interval} is outside 10 to 3600000"
+        ));
+    }
+    let speed = f
+        .fetch_speed_percent
+        .unwrap_or(defaults::DOMINATOR_FETCH_SPEED_PERCENT);
+    if !(speed > 0.0 && speed <= 100.0) {
+        p.push(format!(
+            "dominator.fetch_speed_percent: {speed} is not above 0 and at most 100"
+        ));
+    }
+    Some(DominatorConfig {
+        subd_port: f.subd_port.unwrap_or(defaults::DOMINATOR_SUBD_PORT),
+        max_updates,
+        max_polls,
+        poll_interval: Duration::from_millis(interval),
+        fetch_speed_percent: speed,
+    })
 }
 
 /// `[images]`.

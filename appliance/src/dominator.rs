@@ -1,0 +1,469 @@
+//! The dominator in `paddock serve`: while this host leads, a [`Herd`] keeps every MDB
+//! machine that has a RequiredImage and an address on that image. What operators decide
+//! lives in the store, so any host can take it and the next leader honours it:
+//!
+//! | key | value |
+//! |---|---|
+//! | `dominator/pause` | [`Pause`]: every update held, with the reason |
+//! | `dominator/subs/<hostname>` | [`SubControl`]: this sub paused, and its safety clearances |
+//!
+//! Routes (`/rpc/Dominator.*`): `ListSubs`, `GetSub?hostname=`, `Pause {reason}`, `Resume`,
+//! `PauseSub {hostname, reason}`, `ResumeSub {hostname}`, `ClearSafety {hostname}`,
+//! `Status`. The census (every sub's state) is the leader's; other hosts answer with an
+//! empty one and say who leads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::extract::{Query, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paddock_dominator::{
+    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec, SubStatus,
+};
+use paddock_image::{Image, check_logical_name};
+use paddock_imageserver::images::{ImageError, ImageServer};
+use paddock_imageserver::mdb::{MdbService, MdbServiceError};
+use paddock_store::{Store, StoreError};
+use paddock_wire::{ApiError, unix_ms};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::config::DominatorConfig;
+use crate::leader::LeaderRx;
+
+pub const PAUSE: &str = "dominator/pause";
+pub const SUBS: &str = "dominator/subs/";
+
+/// The whole dominator paused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    pub reason: String,
+    pub at_ms: i64,
+}
+
+/// An operator's word on one sub.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubControl {
+    #[serde(default)]
+    pub paused: Option<String>,
+    /// Raised once per `clear-safety`.
+    #[serde(default)]
+    pub safety_clearance: u64,
+}
+
+/// What `Dominator.Status` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DominatorStatus {
+    pub enabled: bool,
+    pub leading: bool,
+    pub paused: Option<Pause>,
+    /// Subs per state (the leader's census).
+    pub states: BTreeMap<String, usize>,
+}
+
+/// The image server's index as the herd's source of images.
+pub struct ImageIndex(pub Arc<ImageServer>);
+
+#[async_trait]
+impl ImageSource for ImageIndex {
+    async fn image(&self, name: &str) -> Result<Option<Arc<Image>>, RpcError> {
+        match self.0.get(name).await {
+            Ok(i) => Ok(Some(Arc::new(i))),
+            Err(ImageError::NotFound(_)) => Ok(None),
+            Err(e) => Err(RpcError(e.to_string())),
+        }
+    }
+}
+
+async fn read<T: for<'de> Deserialize<'de>>(
+    store: &dyn Store,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    match store.get(key).await? {
+        Some(kv) => Ok(serde_json::from_slice(&kv.value).ok()),
+        None => Ok(None),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecsError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Mdb(#[from] MdbServiceError),
+}
+
+/// Every sub the herd should keep: the MDB's machines with an address, with the operator's
+/// pauses and clearances.
+pub async fn specs(
+    store: &dyn Store,
+    mdb: &MdbService,
+    subd_port: u16,
+) -> Result<Vec<SubSpec>, SpecsError> {
+    let pause: Option<Pause> = read(store, PAUSE).await?;
+    let controls: BTreeMap<String, SubControl> = store
+        .range(SUBS)
+        .await?
+        .into_iter()
+        .filter_map(|kv| {
+            let host = kv.key.strip_prefix(SUBS)?.to_string();
+            Some((host, serde_json::from_slice(&kv.value).ok()?))
+        })
+        .collect();
+    let machines = mdb.entries().await?;
+    Ok(machines
+        .into_values()
+        .filter(|e| !e.machine.ip_address.is_empty())
+        .map(|e| {
+            let m = e.machine;
+            let control = controls.get(&m.hostname).cloned().unwrap_or_default();
+            let updates_disabled = if m.disable_updates {
+                Some("DisableUpdates is set in the MDB".to_string())
+            } else {
+                control.paused.map(|r| format!("this sub is paused: {r}"))
+            };
+            let nonempty = |s: String| (!s.is_empty()).then_some(s);
+            SubSpec {
+                address: address(&m.ip_address, subd_port),
+                desired: Desired {
+                    required_image: nonempty(m.required_image),
+                    planned_image: nonempty(m.planned_image),
+                    updates_disabled,
+                    disable_safety_check: m.tags.contains_key("DisableSafetyCheck"),
+                    paused: pause.as_ref().map(|p| p.reason.clone()),
+                },
+                safety_clearance: control.safety_clearance,
+                hostname: m.hostname,
+            }
+        })
+        .collect())
+}
+
+/// `ip:port`, with brackets for an IPv6 address.
+fn address(ip: &str, port: u16) -> String {
+    if ip.contains(':') && !ip.starts_with('[') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// The dominator's handles, for the routes.
+#[derive(Clone)]
+pub struct Dominator {
+    pub store: Arc<dyn Store>,
+    pub census: Census,
+    pub leader: LeaderRx,
+    pub enabled: bool,
+}
+
+/// What the dominator runs on.
+pub struct Wiring {
+    pub store: Arc<dyn Store>,
+    pub mdb: Arc<MdbService>,
+    pub images: Arc<ImageServer>,
+    pub leader: LeaderRx,
+    /// Where subs fetch objects (this appliance's public URL).
+    pub image_server_url: String,
+    /// This host's name, as subd's client lock sees the dominator.
+    pub host: String,
+}
+
+/// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
+/// few seconds), and a herd runs while this host leads.
+pub fn spawn(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    cfg: &DominatorConfig,
+    w: Wiring,
+) -> Census {
+    let Wiring {
+        store,
+        mdb,
+        images,
+        leader,
+        image_server_url,
+        host,
+    } = w;
+    let census = Census::default();
+    let (specs_tx, specs_rx) = watch::channel(Vec::new());
+    {
+        let (store, port) = (store.clone(), cfg.subd_port);
+        tasks.spawn(async move {
+            follow_specs(store, mdb, port, specs_tx).await;
+            Ok(())
+        });
+    }
+    let policy = Policy {
+        poll_interval_ms: u64::try_from(cfg.poll_interval.as_millis()).unwrap_or(u64::MAX),
+        ..Policy::default()
+    };
+    let limits = Limits {
+        poll_slots: cfg.max_polls,
+        update_slots: cfg.max_updates,
+        image_server: image_server_url,
+        fetch_speed_percent: cfg.fetch_speed_percent,
+    };
+    let rpc = Arc::new(HttpSubRpc::new(
+        &format!("paddock-{host}"),
+        Duration::from_secs(5),
+    ));
+    let images = Arc::new(ImageIndex(images));
+    let c = census.clone();
+    tasks.spawn(async move {
+        let mut leader = leader;
+        loop {
+            while leader.borrow_and_update().is_none() {
+                if leader.changed().await.is_err() {
+                    return Ok(());
+                }
+            }
+            tracing::info!("dominator: this host leads; keeping the subs");
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let herd = Herd::new(
+                rpc.clone(),
+                images.clone(),
+                policy.clone(),
+                limits.clone(),
+                c.clone(),
+            );
+            let epoch = Instant::now();
+            let run = tokio::spawn(herd.run(specs_rx.clone(), stop_rx, move || {
+                u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+            }));
+            while leader.borrow_and_update().is_some() {
+                if leader.changed().await.is_err() {
+                    break;
+                }
+            }
+            let _ = stop_tx.send(true);
+            let _ = run.await;
+            c.write().unwrap_or_else(|p| p.into_inner()).clear();
+            tracing::info!("dominator: no longer leading; stopped");
+        }
+    });
+    census
+}
+
+async fn follow_specs(
+    store: Arc<dyn Store>,
+    mdb: Arc<MdbService>,
+    subd_port: u16,
+    tx: watch::Sender<Vec<SubSpec>>,
+) {
+    loop {
+        match specs(&*store, &mdb, subd_port).await {
+            Ok(s) => {
+                tx.send_if_modified(|old| {
+                    let changed = *old != s;
+                    if changed {
+                        *old = s;
+                    }
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "dominator: cannot read the MDB and controls"),
+        }
+        // Any change under mdb/ or dominator/ rebuilds at once; else every 5 s.
+        let watches = (
+            store.watch("mdb/", 0).await,
+            store.watch("dominator/", 0).await,
+        );
+        match watches {
+            (Ok(mut a), Ok(mut b)) => {
+                tokio::select! {
+                    _ = a.next() => {}
+                    _ = b.next() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+pub fn router(d: Dominator) -> Router {
+    Router::new()
+        .route("/rpc/Dominator.ListSubs", get(list_subs))
+        .route("/rpc/Dominator.GetSub", get(get_sub))
+        .route("/rpc/Dominator.Status", get(status))
+        .route("/rpc/Dominator.Pause", post(pause))
+        .route("/rpc/Dominator.Resume", post(resume))
+        .route("/rpc/Dominator.PauseSub", post(pause_sub))
+        .route("/rpc/Dominator.ResumeSub", post(resume_sub))
+        .route("/rpc/Dominator.ClearSafety", post(clear_safety))
+        .with_state(d)
+}
+
+fn store_err(e: StoreError) -> ApiError {
+    ApiError::internal(e.to_string())
+}
+
+async fn list_subs(State(d): State<Dominator>) -> Json<Vec<SubStatus>> {
+    Json(
+        d.census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect(),
+    )
+}
+
+#[derive(Deserialize)]
+struct HostQuery {
+    hostname: String,
+}
+
+async fn get_sub(
+    State(d): State<Dominator>,
+    Query(q): Query<HostQuery>,
+) -> Result<Json<SubStatus>, ApiError> {
+    let census = d.census.read().unwrap_or_else(|p| p.into_inner());
+    census.get(&q.hostname).cloned().map(Json).ok_or_else(|| {
+        let why = if d.leader.borrow().is_some() {
+            "it is not in the MDB with an address"
+        } else {
+            "this host does not lead; ask the leader"
+        };
+        ApiError::not_found(format!("no sub {:?}: {why}", q.hostname))
+    })
+}
+
+async fn status(State(d): State<Dominator>) -> Result<Json<DominatorStatus>, ApiError> {
+    let paused = read(&*d.store, PAUSE).await.map_err(store_err)?;
+    let mut states = BTreeMap::new();
+    for s in d.census.read().unwrap_or_else(|p| p.into_inner()).values() {
+        *states.entry(s.state.name().to_string()).or_insert(0) += 1;
+    }
+    Ok(Json(DominatorStatus {
+        enabled: d.enabled,
+        leading: d.leader.borrow().is_some(),
+        paused,
+        states,
+    }))
+}
+
+#[derive(Deserialize)]
+struct Reason {
+    reason: String,
+}
+
+fn check_reason(reason: &str) -> Result<String, ApiError> {
+    let r = reason.trim();
+    if r.is_empty() || r.len() > 500 || r.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "a reason is required: one line of at most 500 characters",
+        ));
+    }
+    Ok(r.to_string())
+}
+
+async fn pause(State(d): State<Dominator>, Json(r): Json<Reason>) -> Result<Json<Pause>, ApiError> {
+    let p = Pause {
+        reason: check_reason(&r.reason)?,
+        at_ms: unix_ms(),
+    };
+    let value = serde_json::to_vec(&p).map_err(|e| ApiError::internal(e.to_string()))?;
+    d.store.put(PAUSE, value).await.map_err(store_err)?;
+    tracing::warn!(reason = %p.reason, "dominator: paused");
+    Ok(Json(p))
+}
+
+async fn resume(State(d): State<Dominator>) -> Result<Json<serde_json::Value>, ApiError> {
+    d.store.delete(PAUSE).await.map_err(store_err)?;
+    tracing::info!("dominator: resumed");
+    Ok(Json(serde_json::json!({"paused": false})))
+}
+
+#[derive(Deserialize)]
+struct HostReason {
+    hostname: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Reads, changes and writes a sub's control in one compare-and-swap (retried on a race).
+async fn change_control(
+    d: &Dominator,
+    hostname: &str,
+    f: impl Fn(&mut SubControl),
+) -> Result<SubControl, ApiError> {
+    check_logical_name(hostname).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let key = format!("{SUBS}{hostname}");
+    for _ in 0..10 {
+        let old = d.store.get(&key).await.map_err(store_err)?;
+        let mut c: SubControl = old
+            .as_ref()
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+            .unwrap_or_default();
+        f(&mut c);
+        let value = serde_json::to_vec(&c).map_err(|e| ApiError::internal(e.to_string()))?;
+        let cmp = paddock_store::Compare::ModRevision {
+            key: key.clone(),
+            revision: old.as_ref().map_or(0, |kv| kv.mod_revision),
+        };
+        let txn = paddock_store::Txn {
+            compare: vec![cmp],
+            success: vec![paddock_store::Op::Put {
+                key: key.clone(),
+                value,
+                lease: None,
+            }],
+            ..paddock_store::Txn::default()
+        };
+        if d.store.txn(txn).await.map_err(store_err)?.succeeded {
+            return Ok(c);
+        }
+    }
+    Err(ApiError::new(
+        409,
+        format!("sub {hostname}: changed by others too often; try again"),
+    ))
+}
+
+async fn pause_sub(
+    State(d): State<Dominator>,
+    Json(r): Json<HostReason>,
+) -> Result<Json<SubControl>, ApiError> {
+    let reason = check_reason(r.reason.as_deref().unwrap_or_default())?;
+    let c = change_control(&d, &r.hostname, |c| c.paused = Some(reason.clone())).await?;
+    Ok(Json(c))
+}
+
+async fn resume_sub(
+    State(d): State<Dominator>,
+    Json(r): Json<HostReason>,
+) -> Result<Json<SubControl>, ApiError> {
+    Ok(Json(
+        change_control(&d, &r.hostname, |c| c.paused = None).await?,
+    ))
+}
+
+async fn clear_safety(
+    State(d): State<Dominator>,
+    Json(r): Json<HostReason>,
+) -> Result<Json<SubControl>, ApiError> {
+    let c = change_control(&d, &r.hostname, |c| {
+        c.safety_clearance = c.safety_clearance.saturating_add(1)
+    })
+    .await?;
+    tracing::warn!(hostname = %r.hostname, "dominator: safety hold cleared by an operator");
+    Ok(Json(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_reasons() {
+        assert_eq!(address("198.18.0.9", 6969), "198.18.0.9:6969");
+        assert_eq!(address("fd00::9", 6969), "[fd00::9]:6969");
+        assert!(check_reason("  ").is_err());
+        assert!(check_reason("freeze\nrm -rf").is_err());
+        assert_eq!(check_reason(" change freeze ").unwrap(), "change freeze");
+    }
+}
