@@ -21,11 +21,13 @@ use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_dominator::{
-    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec, SubStatus,
+    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec, SubState,
+    SubStatus,
 };
 use paddock_image::{Image, check_logical_name};
 use paddock_imageserver::images::{ImageError, ImageServer};
 use paddock_imageserver::mdb::{MdbService, MdbServiceError};
+use paddock_inspector::service::{Inspector, Subject};
 use paddock_store::{Store, StoreError};
 use paddock_wire::{ApiError, unix_ms};
 use serde::{Deserialize, Serialize};
@@ -170,6 +172,8 @@ pub struct Wiring {
     pub image_server_url: String,
     /// This host's name, as subd's client lock sees the dominator.
     pub host: String,
+    /// For the machines' timelines.
+    pub inspector: Arc<Inspector>,
 }
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
@@ -186,7 +190,13 @@ pub fn spawn(
         leader,
         image_server_url,
         host,
+        inspector,
     } = w;
+    let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
+    tasks.spawn(async move {
+        record_changes(inspector, changes_rx).await;
+        Ok(())
+    });
     let census = Census::default();
     let (specs_tx, specs_rx) = watch::channel(Vec::new());
     {
@@ -228,7 +238,8 @@ pub fn spawn(
                 policy.clone(),
                 limits.clone(),
                 c.clone(),
-            );
+            )
+            .with_changes(changes_tx.clone());
             let epoch = Instant::now();
             let run = tokio::spawn(herd.run(specs_rx.clone(), stop_rx, move || {
                 u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -245,6 +256,39 @@ pub fn spawn(
         }
     });
     census
+}
+
+/// Files every change of a sub's state on the timeline of the node of the same name (the
+/// MDB names enrolled machines by their node's name); a sub with no node is not recorded.
+async fn record_changes(
+    inspector: Arc<Inspector>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(String, SubState)>,
+) {
+    while let Some((host, state)) = rx.recv().await {
+        let node = match inspector.find(&host).await {
+            Ok(Some(v)) => v.node,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(%host, error = %e, "dominator: timeline entry not recorded");
+                continue;
+            }
+        };
+        let error = matches!(
+            state,
+            SubState::Unreachable { .. }
+                | SubState::Error { .. }
+                | SubState::UnsafeUpdate { .. }
+                | SubState::NotEnoughSpace { .. }
+                | SubState::ImageMissing { .. }
+        );
+        let message = format!("dominator: {state}");
+        if let Err(e) = inspector
+            .event(Subject::Node(node.uuid), "dominator", &message, error)
+            .await
+        {
+            tracing::debug!(%host, error = %e, "dominator: timeline entry not recorded");
+        }
+    }
 }
 
 async fn follow_specs(

@@ -323,6 +323,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     .cluster
                     .as_ref()
                     .map_or_else(|| "paddock".to_string(), |c| c.host.clone()),
+                inspector: inspector.clone(),
             },
         ),
         None => paddock_dominator::Census::default(),

@@ -118,6 +118,7 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
     policy: Policy,
     limits: Limits,
     census: Census,
+    changes: Option<mpsc::UnboundedSender<(String, SubState)>>,
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
@@ -135,7 +136,15 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             policy,
             limits,
             census,
+            changes: None,
         }
+    }
+
+    /// Every change of a sub's state (after its first) is also sent to `tx`, for the
+    /// machine's timeline.
+    pub fn with_changes(mut self, tx: mpsc::UnboundedSender<(String, SubState)>) -> Self {
+        self.changes = Some(tx);
+        self
     }
 
     pub fn census(&self) -> Census {
@@ -439,9 +448,16 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     fn publish(&self, slot: &Slot) {
         let status = Self::status(slot);
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
-        if census.get(&status.hostname) != Some(&status) {
-            census.insert(status.hostname.clone(), status);
+        let before = census.get(&status.hostname);
+        if before == Some(&status) {
+            return;
         }
+        if let (Some(tx), Some(old)) = (&self.changes, before)
+            && old.summary != status.summary
+        {
+            let _ = tx.send((status.hostname.clone(), status.state.clone()));
+        }
+        census.insert(status.hostname.clone(), status);
     }
 
     fn publish_all(&self, slots: &BTreeMap<String, Slot>) {

@@ -57,6 +57,7 @@ const POLICY: Policy = Policy {
 
 struct Running {
     fleet: Arc<SimFleet>,
+    changes: tokio::sync::mpsc::UnboundedReceiver<(String, paddock_dominator::SubState)>,
     census: Census,
     specs: watch::Sender<Vec<SubSpec>>,
     _stop: watch::Sender<bool>,
@@ -74,6 +75,8 @@ fn start(fleet: Arc<SimFleet>, initial: Vec<SubSpec>, update_slots: usize) -> Ru
         },
         Census::default(),
     );
+    let (tx, changes) = tokio::sync::mpsc::unbounded_channel();
+    let herd = herd.with_changes(tx);
     let census = herd.census();
     let (specs, specs_rx) = watch::channel(initial);
     let (stop, stop_rx) = watch::channel(false);
@@ -83,6 +86,7 @@ fn start(fleet: Arc<SimFleet>, initial: Vec<SubSpec>, update_slots: usize) -> Ru
     }));
     Running {
         fleet,
+        changes,
         census,
         specs,
         _stop: stop,
@@ -147,7 +151,10 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
         assert_eq!(s.updates, 1, "sub{i}");
     }
 
-    // A file changed by hand on one sub is put back.
+    // A file changed by hand on one sub is put back, and each step is told (for the
+    // machine's timeline).
+    let mut r = r;
+    while r.changes.try_recv().is_ok() {}
     fleet.edit("198.18.7.5:6969", |fs| {
         fs.insert("/etc-by-hand", file("oops")).unwrap();
     });
@@ -156,6 +163,22 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
     })
     .await;
     assert_eq!(fleet.sub("198.18.7.5:6969").updates, 2);
+    let mut told = Vec::new();
+    while let Ok((host, state)) = r.changes.try_recv() {
+        if host == "sub5" {
+            told.push(state.name());
+        }
+    }
+    assert_eq!(
+        told,
+        [
+            "computing",
+            "updating",
+            "waiting_for_scan",
+            "computing",
+            "synced"
+        ]
+    );
     // A synced fleet is short-polled: trees travel only when something changed.
     let trees = fleet.trees_sent.load(Ordering::SeqCst);
     let polls = fleet.polls.load(Ordering::SeqCst);
