@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, ObjectId, UpdateRequest};
 use paddock_subd::service::{FetchRequest, PollRequest, PollResponse};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::compute::{Computed, compute};
@@ -79,7 +79,7 @@ impl Default for Limits {
 }
 
 /// What the herd shows of one sub.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubStatus {
     pub hostname: String,
     pub address: String,

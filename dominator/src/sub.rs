@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the MDB and the operator want of this sub now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -157,7 +157,7 @@ pub enum Action {
 }
 
 /// Where the sub stands, with the reason an operator needs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum SubState {
     /// Not polled yet, or no scan on the sub yet.
@@ -952,10 +952,12 @@ mod tests {
 
     #[test]
     fn the_state_serialises_with_its_reason() {
-        let v = serde_json::to_value(SubState::NotEnoughSpace { need: 2, free: 1 }).unwrap();
+        let s = SubState::NotEnoughSpace { need: 2, free: 1 };
+        let v = serde_json::to_value(&s).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"state": "not_enough_space", "need": 2, "free": 1})
         );
+        assert_eq!(serde_json::from_value::<SubState>(v).unwrap(), s);
     }
 }
