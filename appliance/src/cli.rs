@@ -1,5 +1,5 @@
 //! Command-line clients of a running appliance's API (`paddock node …`, `paddock image …`,
-//! `paddock mdb …`, `paddock firewall status`). Answers are read into the types the
+//! `paddock mdb …`, `paddock sub …`, `paddock dominator …`, `paddock firewall status`). Answers are read into the types the
 //! services answer with; error answers through [`paddock_wire::error_message`].
 
 use anyhow::{Context, bail};
@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::dominator::{DominatorStatus, Pause, SubControl};
 use crate::pxe_filter::FirewallAnswer;
 
 /// Why a call to the appliance's API failed.
@@ -665,6 +666,202 @@ pub fn mdb_delete(api: &str, hostname: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Text from elsewhere (hostnames, reasons, errors a sub reported) as the terminal may
+/// show it: control characters and the bidirectional overrides are escaped (`\u{1b}`), so
+/// no answer can move the cursor, recolour or reorder what the operator reads.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `Dominator.ListSubs` / `GetSub`'s answer, as the CLI reads it: the fields of
+/// `paddock_dominator::SubStatus` (same JSON names), the state's own fields kept as JSON.
+#[derive(Debug, Deserialize)]
+pub struct SubView {
+    pub hostname: String,
+    pub address: String,
+    #[serde(default)]
+    pub required_image: Option<String>,
+    /// The state's name (`synced`, `unreachable`, …: `SubState::name()`).
+    pub state: String,
+    pub summary: String,
+    pub failures: u32,
+    /// The state's own fields (`error`, `objects`, `image` …).
+    #[serde(flatten)]
+    pub details: serde_json::Map<String, Value>,
+}
+
+/// `paddock sub list`'s table; every text escaped with [`printable`].
+pub fn sub_table(subs: &[SubView]) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "{:<28}  {:<21}  {:<16}  {:>8}  SUMMARY\n",
+        "HOSTNAME", "ADDRESS", "STATE", "FAILURES"
+    );
+    for s in subs {
+        let _ = writeln!(
+            out,
+            "{:<28}  {:<21}  {:<16}  {:>8}  {}",
+            printable(&s.hostname),
+            printable(&s.address),
+            printable(&s.state),
+            s.failures,
+            printable(&s.summary)
+        );
+    }
+    out
+}
+
+pub fn sub_list(api: &str) -> anyhow::Result<()> {
+    let subs: Vec<SubView> = Call::new(api, "GET", "/rpc/Dominator.ListSubs").send()?;
+    print!("{}", sub_table(&subs));
+    if subs.is_empty() {
+        println!("(no subs: none in the MDB with an address, or this host does not lead)");
+    }
+    Ok(())
+}
+
+pub fn sub_show(api: &str, hostname: &str) -> anyhow::Result<()> {
+    let s: SubView = Call::new(api, "GET", "/rpc/Dominator.GetSub")
+        .query("hostname", hostname)
+        .send()?;
+    println!("hostname    {}", printable(&s.hostname));
+    println!("address     {}", printable(&s.address));
+    println!(
+        "required    {}",
+        printable(or_dash(s.required_image.as_deref()))
+    );
+    println!("state       {}", printable(&s.state));
+    println!("summary     {}", printable(&s.summary));
+    println!("failures    {}", s.failures);
+    for (k, v) in &s.details {
+        println!("{:<11} {}", printable(k), printable(&json_text(Some(v))));
+    }
+    Ok(())
+}
+
+/// A `Dominator.*` control with a JSON body; the answer read as `T`.
+fn dominator_post<T: DeserializeOwned>(
+    api: &str,
+    method: &str,
+    body: Value,
+) -> Result<T, CallError> {
+    Call::new(api, "POST", format!("/rpc/Dominator.{method}")).send_json(&body)
+}
+
+pub fn sub_pause(api: &str, hostname: &str, reason: &str) -> anyhow::Result<()> {
+    let c: SubControl = dominator_post(
+        api,
+        "PauseSub",
+        serde_json::json!({"hostname": hostname, "reason": reason}),
+    )?;
+    println!(
+        "sub {} paused: {}",
+        printable(hostname),
+        printable(or_dash(c.paused.as_deref()))
+    );
+    Ok(())
+}
+
+pub fn sub_resume(api: &str, hostname: &str) -> anyhow::Result<()> {
+    dominator_post::<SubControl>(api, "ResumeSub", serde_json::json!({"hostname": hostname}))?;
+    println!("sub {} resumed", printable(hostname));
+    Ok(())
+}
+
+pub fn sub_clear_safety(api: &str, hostname: &str) -> anyhow::Result<()> {
+    let c: SubControl = dominator_post(
+        api,
+        "ClearSafety",
+        serde_json::json!({"hostname": hostname}),
+    )?;
+    println!(
+        "sub {}: safety hold cleared once (clearance {}); the held update goes ahead",
+        printable(hostname),
+        c.safety_clearance
+    );
+    Ok(())
+}
+
+/// `paddock dominator status`'s text.
+pub fn dominator_status_text(st: &DominatorStatus) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    let _ = writeln!(out, "enabled     {}", yes_no(st.enabled));
+    let _ = writeln!(
+        out,
+        "leading     {}",
+        if st.leading {
+            "yes (this host keeps the subs)"
+        } else {
+            "no (ask the leader for the census)"
+        }
+    );
+    match &st.paused {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "paused      since {} UTC: {}",
+                iso(p.at_ms / 1000),
+                printable(&p.reason)
+            );
+        }
+        None => out.push_str("paused      no\n"),
+    }
+    let total: usize = st.states.values().sum();
+    let _ = writeln!(out, "subs        {total}");
+    for (state, n) in &st.states {
+        let _ = writeln!(out, "  {:<18} {n}", printable(state));
+    }
+    out
+}
+
+pub fn dominator_status(api: &str) -> anyhow::Result<()> {
+    let st: DominatorStatus = Call::new(api, "GET", "/rpc/Dominator.Status").send()?;
+    print!("{}", dominator_status_text(&st));
+    Ok(())
+}
+
+pub fn dominator_pause(api: &str, reason: &str) -> anyhow::Result<()> {
+    let p: Pause = dominator_post(api, "Pause", serde_json::json!({"reason": reason}))?;
+    println!(
+        "dominator paused: every update held ({})",
+        printable(&p.reason)
+    );
+    Ok(())
+}
+
+pub fn dominator_resume(api: &str) -> anyhow::Result<()> {
+    dominator_post::<serde::de::IgnoredAny>(api, "Resume", serde_json::json!({}))?;
+    println!("dominator resumed");
+    Ok(())
+}
+
+/// A sub as the census holds it, for the tests of what shows subs.
+#[cfg(test)]
+pub(crate) fn test_sub(
+    hostname: &str,
+    state: paddock_dominator::SubState,
+) -> paddock_dominator::SubStatus {
+    paddock_dominator::SubStatus {
+        hostname: hostname.into(),
+        address: "198.18.0.9:6969".into(),
+        required_image: Some("debian/minbase.1".into()),
+        summary: state.to_string(),
+        failures: u32::from(!matches!(state, paddock_dominator::SubState::Synced { .. })) * 2,
+        state,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -701,5 +898,56 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("not KEY=VALUE"), "{e}");
+    }
+
+    #[test]
+    fn the_sub_table_reads_substatus_and_escapes_what_subs_said() {
+        use paddock_dominator::SubState;
+        let hostile = "disk gone\x1b[2J\x1b]0;pwned\x07\r\nfake line\u{202e}";
+        let status = test_sub(
+            "web-1",
+            SubState::Unreachable {
+                error: hostile.into(),
+            },
+        );
+        let view: SubView = serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
+        assert_eq!(view.state, "unreachable");
+        assert_eq!(view.required_image.as_deref(), Some("debian/minbase.1"));
+        assert_eq!(view.details.get("error"), Some(&json!(hostile)));
+        let table = sub_table(&[view]);
+        assert!(
+            !table.chars().any(|c| c.is_control() && c != '\n'),
+            "{table:?}"
+        );
+        assert!(!table.contains('\u{202e}'), "{table:?}");
+        assert_eq!(table.lines().count(), 2, "{table}");
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.starts_with("web-1 "), "{row}");
+        assert!(row.contains("198.18.0.9:6969"), "{row}");
+        assert!(row.contains("unreachable"), "{row}");
+        assert!(row.contains("       2  "), "{row}");
+        assert!(
+            row.ends_with(
+                r"unreachable: disk gone\u{1b}[2J\u{1b}]0;pwned\u{7}\r\nfake line\u{202e}"
+            ),
+            "{row}"
+        );
+    }
+
+    #[test]
+    fn dominator_status_escapes_the_reason() {
+        let st = DominatorStatus {
+            enabled: true,
+            leading: true,
+            paused: Some(Pause {
+                reason: "freeze\x1b[31m".into(),
+                at_ms: 0,
+            }),
+            states: [("synced".to_string(), 2), ("unreachable".to_string(), 1)].into(),
+        };
+        let text = dominator_status_text(&st);
+        assert!(text.contains(r"freeze\u{1b}[31m"), "{text}");
+        assert!(text.contains("subs        3\n"), "{text}");
+        assert!(text.contains("  synced             2\n"), "{text}");
     }
 }

@@ -14,6 +14,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use paddock_dhcp::shell::DhcpService;
+use paddock_dominator::SubStatus;
 use paddock_imageserver::api::ImageServerState;
 use paddock_inspector::node::{Node, iso};
 use paddock_inspector::service::{Inspector, TimelineEvent};
@@ -21,6 +22,7 @@ use paddock_inventory::{IntrospectionData, Inventory};
 use serde_json::Value;
 
 use crate::config::ClusterConfig;
+use crate::dominator::{Dominator, PAUSE, Pause, SUBS, SubControl};
 use crate::pxe_filter::PxeFilter;
 
 /// What the console reads: the services it shows and this host's place in the appliance.
@@ -33,6 +35,8 @@ pub struct Console {
     pub leader: crate::leader::LeaderRx,
     /// Several hosts: which one this is, and the etcd cluster.
     pub cluster: Option<ClusterConfig>,
+    /// The dominator's census (the leader's) and the store its controls live in.
+    pub dominator: Dominator,
 }
 
 /// The console's routes under `/ui`.
@@ -46,13 +50,17 @@ pub fn router(console: Console) -> Router {
         .route("/ui/images", get(images))
         .route("/ui/images/{*name}", get(image))
         .route("/ui/mdb", get(mdb))
+        .route("/ui/subs", get(subs))
+        .route("/ui/subs/{hostname}", get(sub))
         .with_state(console)
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222} h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:1.5rem}
 table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}
 .state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
-code{font-size:.9em} nav a{margin-right:1rem}";
+code{font-size:.9em} nav a{margin-right:1rem}
+.banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
+.synced{color:#070} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
 
 fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
     Html(
@@ -72,6 +80,7 @@ fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
                         a href="/ui/firewall" { "PXE filter" }
                         a href="/ui/images" { "Images" }
                         a href="/ui/mdb" { "MDB" }
+                        a href="/ui/subs" { "Subs" }
                         a href="/metrics" { "Metrics" }
                     }
                     h1 { (title) }
@@ -474,6 +483,158 @@ async fn mdb(State(s): State<Console>) -> Response {
     page("MDB", true, body).into_response()
 }
 
+/// What the subs pages know of the dominator besides the census.
+struct DominatorView {
+    enabled: bool,
+    leading: bool,
+    pause: Option<Pause>,
+}
+
+/// Reads a JSON record of the dominator's controls (`None` when absent or unreadable).
+async fn control<T: serde::de::DeserializeOwned>(
+    d: &Dominator,
+    key: &str,
+) -> Result<Option<T>, Response> {
+    match d.store.get(key).await {
+        Ok(kv) => Ok(kv.and_then(|kv| serde_json::from_slice(&kv.value).ok())),
+        Err(e) => Err(failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    }
+}
+
+async fn dominator_view(d: &Dominator) -> Result<DominatorView, Response> {
+    let leading = d.leader.borrow().is_some();
+    Ok(DominatorView {
+        enabled: d.enabled,
+        leading,
+        pause: control(d, PAUSE).await?,
+    })
+}
+
+/// The banners above the subs pages: disabled, not leading, paused (with the reason).
+fn dominator_banners(v: &DominatorView) -> Markup {
+    html! {
+        @if !v.enabled {
+            p.banner { "The dominator is off (" code { "[dominator] enabled = false" } ")." }
+        } @else if !v.leading {
+            p.banner { "This host does not lead: the subs' states are the leader's; open its console." }
+        }
+        @if let Some(p) = &v.pause {
+            p.banner {
+                strong { "The dominator is paused" } " since " (ms_iso(Some(p.at_ms))) " UTC: " (p.reason)
+                " — every update is held (" code { "paddock dominator resume" } ")."
+            }
+        }
+    }
+}
+
+fn sub_state(s: &SubStatus) -> Markup {
+    let name = s.state.name();
+    html! { span class={ "state " (name) } { (name) } }
+}
+
+/// The compliance overview: subs per state, then every sub.
+fn subs_body(v: &DominatorView, subs: &[SubStatus]) -> Markup {
+    let mut counts = std::collections::BTreeMap::new();
+    for s in subs {
+        *counts.entry(s.state.name()).or_insert(0usize) += 1;
+    }
+    let synced = counts.get("synced").copied().unwrap_or(0);
+    html! {
+        (dominator_banners(v))
+        p { (synced) " of " (subs.len()) " sub(s) synced to their required image." }
+        table {
+            tr { th { "State" } th { "Subs" } }
+            @for (state, n) in &counts {
+                tr { td { span class={ "state " (state) } { (state) } } td { (n) } }
+            }
+        }
+        h2 { "Subs" }
+        table {
+            tr { th { "Hostname" } th { "Address" } th { "Required image" } th { "State" } th { "Summary" } th { "Failures" } }
+            @for s in subs {
+                tr {
+                    td { a href={ "/ui/subs/" (s.hostname) } { (s.hostname) } }
+                    td { code { (s.address) } }
+                    td { (s.required_image.as_deref().unwrap_or("-")) }
+                    td { (sub_state(s)) }
+                    td { (s.summary) }
+                    td { (s.failures) }
+                }
+            }
+        }
+    }
+}
+
+fn census(d: &Dominator) -> Vec<SubStatus> {
+    d.census
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect()
+}
+
+async fn subs(State(s): State<Console>) -> Response {
+    let v = match dominator_view(&s.dominator).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let subs = census(&s.dominator);
+    page(
+        &format!("Subs ({})", subs.len()),
+        true,
+        subs_body(&v, &subs),
+    )
+    .into_response()
+}
+
+/// One sub: its state with the reason, and what operators decided for it.
+fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl) -> Markup {
+    html! {
+        (dominator_banners(v))
+        table {
+            tr { th { "Address" } td { code { (s.address) } } }
+            tr { th { "Required image" } td { (s.required_image.as_deref().unwrap_or("-")) } }
+            tr { th { "State" } td { (sub_state(s)) } }
+            tr { th { "Summary" } td { (s.summary) } }
+            tr { th { "Failures" } td { (s.failures) } }
+            tr { th { "Paused" } td { (c.paused.as_deref().unwrap_or("no")) } }
+            tr { th { "Safety clearances" } td { (c.safety_clearance) } }
+        }
+        p {
+            code { "paddock sub pause " (s.hostname) " --reason …" } ", "
+            code { "paddock sub resume " (s.hostname) } ", "
+            code { "paddock sub clear-safety " (s.hostname) }
+        }
+    }
+}
+
+async fn sub(State(s): State<Console>, Path(hostname): Path<String>) -> Response {
+    let v = match dominator_view(&s.dominator).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let found = s
+        .dominator
+        .census
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&hostname)
+        .cloned();
+    let Some(st) = found else {
+        let body = html! {
+            (dominator_banners(&v))
+            p { "No sub " (hostname) " in the census: it is not in the MDB with an address, or this host does not lead." }
+        };
+        return (StatusCode::NOT_FOUND, page("Not found", false, body)).into_response();
+    };
+    let c: SubControl = match control(&s.dominator, &format!("{SUBS}{hostname}")).await {
+        Ok(c) => c.unwrap_or_default(),
+        Err(r) => return r,
+    };
+    page(&format!("Sub {hostname}"), true, sub_body(&v, &st, &c)).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,5 +673,48 @@ mod tests {
                 "NIC: eth0 52:54:00:00:00:01   ",
             ]
         );
+    }
+
+    #[test]
+    fn the_subs_page_escapes_what_subs_said() {
+        use paddock_dominator::SubState;
+        let hostile = r#"<script>alert("x&y")</script>"#;
+        let st = crate::cli::test_sub(
+            "web-1",
+            SubState::Unreachable {
+                error: hostile.into(),
+            },
+        );
+        let synced = crate::cli::test_sub(
+            "web-2",
+            SubState::Synced {
+                image: "debian/minbase.1".into(),
+            },
+        );
+        let v = DominatorView {
+            enabled: true,
+            leading: true,
+            pause: Some(Pause {
+                reason: format!("freeze {hostile}"),
+                at_ms: 0,
+            }),
+        };
+        let html = page("Subs", true, subs_body(&v, &[st.clone(), synced])).0;
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(
+            html.contains("unreachable: &lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;"),
+            "{html}"
+        );
+        assert!(html.contains("The dominator is paused"), "{html}");
+        assert!(html.contains("freeze &lt;script&gt;"), "{html}");
+        assert!(html.contains("1 of 2 sub(s) synced"), "{html}");
+        assert!(
+            html.contains(r#"<a href="/ui/subs/web-1">web-1</a>"#),
+            "{html}"
+        );
+        assert!(html.contains(r#"<a href="/ui/subs">Subs</a>"#), "{html}");
+        let one = sub_body(&v, &st, &SubControl::default()).into_string();
+        assert!(!one.contains("<script>"), "{one}");
+        assert!(one.contains("&lt;script&gt;"), "{one}");
     }
 }

@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         imageserver: state.imageserver.clone(),
         leader: state.leader.clone(),
         cluster: state.config.cluster.clone(),
+        dominator: state.dominator.clone(),
     });
     r.with_state(state)
         .merge(inspector)
@@ -192,17 +193,51 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// The labels of `paddock_nodes`.
+/// The labels of `paddock_nodes` and `paddock_dominator_subs`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: &'static str,
 }
 
-/// `/metrics`: the DHCP server's counters and the nodes by introspection state, read at
-/// each scrape.
+/// What `/metrics` shows of the dominator: subs per state (`SubState::name()`) from the
+/// census, and whether every update is paused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DominatorGauges {
+    pub subs: std::collections::BTreeMap<&'static str, i64>,
+    pub paused: bool,
+}
+
+impl DominatorGauges {
+    /// Counts the census; `paused` when the `dominator/pause` key is set.
+    pub fn read(census: &paddock_dominator::Census, paused: bool) -> Self {
+        let mut subs = std::collections::BTreeMap::new();
+        for s in census.read().unwrap_or_else(|p| p.into_inner()).values() {
+            *subs.entry(s.state.name()).or_insert(0) += 1;
+        }
+        DominatorGauges { subs, paused }
+    }
+}
+
+/// `/metrics`: the DHCP server's counters, the nodes by introspection state and the
+/// dominator's subs by state, read at each scrape.
 async fn metrics(State(s): State<AppState>) -> Response {
     let nodes = s.inspector.list().await.ok();
-    match render_metrics(s.dhcp.as_ref().map(|d| &d.stats), nodes.as_deref()) {
+    let dominator = if s.dominator.enabled {
+        match s.store.get(crate::dominator::PAUSE).await {
+            Ok(pause) => Some(DominatorGauges::read(&s.dominator.census, pause.is_some())),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot read the dominator's pause");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    match render_metrics(
+        s.dhcp.as_ref().map(|d| &d.stats),
+        nodes.as_deref(),
+        dominator.as_ref(),
+    ) {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -215,11 +250,20 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
 }
 
+/// A gauge per `state`, registered as `name`.
+fn by_state(registry: &mut Registry, name: &str, help: &str) -> Family<StateLabels, Gauge> {
+    let family = Family::<StateLabels, Gauge>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
 /// The metrics in the OpenMetrics text format: `paddock_dhcp_packets_total{outcome}` (with
-/// a DHCP server) and `paddock_nodes{state}` (when the nodes could be read).
+/// a DHCP server), `paddock_nodes{state}` (when the nodes could be read), and
+/// `paddock_dominator_subs{state}` and `paddock_dominator_paused` (0/1) with the dominator.
 fn render_metrics(
     dhcp: Option<&paddock_dhcp::shell::Stats>,
     nodes: Option<&[paddock_inspector::node::Node]>,
+    dominator: Option<&DominatorGauges>,
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
     if let Some(st) = dhcp {
@@ -244,16 +288,32 @@ fn render_metrics(
         }
     }
     if let Some(nodes) = nodes {
-        let by_state = Family::<StateLabels, Gauge>::default();
-        registry.register(
+        let by_state = by_state(
+            &mut registry,
             "paddock_nodes",
             "Nodes by introspection state",
-            by_state.clone(),
         );
         for n in nodes {
             let state = n.state().map_or("none", |s| s.as_str());
             by_state.get_or_create(&StateLabels { state }).inc();
         }
+    }
+    if let Some(d) = dominator {
+        let subs = by_state(
+            &mut registry,
+            "paddock_dominator_subs",
+            "Subs by dominator state (the leader's census)",
+        );
+        for (&state, &n) in &d.subs {
+            subs.get_or_create(&StateLabels { state }).set(n);
+        }
+        let paused = Gauge::<i64>::default();
+        paused.set(i64::from(d.paused));
+        registry.register(
+            "paddock_dominator_paused",
+            "1 while every update is paused (dominator/pause)",
+            paused,
+        );
     }
     let mut out = String::new();
     encode(&mut out, &registry)?;
@@ -277,7 +337,35 @@ mod tests {
             error: None,
             manage_boot: true,
         });
-        let text = render_metrics(Some(&stats), Some(&[node.clone(), node, bare])).unwrap();
+        let census = paddock_dominator::Census::default();
+        for (host, state) in [
+            (
+                "a",
+                paddock_dominator::SubState::Synced { image: "i".into() },
+            ),
+            (
+                "b",
+                paddock_dominator::SubState::Synced { image: "i".into() },
+            ),
+            (
+                "c",
+                paddock_dominator::SubState::Unreachable {
+                    error: "refused".into(),
+                },
+            ),
+        ] {
+            census
+                .write()
+                .unwrap()
+                .insert(host.into(), crate::cli::test_sub(host, state));
+        }
+        let dominator = DominatorGauges::read(&census, true);
+        let text = render_metrics(
+            Some(&stats),
+            Some(&[node.clone(), node, bare]),
+            Some(&dominator),
+        )
+        .unwrap();
         for line in [
             "# TYPE paddock_dhcp_packets counter",
             "paddock_dhcp_packets_total{outcome=\"malformed\"} 3",
@@ -285,10 +373,20 @@ mod tests {
             "# TYPE paddock_nodes gauge",
             "paddock_nodes{state=\"finished\"} 2",
             "paddock_nodes{state=\"none\"} 1",
+            "# TYPE paddock_dominator_subs gauge",
+            "paddock_dominator_subs{state=\"synced\"} 2",
+            "paddock_dominator_subs{state=\"unreachable\"} 1",
+            "# TYPE paddock_dominator_paused gauge",
+            "paddock_dominator_paused 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
-        assert_eq!(render_metrics(None, None).unwrap(), "# EOF\n");
+        assert_eq!(render_metrics(None, None, None).unwrap(), "# EOF\n");
+        let idle = render_metrics(None, None, Some(&DominatorGauges::default())).unwrap();
+        assert!(
+            idle.lines().any(|l| l == "paddock_dominator_paused 0"),
+            "{idle}"
+        );
     }
 
     #[test]

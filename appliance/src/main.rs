@@ -67,6 +67,53 @@ enum Cmd {
         #[command(subcommand)]
         cmd: MdbCmd,
     },
+    /// The subs (provisioned machines) the dominator keeps on their images.
+    Sub {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: SubCmd,
+    },
+    /// The dominator of a running appliance: its state, pause and resume.
+    Dominator {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: DominatorCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum SubCmd {
+    /// Every sub with its address, state and failures (the leader's census).
+    List,
+    /// One sub: its state with the reason, the image it must run.
+    Show { hostname: String },
+    /// Hold this sub's updates (kept in the store; any host may be asked).
+    Pause {
+        hostname: String,
+        /// Why, for whoever reads the state (one line).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Let this sub's updates go ahead again.
+    Resume { hostname: String },
+    /// Let an update held as unsafe go ahead, once.
+    ClearSafety { hostname: String },
+}
+
+#[derive(Subcommand)]
+enum DominatorCmd {
+    /// Enabled, leading, paused, and the subs per state.
+    Status,
+    /// Hold every update of every sub.
+    Pause {
+        /// Why, for whoever reads the state (one line).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Let updates go ahead again.
+    Resume,
 }
 
 #[derive(Subcommand)]
@@ -355,6 +402,26 @@ fn main() -> ExitCode {
                 MdbCmd::Delete { hostname } => paddock::cli::mdb_delete(&api, &hostname),
             };
             report(res)
+        }
+        Cmd::Sub { api, cmd } => {
+            let api = api.url;
+            report(match cmd {
+                SubCmd::List => paddock::cli::sub_list(&api),
+                SubCmd::Show { hostname } => paddock::cli::sub_show(&api, &hostname),
+                SubCmd::Pause { hostname, reason } => {
+                    paddock::cli::sub_pause(&api, &hostname, &reason)
+                }
+                SubCmd::Resume { hostname } => paddock::cli::sub_resume(&api, &hostname),
+                SubCmd::ClearSafety { hostname } => paddock::cli::sub_clear_safety(&api, &hostname),
+            })
+        }
+        Cmd::Dominator { api, cmd } => {
+            let api = api.url;
+            report(match cmd {
+                DominatorCmd::Status => paddock::cli::dominator_status(&api),
+                DominatorCmd::Pause { reason } => paddock::cli::dominator_pause(&api, &reason),
+                DominatorCmd::Resume => paddock::cli::dominator_resume(&api),
+            })
         }
         Cmd::Node { api, cmd } => {
             let api = api.url;
