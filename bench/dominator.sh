@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The dominator at fleet scale (issue 15): the real Herd with HttpSubRpc keeps 10,000
+# simulated subs on the Debian minbase image, over HTTP on loopback. No peer: Dominator
+# itself is not packaged, so there is nothing to run beside it; the goals are absolute.
+#   1. The minbase tree (target/images/minbase, from scripts/test-images.sh) is scanned once
+#      with subd's scanner (`paddock-dominator-bench scan`).
+#   2. In a network namespace this script creates (lo only; the whole 127.0.0.0/8 is
+#      local), `paddock-dominator-bench sim` serves SUBS subs, sub i at 127.1.0.1+i port
+#      6969, one axum listener on 0.0.0.0:6969 picking the sub by the connection's local
+#      address; each holds the minbase tree and answers Subd.Poll as subd does (the tree,
+#      as JSON, only when the caller's generation differs).
+#   3. `paddock-dominator-bench herd` runs the Herd in the same namespace (image = the same
+#      tree, a full image, so every sub plans empty) and measures:
+#        first sync       every sub's tree travels once and is planned, BATCH subs added at
+#                         a time (detail line; the herd holds each tree until planned and
+#                         plans queue behind polls, so all at once would hold SUBS trees)
+#        rss_per_sub_kib  (VmRSS with SUBS synced subs − VmRSS before the herd) / SUBS
+#        short_poll_cycle_s  with CHURN_PERMILLE ‰ of the subs' generations bumped per
+#                         second, the time until every sub was polled once (the simulator's
+#                         per-sub poll counters), mean of CYCLES cycles
+#        full_polls_per_s generations moved BATCH subs at a time until FULL_POLLS trees
+#                         travelled: full polls (trees sent) / the time until every sub is
+#                         synced again (each poll's tree parsed and planned)
+# Prints, per size in SIZES (the last is the headline):
+#   dominator subs=<N> short_poll_cycle_s=<s> full_polls_per_s=<n> rss_per_sub_kib=<k>
+# and '#' detail lines on stderr (where the time goes: polls/s, connections, mean poll
+# latency, CPU µs per poll in the herd and in the simulator).
+# Goals (2 cores): cycle <= 10 s, full polls >= 200/s, <= 64 KiB per synced sub.
+# Run as root (network namespace, the root-owned tree):  bash bench/dominator.sh
+# Env: SIZES=10000 (e.g. "1000 10000") POLL_INTERVAL_MS=100 POLL_SLOTS=200 CHURN_PERMILLE=10
+#      CYCLES=3 BATCH=500 FULL_POLLS=2000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SIZES=${SIZES:-10000}
+POLL_INTERVAL_MS=${POLL_INTERVAL_MS:-100}
+POLL_SLOTS=${POLL_SLOTS:-200}
+CHURN_PERMILLE=${CHURN_PERMILLE:-10}
+CYCLES=${CYCLES:-3}
+BATCH=${BATCH:-500}
+FULL_POLLS=${FULL_POLLS:-2000}
+NS=pdk-bench-dom
+DIR=target/images/minbase
+BIN=$ROOT/target/release/paddock-dominator-bench
+[[ $EUID -eq 0 ]] || { echo "run as root (network namespace, the root-owned tree)" >&2; exit 1; }
+log() { echo "# $*" >&2; }
+
+SIM_PID= SCRATCH=
+cleanup() {
+    local rc=$?
+    set +e
+    if [[ -n $SIM_PID ]]; then
+        kill "$SIM_PID" 2>/dev/null
+        wait "$SIM_PID" 2>/dev/null
+    fi
+    ip netns del "$NS" 2>/dev/null
+    if [[ -n $SCRATCH && -d $SCRATCH ]]; then
+        if [[ $rc -ne 0 ]]; then log "exit $rc; logs kept in $SCRATCH"; else rm -rf "$SCRATCH"; fi
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cargo build --release --locked -q -p paddock-dominator --bin paddock-dominator-bench
+if [[ ! -d $DIR/etc ]]; then
+    log "building the minbase tree: scripts/test-images.sh"
+    bash scripts/test-images.sh >&2
+fi
+mkdir -p bench/out
+SCRATCH=$(mktemp -d "$ROOT/bench/out/dominator.XXXXXX")
+"$BIN" scan "$DIR" "$SCRATCH/tree.json"
+
+# Up to POLL_SLOTS connections at once on each side, and fresh ones for most polls: raise the
+# descriptor limit as far as allowed (at most 65536), and widen the ports in the namespace.
+hard=$(ulimit -Hn)
+[[ $hard == unlimited || $hard -gt 65536 ]] && hard=65536
+ulimit -n "$hard"
+[[ -e /run/netns/$NS ]] && ip netns del "$NS"
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+ip netns exec "$NS" sysctl -qw net.ipv4.ip_local_port_range="1024 65535" \
+    net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096
+
+for subs in $SIZES; do
+    ip netns exec "$NS" "$BIN" sim "$SCRATCH/tree.json" --subs "$subs" \
+        >"$SCRATCH/sim-$subs.log" 2>&1 &
+    SIM_PID=$!
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$SIM_PID" 2>/dev/null || { cat "$SCRATCH/sim-$subs.log" >&2; exit 1; }
+        ip netns exec "$NS" ss -Hltn "sport = :6969" | grep -q . && break
+        sleep 0.1
+    done
+    cat "$SCRATCH/sim-$subs.log" >&2
+    ip netns exec "$NS" "$BIN" herd "$SCRATCH/tree.json" --subs "$subs" \
+        --poll-interval-ms "$POLL_INTERVAL_MS" --poll-slots "$POLL_SLOTS" \
+        --churn-permille "$CHURN_PERMILLE" --cycles "$CYCLES" \
+        --batch "$BATCH" --full-polls "$FULL_POLLS"
+    kill "$SIM_PID"
+    wait "$SIM_PID" 2>/dev/null || true
+    SIM_PID=
+done
