@@ -246,7 +246,9 @@ pub fn spawn(
             }));
             while leader.borrow_and_update().is_some() {
                 if leader.changed().await.is_err() {
-                    break;
+                    // Nothing will change the leadership again (a host alone, whose
+                    // sender is gone): lead for good, not restart the herd in a loop.
+                    std::future::pending::<()>().await;
                 }
             }
             let _ = stop_tx.send(true);

@@ -1,0 +1,746 @@
+//! The dominator in a running appliance against real `paddock-subd` processes: every sub
+//! is a copy of the Debian minbase tree (`target/images`, from `scripts/test-images.sh`)
+//! served by its own subd on a loopback address of the appliance's namespace
+//! (`127.0.0.<n>:6969`). The fleet converges to a new image with at most `max_updates`
+//! fetching or updating at once, drift is undone, an unsafe image is held until cleared,
+//! a pause holds every update, and a `kill -9` of the appliance mid-update still ends
+//! converged.
+//!
+//! Sub roots live under `/dev/shm` (tmpfs): twenty copies of minbase take about 9 s there
+//! and 30 s on the disk. The tests run one at a time (each starts its own fleet).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+/// One fleet at a time: twenty subds hashing on two cores is all the machine has.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const POLL_MS: u64 = 200;
+const MAX_UPDATES: usize = 3;
+
+/// The images' filter, and subd's exclusions (`--exclude`, in place of its defaults), so both
+/// ignore the same paths.
+const FILTER: [&str; 3] = ["/tmp/.*", "/var/log/.*", "/var/tmp/.*"];
+
+fn images_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/images")
+}
+
+/// `paddock-subd` beside the `paddock` binary cargo built for this test.
+fn subd_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-subd");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p paddock-subd` first",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `f` on a thread that has entered the namespace `ns`.
+fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread in the namespace")
+    })
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// A call from inside `ns`: the status and the JSON answer (`null` if none).
+fn call(ns: &str, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    in_ns(ns, || {
+        let a = agent();
+        let resp = match body {
+            Some(b) => a.post(url).send_json(&b),
+            None if method == "POST" => a.post(url).send_empty(),
+            None => a.get(url).call(),
+        }
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = resp.status().as_u16();
+        let text = resp.into_body().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    })
+}
+
+/// One real subd.
+struct Subd {
+    host: String,
+    ip: String,
+    root: PathBuf,
+    child: Option<Child>,
+}
+
+/// The appliance, its namespace and the subds in it.
+struct Fleet {
+    subs: Vec<Subd>,
+    app: Appliance,
+    roots: PathBuf,
+    scratch: Scratch,
+    link: Link,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for s in &mut self.subs {
+            if let Some(mut c) = s.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        self.app.kill9();
+        if std::thread::panicking() {
+            for s in &self.subs {
+                let log = self.scratch.path(&format!("{}.log", s.host));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                eprintln!("--- {} (last lines, newest first) ---", s.host);
+                for l in tail {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.roots);
+    }
+}
+
+impl Fleet {
+    /// An appliance with minbase (and `more` images) added, and `n` subds on copies of
+    /// minbase, none in the MDB yet.
+    fn start(n: usize, more: &[(&str, &Path)], subd_args: &str) -> Fleet {
+        require(&["curl", "ip", "cp", "tar"]);
+        let dir = images_dir();
+        assert!(
+            dir.join("minbase2.tar").exists() && dir.join("minbase2/etc").is_dir(),
+            "{} is missing: run scripts/test-images.sh (scripts/test.sh does)",
+            dir.display()
+        );
+        let bin = subd_bin();
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let shm = Path::new("/dev/shm");
+        let roots = if shm.is_dir() {
+            shm.join(format!("paddock-dominator-{}", link.tag))
+        } else {
+            scratch.path("roots")
+        };
+        let _ = std::fs::remove_dir_all(&roots);
+        std::fs::create_dir_all(&roots).unwrap();
+        let config = base_config(
+            &link,
+            &scratch,
+            &format!(
+                "[tftp]\nenabled = false\n[dominator]\nsubd_port = 6969\nmax_updates = \
+                 {MAX_UPDATES}\npoll_interval_ms = {POLL_MS}\nfetch_speed_percent = 100\n"
+            ),
+        );
+        let app = Appliance::start(&link.server, &scratch, &config);
+        let mut fleet = Fleet {
+            subs: Vec::new(),
+            app,
+            roots,
+            scratch,
+            link,
+        };
+        let t = Instant::now();
+        fleet.add_image("minbase", &dir.join("minbase.tar"));
+        for (name, tar) in more {
+            fleet.add_image(name, tar);
+        }
+        println!("images added in {:.1} s", t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        for i in 0..n {
+            let root = fleet.roots.join(format!("sub{i:02}"));
+            sh_ok(&format!(
+                "cp -a {} {}",
+                dir.join("minbase").display(),
+                root.display()
+            ));
+            fleet.subs.push(Subd {
+                host: format!("sub{i:02}"),
+                ip: format!("127.0.0.{}", i + 2),
+                root,
+                child: None,
+            });
+        }
+        println!(
+            "{n} copies of minbase in {} in {:.1} s",
+            fleet.roots.display(),
+            t.elapsed().as_secs_f64()
+        );
+        for i in 0..n {
+            fleet.start_subd(i, &bin, subd_args);
+        }
+        for i in 0..n {
+            let log = fleet.scratch.path(&format!("{}.log", fleet.subs[i].host));
+            wait_long(&format!("{} to listen", fleet.subs[i].host), 30, || {
+                std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("paddock-subd: listening on")
+            });
+        }
+        fleet
+    }
+
+    fn start_subd(&mut self, i: usize, bin: &Path, extra: &str) {
+        let s = &self.subs[i];
+        let cmd = format!(
+            "env PADDOCK_LOG=info {} --insecure --root {} --listen {}:6969 \
+             --trigger-command /bin/true --reboot-command /bin/true \
+             --device-speed 1073741824 --link-speed 1073741824 --min-cycle-ms 100 {extra}",
+            bin.display(),
+            s.root.display(),
+            s.ip
+        );
+        let cmd = FILTER
+            .iter()
+            .fold(cmd, |c, f| format!("{c} --exclude '{f}'"));
+        let log = self.scratch.path(&format!("{}.log", s.host));
+        let child = self.link.server.spawn(&cmd, &log);
+        self.subs[i].child = Some(child);
+    }
+
+    fn ns(&self) -> &str {
+        &self.link.server.name
+    }
+
+    fn add_image(&self, name: &str, tar: &Path) {
+        let filter = self.scratch.path("filter");
+        std::fs::write(&filter, FILTER.join("\n") + "\n").unwrap();
+        self.link.server.sh_ok(&format!(
+            "PADDOCK_API={PUBLIC_URL} {} image add {name} {} --filter {}",
+            env!("CARGO_BIN_EXE_paddock"),
+            tar.display(),
+            filter.display()
+        ));
+    }
+
+    fn api(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, v) = call(self.ns(), method, &format!("{PUBLIC_URL}{path}"), body);
+        assert_eq!(status, 200, "{method} {path}: {v}");
+        v
+    }
+
+    /// Sets every sub's machine in the MDB with this required image.
+    fn require_image(&self, image: &str) {
+        for s in &self.subs {
+            self.require_image_of(s, image);
+        }
+    }
+
+    fn require_image_of(&self, s: &Subd, image: &str) {
+        self.api(
+            "POST",
+            "/rpc/Mdb.SetMachine",
+            Some(json!({"Hostname": s.host, "IpAddress": s.ip, "RequiredImage": image})),
+        );
+    }
+
+    /// hostname → (state, summary).
+    fn census(&self) -> BTreeMap<String, (String, String)> {
+        let v = self.api("GET", "/rpc/Dominator.ListSubs", None);
+        v.as_array()
+            .unwrap_or_else(|| panic!("ListSubs: {v}"))
+            .iter()
+            .map(|s| {
+                let get = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+                (get("hostname"), (get("state"), get("summary")))
+            })
+            .collect()
+    }
+
+    /// Waits until every sub's summary is `summary`; the time it took.
+    fn wait_all(&self, summary: &str, secs: u64) -> Duration {
+        let t = Instant::now();
+        let mut last = BTreeMap::new();
+        while t.elapsed() < Duration::from_secs(secs) {
+            last = self.census();
+            if last.len() == self.subs.len() && last.values().all(|(_, s)| s == summary) {
+                return t.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("not every sub is {summary:?} after {secs} s: {last:#?}");
+    }
+
+    /// Whether each subd says a fetch or an update is running (short polls, no tree), all
+    /// asked at once so the answers are one instant's.
+    fn busy_on_subs(&self) -> Vec<bool> {
+        let ns = self.ns();
+        std::thread::scope(|scope| {
+            let asks: Vec<_> = self
+                .subs
+                .iter()
+                .map(|s| {
+                    let url = format!("http://{}:6969/rpc/Subd.Poll", s.ip);
+                    scope.spawn(move || {
+                        let body = json!({"have_generation": 0, "short_poll_only": true});
+                        let (_, v) = call(ns, "POST", &url, Some(body));
+                        v["fetch_in_progress"] == true || v["update_in_progress"] == true
+                    })
+                })
+                .collect();
+            asks.into_iter()
+                .map(|a| a.join().unwrap_or(false))
+                .collect()
+        })
+    }
+
+    /// The most fetches that ran at once, from the subds' logs (each `fetched` line has
+    /// its end time and its length).
+    fn max_concurrent_fetches(&self) -> (usize, usize) {
+        let mut edges = Vec::new();
+        for s in &self.subs {
+            let log = std::fs::read_to_string(self.scratch.path(&format!("{}.log", s.host)))
+                .unwrap_or_default();
+            for line in log.lines().map(strip_ansi) {
+                if !line.contains(" fetched ") {
+                    continue;
+                }
+                let Some(end) = line.split_whitespace().next().and_then(unix_secs) else {
+                    continue;
+                };
+                let secs: f64 = line
+                    .split("seconds=")
+                    .nth(1)
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
+                edges.push((end - secs, 1i32));
+                edges.push((end, -1));
+            }
+        }
+        edges.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let (mut now, mut max) = (0i32, 0i32);
+        for (_, d) in &edges {
+            now += d;
+            max = max.max(now);
+        }
+        (edges.len() / 2, max as usize)
+    }
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `2026-11-23T23:45:03.855274Z` → seconds since the epoch.
+fn unix_secs(ts: &str) -> Option<f64> {
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<f64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let (y, m, day) = (d[0] - i64::from(d[1] <= 2), d[1], d[2]);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(days as f64 * 86_400.0 + t[0] * 3600.0 + t[1] * 60.0 + t[2])
+}
+
+#[track_caller]
+fn wait_long(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.elapsed()
+}
+
+/// What a tree holds, path by path, outside the filter and `/.subd`: kind, mode, owner,
+/// and the bytes of a file or the target of a symlink.
+fn tree(root: &Path) -> BTreeMap<String, (u32, u32, u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = format!("/{}", p.strip_prefix(root).unwrap().display());
+            if rel == "/.subd" || filtered(&rel) {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let data = if m.file_type().is_symlink() {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if m.file_type().is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
+            if m.is_dir() {
+                stack.push(p);
+            }
+            out.insert(rel, (m.mode(), m.uid(), m.gid(), data));
+        }
+    }
+    out
+}
+
+/// The filter's lines are all `<dir>/.*`.
+fn filtered(rel: &str) -> bool {
+    FILTER
+        .iter()
+        .any(|f| rel.starts_with(f.trim_end_matches(".*")))
+}
+
+#[track_caller]
+fn assert_same_tree(root: &Path, want: &BTreeMap<String, (u32, u32, u32, Vec<u8>)>, name: &str) {
+    let got = tree(root);
+    let differ: Vec<&String> = want
+        .keys()
+        .chain(got.keys())
+        .filter(|k| want.get(*k) != got.get(*k))
+        .take(10)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{} differs from {name} ({} paths vs {}), first: {differ:?}",
+        root.display(),
+        got.len(),
+        want.len()
+    );
+}
+
+#[test]
+fn twenty_subs_converge_to_minbase2_with_at_most_n_updating() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let m2 = images_dir().join("minbase2.tar");
+    let fleet = Fleet::start(20, &[("minbase2", &m2)], "");
+    let t = Instant::now();
+    fleet.require_image("minbase");
+    let d = fleet.wait_all("synced to minbase", 180);
+    println!("20 subs synced to minbase in {:.1} s", d.as_secs_f64());
+
+    fleet.require_image("minbase2");
+    let t2 = Instant::now();
+    let (mut max_census, mut max_subd, mut samples) = (0usize, 0usize, 0u32);
+    loop {
+        let census = fleet.census();
+        let active = census
+            .values()
+            .filter(|(state, _)| state == "fetching" || state == "updating")
+            .count();
+        // The subds are asked every fourth sample (200 ms): twenty polls at once cost.
+        let on_subs = if samples % 4 == 0 {
+            fleet.busy_on_subs().into_iter().filter(|b| *b).count()
+        } else {
+            0
+        };
+        max_census = max_census.max(active);
+        max_subd = max_subd.max(on_subs);
+        samples += 1;
+        if census.len() == 20 && census.values().all(|(_, s)| s == "synced to minbase2") {
+            break;
+        }
+        assert!(
+            t2.elapsed() < Duration::from_secs(300),
+            "not converged to minbase2 after 300 s: {census:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "20 subs converged to minbase2 in {:.1} s ({samples} samples); at once at most: \
+         {max_census} fetching or updating in ListSubs, {max_subd} fetching or updating on \
+         the subds (max_updates = {MAX_UPDATES}); {:.1} s in all",
+        t2.elapsed().as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    let (fetches, max_fetches) = fleet.max_concurrent_fetches();
+    println!("from the subds' logs: {fetches} fetches, at most {max_fetches} at once");
+    assert_eq!(fetches, 20, "one fetch per sub");
+    assert!(max_fetches <= MAX_UPDATES, "{max_fetches} fetches at once");
+    assert!(max_subd >= 1, "no fetch or update was ever seen running");
+    assert!(
+        max_subd <= MAX_UPDATES,
+        "{max_subd} subds fetched or updated at once"
+    );
+    // Not asserted: the herd shows a sub `fetching` (or `updating`) from the moment it
+    // queues for an update slot, so ListSubs counts the waiting ones too (17 of 20 seen).
+    if max_census > MAX_UPDATES {
+        println!(
+            "note: ListSubs showed {max_census} subs fetching or updating at once: it counts \
+             subs waiting for an update slot"
+        );
+    }
+
+    let want = tree(&images_dir().join("minbase2"));
+    assert!(want.len() > 3000, "{}", want.len());
+    let t = Instant::now();
+    for s in &fleet.subs {
+        assert_same_tree(&s.root, &want, "minbase2");
+    }
+    println!(
+        "every root equals minbase2 ({} paths each, compared byte for byte in {:.1} s)",
+        want.len(),
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_file_changed_by_hand_is_restored_within_a_poll_cycle() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fleet = Fleet::start(2, &[], "--scan-percent 100 --cpu-percent 100");
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+    let (root, other) = (&fleet.subs[0].root, &fleet.subs[1].root);
+    let path = root.join("etc/debian_version");
+    let want = std::fs::read(&path).unwrap();
+    let before_other = tree(other);
+
+    let t = Instant::now();
+    std::fs::write(&path, b"changed by hand\n").unwrap();
+    let took = wait_long("/etc/debian_version to be restored", 30, || {
+        std::fs::read(&path).unwrap_or_default() == want
+    });
+    println!(
+        "a changed /etc/debian_version was restored in {:.2} s (poll interval {POLL_MS} ms)",
+        took.as_secs_f64()
+    );
+    // A removed file comes back too.
+    let gone = root.join("usr/bin/ls");
+    let ls = std::fs::read(&gone).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    let took2 = wait_long("/usr/bin/ls to come back", 30, || {
+        std::fs::read(&gone).unwrap_or_default() == ls
+    });
+    println!(
+        "a removed /usr/bin/ls came back in {:.2} s",
+        took2.as_secs_f64()
+    );
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert_eq!(
+        std::fs::metadata(&gone).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    fleet.wait_all("synced to minbase", 30);
+    // The other sub was left alone.
+    assert_same_tree(other, &before_other, "its own earlier self");
+}
+
+#[test]
+fn an_unsafe_image_is_held_until_cleared() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // A tiny full image: /etc/passwd, /usr/bin and little else.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("tree");
+    for d in ["etc", "usr/bin"] {
+        std::fs::create_dir_all(t.join(d)).unwrap();
+    }
+    std::fs::write(t.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(t.join("etc/hostname"), "tiny\n").unwrap();
+    let tar = tmp.path().join("tiny.tar");
+    sh_ok(&format!(
+        "tar -C {} --owner=0 --group=0 -cf {} .",
+        t.display(),
+        tar.display()
+    ));
+    let fleet = Fleet::start(1, &[("tiny", &tar)], "--scan-percent 100 --cpu-percent 100");
+    let s = &fleet.subs[0];
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+    let before = tree(&s.root).len();
+
+    fleet.require_image("tiny");
+    let mut summary = String::new();
+    wait_long("the unsafe hold", 30, || {
+        let c = fleet.census();
+        let (state, sum) = c[&s.host].clone();
+        summary = sum;
+        state == "unsafe_update"
+    });
+    println!("held: {summary}");
+    assert!(
+        summary.contains("fewer than half") || summary.contains("more than half"),
+        "{summary}"
+    );
+    let sub = fleet.api(
+        "GET",
+        &format!("/rpc/Dominator.GetSub?hostname={}", s.host),
+        None,
+    );
+    assert_eq!(sub["state"], "unsafe_update", "{sub}");
+    assert!(
+        sub["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{sub}"
+    );
+    // Held for several cycles: nothing on disk changes.
+    std::thread::sleep(Duration::from_millis(POLL_MS * 10));
+    assert_eq!(fleet.census()[&s.host].0, "unsafe_update");
+    assert_eq!(tree(&s.root).len(), before, "the root changed while held");
+    assert!(s.root.join("etc/debian_version").exists());
+
+    let r = fleet.api(
+        "POST",
+        "/rpc/Dominator.ClearSafety",
+        Some(json!({"hostname": s.host})),
+    );
+    assert_eq!(r["safety_clearance"], 1, "{r}");
+    let took = fleet.wait_all("synced to tiny", 60);
+    println!("cleared: synced to tiny in {:.1} s", took.as_secs_f64());
+    assert_same_tree(&s.root, &tree(&t), "tiny");
+}
+
+#[test]
+fn pause_stops_all_updates_within_one_cycle() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let m2 = images_dir().join("minbase2.tar");
+    let fleet = Fleet::start(
+        3,
+        &[("minbase2", &m2)],
+        "--scan-percent 100 --cpu-percent 100",
+    );
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+
+    let p = fleet.api(
+        "POST",
+        "/rpc/Dominator.Pause",
+        Some(json!({"reason": "change freeze"})),
+    );
+    assert_eq!(p["reason"], "change freeze", "{p}");
+    let status = fleet.api("GET", "/rpc/Dominator.Status", None);
+    assert_eq!(status["paused"]["reason"], "change freeze", "{status}");
+    // Drift on one sub, a new image for the other two.
+    let drift = fleet.subs[0].root.join("etc/debian_version");
+    std::fs::write(&drift, b"drifted\n").unwrap();
+    for s in &fleet.subs[1..] {
+        fleet.require_image_of(s, "minbase2");
+    }
+    // Every sub reaches `updates_disabled`; none fetches or updates. A held sub is planned
+    // again every poll interval (its full tree each time), so it shows `computing` now
+    // and then: counted, not refused.
+    let t = Instant::now();
+    let held = "updates disabled: the dominator is paused: change freeze";
+    let mut seen: BTreeMap<String, Duration> = BTreeMap::new();
+    let (mut samples, mut computing) = (0u32, 0u32);
+    let watch = |seen: &mut BTreeMap<String, Duration>, samples: &mut u32, computing: &mut u32| {
+        for (host, (state, summary)) in fleet.census() {
+            assert!(
+                !["fetching", "updating", "waiting_for_scan"].contains(&state.as_str()),
+                "{host} is {summary} while paused"
+            );
+            if summary == held {
+                seen.entry(host).or_insert(t.elapsed());
+            }
+            *computing += u32::from(state == "computing");
+        }
+        *samples += 1;
+    };
+    while seen.len() < fleet.subs.len() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "not every sub showed {held:?} in 30 s: {seen:?}"
+        );
+        watch(&mut seen, &mut samples, &mut computing);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("after the pause, each sub first showed updates_disabled at: {seen:?}");
+    let trees: Vec<_> = fleet.subs.iter().map(|s| tree(&s.root)).collect();
+    let hold = Instant::now();
+    while hold.elapsed() < Duration::from_millis(POLL_MS * 15) {
+        watch(&mut seen, &mut samples, &mut computing);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "paused {:.1} s: {samples} census samples, {computing} sub-samples `computing` \
+         (held subs are re-planned every cycle)",
+        t.elapsed().as_secs_f64()
+    );
+    for (s, before) in fleet.subs.iter().zip(&trees) {
+        assert_same_tree(&s.root, before, "itself before the pause");
+    }
+    assert_eq!(std::fs::read(&drift).unwrap(), b"drifted\n");
+
+    fleet.api("POST", "/rpc/Dominator.Resume", None);
+    let t = Instant::now();
+    wait_long("convergence after resume", 120, || {
+        let c = fleet.census();
+        c[&fleet.subs[0].host].1 == "synced to minbase"
+            && fleet.subs[1..]
+                .iter()
+                .all(|s| c[&s.host].1 == "synced to minbase2")
+    });
+    println!("resumed: converged in {:.1} s", t.elapsed().as_secs_f64());
+    assert_ne!(std::fs::read(&drift).unwrap(), b"drifted\n");
+    let want = tree(&images_dir().join("minbase2"));
+    for s in &fleet.subs[1..] {
+        assert_same_tree(&s.root, &want, "minbase2");
+    }
+}
+
+#[test]
+fn kill9_of_the_appliance_during_an_update_ends_converged() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let m2 = images_dir().join("minbase2.tar");
+    let mut fleet = Fleet::start(
+        4,
+        &[("minbase2", &m2)],
+        "--scan-percent 100 --cpu-percent 100",
+    );
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+    fleet.require_image("minbase2");
+    wait_long("a fetch or an update on a subd", 60, || {
+        fleet.busy_on_subs().into_iter().any(|b| b)
+    });
+    let before = fleet.census();
+    fleet.app.kill9();
+    println!("killed the appliance with {before:?}");
+    let Fleet { app, link, .. } = &mut fleet;
+    app.restart(&link.server);
+    let took = fleet.wait_all("synced to minbase2", 240);
+    println!(
+        "after the restart every sub converged in {:.1} s",
+        took.as_secs_f64()
+    );
+    let want = tree(&images_dir().join("minbase2"));
+    for s in &fleet.subs {
+        assert_same_tree(&s.root, &want, "minbase2");
+    }
+}
