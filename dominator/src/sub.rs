@@ -279,6 +279,9 @@ pub struct Sub {
     preloaded: Option<String>,
     /// Cleanup done since the last sync.
     cleaned: bool,
+    /// What is wanted changed (or an operator cleared a hold) since the last plan: a held
+    /// sub is planned again even if its tree did not change.
+    replan: bool,
 }
 
 impl Default for Sub {
@@ -301,6 +304,7 @@ impl Sub {
             safety_cleared: false,
             preloaded: None,
             cleaned: false,
+            replan: false,
         }
     }
 
@@ -327,6 +331,17 @@ impl Sub {
     /// poll interval.
     pub fn desired_changed(&mut self, now_ms: u64) {
         self.next_at_ms = self.next_at_ms.min(now_ms);
+        self.replan = true;
+    }
+
+    /// Held by a pause or the safety rule, with nothing new to decide: its tree need not
+    /// travel again until it changes or what is wanted does.
+    fn held(&self) -> bool {
+        !self.replan
+            && matches!(
+                self.state,
+                SubState::UpdatesDisabled { .. } | SubState::UnsafeUpdate { .. }
+            )
     }
 
     fn backoff_ms(&self, p: &Policy) -> u64 {
@@ -410,6 +425,7 @@ impl Sub {
             }
             Event::ClearSafety => {
                 self.safety_cleared = true;
+                self.replan = true;
                 if matches!(self.state, SubState::UnsafeUpdate { .. }) {
                     self.next_at_ms = now_ms;
                 }
@@ -430,10 +446,10 @@ impl Sub {
         }
         // The tree is wanted whatever its generation when it will be planned against an
         // image it was not last planned against (the shell keeps no tree of a synced sub).
-        let have_generation = if self.synced_image.is_some()
+        let synced = self.synced_image.is_some()
             && self.synced_image == want.required_image
-            && matches!(self.state, SubState::Synced { .. })
-        {
+            && matches!(self.state, SubState::Synced { .. });
+        let have_generation = if synced || self.held() {
             self.generation
         } else {
             0
@@ -463,6 +479,9 @@ impl Sub {
             self.synced_image = None;
             return self.wait(now_ms, p);
         };
+        if a.generation == self.generation && self.held() {
+            return self.wait(now_ms, p);
+        }
         let unchanged = a.generation == self.generation
             && self.synced_image.as_deref() == Some(image.as_str())
             && matches!(self.state, SubState::Synced { .. });
@@ -486,6 +505,7 @@ impl Sub {
             return self.wait(now_ms, p);
         }
         self.generation = a.generation;
+        self.replan = false;
         self.state = SubState::Computing;
         self.start(Pending::Plan, Action::Plan { image })
     }
@@ -778,6 +798,36 @@ mod tests {
     }
 
     #[test]
+    fn a_held_sub_is_not_replanned_until_its_tree_or_what_is_wanted_changes() {
+        let paused = Desired {
+            paused: Some("freeze".into()),
+            ..want("m")
+        };
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &paused, 0, &P);
+        s.handle(answer(4, 1), &paused, 0, &P);
+        s.handle(Event::Planned(update_of("m", 1, 0, 0)), &paused, 0, &P);
+        assert_eq!(s.state().name(), "updates_disabled");
+        // Polled with its generation; unchanged, it stays held without a plan.
+        assert_eq!(s.handle(Event::Tick, &paused, 1_000, &P), poll(4));
+        assert_eq!(s.handle(answer(4, 2), &paused, 1_000, &P), Action::Wait);
+        assert_eq!(s.state().name(), "updates_disabled");
+        // Its tree changed: planned again.
+        s.handle(Event::Tick, &paused, 2_000, &P);
+        assert_eq!(s.handle(answer(5, 3), &paused, 2_000, &P), plan_a("m"));
+        s.handle(Event::Planned(update_of("m", 1, 0, 0)), &paused, 2_000, &P);
+        // Resumed: the tree is asked for and planned at once.
+        let resumed = want("m");
+        s.desired_changed(2_500);
+        assert_eq!(s.handle(Event::Tick, &resumed, 2_500, &P), poll(0));
+        assert_eq!(s.handle(answer(5, 4), &resumed, 2_500, &P), plan_a("m"));
+        assert_eq!(
+            s.handle(Event::Planned(update_of("m", 1, 0, 0)), &resumed, 2_500, &P),
+            Action::Update { image: "m".into() }
+        );
+    }
+
+    #[test]
     fn objects_that_do_not_fit_are_not_fetched() {
         let w = want("big");
         let mut s = Sub::new();
@@ -860,7 +910,8 @@ mod tests {
                 Action::Wait
             );
             assert_eq!(s.state().to_string(), text);
-            assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(0));
+            // Polls go on, with the generation planned (the tree travels only if it changed).
+            assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(1));
         }
         let w = want("gone");
         let mut s = Sub::new();
