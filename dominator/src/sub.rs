@@ -371,7 +371,7 @@ impl Sub {
     /// Feeds one event; answers what to do next.
     pub fn handle(&mut self, event: Event, want: &Desired, now_ms: u64, p: &Policy) -> Action {
         match event {
-            Event::Tick => self.tick(want, now_ms),
+            Event::Tick => self.tick(want, now_ms, p),
             Event::Polled(a) => {
                 self.pending = None;
                 self.polled(a, want, now_ms, p)
@@ -434,9 +434,16 @@ impl Sub {
         }
     }
 
-    fn tick(&mut self, want: &Desired, now_ms: u64) -> Action {
+    fn tick(&mut self, want: &Desired, now_ms: u64, p: &Policy) -> Action {
         if self.pending.is_some() || now_ms < self.next_at_ms {
             return Action::Wait;
+        }
+        if want.required_image.is_none() {
+            // Nothing to keep it on: not even polled (a machine enrolled but not yet
+            // given an image, whose subd may not run).
+            self.state = SubState::NoImage;
+            self.synced_image = None;
+            return self.wait(now_ms, p);
         }
         if matches!(
             self.state,
@@ -924,9 +931,12 @@ mod tests {
         );
         let mut s = Sub::new();
         let none = Desired::default();
-        s.handle(Event::Tick, &none, 0, &P);
-        assert_eq!(s.handle(answer(1, 1), &none, 0, &P), Action::Wait);
+        assert_eq!(s.handle(Event::Tick, &none, 0, &P), Action::Wait, "not polled");
         assert_eq!(s.state(), &SubState::NoImage);
+        assert_eq!(s.next_at_ms(), 1_000);
+        // Given an image, it is polled at once.
+        s.desired_changed(10);
+        assert_eq!(s.handle(Event::Tick, &want("m"), 10, &P), poll(0));
     }
 
     #[test]
