@@ -931,7 +931,11 @@ mod tests {
         );
         let mut s = Sub::new();
         let none = Desired::default();
-        assert_eq!(s.handle(Event::Tick, &none, 0, &P), Action::Wait, "not polled");
+        assert_eq!(
+            s.handle(Event::Tick, &none, 0, &P),
+            Action::Wait,
+            "not polled"
+        );
         assert_eq!(s.state(), &SubState::NoImage);
         assert_eq!(s.next_at_ms(), 1_000);
         // Given an image, it is polled at once.
