@@ -454,7 +454,7 @@ fn twenty_subs_converge_to_minbase2_with_at_most_n_updating() {
     let fleet = Fleet::start(20, &[("minbase2", &m2)], "");
     let t = Instant::now();
     fleet.require_image("minbase");
-    let d = fleet.wait_all("synced to minbase", 180);
+    let d = fleet.wait_all("synced to minbase", 360);
     println!("20 subs synced to minbase in {:.1} s", d.as_secs_f64());
 
     fleet.require_image("minbase2");
@@ -479,8 +479,8 @@ fn twenty_subs_converge_to_minbase2_with_at_most_n_updating() {
             break;
         }
         assert!(
-            t2.elapsed() < Duration::from_secs(300),
-            "not converged to minbase2 after 300 s: {census:#?}"
+            t2.elapsed() < Duration::from_secs(600),
+            "not converged to minbase2 after 600 s: {census:#?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -734,7 +734,7 @@ fn kill9_of_the_appliance_during_an_update_ends_converged() {
     println!("killed the appliance with {before:?}");
     let Fleet { app, link, .. } = &mut fleet;
     app.restart(&link.server);
-    let took = fleet.wait_all("synced to minbase2", 240);
+    let took = fleet.wait_all("synced to minbase2", 480);
     println!(
         "after the restart every sub converged in {:.1} s",
         took.as_secs_f64()
