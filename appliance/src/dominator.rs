@@ -300,32 +300,41 @@ async fn follow_specs(
     tx: watch::Sender<Vec<SubSpec>>,
 ) {
     loop {
-        match specs(&*store, &mdb, subd_port).await {
-            Ok(s) => {
-                tx.send_if_modified(|old| {
-                    let changed = *old != s;
-                    if changed {
-                        *old = s;
-                    }
-                    changed
-                });
-            }
-            Err(e) => tracing::warn!(error = %e, "dominator: cannot read the MDB and controls"),
-        }
-        // Any change under mdb/ or dominator/ rebuilds at once; else every 5 s.
-        let watches = (
+        // The watches start before the first read, so no change falls between the two;
+        // they are kept while they last (any change under mdb/ or dominator/ rebuilds at
+        // once; else every 5 s).
+        let (mut a, mut b) = match (
             store.watch("mdb/", 0).await,
             store.watch("dominator/", 0).await,
-        );
-        match watches {
-            (Ok(mut a), Ok(mut b)) => {
-                tokio::select! {
-                    _ = a.next() => {}
-                    _ = b.next() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "dominator: cannot watch the MDB; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
             }
-            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        };
+        loop {
+            match specs(&*store, &mdb, subd_port).await {
+                Ok(s) => {
+                    tx.send_if_modified(|old| {
+                        let changed = *old != s;
+                        if changed {
+                            *old = s;
+                        }
+                        changed
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "dominator: cannot read the MDB and controls"),
+            }
+            let ended = tokio::select! {
+                ev = a.next() => !matches!(ev, Some(Ok(_))),
+                ev = b.next() => !matches!(ev, Some(Ok(_))),
+                _ = tokio::time::sleep(Duration::from_secs(5)) => false,
+            };
+            if ended {
+                break;
+            }
         }
     }
 }

@@ -348,7 +348,6 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 );
                 let source = self.images.clone();
                 let polls = polls.clone();
-                let remember = tx.clone();
                 tokio::spawn(async move {
                     let _slot = polls.acquire_owned().await;
                     let required = match cached.0 {
@@ -375,8 +374,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     })
                     .await
                     .map_err(|e| RpcError(format!("planning: {e}")));
-                    let _ = remember
-                        .send((host, Outcome::Planned(computed.map(|c| Some(Box::new(c))))));
+                    let _ = tx.send((host, Outcome::Planned(computed.map(|c| Some(Box::new(c))))));
                 });
             }
             Action::Fetch { image: _, preload } => {
