@@ -8,6 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
+# A full build and the test images take about 20 GB; say so plainly rather than fail mid-link.
+need_gb=20
+free_gb=$(df --output=avail -BG . | tail -1 | tr -dc 0-9)
+if (( free_gb < need_gb )); then
+  echo "test.sh: only ${free_gb} GB free under $(pwd); the build and the tests need about ${need_gb} GB" >&2
+  echo "test.sh: (cargo clean in other checkouts of this project frees most of it)" >&2
+  exit 1
+fi
 scripts/build-ramdisk.sh   # the VM scenarios boot it
 scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
 cargo fmt --all -- --check
