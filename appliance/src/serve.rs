@@ -138,6 +138,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     );
     let images = paddock_imageserver::images::ImageServer::new(store.clone(), objects);
     let mdb = paddock_imageserver::mdb::MdbService::new(store.clone(), cfg.images.mdb_file.clone());
+    // Several hosts: each keeps every image's objects, fetched from the others, so any
+    // leader's image server serves every image.
+    let image_peers: Vec<String> = cfg
+        .discovery
+        .agent_urls
+        .iter()
+        .filter(|u| **u != cfg.public_url)
+        .cloned()
+        .collect();
+    if !image_peers.is_empty() {
+        let r = paddock_imageserver::replicate::Replicator::new(images.clone(), image_peers);
+        tokio::spawn(r.run(store.clone()));
+    }
     let mut observers: Vec<Arc<dyn paddock_inspector::service::NodeObserver>> = Vec::new();
     let filter = match &cfg.firewall {
         Some(fw) => {

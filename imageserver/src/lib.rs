@@ -1,9 +1,10 @@
 //! The image server: a content-addressed SHA-512 object store ([`objects`]), streaming tar
 //! ingest ([`ingest`]), the image index kept in the store ([`images`]), the MDB ([`mdb`]),
-//! and their HTTP routes ([`api`]).
+//! their HTTP routes ([`api`]), and replication of objects between hosts ([`replicate`]).
 
 pub mod api;
 pub mod images;
 pub mod ingest;
 pub mod mdb;
 pub mod objects;
+pub mod replicate;
