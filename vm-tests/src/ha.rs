@@ -51,6 +51,8 @@ pub struct HaLab {
     pub vms: Vec<Vm>,
     artifacts: Artifacts,
     keep: bool,
+    /// More configuration for every host (TOML sections, e.g. `[dominator]`).
+    pub extra_config: String,
 }
 
 fn ip_of(i: usize) -> String {
@@ -98,6 +100,7 @@ impl HaLab {
             vms: Vec::new(),
             artifacts: artifacts.clone(),
             keep: false,
+            extra_config: String::new(),
         };
         for i in 0..hosts {
             let ns = format!("{tag}-h{}", i + 1);
@@ -233,7 +236,7 @@ peers = [{peers}]
             name = h.name,
             endpoints = endpoints.join(", "),
             peers = peers.join(", "),
-        );
+        ) + &self.extra_config;
         let config = crate::appliance_config(
             &h.dir.join("data"),
             a,

@@ -95,14 +95,16 @@ fn tail(s: &str, n: usize) -> &str {
 
 pub use paddock_wire::unix_ms;
 
-fn sh(cmd: &str) -> anyhow::Result<Output> {
+/// Runs `cmd` with `sh -c` (test-made strings only), capturing its output.
+pub fn sh(cmd: &str) -> anyhow::Result<Output> {
     Command::new("sh")
         .args(["-c", cmd])
         .output()
         .with_context(|| format!("running {cmd}"))
 }
 
-fn sh_ok(cmd: &str) -> anyhow::Result<String> {
+/// [`sh`], failing with the output when `cmd` fails; its stdout.
+pub fn sh_ok(cmd: &str) -> anyhow::Result<String> {
     let out = sh(cmd)?;
     if !out.status.success() {
         bail!(

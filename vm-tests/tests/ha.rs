@@ -281,3 +281,271 @@ fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
         lab.logs()
     );
 }
+
+/// The images' filter and subd's exclusions.
+const FILTER: [&str; 3] = ["/tmp/.*", "/var/log/.*", "/var/tmp/.*"];
+
+fn images_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/images")
+}
+
+/// Regular files and symlinks under `root` (not the filtered paths nor `.subd`): path →
+/// (mode, contents or link target).
+fn files(root: &std::path::Path) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if rel == ".subd"
+                || ["tmp/", "var/log/", "var/tmp/"]
+                    .iter()
+                    .any(|f| rel.starts_with(f))
+            {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                todo.push(p);
+            } else if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.insert(rel, (m.mode(), t.display().to_string().into_bytes()));
+            } else if m.is_file() {
+                out.insert(rel, (m.mode(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// `paddock` on host `i`'s namespace against its API.
+fn cli(lab: &HaLab, i: usize, args: &str) -> String {
+    let out = paddock_vm_tests::sh(&format!(
+        "ip netns exec {} env PADDOCK_API={} {} {args}",
+        lab.hosts[i].ns,
+        lab.hosts[i].url(),
+        artifacts().paddock.display()
+    ))
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "paddock {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// hostname → summary, from host `i`'s dominator (empty unless it leads).
+fn census(lab: &HaLab, i: usize) -> std::collections::BTreeMap<String, String> {
+    let Ok((200, body)) = lab.api(i, "GET", "/rpc/Dominator.ListSubs", None) else {
+        return Default::default();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                s["hostname"].as_str().unwrap_or("").to_string(),
+                s["summary"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn wait_synced(lab: &HaLab, i: usize, subs: usize, image: &str, secs: u64) -> Duration {
+    let t = Instant::now();
+    let want = format!("synced to {image}");
+    loop {
+        let c = census(lab, i);
+        if c.len() == subs && c.values().all(|s| *s == want) {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "not every sub is {want:?} on h{} after {secs} s: {c:#?}\n{}",
+            i + 1,
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_dominator_carries_on_under_a_new_leader() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = images_dir();
+    assert!(
+        dir.join("minbase2.tar").exists(),
+        "{} is missing: run scripts/test-images.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    let subd = artifacts().paddock.with_file_name("paddock-subd");
+    assert!(
+        subd.exists(),
+        "{} (cargo build -p paddock-subd)",
+        subd.display()
+    );
+    let mut lab = HaLab::start("dom", &artifacts(), 3).expect("HA lab");
+    lab.extra_config =
+        "[dominator]\npoll_interval_ms = 200\nmax_updates = 2\nfetch_speed_percent = 100\n".into();
+    for i in 0..3 {
+        lab.start_appliance(i).expect("appliance");
+    }
+    let leader = lab
+        .wait_leader(Duration::from_secs(20), None)
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+
+    // Both images are added through a follower: the objects land on that host only, and
+    // replication must bring them to the others.
+    let via = (leader + 1) % 3;
+    let filter = lab.dir.join("filter");
+    std::fs::write(&filter, FILTER.join("\n") + "\n").unwrap();
+    for name in ["minbase", "minbase2"] {
+        cli(
+            &lab,
+            via,
+            &format!(
+                "image add {name} {} --filter {}",
+                dir.join(format!("{name}.tar")).display(),
+                filter.display()
+            ),
+        );
+    }
+    let t = Instant::now();
+    for i in 0..3 {
+        loop {
+            let (s, body) = lab
+                .api(i, "GET", "/rpc/ImageServer.ShowImage?name=minbase2", None)
+                .unwrap_or((0, String::new()));
+            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            if s == 200 && v["missing_objects"] == 0 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "minbase2 not replicated to h{}: {s} {body}\n{}",
+                i + 1,
+                lab.logs()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    println!(
+        "ha: both images complete on every host {:.1} s after they were added on h{}",
+        t.elapsed().as_secs_f64(),
+        via + 1
+    );
+
+    // Two subds in the fabric, on copies of minbase under /dev/shm, linked at 500 kB/s so
+    // that fetching minbase2's new objects takes long enough to kill the leader during it.
+    let roots = std::path::Path::new("/dev/shm").join(format!("paddock-ha-{}", lab.net));
+    std::fs::create_dir_all(&roots).unwrap();
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(roots.clone());
+    let subs: Vec<(String, String)> = (0..2)
+        .map(|i| (format!("sub{i}"), format!("198.18.0.{}", 3 + i)))
+        .collect();
+    for (host, ip) in &subs {
+        let root = roots.join(host);
+        paddock_vm_tests::sh_ok(&format!(
+            "cp -a {} {} && ip -n {net} addr add {ip}/24 dev br0",
+            dir.join("minbase").display(),
+            root.display(),
+            net = lab.net
+        ))
+        .unwrap();
+        let excludes: String = FILTER.iter().map(|f| format!(" --exclude '{f}'")).collect();
+        let log = lab.dir.join(format!("{host}.log"));
+        paddock_vm_tests::sh_ok(&format!(
+            "ip netns exec {net} env PADDOCK_LOG=info {subd} --insecure --root {root} \
+             --listen {ip}:6969 --trigger-command /bin/true --reboot-command /bin/true \
+             --device-speed 1073741824 --link-speed 500000 --min-cycle-ms 100 \
+             --scan-percent 100 --cpu-percent 100{excludes} >{log} 2>&1 &",
+            net = lab.net,
+            subd = subd.display(),
+            root = root.display(),
+            log = log.display()
+        ))
+        .unwrap();
+    }
+    let set = |image: &str| {
+        for (host, ip) in &subs {
+            let body = json!({"Hostname": host, "IpAddress": ip, "RequiredImage": image});
+            let v = lab
+                .api_json_any("POST", "/rpc/Mdb.SetMachine", Some(&body.to_string()))
+                .unwrap();
+            assert!(v.is_object() || v.is_null(), "{v}");
+        }
+    };
+    set("minbase");
+    let took = wait_synced(&lab, leader, 2, "minbase", 180);
+    println!(
+        "ha: 2 subs synced to minbase under h{} in {:.1} s",
+        leader + 1,
+        took.as_secs_f64()
+    );
+
+    set("minbase2");
+    let t = Instant::now();
+    loop {
+        let fetching = subs.iter().any(|(_, ip)| {
+            let (_, body) = lab.client(
+                &format!("http://{ip}:6969/rpc/Subd.Poll"),
+                "POST",
+                Some(r#"{"have_generation": 0, "short_poll_only": true}"#),
+            );
+            serde_json::from_str::<Value>(&body).is_ok_and(|v| v["fetch_in_progress"] == true)
+        });
+        if fetching {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no sub ever fetched minbase2: {:#?}\n{}",
+            census(&lab, leader),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = census(&lab, leader);
+    let t = Instant::now();
+    lab.kill_appliance(leader);
+    let next = lab
+        .wait_leader(Duration::from_secs(15), Some(leader))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    println!(
+        "ha: h{} killed during a fetch ({before:?}); h{} leads after {:.2} s",
+        leader + 1,
+        next + 1,
+        t.elapsed().as_secs_f64()
+    );
+    let took = wait_synced(&lab, next, 2, "minbase2", 480);
+    println!(
+        "ha: under h{} both subs synced to minbase2 {:.1} s after the kill",
+        next + 1,
+        t.elapsed().as_secs_f64().max(took.as_secs_f64())
+    );
+    let want = files(&dir.join("minbase2"));
+    assert!(want.len() > 3000, "{}", want.len());
+    for (host, _) in &subs {
+        let got = files(&roots.join(host));
+        let differ: Vec<&String> = want
+            .keys()
+            .chain(got.keys())
+            .filter(|k| want.get(*k) != got.get(*k))
+            .take(5)
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{host} differs from minbase2: {differ:?}"
+        );
+    }
+}
