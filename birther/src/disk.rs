@@ -1,9 +1,9 @@
-//! Which disk the image goes on: the node's root device hints, evaluated by the inspector's
-//! own `root_disk_selection` hook (so inspection and birth can never disagree), then checked
-//! against what the image needs.
+//! Which disk the image goes on: the node's root device hints, evaluated by
+//! `paddock_inventory::hints` as the inspector's `root_disk_selection` hook does (so inspection
+//! and birth can never disagree), then checked against what the image needs.
 
-use paddock_inspector::hooks::{self, HookError};
-use paddock_inventory::{Disk, IntrospectionData, Inventory};
+use paddock_inventory::hints::{default_root_disk, disk_matching};
+use paddock_inventory::{Disk, Inventory};
 use serde_json::Value;
 
 use crate::layout::{self, MIB};
@@ -55,17 +55,20 @@ pub fn choose_root_disk(
         return Err(DiskChoiceError::NoDisk);
     }
     // The posted root_disk (the ramdisk's own guess) has no say here: hints or the default rule.
-    let chosen = hooks::root_disk_selection(&IntrospectionData::default(), inventory, hints)
-        .map_err(|e| match e {
-            HookError::NoDiskMatches(hints) => DiskChoiceError::NoDiskMatches {
-                hints,
+    let disk = match hints.and_then(Value::as_object).filter(|h| !h.is_empty()) {
+        Some(h) => {
+            disk_matching(&inventory.disks, h).ok_or_else(|| DiskChoiceError::NoDiskMatches {
+                hints: Value::Object(h.clone()),
                 disks: list(&inventory.disks),
-            },
-            _ => DiskChoiceError::NoDisk,
-        })?;
-    let disk = chosen.ok_or_else(|| DiskChoiceError::NoDefaultDisk {
-        disks: list(&inventory.disks),
-    })?;
+            })?
+        }
+        None => {
+            default_root_disk(&inventory.disks).ok_or_else(|| DiskChoiceError::NoDefaultDisk {
+                disks: list(&inventory.disks),
+            })?
+        }
+    }
+    .clone();
     let logical = disk
         .logical_sectors
         .and_then(|s| u32::try_from(s).ok())

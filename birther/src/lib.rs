@@ -57,11 +57,9 @@
 //!
 //! # Dependencies
 //!
-//! Root device hints are evaluated by `paddock_inspector::hooks::root_disk_selection`, so
-//! inspection and birth cannot disagree about the disk. That function is pure, but its crate
-//! is the inspector service (axum, tokio, the store); the agent that links this crate builds
-//! them too. Moving the hint matching into `paddock-inventory` would leave this crate on
-//! pure dependencies only.
+//! Pure ones only (the agent links this crate): root device hints are evaluated by
+//! `paddock_inventory::hints`, the same code the inspector's `root_disk_selection` hook
+//! uses, so inspection and birth cannot disagree about the disk.
 
 #[cfg(test)]
 mod table;

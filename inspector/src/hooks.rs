@@ -112,43 +112,6 @@ pub fn validate_interfaces(
     })
 }
 
-/// A root device hint value: exact, or with an operator (`">= 100"`, `"s== abc"`).
-fn hint_matches(hint: &Value, actual: &Value) -> bool {
-    match hint {
-        Value::String(s) => {
-            let s = s.trim();
-            for op in ["s==", "s!=", ">=", "<=", "==", "!=", ">", "<"] {
-                if let Some(rest) = s.strip_prefix(op) {
-                    let rest = rest.trim();
-                    if let (Ok(want), Some(have)) = (rest.parse::<f64>(), actual.as_f64()) {
-                        return match op {
-                            ">=" => have >= want,
-                            "<=" => have <= want,
-                            ">" => have > want,
-                            "<" => have < want,
-                            "!=" => have != want,
-                            _ => have == want,
-                        };
-                    }
-                    let have = actual.as_str().unwrap_or_default();
-                    return if op.contains('!') {
-                        have != rest
-                    } else {
-                        have == rest
-                    };
-                }
-            }
-            match actual {
-                Value::String(a) => a == s,
-                Value::Number(n) => s.parse::<f64>().ok() == n.as_f64(),
-                Value::Bool(b) => s.parse::<bool>().ok() == Some(*b),
-                _ => false,
-            }
-        }
-        other => other == actual,
-    }
-}
-
 /// `root_disk_selection`: the disk matching the node's `root_device` hints, or (no hints) the
 /// ramdisk's choice, or the smallest disk of at least 4 GiB.
 pub fn root_disk_selection(
@@ -160,34 +123,12 @@ pub fn root_disk_selection(
         if let Some(d) = &data.root_disk {
             return Ok(Some(d.clone()));
         }
-        return Ok(inv
-            .disks
-            .iter()
-            .filter(|d| d.size >= 4 * GIB)
-            .min_by_key(|d| (d.size, d.name.clone()))
-            .cloned());
+        return Ok(paddock_inventory::hints::default_root_disk(&inv.disks).cloned());
     };
     if inv.disks.is_empty() {
         return Err(HookError::NoDisks);
     }
-    let found = inv.disks.iter().find(|d| {
-        hints.iter().all(|(k, want)| {
-            let have = match k.as_str() {
-                "size" => json!(d.size / GIB),
-                "name" => json!(d.name),
-                "model" => json!(d.model),
-                "vendor" => json!(d.vendor),
-                "serial" => json!(d.serial),
-                "wwn" => json!(d.wwn),
-                "rotational" => json!(d.rotational),
-                "by_path" => json!(d.by_path),
-                "hctl" => json!(d.hctl),
-                _ => return false,
-            };
-            hint_matches(want, &have)
-        })
-    });
-    found
+    paddock_inventory::hints::disk_matching(&inv.disks, hints)
         .cloned()
         .map(Some)
         .ok_or_else(|| HookError::NoDiskMatches(Value::Object(hints.clone())))

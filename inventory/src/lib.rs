@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub mod hints;
 pub mod lenient;
 pub mod mac;
 
