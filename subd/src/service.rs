@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fetch::{self, FetchStats};
 use crate::lock::{ClientLock, LockState, Locked};
-use crate::scan::{OBJECTS_DIR, SUBD_DIR};
+use crate::scan::{OBJECTS_DIR, SUBD_DIR, Scan};
 use crate::scanner::{
     DEFAULT_CPU_PERCENT, DEFAULT_IO_PERCENT, Scanner, ScannerConfig, ScannerHandle,
 };
@@ -426,6 +426,22 @@ impl Subd {
     }
 
     pub fn poll(&self, client: &str, req: &PollRequest) -> Result<PollResponse, SubdError> {
+        let (mut r, scan) = self.poll_status(client, req)?;
+        if let Some(scan) = scan {
+            r.file_system = Some(scan.fs.clone());
+            r.object_cache = Some(scan.objects.clone());
+        }
+        Ok(r)
+    }
+
+    /// [`Subd::poll`] without copying the tree: the answer's status (`file_system_follows`
+    /// set, `file_system` and `object_cache` left out) and, when the tree follows, the scan
+    /// it comes from (shared, for an encoder that writes it from there).
+    pub fn poll_status(
+        &self,
+        client: &str,
+        req: &PollRequest,
+    ) -> Result<(PollResponse, Option<Arc<Scan>>), SubdError> {
         let now = self.clock();
         let handle = self.scanner.handle();
         let latest = handle.latest();
@@ -460,15 +476,15 @@ impl Subd {
         r.free_space = nix::sys::statvfs::statvfs(&self.root)
             .ok()
             .map(|s| s.blocks_available() * s.fragment_size());
+        let mut follows = None;
         if let Some((generation, scan)) = latest {
             r.generation = generation;
             if !req.short_poll_only && req.have_generation != generation {
                 r.file_system_follows = true;
-                r.file_system = Some(scan.fs.clone());
-                r.object_cache = Some(scan.objects.clone());
+                follows = Some(scan);
             }
         }
-        Ok(r)
+        Ok((r, follows))
     }
 
     /// Fetches objects into the cache (in the background when `wait` is false).
