@@ -390,7 +390,7 @@ fn the_dominator_carries_on_under_a_new_leader() {
     );
     let mut lab = HaLab::start("dom", &artifacts(), 3).expect("HA lab");
     lab.extra_config =
-        "[dominator]\npoll_interval_ms = 200\nmax_updates = 2\nfetch_speed_percent = 100\n".into();
+        "[dominator]\npoll_interval_ms = 200\nmax_updates = 2\nfetch_speed_percent = 99\n".into();
     for i in 0..3 {
         lab.start_appliance(i).expect("appliance");
     }
@@ -439,8 +439,9 @@ fn the_dominator_carries_on_under_a_new_leader() {
         via + 1
     );
 
-    // Two subds in the fabric, on copies of minbase under /dev/shm, linked at 500 kB/s so
-    // that fetching minbase2's new objects takes long enough to kill the leader during it.
+    // Two subds in the fabric, on copies of minbase under /dev/shm, "linked" at 500 kB/s and
+    // fetching at 99 % of that (100 % means unlimited): minbase2's 15 MB of new objects take
+    // about 30 s, long enough to kill the leader during the fetch.
     let roots = std::path::Path::new("/dev/shm").join(format!("paddock-ha-{}", lab.net));
     std::fs::create_dir_all(&roots).unwrap();
     struct Gone(std::path::PathBuf);
