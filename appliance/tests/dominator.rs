@@ -3,8 +3,8 @@
 //! served by its own subd on a loopback address of the appliance's namespace
 //! (`127.0.0.<n>:6969`). The fleet converges to a new image with at most `max_updates`
 //! fetching or updating at once, drift is undone, an unsafe image is held until cleared,
-//! a pause holds every update, and a `kill -9` of the appliance mid-update still ends
-//! converged.
+//! a pause holds every update, and a `kill -9` of the appliance mid-update, or of a subd
+//! mid-fetch, still ends converged.
 //!
 //! Sub roots live under `/dev/shm` (tmpfs): twenty copies of minbase take about 9 s there
 //! and 30 s on the disk. The tests run one at a time (each starts its own fleet).
@@ -146,12 +146,20 @@ impl Fleet {
         };
         let _ = std::fs::remove_dir_all(&roots);
         std::fs::create_dir_all(&roots).unwrap();
+        // 100 % means unlimited; a test that slows the subds' link (`--link-speed`) wants
+        // its fetches paced to it.
+        let fetch_percent = if subd_args.contains("--link-speed") {
+            99
+        } else {
+            100
+        };
         let config = base_config(
             &link,
             &scratch,
             &format!(
                 "[tftp]\nenabled = false\n[dominator]\nsubd_port = 6969\nmax_updates = \
-                 {MAX_UPDATES}\npoll_interval_ms = {POLL_MS}\nfetch_speed_percent = 100\n"
+                 {MAX_UPDATES}\npoll_interval_ms = {POLL_MS}\nfetch_speed_percent = \
+                 {fetch_percent}\n"
             ),
         );
         let app = Appliance::start(&link.server, &scratch, &config);
@@ -205,10 +213,16 @@ impl Fleet {
 
     fn start_subd(&mut self, i: usize, bin: &Path, extra: &str) {
         let s = &self.subs[i];
+        // A test may slow the link (`--link-speed` in `extra`) to catch a fetch running.
+        let link = if extra.contains("--link-speed") {
+            ""
+        } else {
+            "--link-speed 1073741824"
+        };
         let cmd = format!(
             "env PADDOCK_LOG=info {} --insecure --root {} --listen {}:6969 \
              --trigger-command /bin/true --reboot-command /bin/true \
-             --device-speed 1073741824 --link-speed 1073741824 --min-cycle-ms 100 {extra}",
+             --device-speed 1073741824 {link} --min-cycle-ms 100 {extra}",
             bin.display(),
             s.root.display(),
             s.ip
@@ -743,4 +757,72 @@ fn kill9_of_the_appliance_during_an_update_ends_converged() {
     for s in &fleet.subs {
         assert_same_tree(&s.root, &want, "minbase2");
     }
+}
+
+#[test]
+fn kill9_of_a_subd_during_a_fetch_ends_converged() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let m2 = images_dir().join("minbase2.tar");
+    // 500 kB/s, fetched at 99 % of it: minbase2's 15 MB of new objects take about 30 s.
+    let args = "--scan-percent 100 --cpu-percent 100 --link-speed 500000";
+    let mut fleet = Fleet::start(2, &[("minbase2", &m2)], args);
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+    fleet.require_image("minbase2");
+    let victim = fleet.subs[0].ip.clone();
+    let ns = fleet.ns().to_string();
+    wait_long("a fetch running on sub00", 120, || {
+        let body = json!({"have_generation": 0, "short_poll_only": true});
+        let url = format!("http://{victim}:6969/rpc/Subd.Poll");
+        let (_, v) = call(&ns, "POST", &url, Some(body));
+        v["fetch_in_progress"] == true
+    });
+    let mut child = fleet.subs[0].child.take().expect("sub00 runs");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    println!(
+        "killed sub00's subd mid-fetch; census: {:?}",
+        fleet.census().get("sub00")
+    );
+    // The dead sub shows as unreachable; the other goes on.
+    wait_long("sub00 unreachable in ListSubs", 60, || {
+        fleet.census()["sub00"].0 == "unreachable"
+    });
+    let bin = subd_bin();
+    fleet.start_subd(0, &bin, args);
+    let took = fleet.wait_all("synced to minbase2", 480);
+    println!(
+        "after subd's restart both subs converged in {:.1} s",
+        took.as_secs_f64()
+    );
+    // The half-fetched object was never renamed into the cache, and the restart removed it.
+    let objects = fleet.subs[0].root.join(".subd/objects");
+    let leftovers: Vec<String> = walk(&objects)
+        .into_iter()
+        .filter(|p| p.ends_with('~'))
+        .collect();
+    assert!(leftovers.is_empty(), "partial objects left: {leftovers:?}");
+    let want = tree(&images_dir().join("minbase2"));
+    for s in &fleet.subs {
+        assert_same_tree(&s.root, &want, "minbase2");
+    }
+}
+
+/// Every path under `dir`, recursively (empty when it does not exist).
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p.clone());
+            }
+            out.push(p.display().to_string());
+        }
+    }
+    out
 }
