@@ -4,20 +4,27 @@
 //! slow or dead sub never holds up another.
 //!
 //! Memory: a sub's tree is held only between the poll that brought it and the plan that
-//! used it; a synced sub keeps its state machine and a few numbers. Images are shared
-//! between subs by name ([`ImageSource`] is asked once per image).
+//! uses it, and it holds one of a few tree slots (four per CPU) from before its answer is
+//! read until it is planned, so the trees in memory stay few however many polls run and
+//! however far planning falls behind (each is a few MB read, decoded and planned; many at
+//! once only grow the allocator's heap, which keeps what it grew to). Plans do not wait
+//! for poll slots: they run as soon as their tree is in, as many at a time as there are
+//! CPUs. A synced sub keeps its state machine, its spec and, until sent, the objects to
+//! clean up or preload. Images are fetched once per name ([`ImageSource`] is asked once,
+//! concurrent plans wait for that one answer) and prepared once ([`PreparedImage`]),
+//! shared by every sub on them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, ObjectId, UpdateRequest};
 use paddock_subd::service::{FetchRequest, PollRequest, PollResponse};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
-use crate::compute::{Computed, compute};
+use crate::compute::{Computed, PreparedImage, compute};
 use crate::sub::{Action, Desired, Event, Policy, PollAnswer, Sub, SubState};
 
 /// A failed RPC, as the sub's state will show it.
@@ -25,11 +32,37 @@ use crate::sub::{Action, Desired, Event, Policy, PollAnswer, Sub, SubState};
 #[error("{0}")]
 pub struct RpcError(pub String);
 
+/// A poll's answer, with the tree slot its tree holds (see [`SubRpc::poll_gated`]).
+pub struct Polled {
+    pub answer: PollResponse,
+    /// Taken when a tree came; held until the tree is planned.
+    pub tree_slot: Option<OwnedSemaphorePermit>,
+}
+
 /// subd's RPC, as the herd uses it (HTTP in the appliance; a simulator in tests and the
 /// bench).
 #[async_trait]
 pub trait SubRpc: Send + Sync + 'static {
     async fn poll(&self, address: &str, req: PollRequest) -> Result<PollResponse, RpcError>;
+
+    /// [`SubRpc::poll`], where an answer that brings a tree takes a slot of `trees` first:
+    /// an implementation that can tell a tree is coming before reading it (an HTTP answer's
+    /// length) waits for the slot before reading, so trees read and decoded but not yet
+    /// planned stay within `trees` however many polls run. This one polls, then waits.
+    async fn poll_gated(
+        &self,
+        address: &str,
+        req: PollRequest,
+        trees: &Arc<Semaphore>,
+    ) -> Result<Polled, RpcError> {
+        let answer = self.poll(address, req).await?;
+        let tree_slot = match answer.file_system {
+            Some(_) => trees.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        Ok(Polled { answer, tree_slot })
+    }
+
     async fn fetch(&self, address: &str, req: FetchRequest) -> Result<(), RpcError>;
     async fn update(&self, address: &str, req: UpdateRequest) -> Result<(), RpcError>;
     async fn cleanup(&self, address: &str, objects: Vec<ObjectId>) -> Result<(), RpcError>;
@@ -41,6 +74,9 @@ pub trait ImageSource: Send + Sync + 'static {
     /// `Ok(None)`: no such image.
     async fn image(&self, name: &str) -> Result<Option<Arc<Image>>, RpcError>;
 }
+
+/// Trees read but not yet planned, per CPU (see the module's note on memory).
+const TREES_PER_CPU: usize = 4;
 
 /// One machine the herd keeps: where its subd answers and what is wanted of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +129,11 @@ pub struct SubStatus {
 
 /// What a finished RPC brought back.
 enum Outcome {
-    Polled(Result<Box<PollResponse>, RpcError>),
+    /// The answer, and the tree slot when a tree came with it.
+    Polled(
+        Result<Box<PollResponse>, RpcError>,
+        Option<OwnedSemaphorePermit>,
+    ),
     Planned(Result<Option<Box<Computed>>, RpcError>),
     Fetched(Result<(), RpcError>),
     Updated(Result<(), RpcError>),
@@ -103,10 +143,72 @@ enum Outcome {
 struct Slot {
     spec: SubSpec,
     sub: Sub,
-    /// The tree and cache from the last poll that brought them, until planned.
-    tree: Option<Arc<(FileSystem, BTreeSet<ObjectId>)>>,
-    free_bytes: Option<u64>,
+    /// What the last plan said to send, until sent (the update, the objects to fetch,
+    /// preload or clean up); none for a synced sub with nothing to send.
     computed: Option<Box<Computed>>,
+}
+
+/// A tree a poll brought, on its way to its plan, with its tree slot.
+struct Tree {
+    fs: FileSystem,
+    cache: BTreeSet<ObjectId>,
+    free_bytes: Option<u64>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// Images by name, each fetched and prepared once and shared by every plan against it
+/// (images are immutable: a name is used once). A missing image or a failure is not
+/// remembered: the next plan asks again.
+#[derive(Default)]
+struct Images {
+    cells: Mutex<HashMap<String, Arc<OnceCell<Arc<PreparedImage>>>>>,
+}
+
+impl Images {
+    /// `Err(None)`: no such image.
+    async fn get<I: ImageSource>(
+        &self,
+        name: &str,
+        source: &I,
+    ) -> Result<Arc<PreparedImage>, Option<RpcError>> {
+        let cell = self
+            .cells
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| async {
+            match source.image(name).await {
+                Ok(Some(image)) => tokio::task::spawn_blocking(move || PreparedImage::new(image))
+                    .await
+                    .map(Arc::new)
+                    .map_err(|e| Some(RpcError(format!("preparing image {name}: {e}")))),
+                Ok(None) => Err(None),
+                Err(e) => Err(Some(e)),
+            }
+        })
+        .await
+        .cloned()
+    }
+
+    /// Forgets every image no sub wants.
+    fn retain(&self, wanted: &BTreeSet<String>) {
+        self.cells
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|name, _| wanted.contains(name));
+    }
+}
+
+/// What the RPC and plan tasks share with the herd's loop.
+struct Tasks {
+    polls: Arc<Semaphore>,
+    trees: Arc<Semaphore>,
+    updates: Arc<Semaphore>,
+    plans: Arc<Semaphore>,
+    images: Arc<Images>,
+    tx: mpsc::UnboundedSender<(String, Outcome)>,
 }
 
 /// The herd's shared view, for the API and metrics.
@@ -160,11 +262,17 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         mut stop: watch::Receiver<bool>,
         now_ms: impl Fn() -> u64 + Send + 'static,
     ) {
-        let polls = Arc::new(Semaphore::new(self.limits.poll_slots.max(1)));
-        let updates = Arc::new(Semaphore::new(self.limits.update_slots.max(1)));
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, Outcome)>();
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let tasks = Tasks {
+            polls: Arc::new(Semaphore::new(self.limits.poll_slots.max(1))),
+            trees: Arc::new(Semaphore::new(TREES_PER_CPU * cpus)),
+            updates: Arc::new(Semaphore::new(self.limits.update_slots.max(1))),
+            plans: Arc::new(Semaphore::new(cpus)),
+            images: Arc::new(Images::default()),
+            tx,
+        };
         let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
-        let mut images: HashMap<String, Arc<Image>> = HashMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut specs_changed = true;
@@ -197,8 +305,6 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                 Slot {
                                     spec,
                                     sub: Sub::new(),
-                                    tree: None,
-                                    free_bytes: None,
                                     computed: None,
                                 },
                             );
@@ -216,7 +322,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .flatten()
                     .cloned()
                     .collect();
-                images.retain(|name, _| wanted.contains(name));
+                tasks.images.retain(&wanted);
                 self.publish_all(&slots);
             }
             tokio::select! {
@@ -234,9 +340,12 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 Some((host, outcome)) = rx.recv() => {
                     let now = now_ms();
                     let Some(slot) = slots.get_mut(&host) else { continue };
-                    let event = self.absorb(slot, outcome);
+                    let mut tree = None;
+                    let event = Self::absorb(slot, outcome, &mut tree);
                     let action = slot.sub.handle(event, &slot.spec.desired, now, &self.policy);
-                    self.dispatch(&host, slot, action, &mut images, &polls, &updates, &tx);
+                    // The tree goes to the plan, if the sub wants one now; else it is
+                    // dropped here (the next poll asks for it again).
+                    self.dispatch(&host, slot, action, tree, &tasks);
                     self.publish(slot);
                 }
                 _ = tick.tick() => {
@@ -246,7 +355,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                             continue;
                         }
                         let action = slot.sub.handle(Event::Tick, &slot.spec.desired, now, &self.policy);
-                        self.dispatch(host, slot, action, &mut images, &polls, &updates, &tx);
+                        self.dispatch(host, slot, action, None, &tasks);
                         self.publish(slot);
                     }
                 }
@@ -255,28 +364,39 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     }
 
     /// Turns an RPC's outcome into the state machine's event, keeping what later steps
-    /// need (the tree until planned, the computed update until sent).
-    fn absorb(&self, slot: &mut Slot, outcome: Outcome) -> Event {
+    /// need: a tree that came with a poll goes to `tree`, the computed update is kept
+    /// until sent.
+    fn absorb(slot: &mut Slot, outcome: Outcome, tree: &mut Option<Tree>) -> Event {
         match outcome {
-            Outcome::Polled(Ok(r)) => {
+            Outcome::Polled(Ok(r), permit) => {
                 let r = *r;
                 if let (Some(fs), Some(cache)) = (r.file_system, r.object_cache) {
-                    slot.tree = Some(Arc::new((fs, cache)));
+                    *tree = Some(Tree {
+                        fs,
+                        cache,
+                        free_bytes: r.free_space,
+                        _slot: permit,
+                    });
                 }
-                slot.free_bytes = r.free_space;
                 Event::Polled(PollAnswer {
                     generation: r.generation,
                     scan_count: r.scan_count,
                     busy: r.fetch_in_progress || r.update_in_progress || r.cleanup_in_progress,
                 })
             }
-            Outcome::Polled(Err(e)) => Event::PollFailed(e.0),
-            Outcome::Planned(Ok(Some(c))) => {
+            Outcome::Polled(Err(e), _) => Event::PollFailed(e.0),
+            Outcome::Planned(Ok(Some(mut c))) => {
                 let summary = c.summary.clone();
-                slot.computed = Some(c);
                 if summary.empty {
-                    // Synced subs keep no tree.
-                    slot.tree = None;
+                    // A synced sub keeps only what it may still send: the objects to clean
+                    // up and to preload.
+                    c.request = UpdateRequest::default();
+                    c.fetch = Vec::new();
+                    c.unused.shrink_to_fit();
+                    c.preload.shrink_to_fit();
+                    slot.computed = (!c.unused.is_empty() || !c.preload.is_empty()).then_some(c);
+                } else {
+                    slot.computed = Some(c);
                 }
                 Event::Planned(summary)
             }
@@ -284,52 +404,67 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 Event::ImageMissing(slot.spec.desired.required_image.clone().unwrap_or_default())
             }
             Outcome::Planned(Err(e)) => Event::PlanFailed(e.0),
-            Outcome::Fetched(Ok(())) => Event::Fetched,
+            Outcome::Fetched(Ok(())) => {
+                // Fetched (the update is planned again from a later scan) or preloaded.
+                if let Some(c) = &mut slot.computed {
+                    c.fetch = Vec::new();
+                    c.preload = Vec::new();
+                }
+                slot.computed = slot.computed.take().filter(|c| !c.unused.is_empty());
+                Event::Fetched
+            }
             Outcome::Fetched(Err(e)) => Event::FetchFailed(e.0),
             Outcome::Updated(Ok(())) => {
                 slot.computed = None;
-                slot.tree = None;
                 Event::Updated
             }
             Outcome::Updated(Err(e)) => Event::UpdateFailed(e.0),
-            Outcome::CleanedUp(Ok(())) => Event::CleanedUp,
+            Outcome::CleanedUp(Ok(())) => {
+                if let Some(c) = &mut slot.computed {
+                    c.unused = Vec::new();
+                }
+                slot.computed = slot.computed.take().filter(|c| !c.preload.is_empty());
+                Event::CleanedUp
+            }
             Outcome::CleanedUp(Err(e)) => Event::CleanupFailed(e.0),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
         host: &str,
         slot: &mut Slot,
         action: Action,
-        images: &mut HashMap<String, Arc<Image>>,
-        polls: &Arc<Semaphore>,
-        updates: &Arc<Semaphore>,
-        tx: &mpsc::UnboundedSender<(String, Outcome)>,
+        tree: Option<Tree>,
+        tasks: &Tasks,
     ) {
         let (host, address, rpc, tx) = (
             host.to_string(),
             slot.spec.address.clone(),
             self.rpc.clone(),
-            tx.clone(),
+            tasks.tx.clone(),
         );
         match action {
             Action::Wait => {}
             Action::Poll { have_generation } => {
-                let polls = polls.clone();
+                let (polls, trees) = (tasks.polls.clone(), tasks.trees.clone());
                 tokio::spawn(async move {
-                    let _slot = polls.acquire_owned().await;
+                    let Ok(_slot) = polls.acquire_owned().await else {
+                        return;
+                    };
                     let req = PollRequest {
                         have_generation,
                         ..PollRequest::default()
                     };
-                    let r = rpc.poll(&address, req).await;
-                    let _ = tx.send((host, Outcome::Polled(r.map(Box::new))));
+                    let outcome = match rpc.poll_gated(&address, req, &trees).await {
+                        Ok(p) => Outcome::Polled(Ok(Box::new(p.answer)), p.tree_slot),
+                        Err(e) => Outcome::Polled(Err(e), None),
+                    };
+                    let _ = tx.send((host, outcome));
                 });
             }
             Action::Plan { image } => {
-                let Some(tree) = slot.tree.clone() else {
+                let Some(tree) = tree else {
                     // The poll said nothing changed but the machine wants a plan: ask for
                     // the tree again.
                     let _ = tx.send((
@@ -341,36 +476,37 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     return;
                 };
                 let planned = slot.spec.desired.planned_image.clone();
-                let free = slot.free_bytes;
-                let cached = (
-                    images.get(&image).cloned(),
-                    planned.as_ref().and_then(|p| images.get(p).cloned()),
+                let (source, images, plans) = (
+                    self.images.clone(),
+                    tasks.images.clone(),
+                    tasks.plans.clone(),
                 );
-                let source = self.images.clone();
-                let polls = polls.clone();
                 tokio::spawn(async move {
-                    let _slot = polls.acquire_owned().await;
-                    let required = match cached.0 {
-                        Some(i) => Some(i),
-                        None => match source.image(&image).await {
-                            Ok(i) => i,
-                            Err(e) => {
-                                let _ = tx.send((host, Outcome::Planned(Err(e))));
-                                return;
-                            }
-                        },
+                    let required = match images.get(&image, &*source).await {
+                        Ok(i) => i,
+                        Err(e) => {
+                            let _ = tx.send((host, Outcome::Planned(e.map_or(Ok(None), Err))));
+                            return;
+                        }
                     };
-                    let Some(required) = required else {
-                        let _ = tx.send((host, Outcome::Planned(Ok(None))));
+                    let planned = match planned {
+                        Some(name) => images.get(&name, &*source).await.ok(),
+                        None => None,
+                    };
+                    let Ok(_cpu) = plans.acquire_owned().await else {
                         return;
                     };
-                    let planned = match (cached.1, planned) {
-                        (Some(p), _) => Some(p),
-                        (None, Some(name)) => source.image(&name).await.ok().flatten(),
-                        (None, None) => None,
-                    };
                     let computed = tokio::task::spawn_blocking(move || {
-                        compute(&tree.0, &tree.1, &required, planned.as_deref(), free)
+                        let c = compute(
+                            &tree.fs,
+                            &tree.cache,
+                            &required,
+                            planned.as_deref(),
+                            tree.free_bytes,
+                        );
+                        // Freed here, off the async threads (and its tree slot with it).
+                        drop(tree);
+                        c
                     })
                     .await
                     .map_err(|e| RpcError(format!("planning: {e}")));
@@ -396,7 +532,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     lock_for_ms: 0,
                     wait: true,
                 };
-                let updates = updates.clone();
+                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
                     let _slot = updates.acquire_owned().await;
                     let r = rpc.fetch(&address, req).await;
@@ -409,7 +545,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .as_ref()
                     .map(|c| c.request.clone())
                     .unwrap_or_default();
-                let updates = updates.clone();
+                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
                     let _slot = updates.acquire_owned().await;
                     let r = rpc.update(&address, req).await;
@@ -422,7 +558,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .as_ref()
                     .map(|c| c.unused.clone())
                     .unwrap_or_default();
-                let updates = updates.clone();
+                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
                     let _slot = updates.acquire_owned().await;
                     let r = rpc.cleanup(&address, objects).await;

@@ -13,6 +13,6 @@ pub mod sim;
 pub mod sub;
 
 pub use client::HttpSubRpc;
-pub use compute::{Computed, compute};
-pub use herd::{Census, Herd, ImageSource, Limits, RpcError, SubRpc, SubSpec, SubStatus};
+pub use compute::{Computed, PreparedImage, compute, provably_unchanged};
+pub use herd::{Census, Herd, ImageSource, Limits, Polled, RpcError, SubRpc, SubSpec, SubStatus};
 pub use sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
