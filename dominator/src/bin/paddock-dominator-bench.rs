@@ -16,9 +16,10 @@
 //!     `dominator subs=N short_poll_cycle_s=… full_polls_per_s=… rss_per_sub_kib=…`
 //! ```
 //!
-//! The simulated sub answers a poll as subd does (JSON, the tree only when the caller's
-//! generation differs); the full answer's JSON after the two leading counters is built once
-//! and shared, so the simulator's CPU goes to HTTP and not to re-encoding one tree.
+//! The simulated sub answers a poll as subd does (the tree only when the caller's
+//! generation differs; subd's binary answer to a caller that asks for it, as the herd does,
+//! else JSON); the full answer's tree part is encoded once and shared, so the simulator's
+//! CPU goes to HTTP and not to re-encoding one tree.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -32,21 +33,22 @@ use async_trait::async_trait;
 use axum::Json;
 use axum::extract::State;
 use axum::extract::connect_info::{ConnectInfo, Connected};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use paddock_dominator::{
-    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubRpc, SubSpec,
-    SubState,
+    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, Polled, PreparedImage,
+    RpcError, SubRpc, SubSpec, SubState,
 };
-use paddock_image::{FileSystem, Filter, Image, ObjectId, Triggers, UpdateRequest};
+use paddock_image::{FileSystem, Filter, Image, Inode, ObjectId, Triggers, UpdateRequest};
+use paddock_subd::rpc::{POLL_MEDIA_TYPE, poll_binary};
 use paddock_subd::service::{
     CleanupReply, FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport,
 };
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 const IMAGE: &str = "debian/minbase";
 const FIRST_SUB: Ipv4Addr = Ipv4Addr::new(127, 1, 0, 1);
@@ -208,33 +210,76 @@ fn full_answer(fs: FileSystem) -> Res<Vec<u8>> {
 
 fn profile(tree: &str) -> Res<()> {
     const RUNS: usize = 20;
-    let image = minbase_image(load_tree(tree)?);
-    let body = full_answer(image.fs.clone())?;
+    let image = Arc::new(minbase_image(load_tree(tree)?));
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3 / RUNS as f64;
+    let json = full_answer(image.fs.clone())?;
+    let empty = Default::default();
+    let binary = poll_binary::encode(
+        &PollResponse {
+            free_space: Some(1 << 40),
+            file_system_follows: true,
+            ..PollResponse::default()
+        },
+        Some((&image.fs, &empty)),
+    )
+    .map_err(|e| e.to_string())?;
+
+    let t = Instant::now();
+    for _ in 0..RUNS {
+        let r: PollResponse = serde_json::from_slice(&json).map_err(|e| e.to_string())?;
+        std::hint::black_box(r);
+    }
+    let parse_json = ms(t);
     let (rss0, t) = (rss_kib(), Instant::now());
     let mut held = Vec::new();
     for _ in 0..RUNS {
-        let r: PollResponse = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        held.push(r);
+        held.push(poll_binary::decode(&binary).map_err(|e| e.to_string())?);
     }
-    let parse = t.elapsed().as_secs_f64() * 1e3 / RUNS as f64;
+    let parse = ms(t);
     let per_tree = rss_kib().saturating_sub(rss0) / RUNS as u64;
+    let t = Instant::now();
+    let prepared = PreparedImage::new(image.clone());
+    let prepare = t.elapsed().as_secs_f64() * 1e3;
+
     let t = Instant::now();
     for r in &held {
         let fs = r.file_system.as_ref().ok_or("no tree")?;
-        let c = paddock_dominator::compute(fs, &Default::default(), &image, None, Some(1 << 40));
+        let c = paddock_dominator::compute(fs, &empty, &prepared, None, Some(1 << 40));
         if !c.summary.empty {
             return Err(format!("the tree does not plan empty: {:?}", c.summary));
         }
     }
-    let plan = t.elapsed().as_secs_f64() * 1e3 / RUNS as f64;
+    let plan = ms(t);
+    // A drifted sub (one file's content changed): the walk fails, the planner plans.
+    let mut drifted = image.fs.clone();
+    let ino = drifted
+        .inodes
+        .iter()
+        .find(|(_, i)| i.object().is_some())
+        .map(|(n, _)| *n)
+        .ok_or("no regular file in the tree")?;
+    if let Some(Inode::Regular { object, .. }) = drifted.inodes.get_mut(&ino) {
+        *object = Some(ObjectId::of(b"drift"));
+    }
     let t = Instant::now();
     for _ in 0..RUNS {
-        std::hint::black_box(image.fs.objects());
+        let c = paddock_dominator::compute(&drifted, &empty, &prepared, None, Some(1 << 40));
+        if c.summary.empty {
+            return Err("the drifted tree plans empty".into());
+        }
     }
-    let objects = t.elapsed().as_secs_f64() * 1e3 / RUNS as f64;
+    let plan_drifted = ms(t);
+    let t = Instant::now();
+    drop(held);
+    let free = ms(t);
     println!(
-        "# a full poll in the herd: parsing {} bytes of JSON {parse:.1} ms, planning          (compute) {plan:.1} ms, of which the image's object map {objects:.1} ms per call;          a parsed tree holds {per_tree} KiB",
-        body.len()
+        "# a full poll in the herd: decoding {} bytes of binary answer {parse:.1} ms (the \
+         same answer as {} bytes of JSON: {parse_json:.1} ms); planning an unchanged sub \
+         {plan:.2} ms, a drifted one (the planner) {plan_drifted:.1} ms; freeing the tree \
+         {free:.2} ms; a decoded tree holds {per_tree} KiB; the image prepared once in \
+         {prepare:.1} ms",
+        binary.len(),
+        json.len(),
     );
     Ok(())
 }
@@ -254,6 +299,8 @@ struct Sim {
     subs: Vec<SimSub>,
     /// The full poll answer's JSON after `{"generation":G,"scan_count":S,`.
     full_tail: Vec<u8>,
+    /// The binary answer's tree part ([`poll_binary::encode_scan`]).
+    binary_scan: Vec<u8>,
     mark: Mutex<Vec<u64>>,
     churn_permille: AtomicU64,
     /// The next sub whose generation moves.
@@ -345,6 +392,7 @@ fn json_response(body: Vec<u8>) -> Response {
 async fn sim_poll(
     State(sim): State<Arc<Sim>>,
     ConnectInfo(Local(local)): ConnectInfo<Local>,
+    headers: HeaderMap,
     Json(req): Json<PollRequest>,
 ) -> Response {
     let Some(s) = sim.sub(local) else {
@@ -355,7 +403,25 @@ async fn sim_poll(
     s.have.store(req.have_generation, Ordering::Relaxed);
     let generation = s.generation.load(Ordering::Relaxed);
     let scan_count = s.scan_count.fetch_add(1, Ordering::Relaxed) + 1;
-    if req.have_generation != generation && !req.short_poll_only {
+    let full = req.have_generation != generation && !req.short_poll_only;
+    if poll_binary::accepted(&headers) {
+        let status = PollResponse {
+            generation,
+            scan_count,
+            free_space: Some(1 << 40),
+            file_system_follows: full,
+            ..PollResponse::default()
+        };
+        let mut body = poll_binary::encode_status(&status).unwrap_or_default();
+        if full {
+            sim.full.fetch_add(1, Ordering::Relaxed);
+            body.extend_from_slice(&sim.binary_scan);
+        } else {
+            body.push(0);
+        }
+        return ([(header::CONTENT_TYPE, POLL_MEDIA_TYPE)], body).into_response();
+    }
+    if full {
         sim.full.fetch_add(1, Ordering::Relaxed);
         let head = format!("{{\"generation\":{generation},\"scan_count\":{scan_count},");
         let mut body = Vec::with_capacity(head.len() + sim.full_tail.len());
@@ -431,6 +497,8 @@ async fn churn(sim: Arc<Sim>) {
 
 fn sim(tree: &str, o: Opts) -> Res<()> {
     let fs = load_tree(tree)?;
+    let binary_scan =
+        poll_binary::encode_scan(Some((&fs, &Default::default()))).map_err(|e| e.to_string())?;
     let template = full_answer(fs)?;
     let head = br#"{"generation":0,"scan_count":0,"#;
     let full_tail = template
@@ -446,6 +514,7 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
             })
             .collect(),
         full_tail,
+        binary_scan,
         mark: Mutex::new(vec![0; o.subs]),
         churn_permille: AtomicU64::new(0),
         cursor: AtomicUsize::new(0),
@@ -471,10 +540,12 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
             .await
             .map_err(|e| format!("{}: {e}", o.listen))?;
         eprintln!(
-            "# simulator: {} subs at {}..{} port {SUB_PORT}, full answer {} bytes",
+            "# simulator: {} subs at {}..{} port {SUB_PORT}, full answer {} bytes binary \
+             ({} as JSON)",
             o.subs,
             sub_ip(0),
             sub_ip(o.subs - 1),
+            sim.binary_scan.len(),
             sim.full_tail.len()
         );
         tokio::spawn(churn(sim));
@@ -515,8 +586,17 @@ impl Timed {
 #[async_trait]
 impl SubRpc for Timed {
     async fn poll(&self, address: &str, req: PollRequest) -> Result<PollResponse, RpcError> {
+        self.inner.poll(address, req).await
+    }
+
+    async fn poll_gated(
+        &self,
+        address: &str,
+        req: PollRequest,
+        trees: &Arc<Semaphore>,
+    ) -> Result<Polled, RpcError> {
         let t = Instant::now();
-        let r = self.inner.poll(address, req).await;
+        let r = self.inner.poll_gated(address, req, trees).await;
         let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.polls.fetch_add(1, Ordering::Relaxed);
         self.poll_us.fetch_add(us, Ordering::Relaxed);
