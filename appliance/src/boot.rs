@@ -1,33 +1,102 @@
 //! The per-machine iPXE script: what a machine boots is decided from its state each time it
 //! asks, so there is nothing to regenerate when state changes.
+//!
+//! | the machine | boots |
+//! |---|---|
+//! | unknown (no node has its MAC), or under introspection | the discovery ramdisk |
+//! | provisioning `birth`, `rebirth`, `clean` ([`Serve::ramdisk_mode`]) | the same ramdisk with `paddock.mode=<mode>` |
+//! | provisioning `unknown` or `error` | the discovery ramdisk (it waits there, never writing a disk) |
+//! | provisioning `healthy`, or a node never provisioned by Paddock | the local disk |
+//!
+//! The local disk: under BIOS `sanboot --no-describe --drive 0x80` (iPXE asks the BIOS,
+//! INT 13h, to boot the first hard disk); under UEFI (`${platform}` is `efi`) there is no
+//! BIOS drive to name, so the script `exit`s: iPXE returns to the firmware's boot manager,
+//! which goes on to the next boot option (the installed system's entry that `grub-install`
+//! wrote, or the disk's removable-media path `\EFI\BOOT\BOOTX64.EFI`). A BIOS `sanboot`
+//! that fails also exits, handing the choice back to the BIOS.
 
+use paddock_birther::Serve;
 use paddock_inventory::MacAddr;
 
 use paddock_inspector::node::Node;
 
 use crate::config::Discovery;
 
+/// What a machine boots (pure: from its node and its provisioning record's [`Serve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Boot {
+    /// The discovery ramdisk; `mode`: the provisioning mode on its command line.
+    Ramdisk {
+        why: &'static str,
+        mode: Option<&'static str>,
+    },
+    LocalDisk {
+        why: &'static str,
+    },
+}
+
+impl Boot {
+    /// For the timeline and the log.
+    pub fn what(&self) -> String {
+        match self {
+            Boot::Ramdisk { mode: None, .. } => "discovery ramdisk".into(),
+            Boot::Ramdisk { mode: Some(m), .. } => format!("ramdisk in {m} mode"),
+            Boot::LocalDisk { .. } => "local disk".into(),
+        }
+    }
+}
+
+/// Decides what to boot. `serve`: the node's provisioning record's [`Serve`] (`None`: no
+/// record, a node Paddock never provisioned, which boots as it always did). An
+/// introspection under way comes first: the agent inspects, then asks what next
+/// (`/api/v1/provision/next`) and goes on in the same boot.
+pub fn decide(node: Option<&Node>, serve: Option<&Serve>) -> Boot {
+    let Some(n) = node else {
+        return Boot::Ramdisk {
+            why: "unknown",
+            mode: None,
+        };
+    };
+    if n.inspecting() {
+        return Boot::Ramdisk {
+            why: "under introspection",
+            mode: None,
+        };
+    }
+    match serve {
+        None => Boot::LocalDisk { why: "idle" },
+        Some(Serve::LocalDisk) => Boot::LocalDisk { why: "provisioned" },
+        Some(Serve::InspectionRamdisk) => Boot::Ramdisk {
+            why: "waiting for provisioning",
+            mode: None,
+        },
+        Some(s) => Boot::Ramdisk {
+            why: "being provisioned",
+            mode: s.ramdisk_mode(),
+        },
+    }
+}
+
 /// Renders `/boot/{mac}.ipxe` for a machine.
 pub fn script(
     mac: MacAddr,
     node: Option<&Node>,
+    serve: Option<&Serve>,
     discovery: &Discovery,
     public_url: &str,
 ) -> String {
     let self_url = format!("{public_url}/boot/{mac}.ipxe");
-    match node.filter(|n| !n.inspecting()) {
-        Some(n) => format!(
+    match decide(node, serve) {
+        Boot::LocalDisk { why } => format!(
             "#!ipxe\n\
-             echo Paddock: {who} ({mac}) is idle: booting from the local disk\n\
+             echo Paddock: {who} ({mac}) is {why}: booting from the local disk\n\
+             iseq ${{platform}} efi && exit ||\n\
              sanboot --no-describe --drive 0x80 || exit\n",
-            who = n.name.as_deref().map_or("node".into(), ipxe_text),
+            who = node
+                .and_then(|n| n.name.as_deref())
+                .map_or("node".into(), ipxe_text),
         ),
-        None => {
-            let why = if node.is_some() {
-                "under introspection"
-            } else {
-                "unknown"
-            };
+        Boot::Ramdisk { why, mode } => {
             match (&discovery.kernel, &discovery.initrd) {
                 (Some(kernel), Some(initrd)) => {
                     // BOOTIF names the NIC we booted from (pxelinux syntax: 01-<mac with dashes>);
@@ -45,10 +114,17 @@ pub fn script(
                     } else {
                         format!(" {}", discovery.cmdline)
                     };
+                    let mode_arg = mode
+                        .map(|m| format!(" paddock.mode={m}"))
+                        .unwrap_or_default();
+                    let what = match mode {
+                        Some(m) => format!("the ramdisk in {m} mode"),
+                        None => "the discovery ramdisk".into(),
+                    };
                     format!(
                         "#!ipxe\n\
-                         echo Paddock: {mac} is {why}: booting the discovery ramdisk\n\
-                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
+                         echo Paddock: {mac} is {why}: booting {what}\n\
+                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info{mode_arg} ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
                          initrd --name initrd {initrd} || goto retry\n\
                          boot || goto retry\n\
                          :retry\n\
@@ -111,7 +187,7 @@ mod tests {
             agent_urls: vec!["http://a".into(), "http://b".into()],
             ..discovery()
         };
-        let s = script(MAC, None, &d, "http://a");
+        let s = script(MAC, None, None, &d, "http://a");
         assert!(s.contains(" paddock.url=http://a,http://b "), "{s}");
         assert!(
             s.contains("ipa-inspection-callback-url=http://a/v1/continue"),
@@ -121,7 +197,7 @@ mod tests {
 
     #[test]
     fn unknown_machines_boot_the_discovery_ramdisk() {
-        let s = script(MAC, None, &discovery(), "http://p");
+        let s = script(MAC, None, None, &discovery(), "http://p");
         assert!(s.starts_with("#!ipxe\n"));
         assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p paddock.log=info ipa-inspection-callback-url=http://p/v1/continue console=ttyS0"), "{s}");
         assert!(s.contains("initrd --name initrd http://p/i"));
@@ -140,9 +216,9 @@ mod tests {
             "#!ipxe",
         ] {
             node.name = Some(evil.into());
-            let s = script(MAC, Some(&node), &discovery(), "http://p");
+            let s = script(MAC, Some(&node), None, &discovery(), "http://p");
             let lines: Vec<&str> = s.lines().collect();
-            assert_eq!(lines.len(), 3, "{evil:?} added lines: {s}");
+            assert_eq!(lines.len(), 4, "{evil:?} added lines: {s}");
             assert!(!lines[1].contains("${") && !lines[1].contains("||"), "{s}");
             assert!(!lines[1].contains(" && ") && !lines[1].contains('#'), "{s}");
             assert!(lines[1].starts_with("echo Paddock: "), "{s}");
@@ -157,7 +233,7 @@ mod tests {
         let mut node = Node::new(uuid::Uuid::nil(), 0);
         node.name = Some("rack1-u7".into());
         node.macs = vec![MAC];
-        let s = script(MAC, Some(&node), &discovery(), "http://p");
+        let s = script(MAC, Some(&node), None, &discovery(), "http://p");
         assert!(
             s.contains("sanboot --no-describe --drive 0x80 || exit"),
             "{s}"
@@ -175,15 +251,90 @@ mod tests {
                 finished_at: None,
                 error: None,
                 manage_boot: true,
+                set_image: None,
             });
-            let s = script(MAC, Some(&node), &discovery(), "http://p");
+            let s = script(MAC, Some(&node), None, &discovery(), "http://p");
             assert_eq!(s.contains("kernel http://p/k"), ramdisk, "{state:?}: {s}");
         }
     }
 
+    /// The provisioning states: the ramdisk in their mode, the local disk, or waiting in the
+    /// discovery ramdisk; an introspection under way comes first.
+    #[test]
+    fn provisioning_states_choose_the_boot() {
+        use paddock_inspector::node::Introspection;
+        use paddock_inspector::state::State;
+        let mut node = Node::new(uuid::Uuid::nil(), 0);
+        node.name = Some("r1".into());
+        let image = || "debian/a".to_string();
+        let rows = [
+            (Some(Serve::BirthRamdisk { image: image() }), Some("birth")),
+            (
+                Some(Serve::RebirthRamdisk { image: image() }),
+                Some("rebirth"),
+            ),
+            (Some(Serve::CleanRamdisk), Some("clean")),
+            (Some(Serve::InspectionRamdisk), None),
+        ];
+        for (serve, mode) in &rows {
+            let s = script(MAC, Some(&node), serve.as_ref(), &discovery(), "http://p");
+            assert!(s.contains("kernel http://p/k "), "{serve:?}: {s}");
+            let arg = mode.map(|m| format!(" paddock.mode={m} "));
+            assert_eq!(
+                arg.as_ref().is_some_and(|a| s.contains(a.as_str())),
+                mode.is_some(),
+                "{serve:?}: {s}"
+            );
+            assert_eq!(s.contains("paddock.mode="), mode.is_some(), "{s}");
+        }
+        let local = script(
+            MAC,
+            Some(&node),
+            Some(&Serve::LocalDisk),
+            &discovery(),
+            "http://p",
+        );
+        assert_eq!(
+            local,
+            "#!ipxe\n\
+             echo Paddock: r1 (52:54:00:ab:00:01) is provisioned: booting from the local disk\n\
+             iseq ${platform} efi && exit ||\n\
+             sanboot --no-describe --drive 0x80 || exit\n"
+        );
+        // Under introspection: the plain discovery ramdisk whatever the record says.
+        node.introspection = Some(Introspection {
+            state: State::Waiting,
+            started_at: Some(0),
+            finished_at: None,
+            error: None,
+            manage_boot: true,
+            set_image: None,
+        });
+        for serve in [Some(Serve::LocalDisk), Some(Serve::CleanRamdisk), None] {
+            let b = decide(Some(&node), serve.as_ref());
+            assert_eq!(
+                b,
+                Boot::Ramdisk {
+                    why: "under introspection",
+                    mode: None
+                }
+            );
+        }
+        // An unknown machine: the discovery ramdisk.
+        assert_eq!(decide(None, None).what(), "discovery ramdisk");
+        assert_eq!(
+            decide(
+                Some(&Node::new(uuid::Uuid::nil(), 0)),
+                Some(&Serve::CleanRamdisk)
+            )
+            .what(),
+            "ramdisk in clean mode"
+        );
+    }
+
     #[test]
     fn missing_ramdisk_is_explained_and_retried() {
-        let s = script(MAC, None, &Discovery::default(), "http://p");
+        let s = script(MAC, None, None, &Discovery::default(), "http://p");
         assert!(s.contains("no discovery ramdisk is configured"));
         assert!(s.contains("chain --replace http://p/boot/52:54:00:ab:00:01.ipxe"));
     }

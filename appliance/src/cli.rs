@@ -246,6 +246,14 @@ pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
     println!("driver_info {}", Value::Object(n.driver_info.clone()));
     println!("properties  {}", Value::Object(n.properties.clone()));
     println!("extra       {}", Value::Object(n.extra.clone()));
+    // The provisioning record (an appliance without provisioning answers 404: "-").
+    match Call::new(api, "GET", format!("/api/v1/nodes/{node}/provisioning"))
+        .send::<paddock_birther::Provisioning>()
+    {
+        Ok(p) => print!("{}", provisioning_text(&p)),
+        Err(e) if e.status() == Some(404) => println!("provision   -"),
+        Err(e) => return Err(e.into()),
+    }
     println!("timeline:");
     for e in &shown.timeline {
         let mark = if e.error { "!" } else { " " };
@@ -791,6 +799,21 @@ pub fn sub_clear_safety(api: &str, hostname: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub fn sub_update(api: &str, hostname: &str, image: &str) -> anyhow::Result<()> {
+    let m: Value = dominator_post(
+        api,
+        "UpdateSub",
+        serde_json::json!({"hostname": hostname, "image": image}),
+    )?;
+    println!(
+        "sub {} must now run {} (the dominator picks it up at once; see paddock sub show {})",
+        printable(hostname),
+        printable(m["RequiredImage"].as_str().unwrap_or(image)),
+        printable(hostname)
+    );
+    Ok(())
+}
+
 /// `paddock dominator status`'s text.
 pub fn dominator_status_text(st: &DominatorStatus) -> String {
     use std::fmt::Write;
@@ -844,6 +867,64 @@ pub fn dominator_resume(api: &str) -> anyhow::Result<()> {
     dominator_post::<serde::de::IgnoredAny>(api, "Resume", serde_json::json!({}))?;
     println!("dominator resumed");
     Ok(())
+}
+
+/// `paddock node show`'s provisioning lines: the state, its image, the run's progress or
+/// the failure, and since when.
+pub fn provisioning_text(p: &paddock_birther::Provisioning) -> String {
+    use paddock_birther::State as P;
+    let mut out = format!("provision   {}", p.state.name());
+    if let Some(image) = p.state.image() {
+        out.push_str(&format!(" (image {})", printable(image)));
+    }
+    out.push_str(&format!(
+        " since {} UTC\n",
+        iso(i64::try_from(p.since_ms / 1000).unwrap_or(i64::MAX))
+    ));
+    match &p.state {
+        P::Birth(r) | P::Rebirth(r) => {
+            out.push_str(&format!(
+                "  last step {}{}\n",
+                r.last_step.map_or("-", |s| s.as_str()),
+                if r.synced { ", synced" } else { "" }
+            ));
+        }
+        P::Error {
+            operation,
+            step,
+            message,
+            ..
+        } => {
+            out.push_str(&format!(
+                "  {} failed at {}: {}\n",
+                operation.as_str(),
+                step.as_str(),
+                printable(message)
+            ));
+        }
+        _ => {}
+    }
+    out
+}
+
+/// `paddock node provision|reimage|clean`: the request, then the record it made.
+fn provisioning_request(api: &str, node: &str, what: &str, body: Value) -> anyhow::Result<()> {
+    let p: paddock_birther::Provisioning =
+        Call::new(api, "POST", format!("/api/v1/nodes/{node}/{what}")).send_json(&body)?;
+    print!("node {}: {}", printable(node), provisioning_text(&p));
+    Ok(())
+}
+
+pub fn node_provision(api: &str, node: &str, image: &str) -> anyhow::Result<()> {
+    provisioning_request(api, node, "provision", serde_json::json!({"image": image}))
+}
+
+pub fn node_reimage(api: &str, node: &str, image: Option<&str>) -> anyhow::Result<()> {
+    provisioning_request(api, node, "reimage", serde_json::json!({"image": image}))
+}
+
+pub fn node_clean(api: &str, node: &str) -> anyhow::Result<()> {
+    provisioning_request(api, node, "clean", serde_json::json!({}))
 }
 
 /// A sub as the census holds it, for the tests of what shows subs.

@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use paddock_dhcp::shell::DhcpService;
 use paddock_dominator::SubStatus;
@@ -52,6 +52,7 @@ pub fn router(console: Console) -> Router {
         .route("/ui/mdb", get(mdb))
         .route("/ui/subs", get(subs))
         .route("/ui/subs/{hostname}", get(sub))
+        .route("/ui/subs/{hostname}/image", post(set_image))
         .with_state(console)
 }
 
@@ -589,7 +590,7 @@ async fn subs(State(s): State<Console>) -> Response {
 }
 
 /// One sub: its state with the reason, and what operators decided for it.
-fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl) -> Markup {
+fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl, images: &[String]) -> Markup {
     html! {
         (dominator_banners(v))
         table {
@@ -601,7 +602,20 @@ fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl) -> Markup {
             tr { th { "Paused" } td { (c.paused.as_deref().unwrap_or("no")) } }
             tr { th { "Safety clearances" } td { (c.safety_clearance) } }
         }
+        form method="post" action={ "/ui/subs/" (s.hostname) "/image" } {
+            label { "Required image " select name="image" {
+                @for i in images {
+                    @if Some(i.as_str()) == s.required_image.as_deref() {
+                        option value=(i) selected { (i) }
+                    } @else {
+                        option value=(i) { (i) }
+                    }
+                }
+            } }
+            " " button type="submit" { "Set" }
+        }
         p {
+            code { "paddock sub update " (s.hostname) " --image …" } ", "
             code { "paddock sub pause " (s.hostname) " --reason …" } ", "
             code { "paddock sub resume " (s.hostname) } ", "
             code { "paddock sub clear-safety " (s.hostname) }
@@ -632,7 +646,66 @@ async fn sub(State(s): State<Console>, Path(hostname): Path<String>) -> Response
         Ok(c) => c.unwrap_or_default(),
         Err(r) => return r,
     };
-    page(&format!("Sub {hostname}"), true, sub_body(&v, &st, &c)).into_response()
+    let images: Vec<String> = match s.dominator.images.list().await {
+        Ok(l) => l
+            .into_iter()
+            .filter(|r| !r.deleted)
+            .map(|r| r.name)
+            .collect(),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    page(
+        &format!("Sub {hostname}"),
+        true,
+        sub_body(&v, &st, &c, &images),
+    )
+    .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct ImageForm {
+    image: String,
+}
+
+/// A form post from another site is refused: the console has no session to steal yet, but
+/// a page elsewhere must not be able to re-image machines through an operator's browser.
+fn same_origin(headers: &axum::http::HeaderMap) -> bool {
+    let get = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site")
+        && !matches!(site, "same-origin" | "none")
+    {
+        return false;
+    }
+    match (get("origin"), get("host")) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.trim_end_matches('/') == host),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+/// `POST /ui/subs/{hostname}/image` (`image=NAME`): the sub's RequiredImage, then back to
+/// its page.
+async fn set_image(
+    State(s): State<Console>,
+    Path(hostname): Path<String>,
+    headers: axum::http::HeaderMap,
+    axum::Form(f): axum::Form<ImageForm>,
+) -> Response {
+    if !same_origin(&headers) {
+        return failure(
+            StatusCode::FORBIDDEN,
+            "a form from another site was refused",
+        );
+    }
+    match crate::dominator::set_required_image(&s.dominator, &hostname, &f.image).await {
+        Ok(_) => axum::response::Redirect::to(&format!("/ui/subs/{hostname}")).into_response(),
+        Err(e) => failure(
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+            &e.message,
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -713,7 +786,7 @@ mod tests {
             "{html}"
         );
         assert!(html.contains(r#"<a href="/ui/subs">Subs</a>"#), "{html}");
-        let one = sub_body(&v, &st, &SubControl::default()).into_string();
+        let one = sub_body(&v, &st, &SubControl::default(), &["minbase".into()]).into_string();
         assert!(!one.contains("<script>"), "{one}");
         assert!(one.contains("&lt;script&gt;"), "{one}");
     }

@@ -9,7 +9,7 @@
 //!
 //! Routes (`/rpc/Dominator.*`): `ListSubs`, `GetSub?hostname=`, `Pause {reason}`, `Resume`,
 //! `PauseSub {hostname, reason}`, `ResumeSub {hostname}`, `ClearSafety {hostname}`,
-//! `Status`. The census (every sub's state) is the leader's; other hosts answer with an
+//! `UpdateSub {hostname, image}` (the machine's RequiredImage), `Status`. The census (every sub's state) is the leader's; other hosts answer with an
 //! empty one and say who leads.
 
 use std::collections::BTreeMap;
@@ -24,7 +24,7 @@ use paddock_dominator::{
     Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec, SubState,
     SubStatus,
 };
-use paddock_image::{Image, check_logical_name};
+use paddock_image::{Image, Machine, check_logical_name};
 use paddock_imageserver::images::{ImageError, ImageServer};
 use paddock_imageserver::mdb::{MdbService, MdbServiceError};
 use paddock_inspector::service::{Inspector, Subject};
@@ -160,6 +160,9 @@ pub struct Dominator {
     pub census: Census,
     pub leader: LeaderRx,
     pub enabled: bool,
+    /// For `UpdateSub`: the machine's RequiredImage, checked against the image index.
+    pub mdb: Arc<MdbService>,
+    pub images: Arc<ImageServer>,
 }
 
 /// What the dominator runs on.
@@ -349,6 +352,7 @@ pub fn router(d: Dominator) -> Router {
         .route("/rpc/Dominator.PauseSub", post(pause_sub))
         .route("/rpc/Dominator.ResumeSub", post(resume_sub))
         .route("/rpc/Dominator.ClearSafety", post(clear_safety))
+        .route("/rpc/Dominator.UpdateSub", post(update_sub))
         .with_state(d)
 }
 
@@ -521,4 +525,60 @@ mod tests {
         assert!(check_reason("freeze\nrm -rf").is_err());
         assert_eq!(check_reason(" change freeze ").unwrap(), "change freeze");
     }
+}
+
+#[derive(Deserialize)]
+struct UpdateSub {
+    hostname: String,
+    image: String,
+}
+
+/// `Dominator.UpdateSub {hostname, image}`: the machine's RequiredImage becomes `image` (an
+/// image that exists); its other MDB fields are kept. The herd picks it up at once (it
+/// watches the MDB). The machine must be in the MDB already: its address comes from there.
+pub async fn set_required_image(
+    d: &Dominator,
+    hostname: &str,
+    image: &str,
+) -> Result<Machine, ApiError> {
+    check_logical_name(hostname).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let image = image.trim();
+    match d.images.record(image).await {
+        Ok(Some(r)) if !r.deleted => {}
+        Ok(_) => {
+            return Err(ApiError::not_found(format!(
+                "no image {image:?}: add it first (paddock image add)"
+            )));
+        }
+        Err(e) => return Err(ApiError::from(e)),
+    }
+    let entries = d
+        .mdb
+        .entries()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut m = entries
+        .get(hostname)
+        .map(|e| e.machine.clone())
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no machine {hostname:?} in the MDB: add it with paddock mdb set"
+            ))
+        })?;
+    m.required_image = image.to_string();
+    d.mdb
+        .set(m.clone(), paddock_imageserver::mdb::Source::Api)
+        .await
+        .map_err(ApiError::from)?;
+    tracing::info!(%hostname, %image, "dominator: RequiredImage set");
+    Ok(m)
+}
+
+async fn update_sub(
+    State(d): State<Dominator>,
+    Json(u): Json<UpdateSub>,
+) -> Result<Json<Machine>, ApiError> {
+    set_required_image(&d, &u.hostname, &u.image)
+        .await
+        .map(Json)
 }

@@ -39,6 +39,8 @@ pub struct AppState {
     pub assets: Option<Arc<crate::assets::Assets>>,
     /// The dominator's census and controls (`/rpc/Dominator.*`).
     pub dominator: crate::dominator::Dominator,
+    /// Provisioning records, requests and the agent's protocol.
+    pub provisioning: Arc<crate::provisioning::Provisioner>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -63,6 +65,7 @@ pub fn router(state: AppState) -> Router {
     let inspector = paddock_inspector::api::router(state.inspector.clone());
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
     let dominator = crate::dominator::router(state.dominator.clone());
+    let provisioning = crate::provisioning::router(state.provisioning.clone());
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),
         dhcp: state.dhcp.clone(),
@@ -76,6 +79,7 @@ pub fn router(state: AppState) -> Router {
         .merge(inspector)
         .merge(imageserver)
         .merge(dominator)
+        .merge(provisioning)
         .merge(console)
 }
 
@@ -98,17 +102,18 @@ async fn boot_script(
         .parse()
         .map_err(|e: paddock_inventory::MacParseError| ApiError::bad_request(e.to_string()))?;
     let node = s.inspector.by_mac(mac).await?.map(|v| v.node);
+    let serve = match &node {
+        Some(n) => s.provisioning.serve(n.uuid).await?,
+        None => None,
+    };
     let script = boot::script(
         mac,
         node.as_ref(),
+        serve.as_ref(),
         &s.config.discovery,
         &s.config.public_url,
     );
-    let what = if script.contains("kernel ") {
-        "discovery ramdisk"
-    } else {
-        "local disk"
-    };
+    let what = boot::decide(node.as_ref(), serve.as_ref()).what();
     let subject = node
         .as_ref()
         .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
@@ -124,7 +129,7 @@ async fn boot_script(
     {
         tracing::warn!(%mac, error = %e, "boot: timeline entry not recorded");
     }
-    tracing::info!(%mac, known = node.is_some(), what, "boot: script served");
+    tracing::info!(%mac, known = node.is_some(), %what, "boot: script served");
     Ok(ipxe(script))
 }
 
@@ -336,6 +341,7 @@ mod tests {
             finished_at: None,
             error: None,
             manage_boot: true,
+            set_image: None,
         });
         let census = paddock_dominator::Census::default();
         for (host, state) in [

@@ -10,5 +10,6 @@ pub mod dominator;
 pub mod http;
 pub mod images;
 pub mod leader;
+pub mod provisioning;
 pub mod pxe_filter;
 pub mod serve;

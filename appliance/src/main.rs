@@ -100,6 +100,13 @@ enum SubCmd {
     Resume { hostname: String },
     /// Let an update held as unsafe go ahead, once.
     ClearSafety { hostname: String },
+    /// Put this sub on another image (its RequiredImage in the MDB); picked up at once.
+    Update {
+        hostname: String,
+        /// The image it must run (it must exist).
+        #[arg(long)]
+        image: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -220,6 +227,22 @@ enum NodeCmd {
     Inspect { node: String },
     /// Abort a running introspection.
     Abort { node: String },
+    /// Install an image on a node that has none: it boots the ramdisk in birth mode (or, if
+    /// it is being inspected, goes on to birth in the same boot).
+    Provision {
+        node: String,
+        #[arg(long)]
+        image: String,
+    },
+    /// Re-install a provisioned node, reusing what its disk holds: another image, or the
+    /// one it has.
+    Reimage {
+        node: String,
+        #[arg(long)]
+        image: Option<String>,
+    },
+    /// Wipe the node's disk (partition table and signatures) and return it to idle.
+    Clean { node: String },
     /// Set node attributes, as `baremetal node set` does (one PATCH, Ironic's semantics).
     Set {
         node: String,
@@ -413,6 +436,9 @@ fn main() -> ExitCode {
                 }
                 SubCmd::Resume { hostname } => paddock::cli::sub_resume(&api, &hostname),
                 SubCmd::ClearSafety { hostname } => paddock::cli::sub_clear_safety(&api, &hostname),
+                SubCmd::Update { hostname, image } => {
+                    paddock::cli::sub_update(&api, &hostname, &image)
+                }
             })
         }
         Cmd::Dominator { api, cmd } => {
@@ -430,6 +456,13 @@ fn main() -> ExitCode {
                 NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),
                 NodeCmd::Inspect { node } => paddock::cli::node_inspect(&api, &node),
                 NodeCmd::Abort { node } => paddock::cli::node_abort(&api, &node),
+                NodeCmd::Provision { node, image } => {
+                    paddock::cli::node_provision(&api, &node, &image)
+                }
+                NodeCmd::Reimage { node, image } => {
+                    paddock::cli::node_reimage(&api, &node, image.as_deref())
+                }
+                NodeCmd::Clean { node } => paddock::cli::node_clean(&api, &node),
                 NodeCmd::Set {
                     node,
                     name,

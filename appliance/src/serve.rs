@@ -207,6 +207,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
 
+    // Provisioning: a rule's set-image acts when the introspection finishes.
+    let provisioner = Arc::new(crate::provisioning::Provisioner {
+        store: store.clone(),
+        inspector: inspector.clone(),
+        images: images.clone(),
+        mdb: mdb.clone(),
+        public_url: cfg.public_url.clone(),
+        subd_port: cfg
+            .dominator
+            .as_ref()
+            .map_or(paddock_birther::protocol::SUBD_PORT, |d| d.subd_port),
+    });
+    observers.push(Arc::new(crate::provisioning::RuleWishes(
+        provisioner.clone(),
+    )));
     if cfg.images.record_enrolled {
         observers.push(crate::images::MdbRecorder::new(
             inspector.clone(),
@@ -341,14 +356,23 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         ),
         None => paddock_dominator::Census::default(),
     };
+    crate::provisioning::watch_census(
+        &mut tasks,
+        provisioner.clone(),
+        census.clone(),
+        leader_rx.clone(),
+    );
     let state = AppState {
         dominator: crate::dominator::Dominator {
             store: store.clone(),
             census,
             leader: leader_rx.clone(),
             enabled: cfg.dominator.is_some(),
+            mdb: mdb.clone(),
+            images: images.clone(),
         },
         config: cfg.clone(),
+        provisioning: provisioner,
         inspector,
         dhcp,
         filter: filter.clone(),

@@ -211,6 +211,15 @@ impl Fleet {
         fleet
     }
 
+    /// [`Fleet::start`] with minbase2 added and `n` subs synced to minbase.
+    fn on_minbase(n: usize, subd_args: &str) -> Fleet {
+        let m2 = images_dir().join("minbase2.tar");
+        let fleet = Fleet::start(n, &[("minbase2", &m2)], subd_args);
+        fleet.require_image("minbase");
+        fleet.wait_all("synced to minbase", 120);
+        fleet
+    }
+
     fn start_subd(&mut self, i: usize, bin: &Path, extra: &str) {
         let s = &self.subs[i];
         // A test may slow the link (`--link-speed` in `extra`) to catch a fetch running.
@@ -643,14 +652,7 @@ fn an_unsafe_image_is_held_until_cleared() {
 #[test]
 fn pause_stops_all_updates_within_one_cycle() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let m2 = images_dir().join("minbase2.tar");
-    let fleet = Fleet::start(
-        3,
-        &[("minbase2", &m2)],
-        "--scan-percent 100 --cpu-percent 100",
-    );
-    fleet.require_image("minbase");
-    fleet.wait_all("synced to minbase", 120);
+    let fleet = Fleet::on_minbase(3, "--scan-percent 100 --cpu-percent 100");
 
     let p = fleet.api(
         "POST",
@@ -731,14 +733,7 @@ fn pause_stops_all_updates_within_one_cycle() {
 #[test]
 fn kill9_of_the_appliance_during_an_update_ends_converged() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let m2 = images_dir().join("minbase2.tar");
-    let mut fleet = Fleet::start(
-        4,
-        &[("minbase2", &m2)],
-        "--scan-percent 100 --cpu-percent 100",
-    );
-    fleet.require_image("minbase");
-    fleet.wait_all("synced to minbase", 120);
+    let mut fleet = Fleet::on_minbase(4, "--scan-percent 100 --cpu-percent 100");
     fleet.require_image("minbase2");
     wait_long("a fetch or an update on a subd", 60, || {
         fleet.busy_on_subs().into_iter().any(|b| b)
@@ -825,4 +820,90 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// A form post to the console from inside `ns` (ureq follows no redirect here): the status.
+fn post_form(ns: &str, url: &str, origin: &str, form: &str) -> u16 {
+    in_ns(ns, || {
+        let a: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        a.post(url)
+            .header("origin", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .send(form)
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+            .status()
+            .as_u16()
+    })
+}
+
+#[test]
+fn the_required_image_changes_from_the_cli_and_the_console() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fleet = Fleet::on_minbase(1, "--scan-percent 100 --cpu-percent 100");
+    let cli = |args: &str| {
+        let out = fleet.link.server.sh(&format!(
+            "PADDOCK_API={PUBLIC_URL} {} sub {args} 2>&1",
+            env!("CARGO_BIN_EXE_paddock")
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let required = || {
+        let v = fleet.api("GET", "/rpc/Mdb.ListMachines", None);
+        let text = v.to_string();
+        assert!(text.contains("sub00"), "{text}");
+        v["machines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| &e["machine"])
+            .find(|m| m["Hostname"] == "sub00")
+            .map(|m| m["RequiredImage"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+
+    // An image that does not exist is refused and changes nothing.
+    let out = cli("update sub00 --image nosuch");
+    assert!(out.contains("no image \"nosuch\""), "{out}");
+    assert_eq!(required(), "minbase");
+
+    // The console: a form from another site is refused; from the console itself it is taken.
+    let url = format!("{PUBLIC_URL}/ui/subs/sub00/image");
+    let status = post_form(
+        fleet.ns(),
+        &url,
+        "http://198.18.0.99:8080",
+        "image=minbase2",
+    );
+    assert_eq!(status, 403, "a cross-site form");
+    assert_eq!(required(), "minbase");
+    let status = post_form(fleet.ns(), &url, PUBLIC_URL, "image=minbase2");
+    assert_eq!(
+        status, 303,
+        "the console's own form redirects to the sub's page"
+    );
+    assert_eq!(required(), "minbase2");
+    let took = fleet.wait_all("synced to minbase2", 240);
+    println!(
+        "console: synced to minbase2 {:.1} s after the form",
+        took.as_secs_f64()
+    );
+
+    // The CLI, back to minbase.
+    let out = cli("update sub00 --image minbase");
+    assert!(out.contains("must now run minbase"), "{out}");
+    let took = fleet.wait_all("synced to minbase", 240);
+    println!(
+        "cli: synced to minbase {:.1} s after `paddock sub update`",
+        took.as_secs_f64()
+    );
+    assert_same_tree(
+        &fleet.subs[0].root,
+        &tree(&images_dir().join("minbase")),
+        "minbase",
+    );
 }

@@ -137,6 +137,7 @@ async fn seed(store: &SqliteStore, count: usize) {
                 finished_at: Some(1_100),
                 error: None,
                 manage_boot: false,
+                set_image: None,
             });
             n
         })

@@ -9,6 +9,7 @@
 //! | [`disk`] | which disk the image goes on ([`choose_root_disk`]) | the inventory, the node's root device hints, the image's size |
 //! | [`layout`] | the GPT (BIOS boot, EFI system, root ext4) in sectors, the `sfdisk` script, the `mkfs` and `grub-install` argument vectors ([`plan`]) | the disk's size and sector sizes, the firmware kind |
 //! | [`probe`] | what is on the disk now, and whether a re-image keeps the root ([`probe::reuse`]) | `sfdisk --json` and `blkid -o export` output (untrusted: fuzzed) |
+//! | [`protocol`] | nothing: the agent's HTTP requests and the appliance's answers (serde types both sides use) | — |
 //! | [`state`] | the node's provisioning state and what its boot script serves ([`Provisioning::apply`]) | operator requests, the ramdisk's step reports, the dominator's "synced", the time |
 //!
 //! # The flow
@@ -67,6 +68,7 @@ mod table;
 pub mod disk;
 pub mod layout;
 pub mod probe;
+pub mod protocol;
 pub mod state;
 
 pub use disk::{DiskChoiceError, choose_root_disk};

@@ -18,6 +18,12 @@ pub struct Introspection {
     pub error: Option<String>,
     #[serde(default = "yes")]
     pub manage_boot: bool,
+    /// The image a rule's `set-image` action chose during this introspection: once it
+    /// finishes, the appliance provisions the node with it (its provisioning record goes
+    /// `unknown → birth`; `appliance/src/provisioning.rs`). Belongs to this introspection
+    /// only: a new one starts without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_image: Option<String>,
 }
 
 fn yes() -> bool {

@@ -251,6 +251,7 @@ impl Processing {
             finished_at: None,
             error: None,
             manage_boot: false,
+            set_image: None,
         });
         intro.finished_at = Some(now);
         match &result {
@@ -313,6 +314,7 @@ mod tests {
             finished_at: None,
             error: None,
             manage_boot: true,
+            set_image: None,
         });
         n
     }

@@ -7,7 +7,11 @@
 //! the node as Ironic's API shows it (`node://`). Actions are `fail`, `set-attribute`,
 //! `extend-attribute`, `set-capability`, `add-trait`, `remove-trait` (and Inspector's no-op
 //! `example`); the `value` of the three attribute actions is formatted as Python's
-//! `str.format(data=…)` would, through lists and dicts.
+//! `str.format(data=…)` would, through lists and dicts. Paddock adds `set-image`
+//! (`{"action": "set-image", "image": NAME}`): the introspection records the image
+//! ([`crate::node::Introspection::set_image`]) and, once it has finished, the appliance
+//! provisions the node with it in the same boot (the inspector knows nothing of
+//! provisioning; `appliance/src/provisioning.rs` reads the field).
 //!
 //! What this follows, from Inspector's sources:
 //! - `rules.py` `create`/`_validate_conditions`/`_validate_actions` and `main.py`
@@ -59,7 +63,7 @@ const CONDITIONS: [&str; 10] = [
     "eq", "lt", "gt", "le", "ge", "ne", "in-net", "matches", "contains", "is-empty",
 ];
 /// Actions, likewise (`example` is Inspector's logging no-op, installed by default).
-const ACTIONS: [&str; 7] = [
+const ACTIONS: [&str; 8] = [
     "example",
     "fail",
     "set-attribute",
@@ -67,6 +71,8 @@ const ACTIONS: [&str; 7] = [
     "extend-attribute",
     "add-trait",
     "remove-trait",
+    // Paddock's own: provision the node with this image once the introspection finishes.
+    "set-image",
 ];
 /// Condition keys that are not the operator's parameters.
 const RESERVED: [&str; 4] = ["op", "field", "multiple", "invert"];
@@ -167,6 +173,9 @@ pub enum InvalidParameters {
     /// Not a string (its Python repr).
     #[error("invalid regular expression: {0} is not a string")]
     RegexNotString(String),
+    /// `set-image`'s image is not a string, or not a valid image name.
+    #[error("invalid image: {0}")]
+    Image(String),
 }
 
 fn names_message(missing: &[String], unexpected: &[String]) -> String {
@@ -357,6 +366,17 @@ fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), 
         "set-capability" => check_params(params, &["name"], &["value"]),
         "extend-attribute" => check_params(params, &["path", "value"], &["unique"]),
         "add-trait" | "remove-trait" => check_params(params, &["name"], &[]),
+        "set-image" => {
+            check_params(params, &["image"], &[])?;
+            match &params["image"] {
+                Value::String(name) => paddock_image::image::check_name(name)
+                    .map_err(|e| InvalidParameters::Image(e.to_string())),
+                other => Err(InvalidParameters::Image(format!(
+                    "{} is not an image name (a string such as debian/bookworm.1)",
+                    repr(other)
+                ))),
+            }
+        }
         _ => check_params(params, &[], &[]),
     }
 }
@@ -739,6 +759,16 @@ fn run_action(a: &Value, data: &Value, node: &mut Node) -> Result<(), RuleFailur
             }
             if !node.traits.contains(&name) {
                 node.traits.push(name);
+            }
+            Ok(())
+        }
+        "set-image" => {
+            // Checked at creation (a string and a valid image name); rules run only on a
+            // node under introspection, which has its record.
+            if let (Some(Value::String(image)), Some(intro)) =
+                (params.get("image"), node.introspection.as_mut())
+            {
+                intro.set_image = Some(image.clone());
             }
             Ok(())
         }
@@ -1160,6 +1190,47 @@ mod tests {
         ] {
             assert_eq!(validate(&r), Ok(()), "{r}");
         }
+    }
+
+    /// `set-image` (Paddock's): validated at creation, recorded on the introspection.
+    #[test]
+    fn set_image_records_the_wish_on_the_introspection() {
+        let r = |image: Value| json!({"conditions": [], "actions": [{"action": "set-image", "image": image}]});
+        assert!(validate(&r(json!("debian/bookworm.1"))).is_ok());
+        for (bad, why) in [
+            (json!(42), "invalid image: 42 is not an image name"),
+            (json!("../etc"), "invalid image: "),
+            (Value::Null, "missing required parameter(s): image"),
+        ] {
+            let e = validate(&r(bad.clone())).unwrap_err().to_string();
+            assert!(
+                e.contains("action set-image") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let extra =
+            json!({"conditions": [], "actions": [{"action": "set-image", "image": "a", "x": 1}]});
+        assert!(validate(&extra).is_err());
+        let mut node = Node::new(Uuid::nil(), 0);
+        node.introspection = Some(crate::node::Introspection {
+            state: crate::state::State::Waiting,
+            started_at: Some(1),
+            finished_at: None,
+            error: None,
+            manage_boot: true,
+            set_image: None,
+        });
+        let set = rule(
+            json!([]),
+            json!([{"action": "set-image", "image": "debian/a"}]),
+        );
+        let applied = apply(&[set], &data(), &node);
+        assert_eq!(applied.failure, None);
+        let intro = applied.node.introspection.unwrap();
+        assert_eq!(intro.set_image.as_deref(), Some("debian/a"));
+        // Nothing else of the node changes.
+        node.introspection = Some(intro);
+        assert_eq!(applied.node.properties, node.properties);
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use records::{BMCS, DATA, MACS, NAMES, NODES, Versioned};
 pub use rule_store::RULES;
 pub use timeline::{
     DhcpAnswer, DhcpReply, EVENTS, Subject, TimelineEvent, TimelineLimits, Windows,
-    introspection_windows, timeline_prune,
+    introspection_windows, timeline_op, timeline_prune,
 };
 
 /// Unix milliseconds now.

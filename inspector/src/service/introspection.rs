@@ -56,6 +56,7 @@ impl Inspector {
                 finished_at: None,
                 error: None,
                 manage_boot,
+                set_image: None,
             });
             ops.push(Op::DeletePrefix {
                 prefix: format!("{DATA}{}/", node.uuid),
@@ -218,6 +219,7 @@ impl Inspector {
                         finished_at: None,
                         error: None,
                         manage_boot: false,
+                        set_image: None,
                     });
                     (node, 0, true)
                 }

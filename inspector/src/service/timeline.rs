@@ -94,6 +94,13 @@ pub(super) fn event_op(
     )
 }
 
+/// A timeline entry for `subject` now, as an operation to put in another service's
+/// transaction (the appliance's provisioning records file their transitions with it, so
+/// the record and its entry change together).
+pub fn timeline_op(subject: Subject, kind: &str, message: &str, error: bool) -> Op {
+    event_op(subject, now_ms(), rand_seq() % 10_000, kind, message, error)
+}
+
 /// How much of the timeline is kept (`[timeline]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimelineLimits {
@@ -484,6 +491,7 @@ mod tests {
             finished_at: Some(20),
             error: None,
             manage_boot: true,
+            set_image: None,
         });
         let mut running = Node::new(Uuid::from_u128(2), 0);
         running.introspection = Some(Introspection {
@@ -492,6 +500,7 @@ mod tests {
             finished_at: None,
             error: None,
             manage_boot: true,
+            set_image: None,
         });
         let never = Node::new(Uuid::from_u128(3), 0);
         let w = introspection_windows(&[done.clone(), running.clone(), never.clone()]);

@@ -1,0 +1,992 @@
+//! Provisioning in the appliance (issue 16): each node's provisioning record, the operator's
+//! requests, the ramdisk agent's protocol, the dominator's "synced", and the inspection rule
+//! `set-image`. Every transition is decided by the birther's pure state machine
+//! ([`Provisioning::apply`]); this module reads and writes the store around it.
+//!
+//! | key | value |
+//! |---|---|
+//! | `provisioning/<node uuid>` | [`Provisioning`] (JSON): the state, since when, last change |
+//! | `provisioning-rules/<node uuid>` | [`WishTaken`]: the introspection whose `set-image` was acted on |
+//!
+//! Every change of a record is one compare-and-swap transaction on its mod revision (a lost
+//! race is retried from a fresh read), with the transition's summary filed on the node's
+//! timeline in the same transaction. A request the state refuses changes nothing (409 with
+//! the state machine's message).
+//!
+//! Routes: operators `POST /api/v1/nodes/{node}/provision {"image"}`, `…/reimage
+//! {"image"?}`, `…/clean`, `GET /api/v1/nodes/{node}/provisioning`; the agent
+//! ([`paddock_birther::protocol`]) `POST /api/v1/provision/next`, `POST
+//! /api/v1/provision/{node}/report`, `POST /api/v1/provision/{node}/register`, `GET
+//! /api/v1/provision/{node}`.
+//!
+//! **`set-image`.** The inspector's rule action records the image on the introspection
+//! ([`paddock_inspector::node::Introspection::set_image`]); it knows nothing of provisioning.
+//! [`RuleWishes`], a node observer, sees the introspection finish (observers run before
+//! `/v1/continue` answers, so the agent's next question already finds the node in `birth`)
+//! and applies [`Event::ProvisionRequested`]; `provision/next` does the same if the observer
+//! has not (another host, a store error). Which introspection's wish was acted on is kept
+//! under `provisioning-rules/`, written in the record's transaction, so a wish is acted on
+//! once: a node cleaned later is not provisioned again until a new introspection's rules
+//! say so. A wish that cannot apply (the image is missing, the node is already provisioned)
+//! is filed on the timeline as an error and not tried again.
+//!
+//! **The dominator's "synced".** While this host leads, [`watch_census`] looks at the
+//! census every second: a sub synced to the image of a node in `birth` or `rebirth` (the
+//! sub named by the node's hostname, after the run registered) gives
+//! [`Event::SubdSynced`] ([`synced_events`], pure).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paddock_birther::protocol::{NextAnswer, NextRequest, RegisterRequest, ReportRequest};
+use paddock_birther::{Event, Operation, Provisioning, Serve, Step, Transition, TransitionError};
+use paddock_image::Machine;
+use paddock_imageserver::images::{ImageRecord, ImageServer};
+use paddock_imageserver::mdb::{MdbService, Source};
+use paddock_inspector::node::Node;
+use paddock_inspector::service::{Inspector, NodeObserver, Subject, timeline_op};
+use paddock_inventory::MacAddr;
+use paddock_store::{Compare, Op, Revision, Store, StoreError, Txn};
+use paddock_wire::{ApiError, unix_ms};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::leader::LeaderRx;
+
+pub const PREFIX: &str = "provisioning/";
+pub const RULES: &str = "provisioning-rules/";
+/// The timeline entries' kind.
+const KIND: &str = "provisioning";
+
+/// The introspection whose `set-image` wish was acted on (or found not to apply).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WishTaken {
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub image: String,
+}
+
+/// The hostname of a node's installed system and of its MDB entry: its name, else
+/// `node-<first 8 hex digits of its UUID>`.
+pub fn hostname(node: &Node) -> String {
+    match &node.name {
+        Some(n) => n.clone(),
+        None => format!("node-{}", &node.uuid.simple().to_string()[..8]),
+    }
+}
+
+/// The `set-image` wish of the node's last introspection, if it finished and its wish has
+/// not been acted on yet (`taken`: what was).
+pub fn rule_wish(node: &Node, taken: Option<&WishTaken>) -> Option<WishTaken> {
+    let intro = node.introspection.as_ref()?;
+    if intro.state != paddock_inspector::state::State::Finished {
+        return None;
+    }
+    let wish = WishTaken {
+        started_at: intro.started_at,
+        finished_at: intro.finished_at,
+        image: intro.set_image.clone()?,
+    };
+    let same =
+        taken.is_some_and(|t| t.started_at == wish.started_at && t.finished_at == wish.finished_at);
+    (!same).then_some(wish)
+}
+
+/// What `provision/next` answers for `node` with its `record` (`image`: the run's image
+/// record, when there is a run).
+pub fn next_answer(
+    node: &Node,
+    record: &Provisioning,
+    image: Option<&ImageRecord>,
+    appliance_url: &str,
+    subd_port: u16,
+) -> NextAnswer {
+    let (mode, run_image) = match record.serve() {
+        Serve::BirthRamdisk { image } => (Some(Operation::Birth), Some(image)),
+        Serve::RebirthRamdisk { image } => (Some(Operation::Rebirth), Some(image)),
+        Serve::CleanRamdisk => (Some(Operation::Clean), None),
+        Serve::InspectionRamdisk | Serve::LocalDisk => (None, None),
+    };
+    let image = image.filter(|r| Some(&r.name) == run_image.as_ref());
+    NextAnswer {
+        node: Some(node.uuid.to_string()),
+        mode,
+        image: run_image,
+        image_bytes: image.map_or(0, |r| r.bytes),
+        hostname: hostname(node),
+        root_device_hints: node
+            .properties
+            .get("root_device")
+            .filter(|h| !h.is_null())
+            .cloned(),
+        subd_port,
+        filter: image
+            .and_then(|r| r.filter.as_ref())
+            .map(|f| f.lines().to_vec())
+            .unwrap_or_default(),
+        appliance_url: appliance_url.to_string(),
+    }
+}
+
+/// The dominator's census as provisioning reads it: hostname → the image its sub is synced
+/// to.
+pub type Synced = BTreeMap<String, String>;
+
+/// Which runs the census says are synced: a node in `birth` or `rebirth`, not synced yet,
+/// whose run has registered its subd (before that, the census may still speak of the
+/// system the run replaces), and whose hostname's sub is synced to the run's image.
+/// `runs`: (node, its hostname, its record).
+pub fn synced_events(synced: &Synced, runs: &[(Uuid, String, Provisioning)]) -> Vec<(Uuid, Event)> {
+    runs.iter()
+        .filter_map(|(uuid, host, record)| {
+            let run = match &record.state {
+                paddock_birther::State::Birth(r) | paddock_birther::State::Rebirth(r) => r,
+                _ => return None,
+            };
+            let registered = run.last_step.is_some_and(|s| s >= Step::Register);
+            (registered && !run.synced && synced.get(host) == Some(&run.image)).then(|| {
+                (
+                    *uuid,
+                    Event::SubdSynced {
+                        image: run.image.clone(),
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+/// The MDB entry `register` puts: `existing` (its tags, owner groups and operator flags
+/// kept) or a new one, with the address, the run's image as RequiredImage and the
+/// `NodeUuid` tag. The address must be an IP address (the dominator connects to it).
+pub fn register_machine(
+    existing: Option<Machine>,
+    hostname: &str,
+    address: &str,
+    image: &str,
+    node: Uuid,
+) -> std::result::Result<Machine, String> {
+    let ip: IpAddr = address
+        .trim()
+        .parse()
+        .map_err(|_| format!("address {address:?} is not an IP address"))?;
+    let mut m = existing.unwrap_or_default();
+    m.hostname = hostname.to_string();
+    m.ip_address = ip.to_string();
+    m.required_image = image.to_string();
+    m.tags.insert("NodeUuid".into(), node.to_string());
+    Ok(m)
+}
+
+/// Why a provisioning call failed; [`ApiError`] gives each its status.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("no node {0}")]
+    NoNode(String),
+    #[error("no image {0:?}: add it first (paddock image add)")]
+    NoImage(String),
+    /// The state machine refuses the event; nothing changed.
+    #[error(transparent)]
+    Refused(#[from] TransitionError),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the provisioning record of node {0} changed too often underneath; try again")]
+    Busy(Uuid),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ProvisionError {
+    fn from(e: StoreError) -> Self {
+        ProvisionError::Internal(format!("store: {e}"))
+    }
+}
+
+impl From<ProvisionError> for ApiError {
+    fn from(e: ProvisionError) -> Self {
+        let status = match &e {
+            ProvisionError::NoNode(_) | ProvisionError::NoImage(_) => 404,
+            ProvisionError::Refused(TransitionError::BadImage(_))
+            | ProvisionError::BadRequest(_) => 400,
+            ProvisionError::Refused(_) | ProvisionError::Busy(_) => 409,
+            ProvisionError::Internal(_) => 500,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<T, ProvisionError>;
+
+fn now_ms() -> u64 {
+    u64::try_from(unix_ms()).unwrap_or(0)
+}
+
+/// The provisioning service: records, requests, the agent's protocol.
+pub struct Provisioner {
+    pub store: Arc<dyn Store>,
+    pub inspector: Arc<Inspector>,
+    pub images: Arc<ImageServer>,
+    pub mdb: Arc<MdbService>,
+    /// Given to the agent (`appliance_url`).
+    pub public_url: String,
+    /// Where subd listens (`[dominator] subd_port`).
+    pub subd_port: u16,
+}
+
+/// One write: the record's transition, and the wish it acts on.
+struct Write<'a> {
+    node: Uuid,
+    record_rev: Revision,
+    transition: Option<&'a Transition>,
+    wish: Option<(Revision, &'a WishTaken)>,
+    /// A timeline entry of its own (a wish that could not apply).
+    note: Option<String>,
+}
+
+impl Provisioner {
+    async fn node(&self, ident: &str) -> Result<Node> {
+        self.inspector
+            .find(ident)
+            .await
+            .map_err(|e| ProvisionError::Internal(e.message))?
+            .map(|v| v.node)
+            .ok_or_else(|| ProvisionError::NoNode(ident.to_string()))
+    }
+
+    /// The node's record and its revision; a node with none is `unknown` since it was
+    /// created (revision 0: absent).
+    pub async fn record(&self, node: &Node) -> Result<(Provisioning, Revision)> {
+        match self.store.get(&format!("{PREFIX}{}", node.uuid)).await? {
+            Some(kv) => {
+                let p = serde_json::from_slice(&kv.value).map_err(|e| {
+                    ProvisionError::Internal(format!("provisioning record {}: {e}", kv.key))
+                })?;
+                Ok((p, kv.mod_revision))
+            }
+            None => {
+                let created = u64::try_from(node.created_at).unwrap_or(0) * 1000;
+                Ok((Provisioning::new(created), 0))
+            }
+        }
+    }
+
+    /// What the node's boot script serves; `None`: the node has no record (it boots as it
+    /// always did).
+    pub async fn serve(&self, node: Uuid) -> Result<Option<Serve>> {
+        let Some(kv) = self.store.get(&format!("{PREFIX}{node}")).await? else {
+            return Ok(None);
+        };
+        let p: Provisioning = serde_json::from_slice(&kv.value).map_err(|e| {
+            ProvisionError::Internal(format!("provisioning record {}: {e}", kv.key))
+        })?;
+        Ok(Some(p.serve()))
+    }
+
+    async fn image(&self, name: &str) -> Result<ImageRecord> {
+        match self.images.record(name).await {
+            Ok(Some(r)) if !r.deleted => Ok(r),
+            Ok(_) => Err(ProvisionError::NoImage(name.to_string())),
+            Err(e) => Err(ProvisionError::Internal(e.to_string())),
+        }
+    }
+
+    /// Writes one change in one transaction; `false`: a compare failed (retry).
+    async fn write(&self, w: Write<'_>) -> Result<bool> {
+        let mut txn = Txn::default();
+        if let Some(t) = w.transition {
+            let key = format!("{PREFIX}{}", w.node);
+            txn.compare.push(Compare::ModRevision {
+                key: key.clone(),
+                revision: w.record_rev,
+            });
+            let value = serde_json::to_vec(&t.record)
+                .map_err(|e| ProvisionError::Internal(e.to_string()))?;
+            txn.success.push(Op::put(key, value));
+            let error = matches!(t.record.state, paddock_birther::State::Error { .. });
+            txn.success
+                .push(timeline_op(Subject::Node(w.node), KIND, &t.summary, error));
+        }
+        if let Some((rev, wish)) = w.wish {
+            let key = format!("{RULES}{}", w.node);
+            txn.compare.push(Compare::ModRevision {
+                key: key.clone(),
+                revision: rev,
+            });
+            let value =
+                serde_json::to_vec(wish).map_err(|e| ProvisionError::Internal(e.to_string()))?;
+            txn.success.push(Op::put(key, value));
+        }
+        if let Some(note) = &w.note {
+            txn.success
+                .push(timeline_op(Subject::Node(w.node), KIND, note, true));
+        }
+        if txn.success.is_empty() {
+            return Ok(true);
+        }
+        Ok(self.store.txn(txn).await?.succeeded)
+    }
+
+    /// Applies `event` to the node's record: one compare-and-swap, retried from a fresh read
+    /// when the record changed underneath. With `check_image`, a transition that starts a
+    /// run needs its image in the image server (else nothing changes). A repeat changes
+    /// nothing and writes nothing.
+    pub async fn apply(&self, node: &Node, event: &Event, check_image: bool) -> Result<Transition> {
+        for _ in 0..10 {
+            let (current, rev) = self.record(node).await?;
+            let t = current.apply(event, now_ms())?;
+            if !t.changed {
+                return Ok(t);
+            }
+            if check_image && let Some(image) = t.record.state.image() {
+                self.image(image).await?;
+            }
+            let w = Write {
+                node: node.uuid,
+                record_rev: rev,
+                transition: Some(&t),
+                wish: None,
+                note: None,
+            };
+            if self.write(w).await? {
+                tracing::info!(node = %node.uuid, summary = %t.summary, "provisioning");
+                return Ok(t);
+            }
+        }
+        Err(ProvisionError::Busy(node.uuid))
+    }
+
+    /// Acts on the `set-image` wish of the node's finished introspection, once: the node
+    /// goes `unknown → birth` with the image, or the reason it cannot is filed on its
+    /// timeline. Returns whether the record changed.
+    pub async fn take_wish(&self, node: &Node) -> Result<bool> {
+        if node
+            .introspection
+            .as_ref()
+            .and_then(|i| i.set_image.as_ref())
+            .is_none()
+        {
+            return Ok(false);
+        }
+        for _ in 0..10 {
+            let marker = self.store.get(&format!("{RULES}{}", node.uuid)).await?;
+            let taken: Option<WishTaken> = marker
+                .as_ref()
+                .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+            let Some(wish) = rule_wish(node, taken.as_ref()) else {
+                return Ok(false);
+            };
+            let marker_rev = marker.map_or(0, |kv| kv.mod_revision);
+            let (current, rev) = self.record(node).await?;
+            let event = Event::ProvisionRequested {
+                image: wish.image.clone(),
+            };
+            let outcome = match current.apply(&event, now_ms()) {
+                Ok(t) => match self.image(&wish.image).await {
+                    Ok(_) => Ok(t),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            let (transition, note) = match &outcome {
+                Ok(t) => (t.changed.then_some(t), None),
+                Err(e) => (
+                    None,
+                    Some(format!(
+                        "rule set-image {}: not provisioned: {e}",
+                        wish.image
+                    )),
+                ),
+            };
+            let w = Write {
+                node: node.uuid,
+                record_rev: rev,
+                transition,
+                wish: Some((marker_rev, &wish)),
+                note,
+            };
+            if self.write(w).await? {
+                match &outcome {
+                    Ok(t) => {
+                        tracing::info!(node = %node.uuid, summary = %t.summary, "provisioning: rule set-image")
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %node.uuid, error = %e, "provisioning: rule set-image not applied")
+                    }
+                }
+                return Ok(transition.is_some());
+            }
+        }
+        Err(ProvisionError::Busy(node.uuid))
+    }
+
+    /// `provision/next`: the node with any of `macs`, and what its agent must do.
+    pub async fn next(&self, req: &NextRequest) -> Result<NextAnswer> {
+        let mut node = None;
+        for text in &req.macs {
+            let mac: MacAddr = text
+                .parse()
+                .map_err(|e: paddock_inventory::MacParseError| {
+                    ProvisionError::BadRequest(format!("mac {text:?}: {e}"))
+                })?;
+            if let Some(v) = self
+                .inspector
+                .by_mac(mac)
+                .await
+                .map_err(|e| ProvisionError::Internal(e.message))?
+            {
+                node = Some(v.node);
+                break;
+            }
+        }
+        let Some(node) = node else {
+            return Ok(NextAnswer::nothing(&self.public_url));
+        };
+        // The one-boot path: the rule's wish, if the observer has not acted on it.
+        if let Err(e) = self.take_wish(&node).await {
+            tracing::warn!(node = %node.uuid, error = %e, "provisioning: rule set-image not applied");
+        }
+        let (record, _) = self.record(&node).await?;
+        let image = match record.state.image() {
+            Some(name) if record.serve().ramdisk_mode().is_some() => self
+                .images
+                .record(name)
+                .await
+                .map_err(|e| ProvisionError::Internal(e.to_string()))?,
+            _ => None,
+        };
+        Ok(next_answer(
+            &node,
+            &record,
+            image.as_ref(),
+            &self.public_url,
+            self.subd_port,
+        ))
+    }
+
+    /// `provision/{node}/register`: the MDB machine, then `register` done.
+    pub async fn register(&self, node: &Node, address: &str) -> Result<Transition> {
+        let (current, _) = self.record(node).await?;
+        let event = Event::StepDone {
+            step: Step::Register,
+        };
+        // Refused before anything is written.
+        current.apply(&event, now_ms())?;
+        let image = current
+            .state
+            .image()
+            .ok_or_else(|| ProvisionError::BadRequest("no run to register".into()))?
+            .to_string();
+        let host = hostname(node);
+        let existing = self
+            .mdb
+            .entries()
+            .await
+            .map_err(|e| ProvisionError::Internal(e.to_string()))?
+            .remove(&host)
+            .map(|e| e.machine);
+        let machine = register_machine(existing, &host, address, &image, node.uuid)
+            .map_err(ProvisionError::BadRequest)?;
+        self.mdb
+            .set(machine, Source::Api)
+            .await
+            .map_err(|e| ProvisionError::Internal(e.to_string()))?;
+        tracing::info!(node = %node.uuid, %host, %address, %image, "provisioning: machine registered in the MDB");
+        self.apply(node, &event, false).await
+    }
+
+    /// The runs in progress with their hostnames (a node is read only for a run that has
+    /// registered and is not synced yet).
+    async fn runs(&self) -> Result<Vec<(Uuid, String, Provisioning)>> {
+        let mut out = Vec::new();
+        for kv in self.store.range(PREFIX).await? {
+            let Some(uuid) = kv
+                .key
+                .strip_prefix(PREFIX)
+                .and_then(|u| u.parse::<Uuid>().ok())
+            else {
+                continue;
+            };
+            let Ok(p) = serde_json::from_slice::<Provisioning>(&kv.value) else {
+                continue;
+            };
+            let waiting = match &p.state {
+                paddock_birther::State::Birth(r) | paddock_birther::State::Rebirth(r) => {
+                    !r.synced && r.last_step.is_some_and(|s| s >= Step::Register)
+                }
+                _ => false,
+            };
+            if !waiting {
+                continue;
+            }
+            if let Ok(Some(v)) = self.inspector.get(&uuid.to_string()).await {
+                out.push((uuid, hostname(&v.node), p));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One look at the census: applies `subd_synced` to every run it shows synced.
+    pub async fn census_synced(&self, census: &paddock_dominator::Census) -> Result<usize> {
+        let synced: Synced = census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(|s| match &s.state {
+                paddock_dominator::SubState::Synced { image } => {
+                    Some((s.hostname.clone(), image.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        if synced.is_empty() {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for (uuid, event) in synced_events(&synced, &self.runs().await?) {
+            let Some(v) = self
+                .inspector
+                .get(&uuid.to_string())
+                .await
+                .map_err(|e| ProvisionError::Internal(e.message))?
+            else {
+                continue;
+            };
+            match self.apply(&v.node, &event, false).await {
+                Ok(t) if t.changed => n += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "provisioning: subd synced not recorded")
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// While this host leads, looks at the census every second for runs it shows synced.
+pub fn watch_census(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    p: Arc<Provisioner>,
+    census: paddock_dominator::Census,
+    leader: LeaderRx,
+) {
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if leader.borrow().is_none() {
+                continue;
+            }
+            if let Err(e) = p.census_synced(&census).await {
+                tracing::warn!(error = %e, "provisioning: reading the census failed");
+            }
+        }
+    });
+}
+
+/// Acts on `set-image` wishes when an introspection finishes (a node observer: it runs
+/// before `/v1/continue` answers). Only the nodes a change names are read.
+pub struct RuleWishes(pub Arc<Provisioner>);
+
+impl NodeObserver for RuleWishes {
+    fn nodes_changed<'a>(
+        &'a self,
+        changed: &'a [Uuid],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            // An empty list ("not known") follows a failed /v1/continue, which finishes no
+            // introspection: nothing to act on.
+            for uuid in changed {
+                let node = match self.0.inspector.get(&uuid.to_string()).await {
+                    Ok(Some(v)) => v.node,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(node = %uuid, error = %e, "provisioning: node not read");
+                        continue;
+                    }
+                };
+                if let Err(e) = self.0.take_wish(&node).await {
+                    tracing::warn!(node = %uuid, error = %e, "provisioning: rule set-image not applied");
+                }
+            }
+        })
+    }
+}
+
+pub fn router(p: Arc<Provisioner>) -> Router {
+    Router::new()
+        .route("/api/v1/nodes/{node}/provision", post(provision))
+        .route("/api/v1/nodes/{node}/reimage", post(reimage))
+        .route("/api/v1/nodes/{node}/clean", post(clean))
+        .route("/api/v1/nodes/{node}/provisioning", get(show))
+        .route("/api/v1/provision/next", post(next))
+        .route("/api/v1/provision/{node}", get(show))
+        .route("/api/v1/provision/{node}/report", post(report))
+        .route("/api/v1/provision/{node}/register", post(register))
+        .with_state(p)
+}
+
+type Api = State<Arc<Provisioner>>;
+
+/// A JSON body; an empty one reads as `{}`.
+fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> std::result::Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
+}
+
+#[derive(Deserialize)]
+struct ImageBody {
+    #[serde(default)]
+    image: Option<String>,
+}
+
+async fn request(
+    p: &Provisioner,
+    ident: &str,
+    event: Event,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let node = p.node(ident).await?;
+    Ok(Json(p.apply(&node, &event, true).await?.record))
+}
+
+async fn provision(
+    State(p): Api,
+    Path(ident): Path<String>,
+    b: Bytes,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let b: ImageBody = body(&b)?;
+    let image = b
+        .image
+        .ok_or_else(|| ApiError::bad_request("name the image: {\"image\": NAME}"))?;
+    request(&p, &ident, Event::ProvisionRequested { image }).await
+}
+
+async fn reimage(
+    State(p): Api,
+    Path(ident): Path<String>,
+    b: Bytes,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let b: ImageBody = body(&b)?;
+    request(&p, &ident, Event::ReimageRequested { image: b.image }).await
+}
+
+async fn clean(
+    State(p): Api,
+    Path(ident): Path<String>,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    request(&p, &ident, Event::CleanRequested).await
+}
+
+async fn show(
+    State(p): Api,
+    Path(ident): Path<String>,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let node = p.node(&ident).await?;
+    Ok(Json(p.record(&node).await?.0))
+}
+
+async fn next(State(p): Api, b: Bytes) -> std::result::Result<Json<NextAnswer>, ApiError> {
+    let req: NextRequest = body(&b)?;
+    Ok(Json(p.next(&req).await?))
+}
+
+async fn report(
+    State(p): Api,
+    Path(ident): Path<String>,
+    b: Bytes,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let req: ReportRequest = body(&b)?;
+    if !req.agent_may_send() {
+        return Err(ApiError::bad_request(format!(
+            "{} is not a report the agent sends (step_done, step_failed, clean_done)",
+            req.event.name()
+        )));
+    }
+    let node = p.node(&ident).await?;
+    Ok(Json(p.apply(&node, &req.event, false).await?.record))
+}
+
+async fn register(
+    State(p): Api,
+    Path(ident): Path<String>,
+    b: Bytes,
+) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let req: RegisterRequest = body(&b)?;
+    let node = p.node(&ident).await?;
+    Ok(Json(p.register(&node, &req.address).await?.record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_birther::State as P;
+    use paddock_birther::state::Run;
+    use paddock_inspector::node::Introspection;
+    use paddock_inspector::state::State as I;
+
+    fn node(name: Option<&str>) -> Node {
+        let mut n = Node::new(
+            Uuid::from_u128(0x0b6c_2a4e_1111_2222_3333_4444_5555_6666),
+            0,
+        );
+        n.name = name.map(String::from);
+        n
+    }
+
+    fn record(state: P) -> Provisioning {
+        Provisioning {
+            state,
+            since_ms: 1,
+            updated_ms: 2,
+        }
+    }
+
+    fn run(image: &str, last_step: Option<Step>, synced: bool) -> Run {
+        Run {
+            image: image.into(),
+            previous_image: None,
+            last_step,
+            synced,
+        }
+    }
+
+    fn image(name: &str, filter: Option<&str>) -> ImageRecord {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "created_on_ms": 0, "bytes": 12345,
+            "filter": filter.map(|f| vec![f]),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn hostnames() {
+        assert_eq!(hostname(&node(Some("r1u7"))), "r1u7");
+        assert_eq!(hostname(&node(None)), "node-0b6c2a4e");
+    }
+
+    #[test]
+    fn a_wish_is_acted_on_once_per_introspection() {
+        let mut n = node(None);
+        assert_eq!(rule_wish(&n, None), None, "no introspection");
+        let intro = |state, set_image: Option<&str>, started| Introspection {
+            state,
+            started_at: Some(started),
+            finished_at: (state == I::Finished).then_some(started + 5),
+            error: None,
+            manage_boot: true,
+            set_image: set_image.map(String::from),
+        };
+        n.introspection = Some(intro(I::Waiting, Some("a"), 10));
+        assert_eq!(rule_wish(&n, None), None, "not finished");
+        n.introspection = Some(intro(I::Error, Some("a"), 10));
+        assert_eq!(rule_wish(&n, None), None, "failed");
+        n.introspection = Some(intro(I::Finished, None, 10));
+        assert_eq!(rule_wish(&n, None), None, "no wish");
+        n.introspection = Some(intro(I::Finished, Some("a"), 10));
+        let w = rule_wish(&n, None).unwrap();
+        assert_eq!(
+            w,
+            WishTaken {
+                started_at: Some(10),
+                finished_at: Some(15),
+                image: "a".into()
+            }
+        );
+        assert_eq!(rule_wish(&n, Some(&w)), None, "taken");
+        // A new introspection with the same wish is a new wish.
+        n.introspection = Some(intro(I::Finished, Some("a"), 20));
+        assert_eq!(rule_wish(&n, Some(&w)).unwrap().started_at, Some(20));
+    }
+
+    #[test]
+    fn what_next_answers() {
+        let mut n = node(Some("r1"));
+        n.properties
+            .insert("root_device".into(), serde_json::json!({"serial": "disk0"}));
+        let a = image("debian/a", Some("/tmp/.*"));
+        let birth = record(P::Birth(run("debian/a", None, false)));
+        let got = next_answer(&n, &birth, Some(&a), "http://p", 6969);
+        assert_eq!(
+            got.node.as_deref(),
+            Some("0b6c2a4e-1111-2222-3333-444455556666")
+        );
+        assert_eq!(got.mode, Some(Operation::Birth));
+        assert_eq!(got.image.as_deref(), Some("debian/a"));
+        assert_eq!(got.image_bytes, 12345);
+        assert_eq!(got.hostname, "r1");
+        assert_eq!(got.filter, ["/tmp/.*"]);
+        assert_eq!(
+            got.root_device_hints,
+            Some(serde_json::json!({"serial": "disk0"}))
+        );
+        assert_eq!(
+            (got.subd_port, got.appliance_url.as_str()),
+            (6969, "http://p")
+        );
+        let rebirth = record(P::Rebirth(run("debian/a", Some(Step::ChooseDisk), false)));
+        assert_eq!(
+            next_answer(&n, &rebirth, Some(&a), "http://p", 1).mode,
+            Some(Operation::Rebirth)
+        );
+        // Another image's record is not this run's.
+        let other = next_answer(&n, &birth, Some(&image("debian/b", None)), "http://p", 1);
+        assert_eq!((other.image_bytes, other.filter.len()), (0, 0));
+        let clean = next_answer(&n, &record(P::Clean { last_step: None }), None, "u", 1);
+        assert_eq!((clean.mode, clean.image), (Some(Operation::Clean), None));
+        for idle in [
+            P::Unknown,
+            P::Healthy {
+                image: "debian/a".into(),
+            },
+            P::Error {
+                operation: Operation::Birth,
+                step: Step::Partition,
+                message: "m".into(),
+                image: Some("debian/a".into()),
+            },
+        ] {
+            let got = next_answer(&n, &record(idle.clone()), Some(&a), "u", 1);
+            assert_eq!((got.mode, got.image.as_deref()), (None, None), "{idle:?}");
+            assert_eq!(got.hostname, "r1");
+        }
+    }
+
+    #[test]
+    fn the_census_says_which_runs_are_synced() {
+        let u = |n: u128| Uuid::from_u128(n);
+        let synced: Synced = [
+            ("a".to_string(), "img/1".to_string()),
+            ("b".to_string(), "img/1".to_string()),
+            ("c".to_string(), "img/1".to_string()),
+            ("d".to_string(), "img/1".to_string()),
+            ("e".to_string(), "img/1".to_string()),
+        ]
+        .into();
+        let runs = vec![
+            // Registered, synced to its image: yes.
+            (
+                u(1),
+                "a".into(),
+                record(P::Birth(run("img/1", Some(Step::Register), false))),
+            ),
+            // Another image.
+            (
+                u(2),
+                "b".into(),
+                record(P::Birth(run("img/2", Some(Step::Register), false))),
+            ),
+            // Not registered yet: the census may speak of the old system.
+            (
+                u(3),
+                "c".into(),
+                record(P::Rebirth(run("img/1", Some(Step::StartSubd), false))),
+            ),
+            // Already synced.
+            (
+                u(4),
+                "d".into(),
+                record(P::Birth(run("img/1", Some(Step::BootLoader), true))),
+            ),
+            // Not in the census as synced.
+            (
+                u(5),
+                "z".into(),
+                record(P::Birth(run("img/1", Some(Step::Register), false))),
+            ),
+            // Not a run.
+            (
+                u(6),
+                "e".into(),
+                record(P::Healthy {
+                    image: "img/1".into(),
+                }),
+            ),
+            // A rebirth, registered: yes.
+            (
+                u(7),
+                "e".into(),
+                record(P::Rebirth(run("img/1", Some(Step::Register), false))),
+            ),
+        ];
+        let got = synced_events(&synced, &runs);
+        let want = |n| {
+            (
+                u(n),
+                Event::SubdSynced {
+                    image: "img/1".into(),
+                },
+            )
+        };
+        assert_eq!(got, vec![want(1), want(7)]);
+        // Each applies: the run is synced.
+        for (i, (_, _, r)) in runs.iter().enumerate() {
+            if let Some((_, e)) = got.iter().find(|(id, _)| *id == runs[i].0) {
+                let t = r.apply(e, 10).unwrap();
+                assert!(t.changed);
+            }
+        }
+    }
+
+    #[test]
+    fn the_registered_machine() {
+        let u = Uuid::from_u128(9);
+        let m = register_machine(None, "r1", " 198.18.0.150 ", "img/1", u).unwrap();
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            serde_json::json!({"Hostname": "r1", "IpAddress": "198.18.0.150",
+                "RequiredImage": "img/1", "Tags": {"NodeUuid": u.to_string()}})
+        );
+        let existing = Machine {
+            hostname: "r1".into(),
+            ip_address: "198.18.0.9".into(),
+            required_image: "img/0".into(),
+            owner_groups: vec!["ops".into()],
+            ..Machine::default()
+        };
+        let m = register_machine(Some(existing), "r1", "fd00::9", "img/1", u).unwrap();
+        assert_eq!(
+            (
+                m.ip_address.as_str(),
+                m.required_image.as_str(),
+                m.owner_groups.len()
+            ),
+            ("fd00::9", "img/1", 1)
+        );
+        for bad in ["", "198.18.0.150:22", "host; rm -rf /", "198.18.0.999"] {
+            assert!(
+                register_machine(None, "r1", bad, "img/1", u).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_have_their_status() {
+        let status = |e: ProvisionError| ApiError::from(e).status;
+        assert_eq!(status(ProvisionError::NoNode("x".into())), 404);
+        assert_eq!(status(ProvisionError::NoImage("x".into())), 404);
+        assert_eq!(
+            status(ProvisionError::Refused(TransitionError::NotProvisioned)),
+            409
+        );
+        assert_eq!(
+            status(ProvisionError::Refused(TransitionError::BadImage(
+                paddock_image::image::check_name("../x").unwrap_err()
+            ))),
+            400
+        );
+        assert_eq!(status(ProvisionError::BadRequest("x".into())), 400);
+        assert_eq!(status(ProvisionError::Busy(Uuid::nil())), 409);
+    }
+}

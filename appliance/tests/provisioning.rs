@@ -1,0 +1,439 @@
+//! Provisioning in a running appliance (issue 16), through the real CLI and curl: a node
+//! walks provision → the agent's `next` (birth) → step reports → register (the MDB holds the
+//! machine) → clean → unknown, with its boot script checked at each state; requests the
+//! state refuses change nothing; and an inspection rule's `set-image` puts a node in birth
+//! as its introspection finishes (the one-boot path). Reaching `synced` needs a real subd
+//! and the dominator: the census → `subd_synced` mapping is tested as a pure function
+//! (`provisioning::tests`).
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+const MAC: &str = "52:54:00:16:00:01";
+
+struct Setup {
+    link: Link,
+    scratch: Scratch,
+    _app: Appliance,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        require(&["curl", "ip", "tar"]);
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let config = base_config(
+            &link,
+            &scratch,
+            &format!(
+                "[tftp]\nenabled = false\n[boot.discovery]\nkernel = \"{PUBLIC_URL}/k\"\ninitrd = \"{PUBLIC_URL}/i\"\n"
+            ),
+        );
+        let app = Appliance::start(&link.server, &scratch, &config);
+        let s = Setup {
+            link,
+            scratch,
+            _app: app,
+        };
+        s.add_image("test/a");
+        s
+    }
+
+    /// A tiny full image (what a full image needs, and a filter).
+    fn add_image(&self, name: &str) {
+        let root = self.scratch.path("root");
+        sh_ok(&format!(
+            "mkdir -p {r}/etc {r}/usr/bin {r}/tmp && echo 'root:x:0:0::/root:/bin/sh' > {r}/etc/passwd && echo hi > {r}/usr/bin/hello",
+            r = root.display()
+        ));
+        let tar = self.scratch.path("image.tar");
+        sh_ok(&format!(
+            "tar -C {} -cf {} etc usr tmp",
+            root.display(),
+            tar.display()
+        ));
+        let filter = self.scratch.path("filter");
+        std::fs::write(&filter, "/tmp/.*\n").unwrap();
+        self.cli_ok(&format!(
+            "image add {name} {} --filter {}",
+            tar.display(),
+            filter.display()
+        ));
+    }
+
+    fn cli(&self, args: &str) -> std::process::Output {
+        self.link.server.sh(&format!(
+            "PADDOCK_API={PUBLIC_URL} {} {args}",
+            env!("CARGO_BIN_EXE_paddock")
+        ))
+    }
+
+    #[track_caller]
+    fn cli_ok(&self, args: &str) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "paddock {args}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Resp {
+        let text = body.map(|b| b.to_string());
+        http(
+            &self.link.server,
+            &self.scratch,
+            method,
+            path,
+            text.as_deref(),
+            &[],
+        )
+    }
+
+    #[track_caller]
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let r = self.call(method, path, body);
+        assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.body);
+        if r.body.trim().is_empty() {
+            Value::Null
+        } else {
+            r.json()
+        }
+    }
+
+    /// A refused call: its status and message; the record is as it was.
+    #[track_caller]
+    fn refused(&self, method: &str, path: &str, body: Option<Value>, status: u16, says: &str) {
+        let before = self.record("r1");
+        let r = self.call(method, path, body);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.body);
+        let message = r.error();
+        assert!(message.contains(says), "{method} {path}: {message}");
+        assert_eq!(
+            self.record("r1"),
+            before,
+            "{method} {path} changed the record"
+        );
+    }
+
+    fn record(&self, node: &str) -> Value {
+        self.ok("GET", &format!("/api/v1/nodes/{node}/provisioning"), None)
+    }
+
+    fn script(&self) -> String {
+        let r = self.call("GET", &format!("/boot/{MAC}.ipxe"), None);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.body
+    }
+
+    fn report(&self, node: &str, event: Value) -> Value {
+        self.ok(
+            "POST",
+            &format!("/api/v1/provision/{node}/report"),
+            Some(json!({"event": event})),
+        )
+    }
+
+    fn next(&self, macs: &[&str]) -> Value {
+        self.ok(
+            "POST",
+            "/api/v1/provision/next",
+            Some(json!({"macs": macs})),
+        )
+    }
+}
+
+fn assert_ramdisk(script: &str, mode: Option<&str>) {
+    assert!(
+        script.contains(&format!("kernel {PUBLIC_URL}/k ")),
+        "{script}"
+    );
+    match mode {
+        Some(m) => assert!(script.contains(&format!(" paddock.mode={m} ")), "{script}"),
+        None => assert!(!script.contains("paddock.mode="), "{script}"),
+    }
+}
+
+#[test]
+fn a_node_walks_through_provisioning_and_bad_requests_change_nothing() {
+    let s = Setup::start();
+    let node = s.ok(
+        "POST",
+        "/api/v1/nodes",
+        Some(json!({"name": "r1", "macs": [MAC]})),
+    );
+    let uuid = node["uuid"].as_str().unwrap().to_string();
+    // Never provisioned: unknown, and it boots as before (the local disk).
+    assert_eq!(s.record("r1")["state"], "unknown");
+    let local = s.script();
+    assert!(
+        local.contains("sanboot --no-describe --drive 0x80"),
+        "{local}"
+    );
+    assert!(local.contains("iseq ${platform} efi && exit"), "{local}");
+    assert!(!local.contains("kernel "), "{local}");
+
+    // Refused: nothing changes.
+    s.refused(
+        "POST",
+        "/api/v1/nodes/r1/provision",
+        Some(json!({"image": "test/none"})),
+        404,
+        "no image \"test/none\"",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/nodes/r1/provision",
+        Some(json!({})),
+        400,
+        "name the image",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/nodes/r1/provision",
+        Some(json!({"image": "../etc"})),
+        400,
+        "",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/nodes/r1/reimage",
+        Some(json!({"image": "test/a"})),
+        409,
+        "the node has no image installed: use provision",
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/api/v1/nodes/nope/provision",
+            Some(json!({"image": "test/a"}))
+        )
+        .status,
+        404
+    );
+    assert!(!s.script().contains("kernel "), "still the local disk");
+
+    // provision → birth: the ramdisk in birth mode.
+    let out = s.cli_ok("node provision r1 --image test/a");
+    assert!(out.contains("provision   birth (image test/a)"), "{out}");
+    let birth = s.record("r1");
+    assert_eq!(
+        (birth["state"].as_str(), birth["image"].as_str()),
+        (Some("birth"), Some("test/a"))
+    );
+    assert_ramdisk(&s.script(), Some("birth"));
+    // Again: nothing changes; another image while it runs: refused.
+    let again = s.ok(
+        "POST",
+        "/api/v1/nodes/r1/provision",
+        Some(json!({"image": "test/a"})),
+    );
+    assert_eq!(again, birth, "a repeated request changes nothing");
+    s.refused(
+        "POST",
+        &format!("/api/v1/nodes/{uuid}/reimage"),
+        Some(json!({"image": "test/a"})),
+        409,
+        "the node is in birth (image test/a)",
+    );
+
+    // The agent: next by any MAC (any case), then its reports.
+    let next = s.next(&["52:54:00:99:99:99", &MAC.to_uppercase()]);
+    assert_eq!(next["node"], uuid.as_str());
+    assert_eq!(next["mode"], "birth");
+    assert_eq!(next["image"], "test/a");
+    assert!(next["image_bytes"].as_u64().unwrap() > 0, "{next}");
+    assert_eq!(next["hostname"], "r1");
+    assert_eq!(next["filter"], json!(["/tmp/.*"]));
+    assert_eq!(next["subd_port"], 6969);
+    assert_eq!(next["appliance_url"], PUBLIC_URL);
+    assert_eq!(next["root_device_hints"], Value::Null);
+    let nobody = s.next(&["52:54:00:99:99:99"]);
+    assert_eq!(
+        (nobody["node"].clone(), nobody["mode"].clone()),
+        (Value::Null, Value::Null)
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/api/v1/provision/next",
+            Some(json!({"macs": ["nonsense"]}))
+        )
+        .status,
+        400
+    );
+    for step in ["choose_disk", "partition", "filesystems", "start_subd"] {
+        let r = s.report(&uuid, json!({"event": "step_done", "step": step}));
+        assert_eq!(r["last_step"], step, "{r}");
+    }
+    // What the agent may not send, or what its state refuses: nothing changes.
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/report",
+        Some(json!({"event": {"event": "subd_synced", "image": "test/a"}})),
+        400,
+        "not a report the agent sends",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/report",
+        Some(json!({"event": {"event": "clean_requested"}})),
+        400,
+        "not a report the agent sends",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/report",
+        Some(json!({"event": {"event": "step_done", "step": "boot_loader"}})),
+        409,
+        "the dominator has not reported it synced",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/report",
+        Some(json!({"event": {"event": "step_done", "step": "wipe"}})),
+        409,
+        "step wipe is not a step of birth",
+    );
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/register",
+        Some(json!({"address": "198.18.0.150; reboot"})),
+        400,
+        "is not an IP address",
+    );
+    let mdb = s.ok("GET", "/rpc/Mdb.ListMachines", None);
+    assert!(
+        !mdb.to_string().contains("\"Hostname\":\"r1\""),
+        "a refused register wrote the MDB: {mdb}"
+    );
+
+    // register: the MDB holds the machine, and the step is done.
+    let r = s.ok(
+        "POST",
+        "/api/v1/provision/r1/register",
+        Some(json!({"address": "198.18.0.150"})),
+    );
+    assert_eq!(
+        (r["last_step"].as_str(), r["synced"].as_bool()),
+        (Some("register"), Some(false))
+    );
+    let mdb = s.ok("GET", "/rpc/Mdb.ListMachines", None);
+    let machine = mdb["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["machine"]["Hostname"] == "r1")
+        .unwrap_or_else(|| panic!("no r1 in the MDB: {mdb}"))
+        .clone();
+    assert_eq!(machine["machine"]["IpAddress"], "198.18.0.150");
+    assert_eq!(machine["machine"]["RequiredImage"], "test/a");
+    assert_eq!(machine["machine"]["Tags"]["NodeUuid"], uuid.as_str());
+    // The agent polls the record for `synced`.
+    let polled = s.ok("GET", &format!("/api/v1/provision/{uuid}"), None);
+    assert_eq!(polled["synced"], false);
+
+    // clean, from a run: the ramdisk in clean mode, then unknown again.
+    let out = s.cli_ok("node clean r1");
+    assert!(out.contains("provision   clean"), "{out}");
+    assert_ramdisk(&s.script(), Some("clean"));
+    let next = s.next(&[MAC]);
+    assert_eq!(
+        (next["mode"].as_str(), next["image"].clone()),
+        (Some("clean"), Value::Null)
+    );
+    s.report("r1", json!({"event": "step_done", "step": "wipe"}));
+    let done = s.report("r1", json!({"event": "clean_done"}));
+    assert_eq!(done["state"], "unknown");
+    // Repeated, the report changes nothing and is no error.
+    assert_eq!(s.report("r1", json!({"event": "clean_done"})), done);
+    // Unknown after a clean: the node waits in the discovery ramdisk.
+    assert_ramdisk(&s.script(), None);
+    assert_eq!(s.next(&[MAC])["mode"], Value::Null);
+    s.refused(
+        "POST",
+        "/api/v1/provision/r1/register",
+        Some(json!({"address": "198.18.0.150"})),
+        409,
+        "does not apply to a node in unknown",
+    );
+
+    // The operator sees the state and every transition on the timeline.
+    let show = s.cli_ok("node show r1");
+    assert!(show.contains("provision   unknown"), "{show}");
+    for line in [
+        "unknown → birth: provisioning requested (image test/a)",
+        "birth → birth: step register done (image test/a)",
+        "birth → clean: clean requested",
+        "clean → unknown: clean done",
+    ] {
+        assert!(show.contains(line), "{line:?} missing:\n{show}");
+    }
+    // reimage [--image]: from an error keeps the failed run's image.
+    s.cli_ok("node provision r1 --image test/a");
+    s.report(
+        "r1",
+        json!({"event": "step_failed", "step": "choose_disk", "message": "no disk of 4 GiB or more"}),
+    );
+    let show = s.cli_ok("node show r1");
+    assert!(
+        show.contains("birth failed at choose_disk: no disk of 4 GiB or more"),
+        "{show}"
+    );
+    assert_ramdisk(&s.script(), None);
+    let out = s.cli_ok("node reimage r1");
+    assert!(out.contains("provision   rebirth (image test/a)"), "{out}");
+    assert_ramdisk(&s.script(), Some("rebirth"));
+    let bad = s.cli("node reimage r1 --image test/none");
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn a_rule_provisions_the_node_as_its_inspection_finishes() {
+    let s = Setup::start();
+    let bad = s.call(
+        "POST",
+        "/v1/rules",
+        Some(json!({"conditions": [], "actions": [{"action": "set-image", "image": 7}]})),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.error().contains("set-image"), "{}", bad.body);
+    s.ok(
+        "POST",
+        "/v1/rules",
+        Some(json!({"description": "provision", "conditions": [],
+                    "actions": [{"action": "set-image", "image": "test/a"}]})),
+    );
+    // An unknown machine boots the discovery ramdisk, posts its inventory (auto-enrolment
+    // and the rules), and its next question finds it in birth: the same boot goes on.
+    assert_ramdisk(&s.script(), None);
+    let inventory = inventory(&[MAC], 2, 2048, &[20]);
+    s.ok("POST", "/v1/continue", Some(inventory));
+    let next = s.next(&[MAC]);
+    assert_eq!(next["mode"], "birth", "{next}");
+    assert_eq!(next["image"], "test/a");
+    let uuid = next["node"].as_str().unwrap().to_string();
+    assert_eq!(next["hostname"], format!("node-{}", &uuid[..8]));
+    let record = s.record(&uuid);
+    assert_eq!(record["state"], "birth");
+    assert_ramdisk(&s.script(), Some("birth"));
+    // The wish is acted on once: cleaned, the node stays unknown whatever else changes.
+    s.cli_ok(&format!("node clean {uuid}"));
+    s.report(&uuid, json!({"event": "clean_done"}));
+    s.ok(
+        "PATCH",
+        &format!("/api/v1/nodes/{uuid}"),
+        Some(json!([{"op": "add", "path": "/extra/rack", "value": "r9"}])),
+    );
+    assert_eq!(s.next(&[MAC])["mode"], Value::Null);
+    assert_eq!(s.record(&uuid)["state"], "unknown");
+    let timeline = s.ok("GET", &format!("/api/v1/nodes/{uuid}"), None)["timeline"].to_string();
+    assert!(
+        timeline.contains("unknown → birth: provisioning requested (image test/a)"),
+        "{timeline}"
+    );
+}
