@@ -1,10 +1,10 @@
 //! Provisioning in a running appliance (issue 16), through the real CLI and curl: a node
 //! walks provision → the agent's `next` (birth) → step reports → register (the MDB holds the
 //! machine) → clean → unknown, with its boot script checked at each state; requests the
-//! state refuses change nothing; and an inspection rule's `set-image` puts a node in birth
-//! as its introspection finishes (the one-boot path). Reaching `synced` needs a real subd
-//! and the dominator: the census → `subd_synced` mapping is tested as a pure function
-//! (`provisioning::tests`).
+//! state refuses change nothing; an inspection rule's `set-image` puts a node in birth as
+//! its introspection finishes (the one-boot path); and a birth against a real `paddock-subd`
+//! (`cargo build -p paddock-subd` first) is synced by the dominator, whose census gives
+//! `subd_synced`, and hands over to the local disk.
 
 mod support;
 
@@ -435,5 +435,128 @@ fn a_rule_provisions_the_node_as_its_inspection_finishes() {
     assert!(
         timeline.contains("unknown → birth: provisioning requested (image test/a)"),
         "{timeline}"
+    );
+}
+
+/// A process killed and reaped when the test ends.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits up to `secs` for `f`, naming what was awaited.
+#[track_caller]
+fn wait_long(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The whole birth against a real `paddock-subd` on an empty root: register, the dominator
+/// pushes the image, its census gives `subd_synced`, the agent's last steps make the node
+/// healthy, and its boot script serves the local disk.
+#[test]
+fn a_birth_is_synced_by_the_dominator_and_hands_over() {
+    let subd = std::path::Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-subd");
+    assert!(
+        subd.exists(),
+        "{} is missing: run `cargo build -p paddock-subd` first",
+        subd.display()
+    );
+    let s = Setup::start();
+    let uuid = s.ok(
+        "POST",
+        "/api/v1/nodes",
+        Some(json!({"name": "r2", "macs": [MAC]})),
+    )["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.cli_ok("node provision r2 --image test/a");
+    for step in ["choose_disk", "partition", "filesystems"] {
+        s.report("r2", json!({"event": "step_done", "step": step}));
+    }
+    // The target: an empty file system, subd on it.
+    let root = s.scratch.path("target");
+    std::fs::create_dir_all(&root).unwrap();
+    let log = s.scratch.path("subd.log");
+    let _subd = Reap(s.link.server.spawn(
+        &format!(
+            "env PADDOCK_LOG=info {} --insecure --root {} --listen 127.0.0.2:6969 \
+             --trigger-command /bin/true --reboot-command /bin/true \
+             --device-speed 1073741824 --link-speed 1073741824 --min-cycle-ms 100 \
+             --exclude '/tmp/.*'",
+            subd.display(),
+            root.display()
+        ),
+        &log,
+    ));
+    wait_long("subd to listen", 30, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("paddock-subd: listening on")
+    });
+    s.report("r2", json!({"event": "step_done", "step": "start_subd"}));
+    s.ok(
+        "POST",
+        "/api/v1/provision/r2/register",
+        Some(json!({"address": "127.0.0.2"})),
+    );
+    // The agent polls its record until the dominator has synced the image.
+    wait_long("the dominator to sync r2 to test/a", 180, || {
+        s.ok("GET", &format!("/api/v1/provision/{uuid}"), None)["synced"] == true
+    });
+    assert_eq!(
+        std::fs::read_to_string(root.join("usr/bin/hello")).unwrap(),
+        "hi\n"
+    );
+    // Steps after the sync, then hand-over: healthy, the local disk.
+    assert_ramdisk(&s.script(), Some("birth"));
+    for step in ["boot_loader", "identity", "hand_over"] {
+        s.report(&uuid, json!({"event": "step_done", "step": step}));
+    }
+    let healthy = s.record("r2");
+    assert_eq!(
+        (healthy["state"].as_str(), healthy["image"].as_str()),
+        (Some("healthy"), Some("test/a"))
+    );
+    let local = s.script();
+    assert!(
+        local.contains("is provisioned: booting from the local disk"),
+        "{local}"
+    );
+    assert!(
+        local.contains("sanboot --no-describe --drive 0x80"),
+        "{local}"
+    );
+    assert_eq!(s.next(&[MAC])["mode"], Value::Null);
+    // Provisioned: provision is refused, reimage starts a rebirth.
+    let r = s.call(
+        "POST",
+        "/api/v1/nodes/r2/provision",
+        Some(json!({"image": "test/a"})),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.error().contains("use reimage"), "{}", r.body);
+    let out = s.cli_ok("node reimage r2");
+    assert!(out.contains("provision   rebirth (image test/a)"), "{out}");
+    assert_ramdisk(&s.script(), Some("rebirth"));
+    let show = s.cli_ok("node show r2");
+    assert!(
+        show.contains("birth → birth: subd synced to test/a"),
+        "{show}"
+    );
+    assert!(
+        show.contains("birth → healthy: step hand_over done (image test/a)"),
+        "{show}"
     );
 }
