@@ -13,6 +13,8 @@ packages=(
   iproute2 procps  # ip: namespaces, veth, bridges, taps; kill
   python3 python3-venv  # a raw-socket test client; the OpenStack CLI in a venv
   busybox-static   # udhcpc: the DHCP client of the PXE tests; the ramdisk's shell tools
+  fdisk util-linux # the ramdisk's birth/clean tools: sfdisk; wipefs, blkid, blkdiscard
+  e2fsprogs dosfstools  # the ramdisk's mkfs.ext4 (root) and mkfs.fat (EFI system partition)
   isc-dhcp-client  # dhclient: lease and renewal
   isc-dhcp-relay   # dhcrelay: relayed requests with option 82
   atftp tftp-hpa   # TFTP clients
@@ -21,6 +23,7 @@ packages=(
   socat            # the lab's console forwarder
   nftables         # the PXE filter
   debootstrap      # the Debian minbase test images and the fresh-root check
+  fdisk dosfstools # sfdisk, mkfs.vfat: scripts/check-bootable-image.sh lays out a disk as the birther does
   etcd-server etcd-client  # the etcd backend's conformance tests and the HA scenarios
 )
 if [[ "${1:-}" == "--bench" ]]; then

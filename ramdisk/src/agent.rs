@@ -27,6 +27,9 @@ use crate::collect::{self, Collected, Context};
 use crate::console::Console;
 use crate::http::{Client, Url, UrlError};
 use crate::lldp;
+use crate::provision::client as provision_api;
+use crate::provision::shell::{self as provision_shell, Finish};
+use paddock_birther::Operation;
 
 pub const MODULE_LIST: &str = "/etc/paddock/modules";
 pub const UDHCPC_SCRIPT: &str = "/etc/paddock/udhcpc.script";
@@ -63,6 +66,8 @@ pub enum AgentError {
     Reboot { step: &'static str, errno: Errno },
     #[error(transparent)]
     Mount(#[from] MountError),
+    #[error("{0}")]
+    Provision(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +327,20 @@ impl Agent<'_> {
                 .map(|b| b.current_boot_mode.as_str())
                 .unwrap_or("?"),
         );
+        let inventory = collected.inventory.clone();
+        let mut macs: Vec<String> = inventory
+            .interfaces
+            .iter()
+            .filter_map(|i| i.mac_address.clone())
+            .collect();
+        if !self.mac.is_empty() && !macs.contains(&self.mac) {
+            macs.insert(0, self.mac.clone());
+        }
+        if let Some(mode) = self.cmd.mode {
+            // The boot script of a node in birth, rebirth or clean: no inspection.
+            self.step("inventory-collected", "info", &summary);
+            return self.provision(Some(mode), None, inventory, &ip, &macs);
+        }
         let data = introspection_data(&self.cmd, collected, Some(&self.mac), problems, pci);
         match &data.error {
             None => self.step("inventory-collected", "info", &summary),
@@ -341,7 +360,92 @@ impl Agent<'_> {
         if let Some(e) = &data.error {
             self.say(&format!("the appliance was told about: {e}"));
         }
-        self.follow(&uuid)
+        // One boot: a node that has an image by the end of its inspection is installed now.
+        self.provision(None, Some(&uuid), inventory, &ip, &macs)
+    }
+
+    /// Asks the appliance what to provision and runs it; with nothing to do, follows the
+    /// inspection's next action. `wanted`: the mode the boot script gave (the appliance is
+    /// then asked until it answers); `None`: the one-boot path after an inspection (one try:
+    /// an appliance without provisioning goes on as before).
+    fn provision(
+        &mut self,
+        wanted: Option<Operation>,
+        uuid: Option<&str>,
+        inventory: paddock_inventory::Inventory,
+        ip: &str,
+        macs: &[String],
+    ) -> Result<Never, AgentError> {
+        let console = self.console;
+        let client = self.client.as_mut().ok_or(AgentError::NoNetwork)?;
+        let tries = if wanted.is_some() { 0 } else { 1 };
+        let answer = provision_api::next(client, macs, tries, &mut |d, why| {
+            console.say(&format!(
+                "cannot ask what to provision ({why}); asking again in {} s",
+                d.as_secs()
+            ));
+            std::thread::sleep(d);
+        });
+        let assignment = match answer {
+            Ok(a) => a,
+            Err(e) if wanted.is_some() => return Err(AgentError::Provision(e.to_string())),
+            Err(e) => {
+                self.say(&format!("no provisioning ({e})"));
+                let uuid = uuid.ok_or(AgentError::NoNetwork)?;
+                return self.follow(uuid);
+            }
+        };
+        let Some(mode) = assignment.mode else {
+            if wanted.is_some() {
+                self.say("booted to provision, but the appliance has nothing to do for this node");
+            }
+            return match uuid.map(str::to_string).or(assignment.node) {
+                Some(node) => self.follow(&node),
+                None => Err(AgentError::Provision(
+                    "booted to provision, but the appliance knows no node with this machine's MACs"
+                        .into(),
+                )),
+            };
+        };
+        if let Some(w) = wanted
+            && w != mode
+        {
+            self.say(&format!(
+                "booted for {}, but the appliance now says {}; doing that",
+                w.as_str(),
+                mode.as_str()
+            ));
+        }
+        self.step(
+            "provision",
+            "info",
+            &format!(
+                "{} of node {} with image {}",
+                mode.as_str(),
+                assignment.node.as_deref().unwrap_or("?"),
+                assignment.image.as_deref().unwrap_or("-")
+            ),
+        );
+        let result = {
+            let client = self.client.as_mut().ok_or(AgentError::NoNetwork)?;
+            provision_shell::Run::new(console, client, assignment, inventory, ip.to_string())
+                .execute()
+        };
+        match result {
+            Ok(how) => {
+                let step = match how {
+                    Finish::Reboot => "reboot",
+                    Finish::PowerOff => "poweroff",
+                };
+                self.step(step, "info", &format!("{} done; {step}", mode.as_str()));
+                let errno = provision_shell::finish(how);
+                Err(AgentError::Reboot { step, errno })
+            }
+            Err(e) => Err(AgentError::Provision(format!(
+                "{} stopped: {e}",
+                mode.as_str()
+            ))),
+        }
     }
 
     /// Loads the modules the builder listed, dependencies first. A module that does not load

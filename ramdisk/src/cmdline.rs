@@ -8,9 +8,11 @@
 //! | `paddock.log=info\|debug` | console verbosity |
 //! | `paddock.lldp=1` | listen for LLDP frames on every NIC (also collector `lldp`) |
 //! | `paddock.lldp_timeout=<seconds>` | how long to listen (default 10; switches send every 30 s by default) |
+//! | `paddock.mode=birth\|rebirth\|clean` | provision instead of inspecting (the boot script of a node in that state); the details come from `provision/next` |
 
 use std::time::Duration;
 
+use paddock_birther::Operation;
 use paddock_inventory::normalise_mac;
 
 /// Collectors the agent knows.
@@ -34,6 +36,8 @@ pub struct Cmdline {
     pub log: LogLevel,
     pub lldp: bool,
     pub lldp_timeout: Duration,
+    /// `paddock.mode=`: a provisioning run instead of an inspection.
+    pub mode: Option<Operation>,
     /// Problems that make the introspection fail (posted in `error`): unknown collectors.
     pub errors: Vec<String>,
     /// Problems only worth a console line.
@@ -82,6 +86,7 @@ pub fn parse(s: &str) -> Cmdline {
         log: LogLevel::Info,
         lldp: false,
         lldp_timeout: Duration::from_secs(10),
+        mode: None,
         errors: Vec::new(),
         warnings: Vec::new(),
     };
@@ -131,6 +136,12 @@ pub fn parse(s: &str) -> Cmdline {
                 Ok(s) if (1..=300).contains(&s) => c.lldp_timeout = Duration::from_secs(s),
                 _ => c.warnings.push(format!(
                     "paddock.lldp_timeout={v} is not 1..300 seconds; using 10"
+                )),
+            },
+            "paddock.mode" => match crate::provision::parse_mode(v) {
+                Some(m) => c.mode = Some(m),
+                None => c.warnings.push(format!(
+                    "paddock.mode={v} is not birth, rebirth or clean; inspecting instead"
                 )),
             },
             _ => {}
@@ -223,6 +234,13 @@ mod tests {
                 "unknown collector 'bogus' in paddock.collectors (known: default, pci-devices, lldp)"
             ]
         );
+        assert_eq!(parse("paddock.mode=birth").mode, Some(Operation::Birth));
+        assert_eq!(parse("paddock.mode=rebirth").mode, Some(Operation::Rebirth));
+        assert_eq!(parse("paddock.mode=clean").mode, Some(Operation::Clean));
+        let p = parse("paddock.mode=healthy");
+        assert_eq!(p.mode, None);
+        assert_eq!(p.warnings.len(), 1);
+        assert_eq!(parse("").mode, None);
         assert_eq!(
             parse("BOOTIF=01-52-54-00-12-34-56").bootif_raw.as_deref(),
             Some("01-52-54-00-12-34-56")

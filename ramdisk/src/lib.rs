@@ -19,3 +19,4 @@ pub mod console;
 pub mod http;
 pub mod initramfs;
 pub mod lldp;
+pub mod provision;

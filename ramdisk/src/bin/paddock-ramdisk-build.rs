@@ -49,6 +49,18 @@ struct Args {
     /// A static busybox (Debian busybox-static).
     #[arg(long, env = "PADDOCK_RAMDISK_BUSYBOX", default_value = "/bin/busybox")]
     busybox: PathBuf,
+    /// Host programs for birth, rebirth and clean, carried with their libraries (names are
+    /// looked up in /usr/sbin, /usr/bin, /sbin, /bin). Default: sfdisk, wipefs, blkid,
+    /// blkdiscard, mkfs.ext4, mkfs.fat.
+    #[arg(long, env = "PADDOCK_RAMDISK_TOOLS", value_delimiter = ',')]
+    tools: Option<Vec<String>>,
+    /// Carry no host programs (an inspection-only ramdisk).
+    #[arg(long, conflicts_with = "tools")]
+    no_tools: bool,
+    /// Static programs carried as /bin/<name> (repeatable): paddock-subd and fs2objectcache
+    /// for birth and rebirth.
+    #[arg(long = "program")]
+    programs: Vec<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,6 +71,23 @@ fn main() -> anyhow::Result<()> {
         spec.modules = m;
     }
     spec.modules.extend(a.add_modules);
+    if !a.no_tools {
+        let names = a.tools.unwrap_or_else(|| {
+            initramfs::DEFAULT_TOOLS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        });
+        for n in names.iter().filter(|n| !n.is_empty()) {
+            let path = initramfs::find_tool(n).with_context(|| {
+                format!(
+                    "tool {n} is not installed (scripts/install-deps.sh installs fdisk, util-linux, e2fsprogs and dosfstools)"
+                )
+            })?;
+            spec.tools.push(path);
+        }
+    }
+    spec.programs = a.programs;
     spec.kernel = match a.kernel_tree {
         Some(t) => KernelSource::Extracted(t),
         None => KernelSource::Apt {
@@ -85,6 +114,16 @@ fn main() -> anyhow::Result<()> {
     );
     if !built.builtin.is_empty() {
         println!("built in {}", built.builtin.join(" "));
+    }
+    if !spec.tools.is_empty() || !spec.programs.is_empty() {
+        let names = |v: &[PathBuf]| {
+            v.iter()
+                .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!("tools    {} (with their libraries)", names(&spec.tools));
+        println!("programs {}", names(&spec.programs));
     }
     if built.decompressed_modules {
         println!("note     the package's modules were compressed; they are stored decompressed");

@@ -30,7 +30,34 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "ahci",
     "nvme",
     "sd_mod",
+    // Birth and rebirth mount the new root (ext4, whose checksums need crc32c: without
+    // modprobe nothing loads it on demand) and the EFI system partition (vfat with the
+    // default code page and character set), and efivarfs in the chroot on UEFI machines.
+    "ext4",
+    "crc32c_generic",
+    "vfat",
+    "nls_cp437",
+    "nls_utf8",
+    "efivarfs",
 ];
+
+/// The host programs birth, rebirth and clean run (`paddock-ramdisk-build --tools`), carried
+/// as `/usr/sbin/<name>` with their shared libraries: `sfdisk` (Debian's fdisk), `wipefs`,
+/// `blkid`, `blkdiscard` (util-linux), `mkfs.ext4` (e2fsprogs), `mkfs.fat` (dosfstools).
+pub const DEFAULT_TOOLS: &[&str] = &[
+    "sfdisk",
+    "wipefs",
+    "blkid",
+    "blkdiscard",
+    "mkfs.ext4",
+    "mkfs.fat",
+];
+
+/// Where [`find_tool`] looks for a tool named without a path.
+pub const TOOL_DIRS: &[&str] = &["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+
+/// busybox applets reached by name (the birther's boot-loader commands start with `chroot`).
+pub const APPLET_LINKS: &[&str] = &["chroot"];
 
 /// The udhcpc event script (busybox `udhcpc -s`): configures the address, the default route,
 /// resolv.conf and the host name, and leaves the lease in `/run/paddock/dhcp-<if>` for the log.
@@ -87,6 +114,11 @@ pub struct BuildSpec {
     pub modules: Vec<String>,
     /// The modification time written into every archive entry.
     pub mtime: u32,
+    /// Dynamically linked host programs, carried as `usr/sbin/<file name>` with every
+    /// library `ldd` names (at the path it names, the loader included).
+    pub tools: Vec<PathBuf>,
+    /// Static programs, carried as `bin/<file name>` (paddock-subd, fs2objectcache).
+    pub programs: Vec<PathBuf>,
 }
 
 impl BuildSpec {
@@ -106,6 +138,8 @@ impl BuildSpec {
             },
             modules: DEFAULT_MODULES.iter().map(|s| s.to_string()).collect(),
             mtime: 0,
+            tools: Vec::new(),
+            programs: Vec::new(),
         }
     }
 }
@@ -248,6 +282,35 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
     }
     a.file("etc/paddock/modules", list.into_bytes(), 0o644);
 
+    for applet in APPLET_LINKS {
+        a.add(
+            &format!("bin/{applet}"),
+            Kind::Symlink("busybox".into()),
+            0o777,
+        );
+    }
+    for p in &spec.programs {
+        let bytes = read(p)?;
+        check_static(&bytes).map_err(|why| BuildError::NotStatic {
+            what: "program",
+            path: p.clone(),
+            why: why.to_string(),
+        })?;
+        a.file(&format!("bin/{}", file_name(p)?), bytes, 0o755);
+    }
+    let mut libraries = std::collections::BTreeSet::new();
+    for t in &spec.tools {
+        a.file(&format!("usr/sbin/{}", file_name(t)?), read(t)?, 0o755);
+        let out = run(Command::new("ldd").arg(t))?;
+        libraries.extend(parse_ldd(&out).map_err(|why| BuildError::Command {
+            cmd: format!("ldd {}", t.display()),
+            why,
+        })?);
+    }
+    for lib in &libraries {
+        a.file(lib.trim_start_matches('/'), read(Path::new(lib))?, 0o755);
+    }
+
     std::fs::create_dir_all(&spec.out_dir).map_err(|source| BuildError::Write {
         path: spec.out_dir.clone(),
         source,
@@ -268,6 +331,56 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
         builtin,
         decompressed_modules: decompressed,
     })
+}
+
+fn file_name(p: &Path) -> Result<String, BuildError> {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .ok_or_else(|| BuildError::Read {
+            path: p.to_path_buf(),
+            source: std::io::Error::other("no file name"),
+        })
+}
+
+/// A tool named without a path, found in [`TOOL_DIRS`] (the first that holds it); a path is
+/// taken as given.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    TOOL_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// The libraries `ldd` names (absolute paths, the loader included; the vDSO has no file).
+/// A library `ldd` could not find is an error: the tool would not start in the ramdisk.
+pub fn parse_ldd(out: &str) -> Result<Vec<String>, String> {
+    let mut libs = Vec::new();
+    for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.contains("statically linked") || line.starts_with("linux-vdso") {
+            continue;
+        }
+        let target = match line.split_once("=>") {
+            Some((name, rest)) => {
+                let rest = rest.trim();
+                if rest.starts_with("not found") {
+                    return Err(format!("{} not found", name.trim()));
+                }
+                rest
+            }
+            None => line,
+        };
+        let path = target.split(" (").next().unwrap_or("").trim();
+        if path.starts_with('/') {
+            libs.push(path.to_string());
+        } else if !path.is_empty() && !line.contains("=>") {
+            return Err(format!("cannot read the ldd line {line:?}"));
+        }
+    }
+    Ok(libs)
 }
 
 /// gzip with a fixed header (mtime 0, no name) and a fixed level, so the bytes only depend on
@@ -513,6 +626,36 @@ mod tests {
     }
 
     #[test]
+    fn ldd_output() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd4b3f2000)\n\
+                   \tlibblkid.so.1 => /lib/x86_64-linux-gnu/libblkid.so.1 (0x00007f0b1c6a0000)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0b1c4bf000)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007f0b1c72a000)\n";
+        assert_eq!(
+            parse_ldd(out).unwrap(),
+            [
+                "/lib/x86_64-linux-gnu/libblkid.so.1",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+        );
+        assert_eq!(
+            parse_ldd("\tnot a dynamic executable\n").unwrap_err(),
+            "cannot read the ldd line \"not a dynamic executable\""
+        );
+        assert_eq!(
+            parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err(),
+            "libfoo.so.1 not found"
+        );
+        assert_eq!(
+            parse_ldd("\tstatically linked\n").unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(find_tool("/x/y"), Some(PathBuf::from("/x/y")));
+        assert_eq!(find_tool("no-such-tool-paddock"), None);
+    }
+
+    #[test]
     fn only_static_executables_become_init() {
         assert_eq!(check_static(&fake_static_exe(b"x")), Ok(()));
         assert!(
@@ -593,8 +736,16 @@ mod tests {
     fn build_is_reproducible_and_complete() {
         let t = tempfile::tempdir().unwrap();
         fake_tree(&t.path().join("tree"), false);
-        let a = build(&spec(t.path(), "out-a")).unwrap();
-        let b = build(&spec(t.path(), "out-b")).unwrap();
+        let with_tools = |out: &str| {
+            let mut s = spec(t.path(), out);
+            std::fs::write(t.path().join("paddock-subd"), fake_static_exe(b"subd")).unwrap();
+            s.programs = vec![t.path().join("paddock-subd")];
+            // A dynamically linked tool of the host (ldd resolves its libraries).
+            s.tools = vec![find_tool("ls").unwrap()];
+            s
+        };
+        let a = build(&with_tools("out-a")).unwrap();
+        let b = build(&with_tools("out-b")).unwrap();
         assert_eq!(
             std::fs::read(&a.initrd).unwrap(),
             std::fs::read(&b.initrd).unwrap()
@@ -624,9 +775,17 @@ mod tests {
             "run",
             "tmp",
             "lib/modules/6.1.0-99-amd64/kernel/drivers/net/virtio_net.ko",
+            "bin/chroot",
+            "bin/paddock-subd",
+            "usr/sbin/ls",
+            "lib64/ld-linux-x86-64.so.2",
         ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
+        assert!(
+            names.iter().any(|n| n.ends_with("/libc.so.6")),
+            "the tools' libraries: {names:?}"
+        );
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
