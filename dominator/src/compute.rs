@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use paddock_image::plan::{SUBD_DIR, UpdateRequest, plan};
 use paddock_image::tree::parent;
-use paddock_image::{FileSystem, Filter, Image, ObjectId};
+use paddock_image::{FileSystem, Filter, Image, Inode, ObjectId};
 
 use crate::sub::{PlanSummary, fetch_need};
 
@@ -144,10 +144,9 @@ pub fn provably_unchanged(sub: &FileSystem, image: &Image) -> bool {
     let sparse = filter.is_none();
     let mut memo: HashMap<&str, bool> = HashMap::new();
     let mut is_protected = |p| protected(&mut memo, p, filter);
+    let (sub_inodes, image_inodes) = (Inodes::of(&sub.inodes), Inodes::of(&image.fs.inodes));
     // Inode pairs named by equal paths: one sub inode per image inode and back.
-    let n = image.fs.inodes.len();
-    let mut to_sub: InodeMap = HashMap::with_capacity_and_hasher(n, Default::default());
-    let mut to_image: InodeMap = HashMap::with_capacity_and_hasher(n, Default::default());
+    let (mut to_sub, mut to_image) = (Pairs::of(&image.fs.inodes), Pairs::of(&sub.inodes));
     let mut a = sub.paths.iter().peekable();
     let mut b = image.fs.paths.iter().peekable();
     loop {
@@ -178,7 +177,7 @@ pub fn provably_unchanged(sub: &FileSystem, image: &Image) -> bool {
                 let (Some((p, s)), Some((_, i))) = (a.next(), b.next()) else {
                     return true;
                 };
-                let same = match (sub.inodes.get(s), image.fs.inodes.get(i)) {
+                let same = match (sub_inodes.get(*s), image_inodes.get(*i)) {
                     (Some(x), Some(y)) => x == y,
                     _ => false,
                 };
@@ -190,8 +189,7 @@ pub fn provably_unchanged(sub: &FileSystem, image: &Image) -> bool {
                 }
                 // Names grouped otherwise on the two sides (a hard link to make or to
                 // split): the planner decides.
-                let linked = *to_sub.entry(*i).or_insert(*s) == *s
-                    && *to_image.entry(*s).or_insert(*i) == *i;
+                let linked = to_sub.pair(*i, *s) && to_image.pair(*s, *i);
                 if !linked {
                     return false;
                 }
@@ -200,11 +198,82 @@ pub fn provably_unchanged(sub: &FileSystem, image: &Image) -> bool {
     }
 }
 
-/// Inode number → inode number, hashed by one multiplication (SipHash, the default, is
-/// most of the walk's time; inode numbers are not chosen by an adversary that could
-/// profit from collisions: a sub could only slow its own plan).
-type InodeMap = HashMap<u64, u64, BuildHasherDefault<MulHasher>>;
+/// Whether inode numbers `0..=max` of a table of `len` inodes are few enough to index a
+/// vector by (scanners and images number from 1 up).
+fn dense(max: u64, len: usize) -> Option<usize> {
+    let max = usize::try_from(max).ok()?;
+    (max <= len.saturating_mul(4).saturating_add(64)).then_some(max)
+}
 
+/// A tree's inodes by number: a vector when the numbers are dense, else the tree's map
+/// (the walk looks up one inode per path on each side).
+enum Inodes<'a> {
+    Dense(Vec<Option<&'a Inode>>),
+    Map(&'a BTreeMap<u64, Inode>),
+}
+
+impl<'a> Inodes<'a> {
+    fn of(inodes: &'a BTreeMap<u64, Inode>) -> Self {
+        let max = inodes.keys().next_back().copied().unwrap_or(0);
+        match dense(max, inodes.len()) {
+            Some(max) => {
+                let mut v = vec![None; max + 1];
+                for (n, i) in inodes {
+                    if let Some(slot) = usize::try_from(*n).ok().and_then(|n| v.get_mut(n)) {
+                        *slot = Some(i);
+                    }
+                }
+                Inodes::Dense(v)
+            }
+            None => Inodes::Map(inodes),
+        }
+    }
+
+    fn get(&self, n: u64) -> Option<&'a Inode> {
+        match self {
+            Inodes::Dense(v) => usize::try_from(n).ok().and_then(|n| v.get(n).copied()?),
+            Inodes::Map(m) => m.get(&n),
+        }
+    }
+}
+
+/// Inode number → the inode number first paired with it (the other tree's).
+enum Pairs {
+    Dense(Vec<u64>),
+    Map(HashMap<u64, u64, BuildHasherDefault<MulHasher>>),
+}
+
+impl Pairs {
+    /// For the numbers of `inodes`.
+    fn of(inodes: &BTreeMap<u64, Inode>) -> Self {
+        let max = inodes.keys().next_back().copied().unwrap_or(0);
+        match dense(max, inodes.len()) {
+            Some(max) => Pairs::Dense(vec![u64::MAX; max + 1]),
+            None => Pairs::Map(HashMap::with_capacity_and_hasher(
+                inodes.len(),
+                BuildHasherDefault::default(),
+            )),
+        }
+    }
+
+    /// Pairs `from` with `to` unless it is paired with another number already.
+    fn pair(&mut self, from: u64, to: u64) -> bool {
+        match self {
+            Pairs::Dense(v) => match usize::try_from(from).ok().and_then(|n| v.get_mut(n)) {
+                Some(slot) if *slot == u64::MAX => {
+                    *slot = to;
+                    true
+                }
+                Some(slot) => *slot == to,
+                None => false,
+            },
+            Pairs::Map(m) => *m.entry(from).or_insert(to) == to,
+        }
+    }
+}
+
+/// Hashes an inode number by one multiplication (SipHash, the default, was most of the
+/// walk's time; a sub choosing colliding numbers could only slow its own plan).
 #[derive(Default)]
 struct MulHasher(u64);
 
@@ -249,8 +318,8 @@ fn count(n: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::sim::file;
+    use paddock_image::Triggers;
     use paddock_image::plan::untouchable;
-    use paddock_image::{Inode, Triggers};
 
     fn tree(files: &[(&str, &str)]) -> FileSystem {
         let mut fs = FileSystem::with_root(0o755, 0, 0);
@@ -402,6 +471,19 @@ mod tests {
                 true,
                 true,
                 Box::new(|fs| *fs = machine(true)),
+            ),
+            (
+                "inode numbers far apart (no vector index)",
+                true,
+                true,
+                Box::new(|fs| {
+                    let far = |n: u64| n * 1_000_003;
+                    fs.inodes = std::mem::take(&mut fs.inodes)
+                        .into_iter()
+                        .map(|(n, i)| (far(n), i))
+                        .collect();
+                    fs.paths.values_mut().for_each(|n| *n = far(*n));
+                }),
             ),
             (
                 "a new log file (filtered)",

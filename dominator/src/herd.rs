@@ -580,8 +580,18 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     }
 
     fn publish(&self, slot: &Slot) {
-        let status = Self::status(slot);
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
+        // Most events (a synced sub's short poll) change nothing shown: compared in place,
+        // without building the status.
+        if census.get(&slot.spec.hostname).is_some_and(|old| {
+            old.state == *slot.sub.state()
+                && old.failures == slot.sub.failures()
+                && old.address == slot.spec.address
+                && old.required_image == slot.spec.desired.required_image
+        }) {
+            return;
+        }
+        let status = Self::status(slot);
         let before = census.get(&status.hostname);
         if before == Some(&status) {
             return;
