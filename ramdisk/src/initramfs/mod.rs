@@ -31,14 +31,14 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "nvme",
     "sd_mod",
     // Birth and rebirth mount the new root (ext4, whose checksums need crc32c: without
-    // modprobe nothing loads it on demand) and the EFI system partition (vfat with the
-    // default code page and character set), and efivarfs in the chroot on UEFI machines.
+    // modprobe nothing loads it on demand) and the EFI system partition (vfat with Debian's
+    // default code page 437 and I/O character set ascii). No efivarfs: grub-install runs with
+    // --no-nvram, and the module fails to load (ENODEV) on every BIOS machine.
     "ext4",
     "crc32c_generic",
     "vfat",
     "nls_cp437",
-    "nls_utf8",
-    "efivarfs",
+    "nls_ascii",
 ];
 
 /// The host programs birth, rebirth and clean run (`paddock-ramdisk-build --tools`), carried
