@@ -23,7 +23,9 @@ use serde_json::Value;
 
 use crate::config::ClusterConfig;
 use crate::dominator::{Dominator, PAUSE, Pause, SUBS, SubControl};
+use crate::provisioning::Provisioner;
 use crate::pxe_filter::PxeFilter;
+use paddock_birther::{Event, Provisioning, State as Prov};
 
 /// What the console reads: the services it shows and this host's place in the appliance.
 #[derive(Clone)]
@@ -37,6 +39,8 @@ pub struct Console {
     pub cluster: Option<ClusterConfig>,
     /// The dominator's census (the leader's) and the store its controls live in.
     pub dominator: Dominator,
+    /// Provisioning records and requests (the API's own service).
+    pub provisioning: Arc<Provisioner>,
 }
 
 /// The console's routes under `/ui`.
@@ -46,6 +50,9 @@ pub fn router(console: Console) -> Router {
         .route("/ui", get(nodes))
         .route("/ui/", get(nodes))
         .route("/ui/nodes/{node}", get(node))
+        .route("/ui/nodes/{node}/provision", post(provision_form))
+        .route("/ui/nodes/{node}/reimage", post(reimage_form))
+        .route("/ui/nodes/{node}/clean", post(clean_form))
         .route("/ui/leases", get(leases))
         .route("/ui/images", get(images))
         .route("/ui/images/{*name}", get(image))
@@ -245,6 +252,28 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         .and_then(|b| serde_json::from_slice::<IntrospectionData>(&b).ok())
         .map(|d| d.inventory.unwrap_or_default());
     let i = n.introspection.as_ref();
+    let provisioning = match s.provisioning.record(n).await {
+        Ok((record, rev)) => Some((record, rev == 0)),
+        Err(e) => {
+            tracing::warn!(node = %n.uuid, error = %e, "console: provisioning record not read");
+            None
+        }
+    };
+    let images: Vec<String> = s
+        .imageserver
+        .images
+        .list()
+        .await
+        .map(|l| {
+            l.into_iter()
+                .filter(|r| !r.deleted)
+                .map(|r| r.name)
+                .collect()
+        })
+        .unwrap_or_default();
+    let running = provisioning
+        .as_ref()
+        .is_some_and(|(r, _)| r.serve().ramdisk_mode().is_some());
     let body = html! {
         table {
             tr { th { "UUID" } td { code { (n.uuid) } } }
@@ -257,6 +286,11 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             tr { th { "Auto-discovered" } td { (n.auto_discovered) } }
             tr { th { "Properties" } td { code { (Value::Object(n.properties.clone())) } } }
             tr { th { "Traits" } td { (n.traits.join(", ")) } }
+        }
+        h2 { "Provisioning" }
+        @match &provisioning {
+            Some((record, never)) => { (provisioning_body(n.uuid, record, *never, &images)) }
+            None => { p.error { "The provisioning record could not be read." } }
         }
         @if let Some(inv) = &inventory {
             h2 { "Inventory" }
@@ -278,7 +312,158 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             }
         }
     };
-    page(&n.label(), n.inspecting(), body).into_response()
+    page(&n.label(), n.inspecting() || running, body).into_response()
+}
+
+/// The node's provisioning: its state, image, last step or failure, and the forms that
+/// apply to it (provision when it has no image, re-image when it has one, clean unless it
+/// is being cleaned; the state machine refuses the rest anyway). `never`: no record yet.
+fn provisioning_body(
+    node: uuid::Uuid,
+    record: &Provisioning,
+    never: bool,
+    images: &[String],
+) -> Markup {
+    let state = record.state.name();
+    let (last_step, synced) = match &record.state {
+        Prov::Birth(r) | Prov::Rebirth(r) => (r.last_step.map(|s| s.as_str()), Some(r.synced)),
+        Prov::Clean { last_step } => (last_step.map(|s| s.as_str()), None),
+        _ => (None, None),
+    };
+    let select = |keep: bool| {
+        html! {
+            select name="image" {
+                @if keep { option value="" { "(the image it has)" } }
+                @for i in images {
+                    @if Some(i.as_str()) == record.state.image() && !keep {
+                        option value=(i) selected { (i) }
+                    } @else {
+                        option value=(i) { (i) }
+                    }
+                }
+            }
+        }
+    };
+    let provisioned = matches!(record.state, Prov::Healthy { .. } | Prov::Error { .. });
+    html! {
+        table {
+            tr { th { "State" } td {
+                span class={ "state " (state) } { (state) }
+                @if never { " (never provisioned by Paddock: it boots its local disk)" }
+            } }
+            tr { th { "Image" } td { (record.state.image().unwrap_or("-")) } }
+            tr { th { "Since (UTC)" } td { (ms_iso(i64::try_from(record.since_ms).ok())) } }
+            @if let Some(step) = last_step {
+                tr { th { "Last step" } td { (step) } }
+            }
+            @if let Some(synced) = synced {
+                tr { th { "Synced" } td { (if synced { "yes" } else { "not yet" }) } }
+            }
+            @if let Some(started) = record.started_ms {
+                tr { th { "Ramdisk up since (UTC)" } td { (ms_iso(i64::try_from(started).ok())) } }
+            }
+            @if let Prov::Error { operation, step, message, .. } = &record.state {
+                tr { th { "Error" } td class="error" {
+                    (operation.as_str()) " failed at " (step.as_str()) ": " (message)
+                } }
+            }
+        }
+        @if matches!(record.state, Prov::Unknown | Prov::Error { .. }) {
+            form method="post" action={ "/ui/nodes/" (node) "/provision" } {
+                label { "Image " (select(false)) }
+                " " button type="submit" { "Provision" }
+            }
+        }
+        @if provisioned {
+            form method="post" action={ "/ui/nodes/" (node) "/reimage" } {
+                label { "Image " (select(true)) }
+                " " button type="submit" { "Re-image" }
+            }
+        }
+        @if !matches!(record.state, Prov::Clean { .. }) {
+            form method="post" action={ "/ui/nodes/" (node) "/clean" } {
+                button type="submit" { "Clean (wipe the disk)" }
+            }
+        }
+        p {
+            code { "paddock node provision " (node) " --image …" } ", "
+            code { "paddock node reimage " (node) " [--image …]" } ", "
+            code { "paddock node clean " (node) }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct NodeImageForm {
+    #[serde(default)]
+    image: String,
+}
+
+/// A provisioning form: refused from another site; else the request through the API's
+/// own [`Provisioner::request`], then back to the node's page (303), or the refusal with
+/// the API's status and message (409: what the state allows instead).
+async fn node_request(
+    s: &Console,
+    ident: &str,
+    headers: &axum::http::HeaderMap,
+    event: Event,
+) -> Response {
+    if !same_origin(headers) {
+        return failure(
+            StatusCode::FORBIDDEN,
+            "a form from another site was refused",
+        );
+    }
+    match s.provisioning.request(ident, &event).await {
+        Ok((node, _)) => {
+            axum::response::Redirect::to(&format!("/ui/nodes/{}", node.uuid)).into_response()
+        }
+        Err(e) => {
+            let e = paddock_wire::ApiError::from(e);
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            let body = html! {
+                p.error { (e.message) }
+                p { a href={ "/ui/nodes/" (ident) } { "Back to the node" } }
+            };
+            (status, page("Refused", false, body)).into_response()
+        }
+    }
+}
+
+/// `POST /ui/nodes/{node}/provision` (`image=NAME`).
+async fn provision_form(
+    State(s): State<Console>,
+    Path(ident): Path<String>,
+    headers: axum::http::HeaderMap,
+    axum::Form(f): axum::Form<NodeImageForm>,
+) -> Response {
+    node_request(
+        &s,
+        &ident,
+        &headers,
+        Event::ProvisionRequested { image: f.image },
+    )
+    .await
+}
+
+/// `POST /ui/nodes/{node}/reimage` (`image=NAME`, or empty: the image it has).
+async fn reimage_form(
+    State(s): State<Console>,
+    Path(ident): Path<String>,
+    headers: axum::http::HeaderMap,
+    axum::Form(f): axum::Form<NodeImageForm>,
+) -> Response {
+    let image = (!f.image.is_empty()).then_some(f.image);
+    node_request(&s, &ident, &headers, Event::ReimageRequested { image }).await
+}
+
+/// `POST /ui/nodes/{node}/clean`.
+async fn clean_form(
+    State(s): State<Console>,
+    Path(ident): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    node_request(&s, &ident, &headers, Event::CleanRequested).await
 }
 
 async fn firewall(State(s): State<Console>) -> Response {
@@ -746,6 +931,82 @@ mod tests {
                 "NIC: eth0 52:54:00:00:00:01   ",
             ]
         );
+    }
+
+    /// The node page's provisioning part: the state with its details, and the forms that
+    /// apply, each posting to the node's own route; text from the network is escaped.
+    #[test]
+    fn the_provisioning_part_of_the_node_page() {
+        use paddock_birther::state::Run;
+        use paddock_birther::{Operation, Step};
+        let node = uuid::Uuid::from_u128(0x0b6c_2a4e_0000_0000_0000_0000_0000_0001);
+        let images = ["debian/a".to_string(), "debian/b".to_string()];
+        let record = |state| Provisioning {
+            state,
+            since_ms: 1_700_000_000_000,
+            updated_ms: 1_700_000_000_000,
+            started_ms: None,
+        };
+        let forms = |html: &str| {
+            ["provision", "reimage", "clean"]
+                .into_iter()
+                .filter(|f| html.contains(&format!(r#"action="/ui/nodes/{node}/{f}""#)))
+                .collect::<Vec<_>>()
+        };
+        let never = provisioning_body(node, &record(Prov::Unknown), true, &images).into_string();
+        assert!(never.contains("never provisioned by Paddock"), "{never}");
+        assert_eq!(forms(&never), ["provision", "clean"]);
+        assert!(
+            never.contains(r#"<option value="debian/b">debian/b</option>"#),
+            "{never}"
+        );
+
+        let mut birth = record(Prov::Birth(Run {
+            image: "debian/a".into(),
+            previous_image: None,
+            last_step: Some(Step::Register),
+            synced: false,
+        }));
+        birth.started_ms = Some(1_700_000_000_000);
+        let html = provisioning_body(node, &birth, false, &images).into_string();
+        for text in [
+            "birth",
+            "debian/a",
+            "register",
+            "not yet",
+            "Ramdisk up since",
+        ] {
+            assert!(html.contains(text), "{text}: {html}");
+        }
+        assert_eq!(forms(&html), ["clean"]);
+
+        let healthy = record(Prov::Healthy {
+            image: "debian/a".into(),
+        });
+        let html = provisioning_body(node, &healthy, false, &images).into_string();
+        assert_eq!(forms(&html), ["reimage", "clean"]);
+        assert!(
+            html.contains(r#"<option value="">(the image it has)</option>"#),
+            "{html}"
+        );
+
+        let hostile = r#"<script>alert("x")</script>"#;
+        let failed = record(Prov::Error {
+            operation: Operation::Birth,
+            step: Step::Partition,
+            message: format!("sfdisk said {hostile}"),
+            image: Some("debian/a".into()),
+        });
+        let html = provisioning_body(node, &failed, false, &images).into_string();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(
+            html.contains("birth failed at partition: sfdisk said &lt;script&gt;"),
+            "{html}"
+        );
+        assert_eq!(forms(&html), ["provision", "reimage", "clean"]);
+        let cleaning = record(Prov::Clean { last_step: None });
+        let html = provisioning_body(node, &cleaning, false, &images).into_string();
+        assert!(forms(&html).is_empty(), "{html}");
     }
 
     #[test]

@@ -264,14 +264,16 @@ pub fn spawn(
 }
 
 /// Files every change of a sub's state on the timeline of the node of the same name (the
-/// MDB names enrolled machines by their node's name); a sub with no node is not recorded.
+/// MDB names enrolled machines by their node's name), or of the unnamed node whose hostname
+/// is `node-<8 hex>` (provisioning names them so); a sub with no node is not recorded.
 async fn record_changes(
     inspector: Arc<Inspector>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(String, SubState)>,
 ) {
+    let mut nodes = crate::provisioning::NodesByHostname::default();
     while let Some((host, state)) = rx.recv().await {
-        let node = match inspector.find(&host).await {
-            Ok(Some(v)) => v.node,
+        let node = match nodes.find(&inspector, &host).await {
+            Ok(Some(n)) => n,
             Ok(None) => continue,
             Err(e) => {
                 tracing::debug!(%host, error = %e, "dominator: timeline entry not recorded");

@@ -74,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         leader: state.leader.clone(),
         cluster: state.config.cluster.clone(),
         dominator: state.dominator.clone(),
+        provisioning: state.provisioning.clone(),
     });
     r.with_state(state)
         .merge(inspector)

@@ -34,6 +34,15 @@
 //! census every second: a sub synced to the image of a node in `birth` or `rebirth` (the
 //! sub named by the node's hostname, after the run registered) gives
 //! [`Event::SubdSynced`] ([`synced_events`], pure).
+//!
+//! **Timeouts.** A run's clock starts at its first report from the ramdisk: `provision/next`
+//! answering a mode applies [`Event::RunStarted`] (the time goes into the record's
+//! `started_ms`), as does its first step. While this host leads, [`expire_runs`] looks every
+//! [`expire_every`] (a tenth of the timeout, 1–30 s) for runs that have gone without a report for longer than `[provisioning]
+//! step_timeout_secs` (`sync_timeout_secs` while the dominator syncs) and ends them in error
+//! at the step that was due ([`Provisioning::expire`], pure): one fenced compare-and-swap
+//! each, so a report that lands meanwhile wins. A node whose machine has not booted the
+//! ramdisk yet (powered off) never times out.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -45,7 +54,9 @@ use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_birther::protocol::{NextAnswer, NextRequest, RegisterRequest, ReportRequest};
-use paddock_birther::{Event, Operation, Provisioning, Serve, Step, Transition, TransitionError};
+use paddock_birther::{
+    Event, Operation, Provisioning, Serve, Step, Timeouts, Transition, TransitionError,
+};
 use paddock_image::Machine;
 use paddock_imageserver::images::{ImageRecord, ImageServer};
 use paddock_imageserver::mdb::{MdbService, Source};
@@ -78,6 +89,62 @@ pub fn hostname(node: &Node) -> String {
     match &node.name {
         Some(n) => n.clone(),
         None => format!("node-{}", &node.uuid.simple().to_string()[..8]),
+    }
+}
+
+/// The 8 hex digits of `node-<8 hex>`, the hostname of a node without a name ([`hostname`]).
+pub fn unnamed_hostname(host: &str) -> Option<&str> {
+    let hex = host.strip_prefix("node-")?;
+    let ok = hex.len() == 8 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    ok.then_some(hex)
+}
+
+/// The unnamed nodes by their hostnames (`node-<8 hex>`); two nodes whose UUIDs share the
+/// first 8 hex digits are ambiguous and left out.
+pub fn unnamed_hostnames(nodes: &[Node]) -> BTreeMap<String, Uuid> {
+    let mut out = BTreeMap::new();
+    let mut ambiguous = std::collections::BTreeSet::new();
+    for n in nodes.iter().filter(|n| n.name.is_none()) {
+        let host = hostname(n);
+        if out.insert(host.clone(), n.uuid).is_some() {
+            ambiguous.insert(host);
+        }
+    }
+    out.retain(|h, _| !ambiguous.contains(h));
+    out
+}
+
+/// The node a machine's hostname names (the dominator's timeline): its name or UUID, else the
+/// unnamed node whose hostname is `node-<8 hex>`. Unnamed hostnames are learnt from one list
+/// of the nodes and remembered, so a fleet of unnamed machines costs one list, not one per
+/// change; a hostname not remembered (a node enrolled since) lists again.
+#[derive(Default)]
+pub struct NodesByHostname {
+    unnamed: BTreeMap<String, Uuid>,
+}
+
+impl NodesByHostname {
+    pub async fn find(
+        &mut self,
+        inspector: &Inspector,
+        host: &str,
+    ) -> std::result::Result<Option<Node>, paddock_inspector::service::InspectorError> {
+        if let Some(v) = inspector.find(host).await? {
+            return Ok(Some(v.node));
+        }
+        if unnamed_hostname(host).is_none() {
+            return Ok(None);
+        }
+        if let Some(uuid) = self.unnamed.get(host)
+            && let Some(v) = inspector.get(&uuid.to_string()).await?
+            && hostname(&v.node) == host
+        {
+            return Ok(Some(v.node));
+        }
+        let nodes = inspector.list().await?;
+        self.unnamed = unnamed_hostnames(&nodes);
+        let uuid = self.unnamed.get(host).copied();
+        Ok(nodes.into_iter().find(|n| Some(n.uuid) == uuid))
     }
 }
 
@@ -237,6 +304,8 @@ pub struct Provisioner {
     pub public_url: String,
     /// Where subd listens (`[dominator] subd_port`).
     pub subd_port: u16,
+    /// How long a run may go without a report (`[provisioning]`).
+    pub timeouts: Timeouts,
 }
 
 /// One write: the record's transition, and the wish it acts on.
@@ -247,6 +316,8 @@ struct Write<'a> {
     wish: Option<(Revision, &'a WishTaken)>,
     /// A timeline entry of its own (a wish that could not apply).
     note: Option<String>,
+    /// Leader-only writes: the leader key's revision.
+    fence: Option<Compare>,
 }
 
 impl Provisioner {
@@ -299,6 +370,7 @@ impl Provisioner {
     /// Writes one change in one transaction; `false`: a compare failed (retry).
     async fn write(&self, w: Write<'_>) -> Result<bool> {
         let mut txn = Txn::default();
+        txn.compare.extend(w.fence);
         if let Some(t) = w.transition {
             let key = format!("{PREFIX}{}", w.node);
             txn.compare.push(Compare::ModRevision {
@@ -352,6 +424,7 @@ impl Provisioner {
                 transition: Some(&t),
                 wish: None,
                 note: None,
+                fence: None,
             };
             if self.write(w).await? {
                 tracing::info!(node = %node.uuid, summary = %t.summary, "provisioning");
@@ -359,6 +432,14 @@ impl Provisioner {
             }
         }
         Err(ProvisionError::Busy(node.uuid))
+    }
+
+    /// An operator's request (the API and the console alike): the node by UUID or name, then
+    /// `event` through [`Provisioner::apply`] with the image checked.
+    pub async fn request(&self, ident: &str, event: &Event) -> Result<(Node, Transition)> {
+        let node = self.node(ident).await?;
+        let t = self.apply(&node, event, true).await?;
+        Ok((node, t))
     }
 
     /// Acts on the `set-image` wish of the node's finished introspection, once: the node
@@ -409,6 +490,7 @@ impl Provisioner {
                 transition,
                 wish: Some((marker_rev, &wish)),
                 note,
+                fence: None,
             };
             if self.write(w).await? {
                 match &outcome {
@@ -451,7 +533,16 @@ impl Provisioner {
         if let Err(e) = self.take_wish(&node).await {
             tracing::warn!(node = %node.uuid, error = %e, "provisioning: rule set-image not applied");
         }
-        let (record, _) = self.record(&node).await?;
+        let (mut record, _) = self.record(&node).await?;
+        // The ramdisk is up and is told its mode: the run's clock starts.
+        if record.serve().ramdisk_mode().is_some() && record.started_ms.is_none() {
+            match self.apply(&node, &Event::RunStarted, false).await {
+                Ok(t) => record = t.record,
+                Err(e) => {
+                    tracing::warn!(node = %node.uuid, error = %e, "provisioning: the run's start not recorded")
+                }
+            }
+        }
         let image = match record.state.image() {
             Some(name) if record.serve().ramdisk_mode().is_some() => self
                 .images
@@ -500,9 +591,9 @@ impl Provisioner {
         self.apply(node, &event, false).await
     }
 
-    /// The runs in progress with their hostnames (a node is read only for a run that has
-    /// registered and is not synced yet).
-    async fn runs(&self) -> Result<Vec<(Uuid, String, Provisioning)>> {
+    /// Every provisioning record with its node and revision (an unreadable one is skipped,
+    /// with a warning).
+    async fn records(&self) -> Result<Vec<(Uuid, Provisioning, Revision)>> {
         let mut out = Vec::new();
         for kv in self.store.range(PREFIX).await? {
             let Some(uuid) = kv
@@ -512,9 +603,21 @@ impl Provisioner {
             else {
                 continue;
             };
-            let Ok(p) = serde_json::from_slice::<Provisioning>(&kv.value) else {
-                continue;
-            };
+            match serde_json::from_slice::<Provisioning>(&kv.value) {
+                Ok(p) => out.push((uuid, p, kv.mod_revision)),
+                Err(e) => {
+                    tracing::warn!(key = %kv.key, error = %e, "provisioning: unreadable record skipped")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The runs in progress with their hostnames (a node is read only for a run that has
+    /// registered and is not synced yet).
+    async fn runs(&self) -> Result<Vec<(Uuid, String, Provisioning)>> {
+        let mut out = Vec::new();
+        for (uuid, p, _) in self.records().await? {
             let waiting = match &p.state {
                 paddock_birther::State::Birth(r) | paddock_birther::State::Rebirth(r) => {
                     !r.synced && r.last_step.is_some_and(|s| s >= Step::Register)
@@ -567,6 +670,62 @@ impl Provisioner {
         }
         Ok(n)
     }
+}
+
+/// How often the leader looks for runs that timed out: a tenth of the shorter timeout, from
+/// 1 s to 30 s (a run ends within 10 % of its timeout).
+pub fn expire_every(t: &Timeouts) -> Duration {
+    Duration::from_millis(t.step_ms.min(t.sync_ms) / 10)
+        .clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+impl Provisioner {
+    /// Ends in error every run that has gone without a report for longer than its timeout
+    /// ([`Provisioning::expire`]): each in its own compare-and-swap on the record (a report
+    /// that changed it meanwhile wins; the next look decides again) carrying `fence`.
+    /// Returns how many ended.
+    pub async fn expire_runs(&self, now_ms: u64, fence: Option<Compare>) -> Result<usize> {
+        let mut n = 0;
+        for (uuid, p, rev) in self.records().await? {
+            let Some(t) = p.expire(now_ms, &self.timeouts) else {
+                continue;
+            };
+            let w = Write {
+                node: uuid,
+                record_rev: rev,
+                transition: Some(&t),
+                wish: None,
+                note: None,
+                fence: fence.clone(),
+            };
+            if self.write(w).await? {
+                tracing::warn!(node = %uuid, summary = %t.summary, "provisioning: run timed out");
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// While this host leads, ends the runs that timed out, every [`expire_every`].
+pub fn expire_runs(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    p: Arc<Provisioner>,
+    leader: LeaderRx,
+) {
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(expire_every(&p.timeouts));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(leadership) = leader.borrow().clone() else {
+                continue;
+            };
+            if let Err(e) = p.expire_runs(now_ms(), leadership.fence()).await {
+                tracing::warn!(error = %e, "provisioning: the timeout check failed");
+            }
+        }
+    });
 }
 
 /// While this host leads, looks at the census every second for runs it shows synced.
@@ -656,8 +815,7 @@ async fn request(
     ident: &str,
     event: Event,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
-    let node = p.node(ident).await?;
-    Ok(Json(p.apply(&node, &event, true).await?.record))
+    Ok(Json(p.request(ident, &event).await?.1.record))
 }
 
 async fn provision(
@@ -749,6 +907,7 @@ mod tests {
             state,
             since_ms: 1,
             updated_ms: 2,
+            started_ms: None,
         }
     }
 
@@ -773,6 +932,47 @@ mod tests {
     fn hostnames() {
         assert_eq!(hostname(&node(Some("r1u7"))), "r1u7");
         assert_eq!(hostname(&node(None)), "node-0b6c2a4e");
+        assert_eq!(unnamed_hostname("node-0b6c2a4e"), Some("0b6c2a4e"));
+        for not in [
+            "r1u7",
+            "node-0b6c2a4",
+            "node-0b6c2a4e0",
+            "node-0B6C2A4E",
+            "node-0b6c2a4g",
+            "Node-0b6c2a4e",
+            "node-",
+        ] {
+            assert_eq!(unnamed_hostname(not), None, "{not}");
+        }
+    }
+
+    /// The dominator's timeline finds an unnamed node by its `node-<8 hex>` hostname.
+    #[test]
+    fn unnamed_nodes_by_hostname() {
+        let at = |u: u128, name: Option<&str>| {
+            let mut n = Node::new(Uuid::from_u128(u), 0);
+            n.name = name.map(String::from);
+            n
+        };
+        let nodes = [
+            at(0x0b6c_2a4e_0000_0000_0000_0000_0000_0001, None),
+            // Named: found by its name, never by the hex form.
+            at(0x1111_1111_0000_0000_0000_0000_0000_0001, Some("r1")),
+            // Two unnamed nodes sharing the first 8 hex digits: ambiguous, neither.
+            at(0x2222_2222_0000_0000_0000_0000_0000_0001, None),
+            at(0x2222_2222_0000_0000_0000_0000_0000_0002, None),
+        ];
+        let got = unnamed_hostnames(&nodes);
+        assert_eq!(
+            got,
+            BTreeMap::from([(
+                "node-0b6c2a4e".to_string(),
+                Uuid::from_u128(0x0b6c_2a4e_0000_0000_0000_0000_0000_0001)
+            )])
+        );
+        for host in got.keys() {
+            assert!(unnamed_hostname(host).is_some());
+        }
     }
 
     #[test]
@@ -969,6 +1169,15 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_timeout_check_runs_often_enough() {
+        let every = |step_ms, sync_ms| expire_every(&Timeouts { step_ms, sync_ms }).as_millis();
+        assert_eq!(every(30 * 60_000, 120 * 60_000), 30_000);
+        assert_eq!(every(60_000, 120 * 60_000), 6_000);
+        assert_eq!(every(120 * 60_000, 100_000), 10_000);
+        assert_eq!(every(2_000, 4_000), 1_000);
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The PXE filter in the appliance: keeps the kernel's nftables sets in step with the node
 //! records (after every change, before the API call returns, and on a reconcile period that
-//! repairs drift), and gives the DHCP server the same decision by `chaddr`.
+//! repairs drift) and the provisioning records (followed by a watch on `provisioning/`), and
+//! gives the DHCP server the same decision by `chaddr`. A node may PXE-boot while it is under
+//! introspection or its provisioning state serves a ramdisk mode (birth, rebirth, clean):
+//! [`may_pxe_boot`], pure.
 //!
 //! A failed sync closes the filter ([`Health`]); a task retries with back-off (0.5 s, 1 s,
 //! 2 s … up to [`RETRY_CAP`]) besides the periodic reconcile, and the first whole-table
@@ -10,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use paddock_birther::{Provisioning, Serve};
 use paddock_dhcp::{Admission, ClientPolicy};
 use paddock_firewall::{
     Change, Filter, Health, Nft, diff, leader_element, render_changes, render_closed,
@@ -71,8 +75,58 @@ pub enum FirewallAnswer {
     Off { enabled: bool },
 }
 
-/// Each node's MACs and whether it may PXE-boot now.
-type NodeIndex = std::collections::BTreeMap<uuid::Uuid, (Vec<MacAddr>, bool)>;
+/// Whether a node may PXE-boot now: under introspection (the discovery ramdisk), or its
+/// provisioning record serves a ramdisk mode (birth, rebirth, clean: the ramdisk must boot to
+/// run it). Any other known node (idle, provisioned, failed) is refused, as before
+/// provisioning.
+pub fn may_pxe_boot(inspecting: bool, provisioning: Option<&Serve>) -> bool {
+    inspecting || provisioning.is_some_and(|s| s.ramdisk_mode().is_some())
+}
+
+/// What the filter knows of every node: its MACs and whether it is under introspection,
+/// and what its provisioning record serves (only nodes that have one).
+#[derive(Debug, Default)]
+struct NodeIndex {
+    nodes: std::collections::BTreeMap<uuid::Uuid, (Vec<MacAddr>, bool)>,
+    provisioning: std::collections::BTreeMap<uuid::Uuid, Serve>,
+}
+
+impl NodeIndex {
+    /// Every known MAC and whether it may PXE-boot.
+    fn machines(&self) -> impl Iterator<Item = (MacAddr, bool)> + '_ {
+        self.nodes.iter().flat_map(|(uuid, (macs, inspecting))| {
+            let allowed = may_pxe_boot(*inspecting, self.provisioning.get(uuid));
+            macs.iter().map(move |m| (*m, allowed))
+        })
+    }
+}
+
+/// What changed since the filter last looked.
+enum Changed<'a> {
+    /// Not known: read everything.
+    All,
+    /// These nodes' records (read them).
+    Nodes(&'a [uuid::Uuid]),
+    /// These nodes' provisioning records, as the watch delivered them (`None`: deleted).
+    Provisioning(&'a [(uuid::Uuid, Option<Serve>)]),
+}
+
+/// A provisioning record's key and value as the watch delivers them: the node, and what the
+/// record serves (`None`: deleted or unreadable, so no ramdisk mode).
+fn provisioning_change(key: &str, value: Option<&[u8]>) -> Option<(uuid::Uuid, Option<Serve>)> {
+    let uuid = key
+        .strip_prefix(crate::provisioning::PREFIX)?
+        .parse()
+        .ok()?;
+    let serve = value.and_then(|v| match serde_json::from_slice::<Provisioning>(v) {
+        Ok(p) => Some(p.serve()),
+        Err(e) => {
+            tracing::warn!(%key, error = %e, "pxe filter: unreadable provisioning record (no ramdisk mode)");
+            None
+        }
+    });
+    Some((uuid, serve))
+}
 
 pub struct PxeFilter {
     /// Several hosts: the right to serve is the timed element in the kernel's `leader` set,
@@ -129,6 +183,7 @@ impl PxeFilter {
             one_at_a_time: tokio::sync::Mutex::new(()),
         });
         tokio::spawn(retry_while_closed(Arc::downgrade(&f), f.health.subscribe()));
+        tokio::spawn(follow_provisioning(Arc::downgrade(&f)));
         // The store may be out of reach for a moment (an etcd cluster electing): the table
         // stays closed and the reconcile loop catches up.
         if let Err(e) = f.reconcile().await {
@@ -152,14 +207,15 @@ impl PxeFilter {
                 .renders_pass(self.entitled(), whole_table)
     }
 
-    /// The desired filter. With the UUIDs of the nodes that changed, only those are read
-    /// (the event path); with none, every node is (reconcile, start, unknown changes).
-    /// `whole_table`: for a reconcile (which may reopen after an error).
-    async fn desired(&self, changed: &[uuid::Uuid], whole_table: bool) -> anyhow::Result<Filter> {
+    /// The desired filter. With the nodes that changed, only those are read (the event
+    /// path; a provisioning change reads nothing, the watch brought it); with
+    /// [`Changed::All`], every node and provisioning record is (reconcile, start, unknown
+    /// changes). `whole_table`: for a reconcile (which may reopen after an error).
+    async fn desired(&self, changed: Changed<'_>, whole_table: bool) -> anyhow::Result<Filter> {
         let mut index = self.nodes.lock().await;
         match (&mut *index, changed) {
-            (Some(idx), [_, ..]) => {
-                for uuid in changed {
+            (Some(idx), Changed::Nodes(uuids)) if !uuids.is_empty() => {
+                for uuid in uuids {
                     match self
                         .inspector
                         .get(&uuid.to_string())
@@ -167,10 +223,23 @@ impl PxeFilter {
                         .map_err(|e| anyhow::anyhow!("{}", e.message))?
                     {
                         Some(v) => {
-                            idx.insert(*uuid, (v.node.macs.clone(), v.node.inspecting()));
+                            idx.nodes
+                                .insert(*uuid, (v.node.macs.clone(), v.node.inspecting()));
                         }
                         None => {
-                            idx.remove(uuid);
+                            idx.nodes.remove(uuid);
+                        }
+                    }
+                }
+            }
+            (Some(idx), Changed::Provisioning(records)) => {
+                for (uuid, serve) in records {
+                    match serve {
+                        Some(s) => {
+                            idx.provisioning.insert(*uuid, s.clone());
+                        }
+                        None => {
+                            idx.provisioning.remove(uuid);
                         }
                     }
                 }
@@ -181,23 +250,29 @@ impl PxeFilter {
                     .list()
                     .await
                     .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-                *index = Some(
-                    nodes
+                let records = self
+                    .inspector
+                    .store()
+                    .range(crate::provisioning::PREFIX)
+                    .await?;
+                *index = Some(NodeIndex {
+                    nodes: nodes
                         .into_iter()
                         .map(|n| {
                             let inspecting = n.inspecting();
                             (n.uuid, (n.macs, inspecting))
                         })
                         .collect(),
-                );
+                    provisioning: records
+                        .iter()
+                        .filter_map(|kv| provisioning_change(&kv.key, Some(&kv.value)))
+                        .filter_map(|(uuid, serve)| Some((uuid, serve?)))
+                        .collect(),
+                });
             }
         }
-        let machines = index
-            .iter()
-            .flatten()
-            .flat_map(|(_, (macs, wanted))| macs.iter().map(move |m| (*m, *wanted)));
         Ok(Filter::from_machines(
-            machines,
+            index.iter().flat_map(NodeIndex::machines),
             self.discovery,
             self.wanted_pass(whole_table),
         ))
@@ -207,6 +282,24 @@ impl PxeFilter {
     /// what was last applied, sent as one netlink batch. No kernel read, no nft process. If
     /// it fails (someone removed the table), falls back to [`PxeFilter::reconcile`].
     pub async fn update(&self, changed: &[uuid::Uuid]) -> anyhow::Result<()> {
+        let changed = if changed.is_empty() {
+            Changed::All
+        } else {
+            Changed::Nodes(changed)
+        };
+        self.update_with(changed).await
+    }
+
+    /// After provisioning records changed (the watch on `provisioning/`): as
+    /// [`PxeFilter::update`], with what the records now serve.
+    pub async fn provisioning_changed(
+        &self,
+        records: &[(uuid::Uuid, Option<Serve>)],
+    ) -> anyhow::Result<()> {
+        self.update_with(Changed::Provisioning(records)).await
+    }
+
+    async fn update_with(&self, changed: Changed<'_>) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
         let mut desired = self.desired(changed, false).await?;
         let last = self
@@ -243,7 +336,7 @@ impl PxeFilter {
     /// repaired, the pass rule is removed (fail closed) until a reconcile succeeds.
     pub async fn reconcile(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        let desired = match self.desired(&[], true).await {
+        let desired = match self.desired(Changed::All, true).await {
             Ok(d) => d,
             Err(e) => {
                 // Closed already: an attempt to reopen that failed (counted, so the
@@ -605,6 +698,66 @@ async fn retry_while_closed(filter: Weak<PxeFilter>, mut health: watch::Receiver
     }
 }
 
+/// Keeps the filter in step with the provisioning records, whichever host changed them: a
+/// watch on `provisioning/` (bursts folded into one update); after the watch starts (and
+/// after it ends, as it does when it falls behind), one whole update catches what happened
+/// before. Ends with the filter.
+async fn follow_provisioning(filter: Weak<PxeFilter>) {
+    loop {
+        let Some(store) = filter.upgrade().map(|f| f.inspector.store().clone()) else {
+            return;
+        };
+        let mut w = match store.watch(crate::provisioning::PREFIX, 0).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "pxe filter: cannot watch provisioning records; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        drop(store);
+        match filter.upgrade() {
+            Some(f) => {
+                if let Err(e) = f.update(&[]).await {
+                    tracing::warn!(error = %e, "pxe filter: update failed");
+                }
+            }
+            None => return,
+        }
+        loop {
+            let first = match w.next().await {
+                Some(Ok(ev)) => ev,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "pxe filter: provisioning watch ended; watching again");
+                    break;
+                }
+                None => break,
+            };
+            // Fold a burst: whatever else is already queued.
+            let mut events = vec![first];
+            while let Ok(Some(Ok(ev))) =
+                tokio::time::timeout(Duration::from_millis(5), w.next()).await
+            {
+                events.push(ev);
+            }
+            let records: Vec<_> = events
+                .iter()
+                .filter_map(|ev| {
+                    let value = matches!(ev.kind, paddock_store::EventKind::Put)
+                        .then_some(ev.kv.value.as_slice());
+                    provisioning_change(&ev.kv.key, value)
+                })
+                .collect();
+            let Some(f) = filter.upgrade() else {
+                return;
+            };
+            if let Err(e) = f.provisioning_changed(&records).await {
+                tracing::warn!(error = %e, "pxe filter: update after a provisioning change failed");
+            }
+        }
+    }
+}
+
 /// The DHCP admission: the configured deny list, then the PXE filter when it is on.
 pub struct Admit {
     pub deny: std::collections::BTreeSet<MacAddr>,
@@ -624,5 +777,120 @@ impl ClientPolicy for Admit {
         } else {
             Admission::Ignore
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_birther::{Operation, State, Step, state::Run};
+
+    fn record(state: State) -> Provisioning {
+        Provisioning {
+            state,
+            since_ms: 0,
+            updated_ms: 0,
+            started_ms: None,
+        }
+    }
+
+    fn run(image: &str) -> Run {
+        Run {
+            image: image.into(),
+            previous_image: None,
+            last_step: None,
+            synced: false,
+        }
+    }
+
+    /// Who may PXE-boot: under introspection, or a ramdisk mode to run; nobody else.
+    #[test]
+    fn who_may_pxe_boot() {
+        let states = [
+            (None, false),
+            (Some(State::Unknown), false),
+            (Some(State::Birth(run("a"))), true),
+            (Some(State::Rebirth(run("b"))), true),
+            (Some(State::Clean { last_step: None }), true),
+            (Some(State::Healthy { image: "a".into() }), false),
+            (
+                Some(State::Error {
+                    operation: Operation::Birth,
+                    step: Step::Partition,
+                    message: "no disk".into(),
+                    image: Some("a".into()),
+                }),
+                false,
+            ),
+        ];
+        for (state, ramdisk) in states {
+            let serve = state.map(|s| record(s).serve());
+            assert_eq!(may_pxe_boot(false, serve.as_ref()), ramdisk, "{serve:?}");
+            assert!(
+                may_pxe_boot(true, serve.as_ref()),
+                "introspection: {serve:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_index_admits_each_nodes_macs() {
+        let mac = |s: &str| s.parse::<MacAddr>().unwrap();
+        let u = uuid::Uuid::from_u128;
+        let mut idx = NodeIndex::default();
+        idx.nodes.insert(
+            u(1),
+            (
+                vec![mac("52:54:00:00:00:01"), mac("52:54:00:00:00:02")],
+                false,
+            ),
+        );
+        idx.nodes
+            .insert(u(2), (vec![mac("52:54:00:00:00:03")], true));
+        idx.nodes
+            .insert(u(3), (vec![mac("52:54:00:00:00:04")], false));
+        // A record for a node that is gone admits nothing.
+        idx.provisioning
+            .insert(u(9), record(State::Birth(run("a"))).serve());
+        let got: Vec<_> = idx.machines().map(|(m, a)| (m.to_string(), a)).collect();
+        let want = |a: bool| {
+            vec![
+                ("52:54:00:00:00:01".to_string(), a),
+                ("52:54:00:00:00:02".to_string(), a),
+                ("52:54:00:00:00:03".to_string(), true),
+                ("52:54:00:00:00:04".to_string(), false),
+            ]
+        };
+        assert_eq!(got, want(false));
+        idx.provisioning
+            .insert(u(1), record(State::Birth(run("a"))).serve());
+        let got: Vec<_> = idx.machines().map(|(m, a)| (m.to_string(), a)).collect();
+        assert_eq!(got, want(true), "in birth: both MACs admitted");
+        idx.provisioning
+            .insert(u(1), record(State::Healthy { image: "a".into() }).serve());
+        let got: Vec<_> = idx.machines().map(|(m, a)| (m.to_string(), a)).collect();
+        assert_eq!(got, want(false), "healthy: refused again");
+    }
+
+    #[test]
+    fn provisioning_changes_from_the_watch() {
+        let u = uuid::Uuid::from_u128(7);
+        let key = format!("provisioning/{u}");
+        let birth = serde_json::to_vec(&record(State::Birth(run("a")))).unwrap();
+        assert_eq!(
+            provisioning_change(&key, Some(&birth)),
+            Some((u, Some(Serve::BirthRamdisk { image: "a".into() })))
+        );
+        assert_eq!(provisioning_change(&key, None), Some((u, None)), "deleted");
+        assert_eq!(
+            provisioning_change(&key, Some(b"{not json")),
+            Some((u, None)),
+            "unreadable: no ramdisk mode"
+        );
+        assert_eq!(provisioning_change("provisioning/x", Some(&birth)), None);
+        assert_eq!(
+            provisioning_change(&format!("provisioning-rules/{u}"), None),
+            None
+        );
     }
 }

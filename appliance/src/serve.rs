@@ -218,6 +218,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .dominator
             .as_ref()
             .map_or(paddock_birther::protocol::SUBD_PORT, |d| d.subd_port),
+        timeouts: cfg.provisioning.timeouts,
     });
     observers.push(Arc::new(crate::provisioning::RuleWishes(
         provisioner.clone(),
@@ -362,6 +363,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         census.clone(),
         leader_rx.clone(),
     );
+    crate::provisioning::expire_runs(&mut tasks, provisioner.clone(), leader_rx.clone());
     let state = AppState {
         dominator: crate::dominator::Dominator {
             store: store.clone(),

@@ -249,3 +249,112 @@ fn after_a_failed_reconcile_the_pass_rule_returns_by_itself() {
         assert_eq!(log.matches(line).count(), 1, "{line}:\n{log}");
     }
 }
+
+/// A known node is refused PXE while idle; put in `birth` (not under introspection) its MAC
+/// is admitted, in the kernel's allow set and by the DHCP side, as soon as the record
+/// changes; it loses it when the run hands over and the node is `healthy`. The run is real
+/// as far as the appliance goes: a `paddock-subd` (`cargo build -p paddock-subd` first) on
+/// an empty root, synced by the dominator.
+#[test]
+fn a_node_in_birth_may_pxe_boot_until_it_is_healthy() {
+    require(&["tar"]);
+    let (link, scratch, _app) = start_with_filter("reconcile_secs = 15\n");
+    let api = |method: &str, path: &str, body: &str| -> serde_json::Value {
+        let out = link.server.sh_ok(&format!(
+            "curl -sf -X {method} -H 'content-type: application/json' -d '{body}' {PUBLIC_URL}{path}"
+        ));
+        serde_json::from_str(&out).unwrap_or(serde_json::Value::Null)
+    };
+    // An image to install.
+    let root = scratch.path("root");
+    sh_ok(&format!(
+        "mkdir -p {r}/etc {r}/usr/bin && echo 'root:x:0:0::/root:/bin/sh' > {r}/etc/passwd && echo hi > {r}/usr/bin/hello",
+        r = root.display()
+    ));
+    let tar = scratch.path("image.tar");
+    sh_ok(&format!(
+        "tar -C {} -cf {} etc usr",
+        root.display(),
+        tar.display()
+    ));
+    link.server.sh_ok(&format!(
+        "PADDOCK_API={PUBLIC_URL} {} image add test/a {}",
+        env!("CARGO_BIN_EXE_paddock"),
+        tar.display()
+    ));
+    let mac = client_mac(&link);
+    let uuid = create_node(&link, &mac);
+    let in_set = |set: &str| {
+        link.server
+            .sh_ok(&format!("nft list set inet paddock {set}"))
+            .contains(&mac)
+    };
+    assert!(in_set("deny") && !in_set("allow"));
+    assert!(udhcpc(&link, &scratch, "").is_none(), "idle: refused");
+
+    // birth: admitted, though no introspection runs.
+    api(
+        "POST",
+        &format!("/api/v1/nodes/{uuid}/provision"),
+        r#"{"image": "test/a"}"#,
+    );
+    // Within 3 s: the watch on provisioning/, not the 15 s reconcile.
+    let soon = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !f() {
+            assert!(Instant::now() < deadline, "not within 3 s: {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    soon("the MAC in the allow set", &|| {
+        in_set("allow") && !in_set("deny")
+    });
+    assert!(
+        udhcpc(&link, &scratch, "").is_some(),
+        "a node in birth is answered"
+    );
+    let st = status(&link);
+    assert!(st["allow"].to_string().contains(&mac), "{st}");
+
+    // The run: steps, subd on an empty root, the dominator's sync, the hand-over.
+    let report = |step: &str| {
+        api(
+            "POST",
+            &format!("/api/v1/provision/{uuid}/report"),
+            &format!(r#"{{"event": {{"event": "step_done", "step": "{step}"}}}}"#),
+        )
+    };
+    for step in ["choose_disk", "partition", "filesystems"] {
+        report(step);
+    }
+    let _subd = start_subd(&link.server, &scratch, &scratch.path("target"), "");
+    report("start_subd");
+    api(
+        "POST",
+        &format!("/api/v1/provision/{uuid}/register"),
+        r#"{"address": "127.0.0.2"}"#,
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api("GET", &format!("/api/v1/provision/{uuid}"), "")["synced"] != true {
+        assert!(
+            Instant::now() < deadline,
+            "the dominator did not sync the node"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(in_set("allow"), "still admitted while the run goes on");
+    for step in ["boot_loader", "identity", "hand_over"] {
+        report(step);
+    }
+    let record = api("GET", &format!("/api/v1/nodes/{uuid}/provisioning"), "");
+    assert_eq!(record["state"], "healthy", "{record}");
+
+    // healthy: refused again, in the kernel and by the DHCP side.
+    soon("the MAC back in the deny set", &|| {
+        in_set("deny") && !in_set("allow")
+    });
+    assert!(
+        udhcpc(&link, &scratch, "").is_none(),
+        "a healthy node boots its disk: refused"
+    );
+}

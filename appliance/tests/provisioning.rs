@@ -4,7 +4,10 @@
 //! state refuses change nothing; an inspection rule's `set-image` puts a node in birth as
 //! its introspection finishes (the one-boot path); and a birth against a real `paddock-subd`
 //! (`cargo build -p paddock-subd` first) is synced by the dominator, whose census gives
-//! `subd_synced`, and hands over to the local disk.
+//! `subd_synced`, and hands over to the local disk (an unnamed node, whose dominator
+//! entries reach its timeline through its `node-<8 hex>` hostname); the console's forms
+//! change the record only from the same origin; and a run times out only once its ramdisk
+//! has reported.
 
 mod support;
 
@@ -21,6 +24,11 @@ struct Setup {
 
 impl Setup {
     fn start() -> Setup {
+        Setup::start_with("")
+    }
+
+    /// With `extra` appended to the configuration.
+    fn start_with(extra: &str) -> Setup {
         require(&["curl", "ip", "tar"]);
         let link = Link::new();
         let scratch = Scratch::new(&link.tag);
@@ -28,7 +36,7 @@ impl Setup {
             &link,
             &scratch,
             &format!(
-                "[tftp]\nenabled = false\n[boot.discovery]\nkernel = \"{PUBLIC_URL}/k\"\ninitrd = \"{PUBLIC_URL}/i\"\n"
+                "[tftp]\nenabled = false\n[boot.discovery]\nkernel = \"{PUBLIC_URL}/k\"\ninitrd = \"{PUBLIC_URL}/i\"\n{extra}"
             ),
         );
         let app = Appliance::start(&link.server, &scratch, &config);
@@ -136,6 +144,25 @@ impl Setup {
             &format!("/api/v1/provision/{node}/report"),
             Some(json!({"event": event})),
         )
+    }
+
+    /// A console form posted with curl (`form`: urlencoded, may be empty), with these extra
+    /// headers; redirects are not followed.
+    fn form(&self, path: &str, form: &str, headers: &[&str]) -> Resp {
+        let mut cmd = format!("curl -s -i -X POST '{PUBLIC_URL}{path}'");
+        for h in headers {
+            cmd.push_str(&format!(" -H '{h}'"));
+        }
+        cmd.push_str(&format!(
+            " -H 'content-type: application/x-www-form-urlencoded' --data-raw '{form}'"
+        ));
+        curl(&self.link.server, &cmd)
+    }
+
+    fn page(&self, path: &str) -> String {
+        let r = self.call("GET", path, None);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        r.body
     }
 
     fn next(&self, macs: &[&str]) -> Value {
@@ -438,16 +465,6 @@ fn a_rule_provisions_the_node_as_its_inspection_finishes() {
     );
 }
 
-/// A process killed and reaped when the test ends.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Waits up to `secs` for `f`, naming what was awaited.
 #[track_caller]
 fn wait_long(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
@@ -466,49 +483,25 @@ fn wait_long(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 /// healthy, and its boot script serves the local disk.
 #[test]
 fn a_birth_is_synced_by_the_dominator_and_hands_over() {
-    let subd = std::path::Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-subd");
-    assert!(
-        subd.exists(),
-        "{} is missing: run `cargo build -p paddock-subd` first",
-        subd.display()
-    );
     let s = Setup::start();
-    let uuid = s.ok(
-        "POST",
-        "/api/v1/nodes",
-        Some(json!({"name": "r2", "macs": [MAC]})),
-    )["uuid"]
+    // An unnamed node: its hostname (and its MDB machine, and its sub) is node-<8 hex>.
+    let uuid = s.ok("POST", "/api/v1/nodes", Some(json!({"macs": [MAC]})))["uuid"]
         .as_str()
         .unwrap()
         .to_string();
-    s.cli_ok("node provision r2 --image test/a");
+    let host = format!("node-{}", &uuid[..8]);
+    s.cli_ok(&format!("node provision {uuid} --image test/a"));
+    assert_eq!(s.next(&[MAC])["hostname"], host.as_str());
     for step in ["choose_disk", "partition", "filesystems"] {
-        s.report("r2", json!({"event": "step_done", "step": step}));
+        s.report(&uuid, json!({"event": "step_done", "step": step}));
     }
     // The target: an empty file system, subd on it.
     let root = s.scratch.path("target");
-    std::fs::create_dir_all(&root).unwrap();
-    let log = s.scratch.path("subd.log");
-    let _subd = Reap(s.link.server.spawn(
-        &format!(
-            "env PADDOCK_LOG=info {} --insecure --root {} --listen 127.0.0.2:6969 \
-             --trigger-command /bin/true --reboot-command /bin/true \
-             --device-speed 1073741824 --link-speed 1073741824 --min-cycle-ms 100 \
-             --exclude '/tmp/.*'",
-            subd.display(),
-            root.display()
-        ),
-        &log,
-    ));
-    wait_long("subd to listen", 30, || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("paddock-subd: listening on")
-    });
-    s.report("r2", json!({"event": "step_done", "step": "start_subd"}));
+    let _subd = start_subd(&s.link.server, &s.scratch, &root, "--exclude '/tmp/.*'");
+    s.report(&uuid, json!({"event": "step_done", "step": "start_subd"}));
     s.ok(
         "POST",
-        "/api/v1/provision/r2/register",
+        &format!("/api/v1/provision/{uuid}/register"),
         Some(json!({"address": "127.0.0.2"})),
     );
     // The agent polls its record until the dominator has synced the image.
@@ -524,7 +517,7 @@ fn a_birth_is_synced_by_the_dominator_and_hands_over() {
     for step in ["boot_loader", "identity", "hand_over"] {
         s.report(&uuid, json!({"event": "step_done", "step": step}));
     }
-    let healthy = s.record("r2");
+    let healthy = s.record(&uuid);
     assert_eq!(
         (healthy["state"].as_str(), healthy["image"].as_str()),
         (Some("healthy"), Some("test/a"))
@@ -542,15 +535,25 @@ fn a_birth_is_synced_by_the_dominator_and_hands_over() {
     // Provisioned: provision is refused, reimage starts a rebirth.
     let r = s.call(
         "POST",
-        "/api/v1/nodes/r2/provision",
+        &format!("/api/v1/nodes/{uuid}/provision"),
         Some(json!({"image": "test/a"})),
     );
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.error().contains("use reimage"), "{}", r.body);
-    let out = s.cli_ok("node reimage r2");
+    let out = s.cli_ok(&format!("node reimage {uuid}"));
     assert!(out.contains("provision   rebirth (image test/a)"), "{out}");
     assert_ramdisk(&s.script(), Some("rebirth"));
-    let show = s.cli_ok("node show r2");
+    // The dominator's entries reached the unnamed node's timeline by its hostname.
+    let timeline = s.ok("GET", &format!("/api/v1/nodes/{uuid}"), None)["timeline"].clone();
+    assert!(
+        timeline
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "dominator" && e["message"] == "dominator: synced to test/a"),
+        "no dominator entry on {host}'s timeline: {timeline}"
+    );
+    let show = s.cli_ok(&format!("node show {uuid}"));
     assert!(
         show.contains("birth → birth: subd synced to test/a"),
         "{show}"
@@ -558,5 +561,195 @@ fn a_birth_is_synced_by_the_dominator_and_hands_over() {
     assert!(
         show.contains("birth → healthy: step hand_over done (image test/a)"),
         "{show}"
+    );
+}
+
+/// The node page shows the provisioning state and its forms; a form from another site is
+/// refused and changes nothing; one from the console itself goes through the API's own
+/// request (303 back to the node), and a refusal shows the API's 409 message.
+#[test]
+fn the_console_provisions_a_node_from_the_same_origin_only() {
+    let s = Setup::start();
+    let uuid = s.ok(
+        "POST",
+        "/api/v1/nodes",
+        Some(json!({"name": "r1", "macs": [MAC]})),
+    )["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let page = s.page("/ui/nodes/r1");
+    assert!(page.contains("<h2>Provisioning</h2>"), "{page}");
+    assert!(page.contains("never provisioned by Paddock"), "{page}");
+    assert!(
+        page.contains(&format!(r#"action="/ui/nodes/{uuid}/provision""#)),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"<option value="test/a">test/a</option>"#),
+        "{page}"
+    );
+    let before = s.record("r1");
+    let ours = format!("Origin: {PUBLIC_URL}");
+
+    // From another site: refused, whether the browser says so by Origin or by Sec-Fetch-Site.
+    for headers in [
+        vec!["Origin: http://evil.example"],
+        vec!["Sec-Fetch-Site: cross-site"],
+        vec!["Origin: http://evil.example", "Sec-Fetch-Site: same-origin"],
+    ] {
+        for (path, form) in [
+            ("/ui/nodes/r1/provision", "image=test%2Fa"),
+            ("/ui/nodes/r1/clean", ""),
+        ] {
+            let r = s.form(path, form, &headers);
+            assert_eq!(r.status, 403, "{path} {headers:?}: {}", r.body);
+            assert!(r.body.contains("another site"), "{}", r.body);
+        }
+    }
+    assert_eq!(
+        s.record("r1"),
+        before,
+        "a cross-site form changed the record"
+    );
+
+    // From the console: provision, back to the node's page.
+    let r = s.form(
+        "/ui/nodes/r1/provision",
+        "image=test%2Fa",
+        &[&ours, "Sec-Fetch-Site: same-origin"],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/ui/nodes/{uuid}").as_str())
+    );
+    let birth = s.record("r1");
+    assert_eq!(
+        (birth["state"].as_str(), birth["image"].as_str()),
+        (Some("birth"), Some("test/a"))
+    );
+    assert_ramdisk(&s.script(), Some("birth"));
+    let page = s.page(&format!("/ui/nodes/{uuid}"));
+    assert!(
+        page.contains(r#"<span class="state birth">birth</span>"#),
+        "{page}"
+    );
+    assert!(!page.contains("never provisioned"), "{page}");
+
+    // Refused by the state: the API's status and message, nothing changed.
+    let r = s.form("/ui/nodes/r1/reimage", "image=", &[&ours]);
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.body
+            .contains("the node is in birth (image test/a): wait for it to end"),
+        "{}",
+        r.body
+    );
+    let r = s.form("/ui/nodes/nope/clean", "", &[&ours]);
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("no node nope"), "{}", r.body);
+    assert_eq!(s.record("r1"), birth);
+
+    // A failure shows on the page with its step; re-image keeps the failed run's image.
+    s.report(
+        "r1",
+        json!({"event": "step_failed", "step": "partition", "message": "sfdisk: <no> disk"}),
+    );
+    let page = s.page("/ui/nodes/r1");
+    assert!(
+        page.contains("birth failed at partition: sfdisk: &lt;no&gt; disk"),
+        "{page}"
+    );
+    let r = s.form("/ui/nodes/r1/reimage", "image=", &[]);
+    assert_eq!(
+        r.status, 303,
+        "no Origin (a form posted by hand): {}",
+        r.body
+    );
+    let rebirth = s.record("r1");
+    assert_eq!(
+        (rebirth["state"].as_str(), rebirth["image"].as_str()),
+        (Some("rebirth"), Some("test/a"))
+    );
+    // Clean, from the console.
+    let r = s.form("/ui/nodes/r1/clean", "", &[&ours]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(s.record("r1")["state"], "clean");
+    assert_ramdisk(&s.script(), Some("clean"));
+    let show = s.cli_ok("node show r1");
+    for line in [
+        "unknown → birth: provisioning requested (image test/a)",
+        "error → rebirth: re-image requested (image test/a, was test/a)",
+        "rebirth → clean: clean requested",
+    ] {
+        assert!(show.contains(line), "{line:?} missing:\n{show}");
+    }
+}
+
+/// A run's clock starts at its ramdisk's first report: a node whose machine never boots
+/// stays in birth however long; once `provision/next` has answered its mode, a run that
+/// goes quiet for `step_timeout_secs` ends in error at the step that was due, on the
+/// timeline; waiting for the dominator's sync has its own, longer timeout.
+#[test]
+fn a_run_times_out_only_once_its_ramdisk_has_reported() {
+    let s = Setup::start_with("[provisioning]\nstep_timeout_secs = 2\nsync_timeout_secs = 600\n");
+    s.ok(
+        "POST",
+        "/api/v1/nodes",
+        Some(json!({"name": "r1", "macs": [MAC]})),
+    );
+    s.cli_ok("node provision r1 --image test/a");
+    // Powered off: 2 timeouts pass (the leader looks every second), nothing happens.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let waiting = s.record("r1");
+    assert_eq!(waiting["state"], "birth", "{waiting}");
+    assert!(waiting.get("started_ms").is_none(), "{waiting}");
+    // The machine boots the ramdisk and asks: the clock starts.
+    assert_eq!(s.next(&[MAC])["mode"], "birth");
+    let started = s.record("r1");
+    assert!(started["started_ms"].as_u64().is_some(), "{started}");
+    wait_for("the run to time out", || s.record("r1")["state"] == "error");
+    let failed = s.record("r1");
+    assert_eq!(
+        (failed["operation"].as_str(), failed["step"].as_str()),
+        (Some("birth"), Some("choose_disk")),
+        "{failed}"
+    );
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("(timeout 2 s)"),
+        "{failed}"
+    );
+    assert_ramdisk(&s.script(), None);
+    let show = s.cli_ok("node show r1");
+    assert!(
+        show.contains("birth → birth: the ramdisk started the run (image test/a)"),
+        "{show}"
+    );
+    assert!(
+        show.contains("birth → error: step choose_disk timed out: no report for"),
+        "{show}"
+    );
+
+    // Again, up to register: waiting for the sync, the step timeout no longer applies.
+    s.cli_ok("node provision r1 --image test/a");
+    assert_eq!(s.next(&[MAC])["mode"], "birth");
+    for step in ["choose_disk", "partition", "filesystems", "start_subd"] {
+        s.report("r1", json!({"event": "step_done", "step": step}));
+    }
+    s.ok(
+        "POST",
+        "/api/v1/provision/r1/register",
+        Some(json!({"address": "198.18.0.150"})),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let syncing = s.record("r1");
+    assert_eq!(
+        (syncing["state"].as_str(), syncing["last_step"].as_str()),
+        (Some("birth"), Some("register")),
+        "{syncing}"
     );
 }

@@ -6,7 +6,9 @@
 //! timeline. A request that makes no sense in the current state is an error and changes
 //! nothing; a report repeated (an agent that retries a post whose answer it lost) changes
 //! nothing and is no error. [`Provisioning::expire`] turns a run that stopped reporting into
-//! an error. The record is stored as JSON; its field names are part of the store's format.
+//! an error; its clock starts at the run's first report from the ramdisk
+//! ([`Provisioning::started_ms`]), so a machine that is still powered off never times out.
+//! The record is stored as JSON; its field names are part of the store's format.
 
 use paddock_image::image::{BadImageName, check_name};
 use serde::{Deserialize, Serialize};
@@ -230,6 +232,9 @@ pub enum Event {
     SubdSynced { image: String },
     /// The clean run finished wiping.
     CleanDone,
+    /// The ramdisk asked what to do and was answered this run's mode (`provision/next`): the
+    /// machine is up, and the run's clock starts ([`Provisioning::started_ms`]).
+    RunStarted,
 }
 
 impl Event {
@@ -242,6 +247,7 @@ impl Event {
             Event::StepFailed { .. } => "step failed",
             Event::SubdSynced { .. } => "subd synced",
             Event::CleanDone => "clean done",
+            Event::RunStarted => "run started",
         }
     }
 }
@@ -285,13 +291,15 @@ pub enum TransitionError {
     NotSynced { step: &'static str },
 }
 
-/// How long a run may go without a report before it is an error.
+/// How long a run that has started ([`Provisioning::started_ms`]) may go without a report
+/// before it is an error at the step it was due to finish next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeouts {
-    /// Birth and rebirth (a whole image may cross the network between two reports).
-    pub run_ms: u64,
-    /// Clean (a discard of a large disk, or an overwrite).
-    pub clean_ms: u64,
+    /// Every step but `sync` (birth, rebirth and clean alike).
+    pub step_ms: u64,
+    /// `sync`: from `register` until the dominator finds subd synced (the whole image may
+    /// cross the network).
+    pub sync_ms: u64,
 }
 
 /// A node's provisioning record, as stored (JSON, under the node).
@@ -303,6 +311,12 @@ pub struct Provisioning {
     pub since_ms: u64,
     /// When the record last changed (Unix ms): the state, or a run's progress.
     pub updated_ms: u64,
+    /// When the ramdisk first reported on the run under way (Unix ms): `provision/next`
+    /// answered it the run's mode ([`Event::RunStarted`]), or its first step. The run's
+    /// timeouts count from here on, never from the request. `None`: no run, or its machine
+    /// has not booted the ramdisk yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
 }
 
 /// The result of an event: the record to store, what to boot, and whether anything changed.
@@ -336,6 +350,7 @@ impl Provisioning {
             state: State::Unknown,
             since_ms: now_ms,
             updated_ms: now_ms,
+            started_ms: None,
         }
     }
 
@@ -368,6 +383,8 @@ impl Provisioning {
         let record = Provisioning {
             since_ms: if same_kind { self.since_ms } else { now_ms },
             updated_ms: now_ms,
+            // A new state is a new run (or none): its clock has not started.
+            started_ms: if same_kind { self.started_ms } else { None },
             state,
         };
         let summary = format!("{} → {}: {why}", self.state.name(), record.state.name());
@@ -440,9 +457,21 @@ impl Provisioning {
                 "clean requested".into(),
             )),
 
+            // The ramdisk is up and knows its mode: the run's clock starts.
+            (S::Birth(_) | S::Rebirth(_) | S::Clean { .. }, Event::RunStarted) => {
+                if self.started_ms.is_some() {
+                    return Ok(self.unchanged("the ramdisk started the run"));
+                }
+                let why = match self.state.image() {
+                    Some(image) => format!("the ramdisk started the run (image {image})"),
+                    None => "the ramdisk started the run".into(),
+                };
+                Ok(started(self.to(self.state.clone(), now_ms, why), now_ms))
+            }
+
             // Reports from a birth or rebirth.
             (S::Birth(r) | S::Rebirth(r), Event::StepDone { step }) => {
-                self.step_done(r, *step, now_ms)
+                Ok(started(self.step_done(r, *step, now_ms)?, now_ms))
             }
             (S::Birth(r) | S::Rebirth(r), Event::SubdSynced { image }) => {
                 if *image != r.image {
@@ -488,13 +517,14 @@ impl Provisioning {
                 if *last_step == Some(Step::Wipe) {
                     return Ok(self.unchanged("step wipe done"));
                 }
-                Ok(self.to(
+                let t = self.to(
                     S::Clean {
                         last_step: Some(Step::Wipe),
                     },
                     now_ms,
                     "step wipe done".into(),
-                ))
+                );
+                Ok(started(t, now_ms))
             }
             (S::Clean { .. }, Event::StepFailed { step, message }) => {
                 let message = clip_message(message);
@@ -549,7 +579,8 @@ impl Provisioning {
             }
 
             // Reports that belong to no run.
-            (
+            (S::Unknown | S::Healthy { .. } | S::Error { .. }, Event::RunStarted)
+            | (
                 S::Unknown | S::Healthy { .. } | S::Error { .. } | S::Clean { .. },
                 Event::StepDone { .. } | Event::StepFailed { .. } | Event::SubdSynced { .. },
             )
@@ -620,10 +651,13 @@ impl Provisioning {
         Ok(self.to(self.with_run(run), now_ms, why))
     }
 
-    /// A run (birth, rebirth, clean) with no report for longer than its timeout becomes an
-    /// error at the step it was due to finish next. `None`: nothing to do.
+    /// A run (birth, rebirth, clean) that has started ([`Provisioning::started_ms`], or a step
+    /// reported) and has had no report for longer than its timeout becomes an error at the
+    /// step it was due to finish next: [`Timeouts::sync_ms`] while it waits for the
+    /// dominator's `sync`, [`Timeouts::step_ms`] for any other step. A run whose machine has
+    /// not booted the ramdisk yet never expires. `None`: nothing to do.
     pub fn expire(&self, now_ms: u64, limits: &Timeouts) -> Option<Transition> {
-        let (operation, last, image, limit) = match &self.state {
+        let (operation, last, image) = match &self.state {
             State::Birth(r) | State::Rebirth(r) => (
                 self.operation()?,
                 if r.synced {
@@ -632,13 +666,12 @@ impl Provisioning {
                     r.last_step
                 },
                 Some(r.image.clone()),
-                limits.run_ms,
             ),
-            State::Clean { last_step } => (Operation::Clean, *last_step, None, limits.clean_ms),
+            State::Clean { last_step } => (Operation::Clean, *last_step, None),
             _ => return None,
         };
-        let quiet = now_ms.saturating_sub(self.updated_ms);
-        if quiet <= limit {
+        // A step reported counts as a start (a record written before `started_ms` existed).
+        if self.started_ms.is_none() && last.is_none() {
             return None;
         }
         let steps = operation.steps();
@@ -647,6 +680,16 @@ impl Provisioning {
             .copied()
             .find(|s| last.is_none_or(|l| *s > l))
             .unwrap_or(steps[steps.len() - 1]);
+        let limit = if step == Step::Sync {
+            limits.sync_ms
+        } else {
+            limits.step_ms
+        };
+        let since = self.updated_ms.max(self.started_ms.unwrap_or(0));
+        let quiet = now_ms.saturating_sub(since);
+        if quiet <= limit {
+            return None;
+        }
         let message = format!(
             "no report for {} s (timeout {} s){}",
             quiet / 1000,
@@ -666,6 +709,18 @@ impl Provisioning {
             why,
         ))
     }
+}
+
+/// `t` with its run's clock started at `now_ms` if it had not (a report from the ramdisk).
+fn started(mut t: Transition, now_ms: u64) -> Transition {
+    let running = matches!(
+        t.record.state,
+        State::Birth(_) | State::Rebirth(_) | State::Clean { .. }
+    );
+    if t.changed && running && t.record.started_ms.is_none() {
+        t.record.started_ms = Some(now_ms);
+    }
+    t
 }
 
 #[cfg(test)]
@@ -765,6 +820,31 @@ mod tests {
         use Step::*;
         let a = Some("debian/a");
         let rows: Vec<(&str, State, Event, Want)> = vec![
+            // The ramdisk starts a run (only the clock changes; see the test below).
+            (
+                "run started, birth",
+                birth("debian/a", None, false),
+                Event::RunStarted,
+                To(birth("debian/a", None, false)),
+            ),
+            (
+                "run started, rebirth",
+                rebirth("debian/b", a, None, false),
+                Event::RunStarted,
+                To(rebirth("debian/b", a, None, false)),
+            ),
+            (
+                "run started, clean",
+                clean(None),
+                Event::RunStarted,
+                To(clean(None)),
+            ),
+            (
+                "run started, healthy",
+                healthy("debian/a"),
+                Event::RunStarted,
+                Err("run started does not apply to a node in healthy"),
+            ),
             // unknown
             (
                 "provision",
@@ -1226,6 +1306,7 @@ mod tests {
                 state: state.clone(),
                 since_ms: T0,
                 updated_ms: T0 + 1,
+                started_ms: None,
             };
             let got = before.apply(&event, NOW);
             match (got, want) {
@@ -1293,6 +1374,7 @@ mod tests {
                 state,
                 since_ms: 0,
                 updated_ms: 0,
+                started_ms: None,
             };
             assert_eq!(p.serve(), serve, "{:?}", p.state);
             assert_eq!(serve.ramdisk_mode(), mode);
@@ -1343,6 +1425,7 @@ mod tests {
             state: rebirth("debian/b", Some("debian/a"), Some(Step::ObjectCache), false),
             since_ms: 1,
             updated_ms: 2,
+            started_ms: None,
         };
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(
@@ -1366,6 +1449,7 @@ mod tests {
                 state,
                 since_ms: u64::MAX,
                 updated_ms: 0,
+                started_ms: None,
             };
             let text = serde_json::to_string(&p).unwrap();
             assert_eq!(
@@ -1430,6 +1514,7 @@ mod tests {
             state: birth("a", None, false),
             since_ms: 0,
             updated_ms: 0,
+            started_ms: None,
         };
         let t = p
             .apply(&failed(Step::Partition, &"é".repeat(10_000)), 1)
@@ -1447,29 +1532,27 @@ mod tests {
         assert!(!again.changed);
     }
 
-    /// A run that stops reporting: the state, the time since its last report → the step it
-    /// fails at, or nothing.
+    /// A run that stops reporting: the state, whether its ramdisk has reported (started),
+    /// the time since its last report → the step it fails at, or nothing. `sync` has its own
+    /// timeout; a run whose machine never booted the ramdisk never times out.
     #[test]
     fn expiry_table() {
         use Step::*;
         let limits = Timeouts {
-            run_ms: 60_000,
-            clean_ms: 30_000,
+            step_ms: 60_000,
+            sync_ms: 300_000,
         };
-        type Row = (State, u64, Option<(Operation, Step, &'static str)>);
+        type Row = (State, bool, u64, Option<(Operation, Step, &'static str)>);
         let rows: Vec<Row> = vec![
-            (birth("a", Some(Partition), false), 60_000, None),
-            (
-                birth("a", Some(Partition), false),
-                60_001,
-                Some((
-                    Operation::Birth,
-                    Filesystems,
-                    "no report for 60 s (timeout 60 s); last step done: partition",
-                )),
-            ),
+            // Requested, the machine still powered off (or never booted): however long.
+            (birth("a", None, false), false, u64::MAX, None),
+            (rebirth("b", Some("a"), None, false), false, u64::MAX, None),
+            (clean(None), false, u64::MAX, None),
+            // Started: the first step is due within the step timeout.
+            (birth("a", None, false), true, 60_000, None),
             (
                 birth("a", None, false),
+                true,
                 90_000,
                 Some((
                     Operation::Birth,
@@ -1477,46 +1560,94 @@ mod tests {
                     "no report for 90 s (timeout 60 s)",
                 )),
             ),
+            (birth("a", Some(Partition), false), true, 60_000, None),
+            (
+                birth("a", Some(Partition), false),
+                true,
+                60_001,
+                Some((
+                    Operation::Birth,
+                    Filesystems,
+                    "no report for 60 s (timeout 60 s); last step done: partition",
+                )),
+            ),
+            // A step reported starts the clock even without started_ms (older records).
+            (
+                birth("a", Some(Partition), false),
+                false,
+                60_001,
+                Some((Operation::Birth, Filesystems, "last step done: partition")),
+            ),
+            // Registered, waiting for the dominator's sync: the sync timeout.
+            (birth("a", Some(Register), false), true, 60_001, None),
+            (birth("a", Some(Register), false), true, 300_000, None),
             (
                 birth("a", Some(Register), false),
-                60_001,
-                Some((Operation::Birth, Sync, "last step done: register")),
+                true,
+                300_001,
+                Some((
+                    Operation::Birth,
+                    Sync,
+                    "no report for 300 s (timeout 300 s); last step done: register",
+                )),
             ),
             (
+                rebirth("b", Some("a"), Some(Register), false),
+                true,
+                300_001,
+                Some((Operation::Rebirth, Sync, "last step done: register")),
+            ),
+            // Synced: the steps after it have the step timeout again.
+            (
                 birth("a", Some(Register), true),
+                true,
                 60_001,
                 Some((Operation::Birth, BootLoader, "last step done: sync")),
             ),
             (
+                birth("a", Some(Identity), true),
+                true,
+                60_001,
+                Some((Operation::Birth, HandOver, "last step done: identity")),
+            ),
+            (
                 rebirth("b", None, Some(Filesystems), false),
+                true,
                 60_001,
                 Some((Operation::Rebirth, ObjectCache, "")),
             ),
+            (clean(None), true, 60_000, None),
             (
                 clean(None),
-                30_001,
-                Some((Operation::Clean, Wipe, "no report for 30 s (timeout 30 s)")),
+                true,
+                60_001,
+                Some((Operation::Clean, Wipe, "no report for 60 s (timeout 60 s)")),
             ),
             (
                 clean(Some(Wipe)),
-                30_001,
+                false,
+                60_001,
                 Some((Operation::Clean, Wipe, "last step done: wipe")),
             ),
-            (healthy("a"), u64::MAX, None),
-            (State::Unknown, u64::MAX, None),
+            // No run: nothing to expire.
+            (healthy("a"), true, u64::MAX, None),
+            (State::Unknown, true, u64::MAX, None),
             (
                 error(Operation::Birth, Sync, "x", Some("a")),
+                true,
                 u64::MAX,
                 None,
             ),
         ];
-        for (state, quiet, want) in rows {
+        for (state, started, quiet, want) in rows {
             let p = Provisioning {
                 state: state.clone(),
                 since_ms: 0,
                 updated_ms: 1_000,
+                started_ms: started.then_some(500),
             };
             let got = p.expire(1_000u64.saturating_add(quiet), &limits);
+            let what = format!("{state:?} started={started} quiet={quiet}");
             match (got, want) {
                 (None, None) => {}
                 (Some(t), Some((operation, step, text))) => {
@@ -1527,14 +1658,24 @@ mod tests {
                         image,
                     } = &t.record.state
                     else {
-                        panic!("{state:?}: {:?}", t.record.state)
+                        panic!("{what}: {:?}", t.record.state)
                     };
-                    assert_eq!((*o, *s), (operation, step), "{state:?}");
-                    assert!(message.contains(text), "{state:?}: {message}");
+                    assert_eq!((*o, *s), (operation, step), "{what}");
+                    assert!(message.contains(text), "{what}: {message}");
                     assert_eq!(image.as_deref(), state.image());
                     assert_eq!(t.serve, Serve::InspectionRamdisk);
+                    assert_eq!(t.record.started_ms, None, "{what}: the run is over");
+                    assert!(
+                        t.summary.starts_with(&format!(
+                            "{} → error: step {} timed out: ",
+                            state.name(),
+                            step.as_str()
+                        )),
+                        "{what}: {}",
+                        t.summary
+                    );
                 }
-                (got, want) => panic!("{state:?}: got {got:?}, want {want:?}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
             }
         }
         // A clock that went back is no timeout.
@@ -1542,7 +1683,108 @@ mod tests {
             state: birth("a", None, false),
             since_ms: 0,
             updated_ms: 1_000_000,
+            started_ms: Some(1_000_000),
         };
         assert_eq!(p.expire(0, &limits), None);
+        // The clock counts from the start when it is the latest thing that happened.
+        let p = Provisioning {
+            state: birth("a", None, false),
+            since_ms: 0,
+            updated_ms: 0,
+            started_ms: Some(100_000),
+        };
+        assert_eq!(p.expire(160_000, &limits), None);
+        assert!(p.expire(160_001, &limits).is_some());
+    }
+
+    /// The run's clock: set by the first report from the ramdisk (`provision/next`
+    /// answering its mode, or a step), kept while the run goes on, gone with the run.
+    #[test]
+    fn the_clock_starts_at_the_first_report() {
+        use Step::*;
+        let limits = Timeouts {
+            step_ms: 1_000,
+            sync_ms: 5_000,
+        };
+        let requested = Provisioning::new(0)
+            .apply(&provision("a"), 10)
+            .unwrap()
+            .record;
+        assert_eq!(requested.started_ms, None);
+        // Powered off for a day: still waiting, no error.
+        assert_eq!(requested.expire(86_400_000, &limits), None);
+        // The machine boots the ramdisk a day later and asks what to do.
+        let t = requested.apply(&Event::RunStarted, 86_400_000).unwrap();
+        assert!(t.changed);
+        assert_eq!(t.record.started_ms, Some(86_400_000));
+        assert_eq!(t.record.state, requested.state, "only the clock changes");
+        assert_eq!(t.record.since_ms, 10);
+        assert_eq!(
+            t.summary,
+            "birth → birth: the ramdisk started the run (image a)"
+        );
+        let up = t.record;
+        // Asked again (the agent retried): nothing changes, the clock keeps its start.
+        let again = up.apply(&Event::RunStarted, 86_400_500).unwrap();
+        assert!(!again.changed);
+        assert_eq!(up.expire(86_401_000, &limits), None);
+        assert!(up.expire(86_401_001, &limits).is_some());
+        // Steps keep the start and move the last report.
+        let step = up.apply(&done(ChooseDisk), 86_400_900).unwrap().record;
+        assert_eq!(step.started_ms, Some(86_400_000));
+        assert_eq!(step.expire(86_401_500, &limits), None);
+        // A first step without a `next` (an agent that skipped it) starts the clock too.
+        let direct = requested.apply(&done(ChooseDisk), 20).unwrap().record;
+        assert_eq!(direct.started_ms, Some(20));
+        let wipe = Provisioning::new(0)
+            .apply(&Event::CleanRequested, 1)
+            .unwrap()
+            .record
+            .apply(&done(Wipe), 7)
+            .unwrap()
+            .record;
+        assert_eq!(wipe.started_ms, Some(7));
+        // The run ends (healthy, error, unknown) or another begins (clean): no clock.
+        let failed_run = step.apply(&failed(Partition, "x"), 86_401_000).unwrap();
+        assert_eq!(failed_run.record.started_ms, None);
+        let cleaned = step.apply(&Event::CleanRequested, 86_401_000).unwrap();
+        assert_eq!(cleaned.record.started_ms, None);
+        assert_eq!(cleaned.record.expire(u64::MAX, &limits), None);
+        assert_eq!(
+            wipe.apply(&Event::CleanDone, 9).unwrap().record.started_ms,
+            None
+        );
+        // Only a run can start.
+        for idle in [
+            State::Unknown,
+            healthy("a"),
+            error(Operation::Birth, Partition, "x", Some("a")),
+        ] {
+            let p = Provisioning {
+                state: idle.clone(),
+                since_ms: 0,
+                updated_ms: 0,
+                started_ms: None,
+            };
+            let e = p.apply(&Event::RunStarted, 1).unwrap_err().to_string();
+            assert!(
+                e.starts_with("run started does not apply to a node in "),
+                "{idle:?}: {e}"
+            );
+        }
+        // Stored only while set.
+        let v = serde_json::to_value(&up).unwrap();
+        assert_eq!(v["started_ms"], 86_400_000);
+        assert!(
+            serde_json::to_value(&requested)
+                .unwrap()
+                .get("started_ms")
+                .is_none()
+        );
+        assert_eq!(serde_json::from_value::<Provisioning>(v).unwrap(), up);
+        assert_eq!(
+            serde_json::from_str::<Event>(r#"{"event": "run_started"}"#).unwrap(),
+            Event::RunStarted
+        );
     }
 }

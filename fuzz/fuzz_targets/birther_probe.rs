@@ -70,6 +70,7 @@ fuzz_target!(|data: &[u8]| {
             state,
             since_ms: 1,
             updated_ms: 2,
+            started_ms: None,
         };
         if let Ok(t) = before.apply(&event, 3) {
             assert_eq!(t.serve, t.record.serve());

@@ -36,6 +36,11 @@ pub const IMAGES_EXPIRE_CHECK_SECS: u64 = 60;
 
 pub const TIMELINE_PRUNE_EVERY_SECS: u64 = 60;
 
+/// Seconds a provisioning run may go without a report once its ramdisk has reported.
+pub const PROVISIONING_STEP_TIMEOUT_SECS: u64 = 30 * 60;
+/// Seconds from `register` until the dominator finds subd synced.
+pub const PROVISIONING_SYNC_TIMEOUT_SECS: u64 = 2 * 60 * 60;
+
 pub const DOMINATOR_ENABLED: bool = true;
 /// subd's default port (Dominator's).
 pub const DOMINATOR_SUBD_PORT: u16 = 6969;

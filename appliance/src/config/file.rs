@@ -25,6 +25,19 @@ pub struct FileConfig {
     pub dominator: DominatorFile,
     pub cluster: ClusterFile,
     pub timeline: TimelineFile,
+    pub provisioning: ProvisioningFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProvisioningFile {
+    /// Seconds a run (birth, rebirth, clean) may go without a report from its ramdisk before it
+    /// ends in error at its next step; counted from the run's first report, never from the
+    /// request ([`super::defaults::PROVISIONING_STEP_TIMEOUT_SECS`]).
+    pub step_timeout_secs: Option<u64>,
+    /// Seconds from `register` until the dominator finds subd synced to the image
+    /// ([`super::defaults::PROVISIONING_SYNC_TIMEOUT_SECS`]).
+    pub sync_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -45,6 +45,13 @@ pub struct Config {
     pub dominator: Option<DominatorConfig>,
     pub cluster: Option<ClusterConfig>,
     pub timeline: TimelineConfig,
+    pub provisioning: ProvisioningConfig,
+}
+
+/// Provisioning: how long a run may go without a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProvisioningConfig {
+    pub timeouts: paddock_birther::Timeouts,
 }
 
 /// What the timeline keeps, and how often the leader prunes it.
@@ -235,6 +242,47 @@ x = "a"
         }
         let e = FileConfig::parse("[timeline]\nkeep = 5\n").unwrap_err();
         assert!(e.to_string().contains("unknown field `keep`"), "{e}");
+    }
+
+    #[test]
+    fn provisioning_timeouts() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(
+            c.provisioning.timeouts,
+            paddock_birther::Timeouts {
+                step_ms: 30 * 60 * 1000,
+                sync_ms: 2 * 60 * 60 * 1000,
+            }
+        );
+        let text =
+            format!("{GOOD}[provisioning]\nstep_timeout_secs = 600\nsync_timeout_secs = 10800\n");
+        let c = FileConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(
+            c.provisioning.timeouts,
+            paddock_birther::Timeouts {
+                step_ms: 600_000,
+                sync_ms: 10_800_000,
+            }
+        );
+        let bad = format!(
+            "{GOOD}[provisioning]\nstep_timeout_secs = 0\nsync_timeout_secs = 99999999999\n"
+        );
+        let text = FileConfig::parse(&bad)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "provisioning.step_timeout_secs: must be at least 1",
+            "provisioning.sync_timeout_secs: 99999999999 is more than 30 days",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        let e = FileConfig::parse("[provisioning]\ntimeout_secs = 5\n").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `timeout_secs`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -53,6 +53,7 @@ impl FileConfig {
         let images = images(&self.images, &data_dir, &mut p);
         let dominator = dominator(&self.dominator, &mut p);
         let timeline = timeline(&self.timeline, &mut p);
+        let provisioning = provisioning(&self.provisioning, &mut p);
         let cluster = cluster(&self.cluster, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
         let Some(http_listen) = http_listen else {
@@ -83,6 +84,7 @@ impl FileConfig {
             dominator,
             cluster,
             timeline,
+            provisioning,
         })
     }
 }
@@ -309,6 +311,31 @@ fn timeline(f: &TimelineFile, p: &mut Problems) -> TimelineConfig {
                 .unwrap_or(d.keep_last_introspection),
         },
         prune_every,
+    }
+}
+
+/// `[provisioning]`: the run timeouts, each from 1 s to 30 days.
+fn provisioning(f: &ProvisioningFile, p: &mut Problems) -> ProvisioningConfig {
+    const MAX_SECS: u64 = 30 * 24 * 60 * 60;
+    let mut ms = |what: &str, secs: Option<u64>, default: u64| {
+        let secs = secs.unwrap_or(default);
+        if secs > MAX_SECS {
+            p.push(format!("provisioning.{what}: {secs} is more than 30 days"));
+        }
+        period(&format!("provisioning.{what}"), secs.min(MAX_SECS), p).as_millis() as u64
+    };
+    let step_ms = ms(
+        "step_timeout_secs",
+        f.step_timeout_secs,
+        defaults::PROVISIONING_STEP_TIMEOUT_SECS,
+    );
+    let sync_ms = ms(
+        "sync_timeout_secs",
+        f.sync_timeout_secs,
+        defaults::PROVISIONING_SYNC_TIMEOUT_SECS,
+    );
+    ProvisioningConfig {
+        timeouts: paddock_birther::Timeouts { step_ms, sync_ms },
     }
 }
 

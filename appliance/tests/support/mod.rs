@@ -427,7 +427,12 @@ pub fn http(
             f.display()
         ));
     }
-    let out = ns.sh(&cmd);
+    curl(ns, &cmd)
+}
+
+/// Runs a `curl -s -i …` command inside `ns` and reads its answer.
+pub fn curl(ns: &Ns, cmd: &str) -> Resp {
+    let out = ns.sh(cmd);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
@@ -508,4 +513,51 @@ pub fn replace_file(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A process killed and reaped when the test ends.
+pub struct Reap(pub Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the built `paddock-subd` (`cargo build -p paddock-subd` first) in `ns` on `root`,
+/// listening on 127.0.0.2:6969, fast and with no-op triggers; `extra`: more arguments.
+/// Returns once it listens.
+pub fn start_subd(ns: &Ns, scratch: &Scratch, root: &Path, extra: &str) -> Reap {
+    let subd = Path::new(env!("CARGO_BIN_EXE_paddock")).with_file_name("paddock-subd");
+    assert!(
+        subd.exists(),
+        "{} is missing: run `cargo build -p paddock-subd` first",
+        subd.display()
+    );
+    std::fs::create_dir_all(root).expect("the subd root");
+    let log = scratch.path("subd.log");
+    let child = Reap(ns.spawn(
+        &format!(
+            "env PADDOCK_LOG=info {} --insecure --root {} --listen 127.0.0.2:6969 \
+             --trigger-command /bin/true --reboot-command /bin/true \
+             --device-speed 1073741824 --link-speed 1073741824 --min-cycle-ms 100 {extra}",
+            subd.display(),
+            root.display()
+        ),
+        &log,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("paddock-subd: listening on")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "subd did not listen: see {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child
 }
