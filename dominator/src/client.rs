@@ -92,36 +92,38 @@ impl HttpSubRpc {
             .header(CLIENT_HEADER, self.client.clone())
             .body(Full::new(Bytes::from(json)))
             .map_err(|e| fail(e.to_string()))?;
-        let call = async {
-            let resp = self.http.request(req).await.map_err(|e| fail(chain(&e)))?;
-            let status = resp.status().as_u16();
-            let kind = resp.headers().get(CONTENT_TYPE).cloned();
-            let large = resp
-                .headers()
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-                .is_none_or(|n| n > DECODE_INLINE);
-            let slot = match gate {
-                Some(g) if status == 200 && large => g.clone().acquire_owned().await.ok(),
-                _ => None,
-            };
-            let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
+        // The call's time bound covers the exchange, not the wait for a tree slot (that
+        // is the herd's own pace): the answer's head, then its body, each within it.
+        let limit = call_timeout(method);
+        let late = || fail(format!("no answer within {} s", limit.as_secs()));
+        let resp = tokio::time::timeout(limit, self.http.request(req))
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| fail(chain(&e)))?;
+        let status = resp.status().as_u16();
+        let kind = resp.headers().get(CONTENT_TYPE).cloned();
+        let large = resp
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+            .is_none_or(|n| n > DECODE_INLINE);
+        let slot = match gate {
+            Some(g) if status == 200 && large => g.clone().acquire_owned().await.ok(),
+            _ => None,
+        };
+        let bytes =
+            tokio::time::timeout(limit, Limited::new(resp.into_body(), MAX_ANSWER).collect())
                 .await
+                .map_err(|_| late())?
                 .map_err(|e| fail(format!("reading the answer: {}", chain(e.as_ref()))))?
                 .to_bytes();
-            if status != 200 {
-                return Err(RpcError(format!(
-                    "Subd.{method}: {status}: {}",
-                    paddock_wire::error_message(&bytes)
-                )));
-            }
-            Ok(Answer { kind, bytes, slot })
-        };
-        let limit = call_timeout(method);
-        tokio::time::timeout(limit, call)
-            .await
-            .map_err(|_| fail(format!("no answer within {} s", limit.as_secs())))?
+        if status != 200 {
+            return Err(RpcError(format!(
+                "Subd.{method}: {status}: {}",
+                paddock_wire::error_message(&bytes)
+            )));
+        }
+        Ok(Answer { kind, bytes, slot })
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
