@@ -122,6 +122,19 @@ pub fn sync_status(body: &Value) -> SyncStatus {
     }
 }
 
+/// What subd's last fetch brought, from its Poll answer (`last_fetch`), for the console: the
+/// bytes that crossed the network for this install (a re-image's share of the image).
+pub fn fetch_summary(poll: &Value) -> String {
+    let f = &poll["last_fetch"];
+    match (f["objects"].as_u64(), f["bytes"].as_u64()) {
+        (Some(objects), Some(bytes)) => format!(
+            "subd fetched {objects} objects, {bytes} bytes, in {:.1} s",
+            f["seconds"].as_f64().unwrap_or(0.0)
+        ),
+        _ => "subd fetched nothing: every object was already on the disk".into(),
+    }
+}
+
 /// The filter's expressions: its lines without comments and blank lines.
 pub fn filter_lines(filter: &[String]) -> Vec<&str> {
     filter
@@ -589,6 +602,18 @@ mod tests {
             assert_eq!(sync_status(&body), want, "{body}");
         }
         assert!(matches!(sync_status(&json!({})), SyncStatus::Waiting(_)));
+    }
+
+    #[test]
+    fn fetch_summaries() {
+        assert_eq!(
+            fetch_summary(&json!({"last_fetch": {"objects": 12, "bytes": 3456, "seconds": 1.25}})),
+            "subd fetched 12 objects, 3456 bytes, in 1.2 s"
+        );
+        assert_eq!(
+            fetch_summary(&json!({"last_fetch": null})),
+            "subd fetched nothing: every object was already on the disk"
+        );
     }
 
     #[test]

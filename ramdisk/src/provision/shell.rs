@@ -27,7 +27,7 @@ use super::{
     machine_id, partitions_of, subd_argv, subd_port, sync_status, zero_ranges,
 };
 use crate::console::Console;
-use crate::http::Transport;
+use crate::http::{Client, Transport, Url};
 
 /// How long subd may take to listen, partitions to appear.
 const SUBD_START: Duration = Duration::from_secs(120);
@@ -598,8 +598,9 @@ impl<'a> Run<'a> {
                 Ok(body) => match sync_status(&body) {
                     SyncStatus::Synced => {
                         self.say(&format!(
-                            "subd synced to {image} after {:.0} s",
-                            started.elapsed().as_secs_f64()
+                            "subd synced to {image} after {:.0} s; {}",
+                            started.elapsed().as_secs_f64(),
+                            self.subd_fetched()
                         ));
                         return Ok(());
                     }
@@ -618,6 +619,30 @@ impl<'a> Run<'a> {
                 ));
             }
             std::thread::sleep(SYNC_POLL);
+        }
+    }
+
+    /// What subd fetched, from its own Poll (for the console; the share of the image that
+    /// crossed the network).
+    fn subd_fetched(&self) -> String {
+        let listen = super::listen_addr(&self.address, subd_port(&self.assignment));
+        let poll = Url::parse(&format!("http://{listen}"))
+            .ok()
+            .and_then(|u| {
+                Client::with_hosts(vec![u], Duration::from_secs(5), Duration::from_secs(30))
+            })
+            .and_then(|mut c| {
+                c.send(
+                    "POST",
+                    "/rpc/Subd.Poll",
+                    Some(br#"{"short_poll_only": true}"#),
+                )
+                .ok()
+            })
+            .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok());
+        match poll {
+            Some(v) => super::fetch_summary(&v),
+            None => "subd's fetch statistics could not be read".into(),
         }
     }
 
