@@ -10,6 +10,15 @@
 //!
 //! The harness's VMs run with `-no-reboot`, so QEMU exits where the machine reboots; the
 //! scenario then powers the same VM (its disk, its UEFI variables, its MAC) on again.
+//!
+//! Seen on 2026-11-24 (the ramdisk's side passes every step; what still fails is elsewhere):
+//! * the installed system's subd answers Poll but the dominator never finds it synced
+//!   ("still differs after 3 updates", each making 4 directories): subd's scan skips mount
+//!   points entirely (`subd/src/scan.rs`, another `st_dev`), so `/dev`, `/proc`, `/run` and
+//!   `/sys`, which the image holds, look missing on a running system;
+//! * UEFI: after iPXE's `exit` for a provisioned node OVMF has no disk boot option and stops
+//!   in its setup menu, though the installed disk boots alone (GRUB from
+//!   `\EFI\BOOT\BOOTX64.EFI`, `root=UUID=…`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -141,9 +150,12 @@ impl Again {
                 vmdir.join(format!("disk{i}.img")).display()
             ));
             args.push("-device".into());
+            // After the network: OVMF keeps only the boot options QEMU's boot order names,
+            // and iPXE hands a provisioned machine back to the firmware to boot its disk.
             args.push(format!(
-                "virtio-blk-pci,drive=d{i},serial={}-disk{i}",
-                spec.name
+                "virtio-blk-pci,drive=d{i},serial={}-disk{i},bootindex={}",
+                spec.name,
+                i + 2
             ));
         }
         if spec.firmware == Firmware::Uefi {
