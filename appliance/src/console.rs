@@ -68,7 +68,7 @@ table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem
 .state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
 code{font-size:.9em} nav a{margin-right:1rem}
 .banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
-.synced{color:#070} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
+.synced{color:#070} .queued{color:#666} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
 
 fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
     Html(

@@ -21,8 +21,8 @@ use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_dominator::{
-    Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec, SubState,
-    SubStatus,
+    Census, Change, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec,
+    SubState, SubStatus,
 };
 use paddock_image::{Image, Machine, check_logical_name};
 use paddock_imageserver::images::{ImageError, ImageServer};
@@ -218,6 +218,7 @@ pub fn spawn(
         update_slots: cfg.max_updates,
         image_server: image_server_url,
         fetch_speed_percent: cfg.fetch_speed_percent,
+        high_impact_share: cfg.high_impact_share,
     };
     let rpc = Arc::new(HttpSubRpc::new(
         &format!("paddock-{host}"),
@@ -268,10 +269,15 @@ pub fn spawn(
 /// is `node-<8 hex>` (provisioning names them so); a sub with no node is not recorded.
 async fn record_changes(
     inspector: Arc<Inspector>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<(String, SubState)>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
 ) {
     let mut nodes = crate::provisioning::NodesByHostname::default();
-    while let Some((host, state)) = rx.recv().await {
+    while let Some(change) = rx.recv().await {
+        let Change {
+            hostname: host,
+            state,
+            report,
+        } = change;
         let node = match nodes.find(&inspector, &host).await {
             Ok(Some(n)) => n,
             Ok(None) => continue,
@@ -280,15 +286,25 @@ async fn record_changes(
                 continue;
             }
         };
-        let error = matches!(
-            state,
-            SubState::Unreachable { .. }
-                | SubState::Error { .. }
-                | SubState::UnsafeUpdate { .. }
-                | SubState::NotEnoughSpace { .. }
-                | SubState::ImageMissing { .. }
-        );
-        let message = format!("dominator: {state}");
+        let failed_update = report
+            .as_ref()
+            .and_then(|r| r.update.as_ref())
+            .is_some_and(|u| u.error.is_some() || u.trigger_failures || u.apply.error_count > 0);
+        let error = failed_update
+            || matches!(
+                state,
+                SubState::Unreachable { .. }
+                    | SubState::Error { .. }
+                    | SubState::UnsafeUpdate { .. }
+                    | SubState::NotEnoughSpace { .. }
+                    | SubState::ImageMissing { .. }
+            );
+        // The change that ends a cycle says what the cycle did: the plan, the bytes
+        // fetched, the change window, the triggers and their results, the errors.
+        let message = match report {
+            Some(r) => format!("dominator: {state}; {}", r.describe()),
+            None => format!("dominator: {state}"),
+        };
         if let Err(e) = inspector
             .event(Subject::Node(node.uuid), "dominator", &message, error)
             .await

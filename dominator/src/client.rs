@@ -251,16 +251,12 @@ impl SubRpc for HttpSubRpc {
         self.poll_with(address, req, Some(trees)).await
     }
 
-    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<(), RpcError> {
-        self.call::<_, FetchReply>(address, "Fetch", &req)
-            .await
-            .map(drop)
+    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<FetchReply, RpcError> {
+        self.call::<_, FetchReply>(address, "Fetch", &req).await
     }
 
-    async fn update(&self, address: &str, req: UpdateRequest) -> Result<(), RpcError> {
-        self.call::<_, UpdateReport>(address, "Update", &req)
-            .await
-            .map(drop)
+    async fn update(&self, address: &str, req: UpdateRequest) -> Result<UpdateReport, RpcError> {
+        self.call::<_, UpdateReport>(address, "Update", &req).await
     }
 
     async fn cleanup(&self, address: &str, objects: Vec<ObjectId>) -> Result<(), RpcError> {

@@ -105,6 +105,7 @@ pub fn compute(
         free_bytes,
         unused_cache_objects: count(unused.len()),
         planned_objects_to_fetch: count(preload.len()),
+        planned_image: planned.map(|p| p.image.name.clone()),
     };
     Computed {
         summary,

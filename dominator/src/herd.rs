@@ -14,18 +14,19 @@
 //! concurrent plans wait for that one answer) and prepared once ([`PreparedImage`]),
 //! shared by every sub on them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, ObjectId, UpdateRequest};
-use paddock_subd::service::{FetchRequest, PollRequest, PollResponse};
+use paddock_subd::fetch::FetchStats;
+use paddock_subd::service::{FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::compute::{Computed, PreparedImage, compute};
-use crate::sub::{Action, Desired, Event, Policy, PollAnswer, Sub, SubState};
+use crate::sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
 
 /// A failed RPC, as the sub's state will show it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,8 +64,9 @@ pub trait SubRpc: Send + Sync + 'static {
         Ok(Polled { answer, tree_slot })
     }
 
-    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<(), RpcError>;
-    async fn update(&self, address: &str, req: UpdateRequest) -> Result<(), RpcError>;
+    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<FetchReply, RpcError>;
+    /// subd's report: the change window, the triggers run and their results, errors.
+    async fn update(&self, address: &str, req: UpdateRequest) -> Result<UpdateReport, RpcError>;
     async fn cleanup(&self, address: &str, objects: Vec<ObjectId>) -> Result<(), RpcError>;
 }
 
@@ -101,6 +103,146 @@ pub struct Limits {
     pub image_server: String,
     /// Share of a sub's link a fetch may use.
     pub fetch_speed_percent: f64,
+    /// Share of the subs that may run an update with a high-impact or reboot trigger at
+    /// once (at least one: [`high_impact_limit`]).
+    pub high_impact_share: f64,
+}
+
+/// How many updates with a high-impact or reboot trigger may run at once among `subs`:
+/// `max(1, floor(share × subs))`.
+pub fn high_impact_limit(share: f64, subs: usize) -> usize {
+    let n = (share * subs as f64).floor();
+    if n.is_finite() && n >= 1.0 {
+        n as usize
+    } else {
+        1
+    }
+}
+
+/// Whether a queued fetch, update or cleanup may start now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Start,
+    /// Every update slot is taken.
+    NoSlot,
+    /// A high-impact update, and `high_limit` of them run already; ordinary work behind
+    /// it is not held.
+    HighImpactShare,
+}
+
+/// The admission rule: a slot of `update_slots` for everything, and for an update that
+/// runs a high-impact or reboot trigger also fewer than `high_limit` such updates running.
+pub fn admit(
+    high_impact: bool,
+    running: usize,
+    running_high_impact: usize,
+    update_slots: usize,
+    high_limit: usize,
+) -> Admission {
+    if running >= update_slots.max(1) {
+        Admission::NoSlot
+    } else if high_impact && running_high_impact >= high_limit.max(1) {
+        Admission::HighImpactShare
+    } else {
+        Admission::Start
+    }
+}
+
+/// What one cycle of changes did on a sub, for its timeline: the plan, what was fetched
+/// and subd's update report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChangeReport {
+    /// The first plan of the cycle (what it set out to do).
+    pub plan: Option<PlanSummary>,
+    /// The fetches of the cycle, added up.
+    pub fetched: Option<FetchStats>,
+    pub update: Option<UpdateReport>,
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+impl ChangeReport {
+    /// "updated to minbase2: 343 objects (15.6 MB) fetched in 1.2 s, change window 22 ms,
+    /// triggers: ssh.service restart ok".
+    pub fn describe(&self) -> String {
+        let image = self
+            .update
+            .as_ref()
+            .map(|u| u.image_name.clone())
+            .or_else(|| self.plan.as_ref().map(|p| p.image.clone()))
+            .unwrap_or_default();
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(p) = &self.plan {
+            parts.push(format!(
+                "plan: {} objects to fetch ({}), {} deletions, {} → {} inodes",
+                p.objects_to_fetch,
+                mb(p.fetch_bytes),
+                p.deletions,
+                p.sub_inodes,
+                p.image_inodes
+            ));
+        }
+        match &self.fetched {
+            Some(f) => parts.push(format!(
+                "{} objects ({}) fetched in {:.1} s",
+                f.objects,
+                mb(f.bytes),
+                f.seconds
+            )),
+            None => parts.push("nothing fetched".into()),
+        }
+        if let Some(u) = &self.update {
+            parts.push(format!("change window {:.0} ms", u.apply.change_window_ms));
+            let runs: Vec<String> = u
+                .trigger_runs
+                .iter()
+                .map(|r| {
+                    let result = if r.ok {
+                        "ok".to_string()
+                    } else {
+                        match r.exit_code {
+                            Some(c) => format!("failed (exit {c})"),
+                            None => format!("failed ({})", r.output.lines().next().unwrap_or("")),
+                        }
+                    };
+                    format!("{} {result}", r.command)
+                })
+                .collect();
+            if runs.is_empty() {
+                parts.push("no triggers".into());
+            } else {
+                parts.push(format!("triggers: {}", runs.join(", ")));
+            }
+            if u.rebooting {
+                parts.push("rebooting".into());
+            }
+            let mut errors: Vec<&str> = u.apply.errors.iter().map(String::as_str).collect();
+            if let Some(e) = &u.error
+                && !errors.contains(&e.as_str())
+            {
+                errors.push(e);
+            }
+            if !errors.is_empty() {
+                parts.push(format!("errors: {}", errors.join("; ")));
+            }
+        }
+        if self.update.is_some() {
+            format!("updated to {image}: {}", parts.join(", "))
+        } else {
+            format!("not updated to {image}: {}", parts.join(", "))
+        }
+    }
+}
+
+/// A change of a sub's state, for the machine's timeline; with the cycle's report when
+/// the change ends one (the sub proved synced, or in error).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub hostname: String,
+    pub state: SubState,
+    pub report: Option<Box<ChangeReport>>,
 }
 
 impl Default for Limits {
@@ -110,6 +252,7 @@ impl Default for Limits {
             update_slots: 2,
             image_server: String::new(),
             fetch_speed_percent: 10.0,
+            high_impact_share: 0.1,
         }
     }
 }
@@ -135,8 +278,8 @@ enum Outcome {
         Option<OwnedSemaphorePermit>,
     ),
     Planned(Result<Option<Box<Computed>>, RpcError>),
-    Fetched(Result<(), RpcError>),
-    Updated(Result<(), RpcError>),
+    Fetched(Result<FetchReply, RpcError>),
+    Updated(Result<Box<UpdateReport>, RpcError>),
     CleanedUp(Result<(), RpcError>),
 }
 
@@ -146,6 +289,11 @@ struct Slot {
     /// What the last plan said to send, until sent (the update, the objects to fetch,
     /// preload or clean up); none for a synced sub with nothing to send.
     computed: Option<Box<Computed>>,
+    /// A fetch, update or cleanup waiting for its slot (and whether it is an update with
+    /// a high-impact or reboot trigger).
+    queued: Option<(Action, bool)>,
+    /// What this cycle changed, until the cycle ends (for the timeline).
+    report: Option<Box<ChangeReport>>,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -205,7 +353,6 @@ impl Images {
 struct Tasks {
     polls: Arc<Semaphore>,
     trees: Arc<Semaphore>,
-    updates: Arc<Semaphore>,
     plans: Arc<Semaphore>,
     images: Arc<Images>,
     tx: mpsc::UnboundedSender<(String, Outcome)>,
@@ -220,7 +367,7 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
     policy: Policy,
     limits: Limits,
     census: Census,
-    changes: Option<mpsc::UnboundedSender<(String, SubState)>>,
+    changes: Option<mpsc::UnboundedSender<Change>>,
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
@@ -244,7 +391,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
 
     /// Every change of a sub's state (after its first) is also sent to `tx`, for the
     /// machine's timeline.
-    pub fn with_changes(mut self, tx: mpsc::UnboundedSender<(String, SubState)>) -> Self {
+    pub fn with_changes(mut self, tx: mpsc::UnboundedSender<Change>) -> Self {
         self.changes = Some(tx);
         self
     }
@@ -267,12 +414,15 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         let tasks = Tasks {
             polls: Arc::new(Semaphore::new(self.limits.poll_slots.max(1))),
             trees: Arc::new(Semaphore::new(TREES_PER_CPU * cpus)),
-            updates: Arc::new(Semaphore::new(self.limits.update_slots.max(1))),
             plans: Arc::new(Semaphore::new(cpus)),
             images: Arc::new(Images::default()),
             tx,
         };
         let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
+        // Fetches, updates and cleanups waiting for a slot, in order; those running (and
+        // whether each is a high-impact update).
+        let mut queue: VecDeque<String> = VecDeque::new();
+        let mut running: HashMap<String, bool> = HashMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut specs_changed = true;
@@ -306,6 +456,8 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     spec,
                                     sub: Sub::new(),
                                     computed: None,
+                                    queued: None,
+                                    report: None,
                                 },
                             );
                         }
@@ -339,14 +491,23 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 }
                 Some((host, outcome)) = rx.recv() => {
                     let now = now_ms();
-                    let Some(slot) = slots.get_mut(&host) else { continue };
-                    let mut tree = None;
-                    let event = Self::absorb(slot, outcome, &mut tree);
-                    let action = slot.sub.handle(event, &slot.spec.desired, now, &self.policy);
-                    // The tree goes to the plan, if the sub wants one now; else it is
-                    // dropped here (the next poll asks for it again).
-                    self.dispatch(&host, slot, action, tree, &tasks);
-                    self.publish(slot);
+                    if matches!(
+                        outcome,
+                        Outcome::Fetched(_) | Outcome::Updated(_) | Outcome::CleanedUp(_)
+                    ) {
+                        running.remove(&host);
+                    }
+                    if let Some(slot) = slots.get_mut(&host) {
+                        let mut tree = None;
+                        let event = Self::absorb(slot, outcome, &mut tree);
+                        let action =
+                            slot.sub.handle(event, &slot.spec.desired, now, &self.policy);
+                        // The tree goes to the plan, if the sub wants one now; else it is
+                        // dropped here (the next poll asks for it again).
+                        self.dispatch(&host, slot, action, tree, &tasks, &mut queue);
+                        self.publish(slot);
+                    }
+                    self.admit_queued(&mut slots, &mut queue, &mut running, &tasks, now);
                 }
                 _ = tick.tick() => {
                     let now = now_ms();
@@ -355,9 +516,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                             continue;
                         }
                         let action = slot.sub.handle(Event::Tick, &slot.spec.desired, now, &self.policy);
-                        self.dispatch(host, slot, action, None, &tasks);
+                        self.dispatch(host, slot, action, None, &tasks, &mut queue);
                         self.publish(slot);
                     }
+                    self.admit_queued(&mut slots, &mut queue, &mut running, &tasks, now);
                 }
             }
         }
@@ -396,6 +558,14 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     c.preload.shrink_to_fit();
                     slot.computed = (!c.unused.is_empty() || !c.preload.is_empty()).then_some(c);
                 } else {
+                    let report = slot.report.get_or_insert_default();
+                    if report
+                        .plan
+                        .as_ref()
+                        .is_none_or(|p| p.image != summary.image)
+                    {
+                        report.plan = Some(summary.clone());
+                    }
                     slot.computed = Some(c);
                 }
                 Event::Planned(summary)
@@ -404,8 +574,16 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 Event::ImageMissing(slot.spec.desired.required_image.clone().unwrap_or_default())
             }
             Outcome::Planned(Err(e)) => Event::PlanFailed(e.0),
-            Outcome::Fetched(Ok(())) => {
+            Outcome::Fetched(Ok(reply)) => {
                 // Fetched (the update is planned again from a later scan) or preloaded.
+                if let (Some(report), Some(stats)) = (&mut slot.report, reply.stats)
+                    && matches!(slot.sub.state(), SubState::Fetching { .. })
+                {
+                    let f = report.fetched.get_or_insert_default();
+                    f.objects += stats.objects;
+                    f.bytes += stats.bytes;
+                    f.seconds += stats.seconds;
+                }
                 if let Some(c) = &mut slot.computed {
                     c.fetch = Vec::new();
                     c.preload = Vec::new();
@@ -414,8 +592,9 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 Event::Fetched
             }
             Outcome::Fetched(Err(e)) => Event::FetchFailed(e.0),
-            Outcome::Updated(Ok(())) => {
+            Outcome::Updated(Ok(update)) => {
                 slot.computed = None;
+                slot.report.get_or_insert_default().update = Some(*update);
                 Event::Updated
             }
             Outcome::Updated(Err(e)) => Event::UpdateFailed(e.0),
@@ -437,13 +616,24 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         action: Action,
         tree: Option<Tree>,
         tasks: &Tasks,
+        queue: &mut VecDeque<String>,
     ) {
-        let (host, address, rpc, tx) = (
-            host.to_string(),
-            slot.spec.address.clone(),
-            self.rpc.clone(),
-            tasks.tx.clone(),
-        );
+        if matches!(
+            action,
+            Action::Fetch { .. } | Action::Update { .. } | Action::Cleanup
+        ) {
+            let high_impact = matches!(action, Action::Update { .. })
+                && slot.computed.as_ref().is_some_and(|c| {
+                    c.request
+                        .matched_triggers()
+                        .iter()
+                        .any(|t| t.high_impact || t.do_reboot)
+                });
+            slot.queued = Some((action, high_impact));
+            queue.push_back(host.to_string());
+            return;
+        }
+        let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
         match action {
             Action::Wait => {}
             Action::Poll { have_generation } => {
@@ -489,6 +679,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                             return;
                         }
                     };
+                    let planned_name = planned.clone();
                     let planned = match planned {
                         Some(name) => images.get(&name, &*source).await.ok(),
                         None => None,
@@ -497,13 +688,16 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                         return;
                     };
                     let computed = tokio::task::spawn_blocking(move || {
-                        let c = compute(
+                        let mut c = compute(
                             &tree.fs,
                             &tree.cache,
                             &required,
                             planned.as_deref(),
                             tree.free_bytes,
                         );
+                        // The name asked for, found or not: the sub plans again only
+                        // when the MDB names another.
+                        c.summary.planned_image = planned_name;
                         // Freed here, off the async threads (and its tree slot with it).
                         drop(tree);
                         c
@@ -513,6 +707,97 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     let _ = tx.send((host, Outcome::Planned(computed.map(|c| Some(Box::new(c))))));
                 });
             }
+            Action::Fetch { .. } | Action::Update { .. } | Action::Cleanup => {}
+        }
+    }
+
+    /// Starts the queued work each sub waits for, in order, while the admission rule
+    /// lets it ([`admit`]): a high-impact update held by the share is passed over, not
+    /// waited for.
+    fn admit_queued(
+        &self,
+        slots: &mut BTreeMap<String, Slot>,
+        queue: &mut VecDeque<String>,
+        running: &mut HashMap<String, bool>,
+        tasks: &Tasks,
+        now: u64,
+    ) {
+        if queue.is_empty() || running.len() >= self.limits.update_slots.max(1) {
+            return;
+        }
+        let high_limit = high_impact_limit(self.limits.high_impact_share, slots.len());
+        let mut kept = VecDeque::new();
+        while let Some(host) = queue.pop_front() {
+            let Some(slot) = slots.get_mut(&host) else {
+                continue;
+            };
+            let Some((action, high)) = slot.queued.take() else {
+                continue;
+            };
+            let running_high = running.values().filter(|h| **h).count();
+            match admit(
+                high,
+                running.len(),
+                running_high,
+                self.limits.update_slots,
+                high_limit,
+            ) {
+                Admission::Start => {
+                    running.insert(host.clone(), high);
+                    slot.sub
+                        .handle(Event::Started, &slot.spec.desired, now, &self.policy);
+                    self.launch(&host, slot, action, tasks);
+                    self.publish(slot);
+                }
+                Admission::HighImpactShare => {
+                    slot.queued = Some((action, high));
+                    slot.sub.handle(
+                        Event::StillQueued(format!(
+                            "the share of high-impact updates ({running_high} of at most \
+                             {high_limit} running)"
+                        )),
+                        &slot.spec.desired,
+                        now,
+                        &self.policy,
+                    );
+                    self.publish(slot);
+                    kept.push_back(host);
+                }
+                Admission::NoSlot => {
+                    slot.queued = Some((action, high));
+                    kept.push_back(host);
+                    break;
+                }
+            }
+        }
+        kept.append(queue);
+        *queue = kept;
+    }
+
+    /// What an RPC task takes along: the sub's name and address, the RPC, the way back.
+    fn task_parts(
+        &self,
+        host: &str,
+        slot: &Slot,
+        tasks: &Tasks,
+    ) -> (
+        String,
+        String,
+        Arc<R>,
+        mpsc::UnboundedSender<(String, Outcome)>,
+    ) {
+        (
+            host.to_string(),
+            slot.spec.address.clone(),
+            self.rpc.clone(),
+            tasks.tx.clone(),
+        )
+    }
+
+    /// Sends a fetch, update or cleanup whose slot is granted.
+    fn launch(&self, host: &str, slot: &mut Slot, action: Action, tasks: &Tasks) {
+        let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
+        match action {
             Action::Fetch { image: _, preload } => {
                 let objects = slot
                     .computed
@@ -532,9 +817,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     lock_for_ms: 0,
                     wait: true,
                 };
-                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
-                    let _slot = updates.acquire_owned().await;
                     let r = rpc.fetch(&address, req).await;
                     let _ = tx.send((host, Outcome::Fetched(r)));
                 });
@@ -545,11 +828,9 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .as_ref()
                     .map(|c| c.request.clone())
                     .unwrap_or_default();
-                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
-                    let _slot = updates.acquire_owned().await;
                     let r = rpc.update(&address, req).await;
-                    let _ = tx.send((host, Outcome::Updated(r)));
+                    let _ = tx.send((host, Outcome::Updated(r.map(Box::new))));
                 });
             }
             Action::Cleanup => {
@@ -558,13 +839,12 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .as_ref()
                     .map(|c| c.unused.clone())
                     .unwrap_or_default();
-                let updates = tasks.updates.clone();
                 tokio::spawn(async move {
-                    let _slot = updates.acquire_owned().await;
                     let r = rpc.cleanup(&address, objects).await;
                     let _ = tx.send((host, Outcome::CleanedUp(r)));
                 });
             }
+            Action::Wait | Action::Poll { .. } | Action::Plan { .. } => {}
         }
     }
 
@@ -579,7 +859,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         }
     }
 
-    fn publish(&self, slot: &Slot) {
+    fn publish(&self, slot: &mut Slot) {
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
         // Most events (a synced sub's short poll) change nothing shown: compared in place,
         // without building the status.
@@ -596,10 +876,20 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         if before == Some(&status) {
             return;
         }
+        // A cycle ends synced or in error: its report goes with that change.
+        let ends = matches!(
+            status.state,
+            SubState::Synced { .. } | SubState::Error { .. }
+        );
+        let report = if ends { slot.report.take() } else { None };
         if let (Some(tx), Some(old)) = (&self.changes, before)
             && old.summary != status.summary
         {
-            let _ = tx.send((status.hostname.clone(), status.state.clone()));
+            let _ = tx.send(Change {
+                hostname: status.hostname.clone(),
+                state: status.state.clone(),
+                report,
+            });
         }
         census.insert(status.hostname.clone(), status);
     }
@@ -610,5 +900,114 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         for slot in slots.values() {
             census.insert(slot.spec.hostname.clone(), Self::status(slot));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_high_impact_limit_is_a_share_of_the_subs_and_at_least_one() {
+        for (share, subs, limit) in [
+            (0.1, 20, 2),
+            (0.1, 29, 2),
+            (0.1, 30, 3),
+            (0.1, 5, 1),
+            (0.1, 0, 1),
+            (0.5, 3, 1),
+            (1.0, 7, 7),
+            (0.01, 10_000, 100),
+        ] {
+            assert_eq!(high_impact_limit(share, subs), limit, "{share} × {subs}");
+        }
+    }
+
+    #[test]
+    fn admission_takes_a_slot_and_holds_only_high_impact_updates_to_their_share() {
+        use Admission::*;
+        // (high impact, running, running high-impact, slots, high limit) → admission
+        for (high, running, running_high, slots, limit, want) in [
+            (false, 0, 0, 3, 1, Start),
+            (false, 2, 0, 3, 1, Start),
+            (false, 3, 0, 3, 1, NoSlot),
+            // Ordinary work is not held by high-impact updates running.
+            (false, 2, 2, 3, 1, Start),
+            (true, 0, 0, 3, 1, Start),
+            (true, 1, 1, 3, 1, HighImpactShare),
+            (true, 2, 1, 3, 2, Start),
+            (true, 2, 2, 3, 2, HighImpactShare),
+            // No slot comes first.
+            (true, 3, 2, 3, 2, NoSlot),
+            // A limit of 0 is taken as 1; no slots as one.
+            (true, 0, 0, 3, 0, Start),
+            (false, 0, 0, 0, 1, Start),
+            (false, 1, 0, 0, 1, NoSlot),
+        ] {
+            assert_eq!(
+                admit(high, running, running_high, slots, limit),
+                want,
+                "high {high}, running {running} ({running_high} high), {slots} slots, limit {limit}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_report_says_the_plan_the_fetch_the_change_window_and_the_triggers() {
+        let mut update = UpdateReport {
+            image_name: "minbase2".into(),
+            ..UpdateReport::default()
+        };
+        update.apply.change_window_ms = 22.4;
+        update.trigger_runs = vec![
+            paddock_subd::triggers::CommandOutcome {
+                command: "systemctl restart ssh.service".into(),
+                ok: true,
+                exit_code: Some(0),
+                output: String::new(),
+                elapsed_ms: 40,
+            },
+            paddock_subd::triggers::CommandOutcome {
+                command: "systemctl start cron.service".into(),
+                ok: false,
+                exit_code: Some(1),
+                output: "no such unit".into(),
+                elapsed_ms: 3,
+            },
+        ];
+        update.error = Some("trigger cron.service failed".into());
+        let r = ChangeReport {
+            plan: Some(PlanSummary {
+                image: "minbase2".into(),
+                objects_to_fetch: 343,
+                fetch_bytes: 15_600_000,
+                deletions: 2,
+                sub_inodes: 7_000,
+                image_inodes: 7_100,
+                ..PlanSummary::default()
+            }),
+            fetched: Some(FetchStats {
+                objects: 343,
+                bytes: 15_600_000,
+                seconds: 1.2,
+                rate_limit: None,
+            }),
+            update: Some(update),
+        };
+        assert_eq!(
+            r.describe(),
+            "updated to minbase2: plan: 343 objects to fetch (15.6 MB), 2 deletions, \
+             7000 → 7100 inodes, 343 objects (15.6 MB) fetched in 1.2 s, change window 22 ms, \
+             triggers: systemctl restart ssh.service ok, systemctl start cron.service \
+             failed (exit 1), errors: trigger cron.service failed"
+        );
+        let held = ChangeReport {
+            plan: r.plan.clone(),
+            ..ChangeReport::default()
+        };
+        assert!(
+            held.describe()
+                .starts_with("not updated to minbase2: plan: 343")
+        );
     }
 }

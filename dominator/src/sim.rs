@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, Inode, Mtime, ObjectId, UpdateRequest};
-use paddock_subd::service::{FetchRequest, PollRequest, PollResponse};
+use paddock_subd::fetch::FetchStats;
+use paddock_subd::service::{FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport};
 
 use crate::herd::{ImageSource, RpcError, SubRpc};
 
@@ -48,6 +49,12 @@ pub struct SimFleet {
     running: AtomicUsize,
     /// The most fetches and updates seen running at once.
     pub max_running: AtomicUsize,
+    high_impact_running: AtomicUsize,
+    /// The most updates with a high-impact or reboot trigger seen running at once.
+    pub max_high_impact_running: AtomicUsize,
+    ordinary_updates_running: AtomicUsize,
+    /// The most updates without such a trigger seen running at once.
+    pub max_ordinary_updates_running: AtomicUsize,
     pub polls: AtomicUsize,
     pub trees_sent: AtomicUsize,
 }
@@ -147,17 +154,49 @@ impl SubRpc for SimFleet {
         Ok(r)
     }
 
-    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<(), RpcError> {
+    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<FetchReply, RpcError> {
         let _running = self.busy().await;
+        let objects = u64::try_from(req.objects.len()).unwrap_or(u64::MAX);
         self.with(address, |s| {
             s.cache.extend(req.objects);
             s.generation += 1;
             Ok(())
+        })?;
+        Ok(FetchReply {
+            started: false,
+            // 4 KiB an object, at the simulated pace.
+            stats: Some(FetchStats {
+                objects,
+                bytes: objects * 4096,
+                seconds: self.update_time.as_secs_f64(),
+                rate_limit: None,
+            }),
+            new_generation: true,
         })
     }
 
-    async fn update(&self, address: &str, req: UpdateRequest) -> Result<(), RpcError> {
+    async fn update(&self, address: &str, req: UpdateRequest) -> Result<UpdateReport, RpcError> {
+        let high = req
+            .matched_triggers()
+            .iter()
+            .any(|t| t.high_impact || t.do_reboot);
+        let (counter, max) = if high {
+            (&self.high_impact_running, &self.max_high_impact_running)
+        } else {
+            (
+                &self.ordinary_updates_running,
+                &self.max_ordinary_updates_running,
+            )
+        };
+        let now = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        max.fetch_max(now, Ordering::SeqCst);
+        let _kind = RunningGuard(counter);
         let _running = self.busy().await;
+        let mut report = UpdateReport {
+            image_name: req.image_name.clone(),
+            ..UpdateReport::default()
+        };
+        report.apply.change_window_ms = 2.0;
         let image = self
             .images
             .lock()
@@ -170,7 +209,8 @@ impl SubRpc for SimFleet {
             s.generation += 1;
             s.updates += 1;
             Ok(())
-        })
+        })?;
+        Ok(report)
     }
 
     async fn cleanup(&self, address: &str, objects: Vec<ObjectId>) -> Result<(), RpcError> {

@@ -86,6 +86,9 @@ pub struct PlanSummary {
     pub unused_cache_objects: u64,
     /// Objects of the planned image the sub does not hold yet.
     pub planned_objects_to_fetch: u64,
+    /// The planned image `planned_objects_to_fetch` (and the preload list) was computed
+    /// for: another planned image needs another plan.
+    pub planned_image: Option<String>,
 }
 
 /// The bytes `sizes` take on the sub's file system: each rounded up to 4 KiB.
@@ -128,6 +131,11 @@ pub enum Event {
     ImageMissing(String),
     Planned(PlanSummary),
     PlanFailed(String),
+    /// A fetch or an update the sub queued was given its slot and started.
+    Started,
+    /// A queued fetch or update still waits, now for this (an update slot, the share of
+    /// high-impact updates).
+    StillQueued(String),
     Fetched,
     FetchFailed(String),
     Updated,
@@ -166,6 +174,15 @@ pub enum SubState {
         error: String,
     },
     Computing,
+    /// A fetch or an update is ready and waits for its turn (`step`: `fetch` or `update`;
+    /// `waiting_for`: an update slot, or the share of high-impact updates). Only subs
+    /// that hold a slot show fetching or updating.
+    Queued {
+        step: String,
+        objects: u64,
+        bytes: u64,
+        waiting_for: String,
+    },
     Fetching {
         objects: u64,
         bytes: u64,
@@ -205,6 +222,7 @@ impl SubState {
             SubState::Polling => "polling",
             SubState::Unreachable { .. } => "unreachable",
             SubState::Computing => "computing",
+            SubState::Queued { .. } => "queued",
             SubState::Fetching { .. } => "fetching",
             SubState::WaitingForScan { .. } => "waiting_for_scan",
             SubState::Updating => "updating",
@@ -225,6 +243,21 @@ impl fmt::Display for SubState {
             SubState::Polling => write!(f, "polling"),
             SubState::Unreachable { error } => write!(f, "unreachable: {error}"),
             SubState::Computing => write!(f, "computing the update"),
+            SubState::Queued {
+                step,
+                objects,
+                bytes,
+                waiting_for,
+            } => {
+                if step == "fetch" {
+                    write!(
+                        f,
+                        "queued to fetch {objects} objects ({bytes} bytes), waiting for {waiting_for}"
+                    )
+                } else {
+                    write!(f, "queued to {step}, waiting for {waiting_for}")
+                }
+            }
             SubState::Fetching { objects, bytes } => {
                 write!(f, "fetching {objects} objects ({bytes} bytes)")
             }
@@ -277,6 +310,8 @@ pub struct Sub {
     safety_cleared: bool,
     /// The planned image whose objects were fetched ahead.
     preloaded: Option<String>,
+    /// The planned image the last plan computed the preload for.
+    planned_for: Option<String>,
     /// Cleanup done since the last sync.
     cleaned: bool,
     /// What is wanted changed (or an operator cleared a hold) since the last plan: a held
@@ -303,6 +338,7 @@ impl Sub {
             update_attempts: 0,
             safety_cleared: false,
             preloaded: None,
+            planned_for: None,
             cleaned: false,
             replan: false,
         }
@@ -395,6 +431,31 @@ impl Sub {
                 self.pending = None;
                 self.fail(SubState::Error { message }, now_ms, p)
             }
+            Event::Started => {
+                if let SubState::Queued {
+                    step,
+                    objects,
+                    bytes,
+                    ..
+                } = &self.state
+                {
+                    self.state = if step == "fetch" {
+                        SubState::Fetching {
+                            objects: *objects,
+                            bytes: *bytes,
+                        }
+                    } else {
+                        SubState::Updating
+                    };
+                }
+                Action::Wait
+            }
+            Event::StillQueued(reason) => {
+                if let SubState::Queued { waiting_for, .. } = &mut self.state {
+                    *waiting_for = reason;
+                }
+                Action::Wait
+            }
             Event::Fetched => match self.pending.take() {
                 Some(Pending::Fetch {
                     preload: Some(image),
@@ -455,6 +516,7 @@ impl Sub {
         // image it was not last planned against (the shell keeps no tree of a synced sub).
         let synced = self.synced_image.is_some()
             && self.synced_image == want.required_image
+            && self.planned_for == want.planned_image
             && matches!(self.state, SubState::Synced { .. });
         let have_generation = if synced || self.held() {
             self.generation
@@ -489,8 +551,10 @@ impl Sub {
         if a.generation == self.generation && self.held() {
             return self.wait(now_ms, p);
         }
+        // A new planned image needs a new plan too: the preload list is the plan's.
         let unchanged = a.generation == self.generation
             && self.synced_image.as_deref() == Some(image.as_str())
+            && self.planned_for == want.planned_image
             && matches!(self.state, SubState::Synced { .. });
         if unchanged {
             if let Some(planned) = &want.planned_image
@@ -518,6 +582,7 @@ impl Sub {
     }
 
     fn planned(&mut self, plan: PlanSummary, want: &Desired, now_ms: u64, p: &Policy) -> Action {
+        self.planned_for = plan.planned_image.clone();
         if plan.empty {
             if self.synced_image.as_ref() != Some(&plan.image) {
                 self.cleaned = false;
@@ -563,9 +628,11 @@ impl Sub {
                 };
                 return self.wait(now_ms, p);
             }
-            self.state = SubState::Fetching {
+            self.state = SubState::Queued {
+                step: "fetch".into(),
                 objects: plan.objects_to_fetch,
                 bytes: plan.fetch_bytes,
+                waiting_for: "an update slot".into(),
             };
             return self.start(
                 Pending::Fetch { preload: None },
@@ -589,7 +656,12 @@ impl Sub {
                 p,
             );
         }
-        self.state = SubState::Updating;
+        self.state = SubState::Queued {
+            step: "update".into(),
+            objects: 0,
+            bytes: 0,
+            waiting_for: "an update slot".into(),
+        };
         self.start(Pending::Update, Action::Update { image: plan.image })
     }
 }
@@ -688,8 +760,12 @@ mod tests {
                         image: "minbase2".into(),
                         preload: false,
                     },
-                    "fetching",
+                    // Ready, but only a sub holding an update slot shows fetching.
+                    "queued",
                 ),
+                (Event::StillQueued("x".into()), 32, Action::Wait, "queued"),
+                (Event::Tick, 35, Action::Wait, "queued"),
+                (Event::Started, 36, Action::Wait, "fetching"),
                 (Event::Fetched, 40, Action::Wait, "waiting_for_scan"),
                 (Event::Tick, 40, poll(0), "waiting_for_scan"),
                 // The scan that saw the fetch has not finished: ask again soon.
@@ -702,8 +778,9 @@ mod tests {
                     Action::Update {
                         image: "minbase2".into(),
                     },
-                    "updating",
+                    "queued",
                 ),
+                (Event::Started, 330, Action::Wait, "updating"),
                 (Event::Updated, 400, Action::Wait, "waiting_for_scan"),
                 (Event::Tick, 400, poll(0), "waiting_for_scan"),
                 (answer(9, 5), 410, plan_a("minbase2"), "computing"),
@@ -997,6 +1074,7 @@ mod tests {
         s.handle(answer(1, 1), &w, 0, &P);
         let done = PlanSummary {
             unused_cache_objects: 3,
+            planned_image: Some("next".into()),
             ..synced("m")
         };
         assert_eq!(s.handle(Event::Planned(done), &w, 0, &P), Action::Cleanup);
@@ -1013,6 +1091,127 @@ mod tests {
         assert_eq!(s.state().name(), "synced");
         s.handle(Event::Tick, &w, 2_100, &P);
         assert_eq!(s.handle(answer(1, 3), &w, 2_100, &P), Action::Wait);
+    }
+
+    #[test]
+    fn a_queued_sub_says_what_it_waits_for_and_keeps_its_fetch() {
+        let w = want("minbase2");
+        let mut s = Sub::new();
+        s.handle(Event::Tick, &w, 0, &P);
+        s.handle(answer(7, 3), &w, 10, &P);
+        s.handle(
+            Event::Planned(update_of("minbase2", 1, 12, 90_000)),
+            &w,
+            20,
+            &P,
+        );
+        assert_eq!(
+            s.state().to_string(),
+            "queued to fetch 12 objects (90000 bytes), waiting for an update slot"
+        );
+        s.handle(
+            Event::StillQueued("the high-impact share (1 of 1 running)".into()),
+            &w,
+            30,
+            &P,
+        );
+        assert_eq!(
+            serde_json::to_value(s.state()).unwrap(),
+            serde_json::json!({"state": "queued", "step": "fetch", "objects": 12,
+                "bytes": 90_000, "waiting_for": "the high-impact share (1 of 1 running)"})
+        );
+        assert!(s.busy(), "a queued sub's action is outstanding");
+        s.handle(Event::Started, &w, 40, &P);
+        assert_eq!(
+            s.state(),
+            &SubState::Fetching {
+                objects: 12,
+                bytes: 90_000
+            }
+        );
+        // Started or StillQueued outside the queue change nothing.
+        s.handle(Event::StillQueued("y".into()), &w, 41, &P);
+        s.handle(Event::Started, &w, 42, &P);
+        assert_eq!(s.state().name(), "fetching");
+        s.handle(Event::Fetched, &w, 50, &P);
+        s.handle(Event::Tick, &w, 50, &P);
+        s.handle(answer(8, 4), &w, 60, &P);
+        s.handle(Event::Planned(update_of("minbase2", 1, 0, 0)), &w, 70, &P);
+        assert_eq!(
+            s.state().to_string(),
+            "queued to update, waiting for an update slot"
+        );
+        s.handle(Event::Started, &w, 80, &P);
+        assert_eq!(s.state(), &SubState::Updating);
+    }
+
+    #[test]
+    fn a_new_planned_image_is_planned_again_before_its_preload() {
+        let mut w = want("minbase2");
+        w.planned_image = Some("minbase3".into());
+        let with_planned = |image: &str, planned: &str| PlanSummary {
+            planned_image: Some(planned.to_string()),
+            planned_objects_to_fetch: 5,
+            ..synced(image)
+        };
+        let mut s = Sub::new();
+        run(
+            &mut s,
+            &w,
+            &[
+                (Event::Tick, 0, poll(0), "polling"),
+                (answer(7, 3), 10, plan_a("minbase2"), "computing"),
+                (
+                    Event::Planned(with_planned("minbase2", "minbase3")),
+                    20,
+                    Action::Wait,
+                    "synced",
+                ),
+                (Event::Tick, 1_020, poll(7), "synced"),
+                (
+                    answer(7, 4),
+                    1_030,
+                    Action::Fetch {
+                        image: "minbase3".into(),
+                        preload: true,
+                    },
+                    "synced",
+                ),
+                (Event::Fetched, 1_040, Action::Wait, "synced"),
+            ],
+        );
+        // The MDB's PlannedImage changes: the preload list of the last plan is for
+        // minbase3, so the tree is asked for and planned again before any preload.
+        w.planned_image = Some("minbase4".into());
+        s.desired_changed(1_100);
+        run(
+            &mut s,
+            &w,
+            &[
+                (Event::Tick, 1_100, poll(0), "synced"),
+                (answer(7, 5), 1_110, plan_a("minbase2"), "computing"),
+                (
+                    Event::Planned(with_planned("minbase2", "minbase4")),
+                    1_120,
+                    Action::Wait,
+                    "synced",
+                ),
+                (Event::Tick, 2_120, poll(7), "synced"),
+                (
+                    answer(7, 6),
+                    2_130,
+                    Action::Fetch {
+                        image: "minbase4".into(),
+                        preload: true,
+                    },
+                    "synced",
+                ),
+                (Event::Fetched, 2_140, Action::Wait, "synced"),
+                // Preloaded and planned for: short polls only.
+                (Event::Tick, 3_140, poll(7), "synced"),
+                (answer(7, 7), 3_150, Action::Wait, "synced"),
+            ],
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! pause, the safety hold and unreachable subs.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use paddock_dominator::sim::{SimFleet, file};
@@ -57,22 +57,30 @@ const POLICY: Policy = Policy {
 
 struct Running {
     fleet: Arc<SimFleet>,
-    changes: tokio::sync::mpsc::UnboundedReceiver<(String, paddock_dominator::SubState)>,
+    changes: tokio::sync::mpsc::UnboundedReceiver<paddock_dominator::Change>,
     census: Census,
     specs: watch::Sender<Vec<SubSpec>>,
     _stop: watch::Sender<bool>,
 }
 
 fn start(fleet: Arc<SimFleet>, initial: Vec<SubSpec>, update_slots: usize) -> Running {
-    let herd = Herd::new(
-        fleet.clone(),
-        fleet.clone(),
-        POLICY,
+    start_with(
+        fleet,
+        initial,
         Limits {
             update_slots,
             image_server: "198.18.0.1:8080".into(),
             ..Limits::default()
         },
+    )
+}
+
+fn start_with(fleet: Arc<SimFleet>, initial: Vec<SubSpec>, limits: Limits) -> Running {
+    let herd = Herd::new(
+        fleet.clone(),
+        fleet.clone(),
+        POLICY,
+        limits,
         Census::default(),
     );
     let (tx, changes) = tokio::sync::mpsc::unbounded_channel();
@@ -164,15 +172,27 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
     .await;
     assert_eq!(fleet.sub("198.18.7.5:6969").updates, 2);
     let mut told = Vec::new();
-    while let Ok((host, state)) = r.changes.try_recv() {
-        if host == "sub5" {
-            told.push(state.name());
+    let mut report = None;
+    while let Ok(c) = r.changes.try_recv() {
+        if c.hostname == "sub5" {
+            told.push(c.state.name());
+            if c.report.is_some() {
+                report = c.report.map(|r| r.describe());
+            }
         }
     }
+    // The cycle's report goes with the change that ends it.
+    let report = report.expect("a report with the synced change");
+    assert!(
+        report.starts_with("updated to minbase2: plan: 0 objects to fetch")
+            && report.contains("nothing fetched, change window 2 ms, no triggers"),
+        "{report}"
+    );
     assert_eq!(
         told,
         [
             "computing",
+            "queued",
             "updating",
             "waiting_for_scan",
             "computing",
@@ -269,4 +289,91 @@ async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges
     .await;
     assert_eq!(*fleet.sub("198.18.7.1:6969").fs, big.fs);
     assert_eq!(r.census.read().unwrap()["sub1"].failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not() {
+    // 20 subs, 4 update slots, share 0.1: at most 2 updates with a reboot trigger at once.
+    let fleet = SimFleet::new(Duration::from_millis(40));
+    let a = image("minbase", tree("a", 30));
+    let mut b = image("kernel2", tree("b", 30));
+    b.triggers = Triggers::new(vec![paddock_image::Trigger {
+        match_lines: vec!["/f.*".into()],
+        service: "reboot".into(),
+        do_reboot: true,
+        ..paddock_image::Trigger::default()
+    }])
+    .unwrap();
+    let c = image("tools2", tree("c", 30));
+    fleet.add_image(a.clone());
+    fleet.add_image(b.clone());
+    fleet.add_image(c.clone());
+    for i in 0..20 {
+        fleet.add_sub(&format!("198.18.7.{i}:6969"), a.fs.clone());
+    }
+    let limits = Limits {
+        update_slots: 4,
+        image_server: "198.18.0.1:8080".into(),
+        high_impact_share: 0.1,
+        ..Limits::default()
+    };
+    let r = start_with(fleet.clone(), specs(20, "minbase", None), limits);
+    r.until("all synced to minbase", |r| r.all("synced to minbase"))
+        .await;
+    // Half the fleet gets the rebooting image, the other half an ordinary one.
+    let want: Vec<SubSpec> = (0..20)
+        .map(|i| spec(i, if i % 2 == 0 { "kernel2" } else { "tools2" }, None))
+        .collect();
+    // Sample the census meanwhile: only subs holding a slot show fetching or updating.
+    let census = r.census.clone();
+    let (max_active, max_queued) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (ma, mq) = (max_active.clone(), max_queued.clone());
+    let sampler = tokio::spawn(async move {
+        loop {
+            {
+                let c = census.read().unwrap();
+                let n = |s: &[&str]| c.values().filter(|x| s.contains(&x.state.name())).count();
+                ma.fetch_max(n(&["fetching", "updating"]), Ordering::SeqCst);
+                mq.fetch_max(n(&["queued"]), Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    r.specs.send_replace(want);
+    r.until("all synced", |r| {
+        r.census
+            .read()
+            .unwrap()
+            .values()
+            .all(|s| s.summary == "synced to kernel2" || s.summary == "synced to tools2")
+    })
+    .await;
+    sampler.abort();
+    let high = fleet.max_high_impact_running.load(Ordering::SeqCst);
+    let ordinary = fleet.max_ordinary_updates_running.load(Ordering::SeqCst);
+    let all = fleet.max_running.load(Ordering::SeqCst);
+    let (active, queued) = (
+        max_active.load(Ordering::SeqCst),
+        max_queued.load(Ordering::SeqCst),
+    );
+    eprintln!(
+        "high-impact at once {high}, ordinary updates at once {ordinary}, all {all}, \
+         census: fetching/updating at most {active}, queued at most {queued}"
+    );
+    assert_eq!(high, 2, "max(1, floor(0.1 × 20)) rebooting updates at once");
+    assert!(
+        ordinary >= 3,
+        "ordinary updates are not held by the share: {ordinary}"
+    );
+    assert!(all <= 4, "the update slots: {all}");
+    assert!(
+        active <= 4,
+        "only subs holding a slot show fetching/updating: {active}"
+    );
+    assert!(queued > 4, "the rest show queued: {queued}");
+    for i in 0..20 {
+        let s = fleet.sub(&format!("198.18.7.{i}:6969"));
+        let want = if i % 2 == 0 { &b.fs } else { &c.fs };
+        assert_eq!(*s.fs, *want, "sub{i}");
+    }
 }

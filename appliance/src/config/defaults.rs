@@ -48,6 +48,8 @@ pub const DOMINATOR_MAX_UPDATES: usize = 2;
 pub const DOMINATOR_MAX_POLLS: usize = 200;
 pub const DOMINATOR_POLL_INTERVAL_MS: u64 = 1_000;
 pub const DOMINATOR_FETCH_SPEED_PERCENT: f64 = 10.0;
+/// At most `max(1, floor(0.1 × subs))` updates with a high-impact or reboot trigger at once.
+pub const DOMINATOR_HIGH_IMPACT_SHARE: f64 = 0.1;
 
 pub const CLUSTER_STORE: &str = "sqlite";
 /// Seconds (2 to 60).

@@ -81,6 +81,8 @@ pub struct DominatorFile {
     pub poll_interval_ms: Option<u64>,
     /// Share of a sub's link its fetches may use, in percent ([`super::defaults::DOMINATOR_FETCH_SPEED_PERCENT`]).
     pub fetch_speed_percent: Option<f64>,
+    /// Share of the subs that may run an update with a high-impact or reboot trigger at once, above 0 and at most 1; at least one such update may always run ([`super::defaults::DOMINATOR_HIGH_IMPACT_SHARE`]).
+    pub high_impact_share: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

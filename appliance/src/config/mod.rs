@@ -77,6 +77,8 @@ pub struct DominatorConfig {
     pub max_polls: usize,
     pub poll_interval: Duration,
     pub fetch_speed_percent: f64,
+    /// Share of the subs that may run a high-impact or reboot update at once.
+    pub high_impact_share: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -242,6 +244,28 @@ x = "a"
         }
         let e = FileConfig::parse("[timeline]\nkeep = 5\n").unwrap_err();
         assert!(e.to_string().contains("unknown field `keep`"), "{e}");
+    }
+
+    #[test]
+    fn the_dominator_high_impact_share() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.dominator.unwrap().high_impact_share, 0.1);
+        let one = format!("{GOOD}[dominator]\nhigh_impact_share = 1.0\n");
+        let c = FileConfig::parse(&one).unwrap().validate().unwrap();
+        assert_eq!(c.dominator.unwrap().high_impact_share, 1.0);
+        for bad in ["0", "0.0", "1.5", "-0.1"] {
+            let text = format!("{GOOD}[dominator]\nhigh_impact_share = {bad}\n");
+            let e = FileConfig::parse(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("dominator.high_impact_share")
+                    && e.contains("not above 0 and at most 1"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -254,12 +254,21 @@ fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
             "dominator.fetch_speed_percent: {speed} is not above 0 and at most 100"
         ));
     }
+    let high_impact_share = f
+        .high_impact_share
+        .unwrap_or(defaults::DOMINATOR_HIGH_IMPACT_SHARE);
+    if !(high_impact_share > 0.0 && high_impact_share <= 1.0) {
+        p.push(format!(
+            "dominator.high_impact_share: {high_impact_share} is not above 0 and at most 1"
+        ));
+    }
     Some(DominatorConfig {
         subd_port: f.subd_port.unwrap_or(defaults::DOMINATOR_SUBD_PORT),
         max_updates,
         max_polls,
         poll_interval: Duration::from_millis(interval),
         fetch_speed_percent: speed,
+        high_impact_share,
     })
 }
 

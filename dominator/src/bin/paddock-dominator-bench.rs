@@ -606,11 +606,11 @@ impl SubRpc for Timed {
         r
     }
 
-    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<(), RpcError> {
+    async fn fetch(&self, address: &str, req: FetchRequest) -> Result<FetchReply, RpcError> {
         self.inner.fetch(address, req).await
     }
 
-    async fn update(&self, address: &str, req: UpdateRequest) -> Result<(), RpcError> {
+    async fn update(&self, address: &str, req: UpdateRequest) -> Result<UpdateReport, RpcError> {
         self.inner.update(address, req).await
     }
 
