@@ -18,7 +18,10 @@
 //! - [`service`]: Poll, Fetch, Update, Cleanup, GetFiles, configuration: the operations,
 //!   their mutual exclusion, the scanner pauses, recovery at start.
 //! - [`rpc`]: the HTTP routes (`/rpc/Subd.*`).
+//! - [`bind_root`]: the root seen without what is mounted on it (a private bind mount), so
+//!   `/proc`, `/run` … are the root file system's own directories on a running machine.
 
+pub mod bind_root;
 pub mod fetch;
 pub mod fs2objectcache;
 pub mod fsbench;

@@ -4,6 +4,9 @@
 //! ```text
 //! paddock-subd --insecure [options]
 //!   --root DIR              the root it keeps in compliance (default /)
+//!   --bind-root             work through a private bind mount of the root, so what is
+//!                           mounted on it (/proc, /run …) is not in the way (default for /)
+//!   --no-bind-root          work on the root as it is
 //!   --listen ADDR           host:port (default 0.0.0.0:6969; port 0 picks one)
 //!   --insecure              serve plain HTTP (required: TLS is not built yet)
 //!   --trigger-command CMD   run as `CMD SERVICE stop|start|reload|restart` (default service)
@@ -33,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use paddock_subd::triggers::split_command;
 use paddock_subd::{Subd, SubdConfig};
 
-const USAGE: &str = "usage: paddock-subd --insecure [--root DIR] [--listen ADDR] \
+const USAGE: &str = "usage: paddock-subd --insecure [--root DIR] [--bind-root|--no-bind-root] [--listen ADDR] \
 [--trigger-command CMD] [--reboot-command CMD] [--health-command CMD] [--command-timeout S] \
 [--link-speed B] [--network-percent P] [--scan-percent P] [--cpu-percent P] [--device-speed B] \
 [--fsbench-dir DIR] [--exclude REGEX]... [--no-default-exclusions] [--min-cycle-ms N]";
@@ -45,6 +48,8 @@ trusted, isolated network only).";
 
 struct Args {
     config: SubdConfig,
+    /// Work through [`paddock_subd::bind_root::private_view`].
+    bind_root: bool,
     listen: String,
     insecure: bool,
 }
@@ -53,6 +58,7 @@ fn parse() -> Result<Args> {
     let mut root = PathBuf::from("/");
     let mut listen = "0.0.0.0:6969".to_string();
     let mut insecure = false;
+    let mut bind_root = None;
     let mut trigger = None;
     let mut reboot = None;
     let mut health = None;
@@ -73,6 +79,8 @@ fn parse() -> Result<Args> {
             "--root" => root = val("--root")?.into(),
             "--listen" => listen = val("--listen")?,
             "--insecure" => insecure = true,
+            "--bind-root" => bind_root = Some(true),
+            "--no-bind-root" => bind_root = Some(false),
             "--trigger-command" => trigger = Some(val("--trigger-command")?),
             "--reboot-command" => reboot = Some(val("--reboot-command")?),
             "--health-command" => health = Some(val("--health-command")?),
@@ -93,6 +101,7 @@ fn parse() -> Result<Args> {
             s => bail!("unknown argument {s}\n{USAGE}"),
         }
     }
+    let bind_root = bind_root.unwrap_or(root == std::path::Path::new("/"));
     let mut c = SubdConfig::new(root);
     if let Some(t) = trigger {
         c.trigger_command = split_command(&t);
@@ -134,15 +143,22 @@ fn parse() -> Result<Args> {
     c.configuration.check()?;
     Ok(Args {
         config: c,
+        bind_root,
         listen,
         insecure,
     })
 }
 
 fn run() -> Result<()> {
-    let args = parse()?;
+    let mut args = parse()?;
     if !args.insecure {
         bail!("{INSECURE}");
+    }
+    // Before any thread: only threads started afterwards share the new mount namespace.
+    if args.bind_root {
+        let at = std::path::Path::new(paddock_subd::bind_root::DEFAULT_AT);
+        args.config.root = paddock_subd::bind_root::private_view(&args.config.root, at)
+            .context("--bind-root (pass --no-bind-root to work on the root as it is)")?;
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
