@@ -10,10 +10,11 @@
 //!
 //! The local disk: under BIOS `sanboot --no-describe --drive 0x80` (iPXE asks the BIOS,
 //! INT 13h, to boot the first hard disk); under UEFI (`${platform}` is `efi`) there is no
-//! BIOS drive to name, so the script `exit`s: iPXE returns to the firmware's boot manager,
-//! which goes on to the next boot option (the installed system's entry that `grub-install`
-//! wrote, or the disk's removable-media path `\EFI\BOOT\BOOTX64.EFI`). A BIOS `sanboot`
-//! that fails also exits, handing the choice back to the BIOS.
+//! BIOS drive to name, so iPXE chains the boot loader the birther installed on the EFI
+//! system partition, found by its label (`file://PADDOCK-ESP/EFI/BOOT/BOOTX64.EFI`, iPXE's
+//! EFI local file access): the firmware's own boot options may not name the disk at all
+//! (OVMF kept only the network). If that fails the script `exit`s to the firmware's boot
+//! manager. A BIOS `sanboot` that fails also exits, handing the choice back to the BIOS.
 
 use paddock_birther::Serve;
 use paddock_inventory::MacAddr;
@@ -90,11 +91,14 @@ pub fn script(
         Boot::LocalDisk { why } => format!(
             "#!ipxe\n\
              echo Paddock: {who} ({mac}) is {why}: booting from the local disk\n\
-             iseq ${{platform}} efi && exit ||\n\
+             iseq ${{platform}} efi || goto bios\n\
+             chain file://{esp}/EFI/BOOT/BOOTX64.EFI || exit\n\
+             :bios\n\
              sanboot --no-describe --drive 0x80 || exit\n",
             who = node
                 .and_then(|n| n.name.as_deref())
                 .map_or("node".into(), ipxe_text),
+            esp = paddock_birther::layout::ESP_LABEL,
         ),
         Boot::Ramdisk { why, mode } => {
             match (&discovery.kernel, &discovery.initrd) {
@@ -218,7 +222,7 @@ mod tests {
             node.name = Some(evil.into());
             let s = script(MAC, Some(&node), None, &discovery(), "http://p");
             let lines: Vec<&str> = s.lines().collect();
-            assert_eq!(lines.len(), 4, "{evil:?} added lines: {s}");
+            assert_eq!(lines.len(), 6, "{evil:?} added lines: {s}");
             assert!(!lines[1].contains("${") && !lines[1].contains("||"), "{s}");
             assert!(!lines[1].contains(" && ") && !lines[1].contains('#'), "{s}");
             assert!(lines[1].starts_with("echo Paddock: "), "{s}");
@@ -298,7 +302,9 @@ mod tests {
             local,
             "#!ipxe\n\
              echo Paddock: r1 (52:54:00:ab:00:01) is provisioned: booting from the local disk\n\
-             iseq ${platform} efi && exit ||\n\
+             iseq ${platform} efi || goto bios\n\
+             chain file://PADDOCK-ESP/EFI/BOOT/BOOTX64.EFI || exit\n\
+             :bios\n\
              sanboot --no-describe --drive 0x80 || exit\n"
         );
         // Under introspection: the plain discovery ramdisk whatever the record says.

@@ -201,7 +201,10 @@ fn a_node_walks_through_provisioning_and_bad_requests_change_nothing() {
         local.contains("sanboot --no-describe --drive 0x80"),
         "{local}"
     );
-    assert!(local.contains("iseq ${platform} efi && exit"), "{local}");
+    assert!(
+        local.contains("chain file://PADDOCK-ESP/EFI/BOOT/BOOTX64.EFI"),
+        "{local}"
+    );
     assert!(!local.contains("kernel "), "{local}");
 
     // Refused: nothing changes.

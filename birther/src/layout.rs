@@ -34,6 +34,15 @@ pub const LINUX_FS_TYPE: &str = "0FC63DAF-8483-4772-8E79-3D69D8477DE4";
 /// The labels the file systems get (FAT: at most 11 characters; ext4: at most 16).
 pub const ESP_LABEL: &str = "PADDOCK-ESP";
 pub const ROOT_LABEL: &str = "paddock-root";
+/// In the target: the first lines GRUB's UEFI image runs ([`efi_early_config`]); under
+/// `/boot/grub`, which the image's filter leaves to the machine.
+pub const EFI_EARLY_CONFIG: &str = "/boot/grub/paddock-efi.cfg";
+
+/// The config embedded in GRUB's UEFI image: find the root file system by its label, then
+/// load `/boot/grub` from it.
+pub fn efi_early_config() -> String {
+    format!("search --no-floppy --label {ROOT_LABEL} --set=root\nset prefix=($root)/boot/grub\n")
+}
 
 /// The ext4 features, named one by one rather than taken from whatever `mke2fs.conf` the
 /// ramdisk carries: newer e2fsprogs turn on features (`orphan_file`, `metadata_csum_seed`)
@@ -440,9 +449,35 @@ impl Layout {
             "--removable",
             "--no-nvram",
         ]);
+        // grub-install's removable image names its root relative to the device it was
+        // loaded from (`(,gpt3)`); loaded by iPXE from the ESP (the UEFI local boot) that
+        // device is unknown and GRUB stops at its rescue prompt. This image finds the root
+        // by its label instead, whoever loads it.
+        let uefi_image = Command::new(&[
+            "chroot",
+            target,
+            "grub-mkimage",
+            "--format=x86_64-efi",
+            "--output=/boot/efi/EFI/BOOT/BOOTX64.EFI",
+            &format!("--config={EFI_EARLY_CONFIG}"),
+            "--prefix=/boot/grub",
+            "part_gpt",
+            "ext2",
+            "search",
+            "search_label",
+            "normal",
+            "configfile",
+        ]);
+        let step = |command, required| BootLoaderStep { command, required };
         let (first, second) = match self.firmware {
-            Firmware::Bios => (bios, uefi),
-            Firmware::Uefi => (uefi, bios),
+            Firmware::Bios => (
+                vec![step(bios, true)],
+                vec![step(uefi, false), step(uefi_image, false)],
+            ),
+            Firmware::Uefi => (
+                vec![step(uefi, true), step(uefi_image, true)],
+                vec![step(bios, false)],
+            ),
         };
         let config = Command::new(&[
             "chroot",
@@ -451,20 +486,11 @@ impl Layout {
             "-o",
             "/boot/grub/grub.cfg",
         ]);
-        vec![
-            BootLoaderStep {
-                command: first,
-                required: true,
-            },
-            BootLoaderStep {
-                command: second,
-                required: false,
-            },
-            BootLoaderStep {
-                command: config,
-                required: true,
-            },
-        ]
+        first
+            .into_iter()
+            .chain(second)
+            .chain([step(config, true)])
+            .collect()
     }
 
     /// How `table` (as `sfdisk --json` read it) differs from this plan: `None` when it is
@@ -751,17 +777,23 @@ mod tests {
         let bios = "chroot /mnt/target grub-install --target=i386-pc /dev/vda".to_string();
         let uefi = "chroot /mnt/target grub-install --target=x86_64-efi --efi-directory=/boot/efi --removable --no-nvram".to_string();
         let cfg = "chroot /mnt/target grub-mkconfig -o /boot/grub/grub.cfg".to_string();
+        let image = "chroot /mnt/target grub-mkimage --format=x86_64-efi --output=/boot/efi/EFI/BOOT/BOOTX64.EFI --config=/boot/grub/paddock-efi.cfg --prefix=/boot/grub part_gpt ext2 search search_label normal configfile".to_string();
         assert_eq!(
             at(Firmware::Bios),
             [
                 (bios.clone(), true),
                 (uefi.clone(), false),
+                (image.clone(), false),
                 (cfg.clone(), true)
             ]
         );
         assert_eq!(
             at(Firmware::Uefi),
-            [(uefi, true), (bios, false), (cfg, true)]
+            [(uefi, true), (image, true), (bios, false), (cfg, true)]
+        );
+        assert_eq!(
+            efi_early_config(),
+            "search --no-floppy --label paddock-root --set=root\nset prefix=($root)/boot/grub\n"
         );
     }
 

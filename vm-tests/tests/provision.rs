@@ -11,14 +11,12 @@
 //! The harness's VMs run with `-no-reboot`, so QEMU exits where the machine reboots; the
 //! scenario then powers the same VM (its disk, its UEFI variables, its MAC) on again.
 //!
-//! Seen on 2026-11-24 (the ramdisk's side passes every step; what still fails is elsewhere):
-//! * the installed system's subd answers Poll but the dominator never finds it synced
-//!   ("still differs after 3 updates", each making 4 directories): subd's scan skips mount
-//!   points entirely (`subd/src/scan.rs`, another `st_dev`), so `/dev`, `/proc`, `/run` and
-//!   `/sys`, which the image holds, look missing on a running system;
-//! * UEFI: after iPXE's `exit` for a provisioned node OVMF has no disk boot option and stops
-//!   in its setup menu, though the installed disk boots alone (GRUB from
-//!   `\EFI\BOOT\BOOTX64.EFI`, `root=UUID=…`).
+//! Two failures seen on the way, and their fixes: the installed system never synced because
+//! subd's scan skips mount points (`/proc`, `/run` … looked missing; subd now works through a
+//! private bind mount of `/`, `subd/src/bind_root.rs`); under UEFI, OVMF had no disk option
+//! after iPXE's `exit`, and GRUB chained by iPXE from the ESP could not name its root
+//! (`(,gpt3)`), so the local boot chains `file://PADDOCK-ESP/EFI/BOOT/BOOTX64.EFI` and that
+//! image finds the root by its label (`birther/src/layout.rs`, `efi_early_config`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

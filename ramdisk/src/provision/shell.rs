@@ -669,6 +669,14 @@ impl<'a> Run<'a> {
                 self.mounts.push(at);
             }
         }
+        // The config GRUB's UEFI image embeds (it finds the root by label).
+        let early = format!("{TARGET}{}", paddock_birther::layout::EFI_EARLY_CONFIG);
+        if let Some(dir) = Path::new(&early).parent() {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(&early, paddock_birther::layout::efi_early_config()))
+                .map_err(|e| format!("writing {early}: {e}"))
+                .or_else(|e| fail(step, e))?;
+        }
         let mut result = Ok(());
         for s in layout.boot_loader(TARGET) {
             self.say(&format!("running {}", s.command.argv.join(" ")));
