@@ -55,6 +55,9 @@ pub struct Replicator {
     /// The other hosts' base URLs (`http://host:port`).
     peers: Vec<String>,
     agent: ureq::Agent,
+    /// Trees whose every object this host holds: not walked again (objects an image uses
+    /// are never collected while it lives).
+    complete: std::sync::Mutex<BTreeSet<ObjectId>>,
 }
 
 impl Replicator {
@@ -68,6 +71,7 @@ impl Replicator {
             images,
             peers,
             agent,
+            complete: std::sync::Mutex::default(),
         }
     }
 
@@ -144,6 +148,9 @@ impl Replicator {
         let Some(tree) = rec.tree else {
             return Ok((0, 0));
         };
+        if self.is_complete(&tree) {
+            return Ok((0, 0));
+        }
         let store = self.images.objects().clone();
         let (mut objects, mut bytes) = (0, 0);
         if !store.contains(&tree) {
@@ -160,6 +167,7 @@ impl Replicator {
             .filter(|(id, _)| !store.contains(id))
             .collect();
         if missing.is_empty() {
+            self.mark_complete(tree);
             return Ok((objects, bytes));
         }
         tracing::info!(
@@ -169,6 +177,7 @@ impl Replicator {
             "image replication: fetching what this host lacks"
         );
         let (o, b) = self.fetch(&rec.name, missing).await?;
+        self.mark_complete(tree);
         tracing::info!(
             image = %rec.name,
             objects = o,
@@ -177,6 +186,20 @@ impl Replicator {
             "image replication: image complete on this host"
         );
         Ok((objects + o, bytes + b))
+    }
+
+    fn is_complete(&self, tree: &ObjectId) -> bool {
+        self.complete
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(tree)
+    }
+
+    fn mark_complete(&self, tree: ObjectId) {
+        self.complete
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tree);
     }
 
     /// Fetches `wanted` (id, size) in batches, each from the first peer that serves it.
