@@ -1,0 +1,1 @@
+//! Power control (issue 19). Being built.
