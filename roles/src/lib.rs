@@ -1,1 +1,13 @@
-//! Roles: the role spec and the planning engine (issue 17). Being built.
+//! Roles (issue 17): the role spec (`spec`: TOML, parsed and validated whole, every error
+//! naming file, line and field) and the pure planning engine (`engine`: `plan(spec,
+//! census) → Plan`) that keeps the appliance at minimum-viable or optimal capacity, after
+//! BlacKnight's documented intent. No I/O, no clock, no async: the appliance's leader loop
+//! (`appliance/src/roles.rs`) is the shell.
+
+pub mod engine;
+pub mod spec;
+
+pub use engine::{
+    Action, Census, Host, Instance, Kind, Outcome, Plan, RoleCount, Why, applied, minimums, plan,
+};
+pub use spec::{Hook, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word};

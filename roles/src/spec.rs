@@ -1,0 +1,831 @@
+//! The role spec: its TOML format, parsed and validated whole before anything runs.
+//!
+//! ```toml
+//! [args]                       # global hook arguments (BlacKnight's /blacknight/args)
+//! p = "head-1"
+//!
+//! [roles.node_controller]
+//! min = 1                      # default 0
+//! max = 8                      # absent: unbounded
+//! priority = 10                # growth order in phase 2 (higher first), default 0
+//! start = { hook = "sim/start_nc.sh", args = ["h"] }
+//! stop = { hook = "sim/stop_nc.sh", args = ["h", "i"] }
+//! image = "minbase"            # only for roles that run on a host (no `depends`)
+//! hosts = { traits = ["CUSTOM_NC"], properties = { cpu_arch = "x86_64" }, names = [] }
+//!
+//! [roles.app]
+//! min = 3
+//! depends = { node_controller = 2, db = 10 }   # one dependee instance serves N dependers
+//! ```
+//!
+//! Every error names the file, the line and the field.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+/// One problem in a spec file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecError {
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    /// The dotted path of the field (`roles.app.depends.db`), or the key found on the line
+    /// for a syntax error.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}:{}: {}", self.file, self.line, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}: {}: {}",
+                self.file, self.line, self.field, self.message
+            )
+        }
+    }
+}
+
+/// Every problem found in a spec file (at least one).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub struct SpecErrors(pub Vec<SpecError>);
+
+impl fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A hook: a program under the hooks directory and the arguments it is given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hook {
+    /// Relative to the hooks directory; no `..`, no leading `/`.
+    pub path: String,
+    /// BlacKnight's keys: `h`/`host`, `i`/`instance`, or a global argument's name.
+    pub args: Vec<String>,
+}
+
+/// Which hosts a role that runs on a host may take. Empty: every idle host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Selector {
+    /// The host must have every one of these traits.
+    pub traits: BTreeSet<String>,
+    /// The host's property must equal the value.
+    pub properties: BTreeMap<String, String>,
+    /// If not empty, the host's name must be one of these.
+    pub names: BTreeSet<String>,
+}
+
+impl Selector {
+    pub fn matches(&self, host: &crate::Host) -> bool {
+        (self.names.is_empty() || self.names.contains(&host.name))
+            && self.traits.is_subset(&host.traits)
+            && self
+                .properties
+                .iter()
+                .all(|(k, v)| host.properties.get(k) == Some(v))
+    }
+}
+
+/// One role, validated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Role {
+    pub name: String,
+    /// As declared; the engine also infers one from the dependers' minimums.
+    pub min: u32,
+    pub max: Option<u32>,
+    pub priority: i32,
+    pub start: Option<Hook>,
+    pub stop: Option<Hook>,
+    /// Dependee → how many instances of this role one dependee instance serves.
+    pub depends: BTreeMap<String, u32>,
+    pub image: Option<String>,
+    pub hosts: Selector,
+    /// Each instance takes a host of its own: a role without dependencies (BlacKnight's
+    /// leaf), or one with an `image` or a `hosts` selector.
+    pub on_host: bool,
+    /// The line of the role's table (for messages about the role as a whole).
+    pub line: usize,
+}
+
+impl Role {
+    /// Each instance takes a host of its own.
+    pub fn on_host(&self) -> bool {
+        self.on_host
+    }
+}
+
+/// A validated spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    pub file: String,
+    pub args: BTreeMap<String, String>,
+    pub roles: BTreeMap<String, Role>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    #[serde(default)]
+    args: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    roles: BTreeMap<String, Spanned<RawRole>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRole {
+    min: Option<Spanned<i64>>,
+    max: Option<Spanned<i64>>,
+    priority: Option<Spanned<i64>>,
+    start: Option<Spanned<RawHook>>,
+    stop: Option<Spanned<RawHook>>,
+    #[serde(default)]
+    depends: BTreeMap<String, Spanned<i64>>,
+    image: Option<Spanned<String>>,
+    hosts: Option<Spanned<RawSelector>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHook {
+    hook: Spanned<String>,
+    #[serde(default)]
+    args: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSelector {
+    #[serde(default)]
+    traits: BTreeSet<String>,
+    #[serde(default)]
+    properties: BTreeMap<String, String>,
+    #[serde(default)]
+    names: BTreeSet<String>,
+}
+
+/// Spec files are read whole; past this they are refused before parsing.
+pub const MAX_SPEC_BYTES: usize = 1 << 20;
+/// Most roles in one spec.
+pub const MAX_ROLES: usize = 1_000;
+/// Largest capacity of a dependency.
+pub const MAX_CAPACITY: u32 = 1_000_000;
+
+/// Role names, global argument keys: lower-case words, usable as store keys and flags.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a name: 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter"
+        ))
+    }
+}
+
+/// Host names and instance ids reach hooks as arguments: letters, digits, `.`, `_`, `-`,
+/// not starting with `-` (so never an option), at most 253 bytes.
+pub fn check_word(what: &str, word: &str) -> Result<(), String> {
+    let ok = !word.is_empty()
+        && word.len() <= 253
+        && !word.starts_with('-')
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {word:?} must be 1 to 253 of A-Z, a-z, 0-9, '.', '_', '-' and not start with '-'"
+        ))
+    }
+}
+
+fn check_hook_path(path: &str) -> Result<(), String> {
+    let ok = !path.is_empty()
+        && path.len() <= 255
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != ".." && !part.starts_with('-'))
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "hook {path:?} must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')"
+        ))
+    }
+}
+
+/// Byte offset → 1-based line.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// For a syntax or type error: the dotted key on the error's line, under the table header
+/// above it (`roles.app.mn`), as well as the text can tell.
+fn field_at(text: &str, line: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(here) = lines.get(line.saturating_sub(1)) else {
+        return String::new();
+    };
+    let header = lines[..line.saturating_sub(1).min(lines.len())]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    let here = here.trim();
+    if here.starts_with('[') {
+        return here
+            .trim_matches(|c| c == '[' || c == ']')
+            .trim()
+            .to_string();
+    }
+    let key = here.split('=').next().unwrap_or("").trim();
+    if key.is_empty() || !here.contains('=') {
+        return header.unwrap_or_default();
+    }
+    match header {
+        Some(h) if !h.is_empty() => format!("{h}.{key}"),
+        _ => key.to_string(),
+    }
+}
+
+struct Problems<'a> {
+    file: &'a str,
+    text: &'a str,
+    list: Vec<SpecError>,
+}
+
+impl Problems<'_> {
+    fn add(&mut self, span: Range<usize>, field: impl Into<String>, message: impl Into<String>) {
+        self.list.push(SpecError {
+            file: self.file.to_string(),
+            line: line_of(self.text, span.start),
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn count(
+    p: &mut Problems<'_>,
+    v: &Option<Spanned<i64>>,
+    field: String,
+    default: u32,
+) -> Option<u32> {
+    match v {
+        None => Some(default),
+        Some(n) => match u32::try_from(*n.get_ref()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                p.add(
+                    n.span(),
+                    field,
+                    format!("{} is not a count (0 to {})", n.get_ref(), u32::MAX),
+                );
+                None
+            }
+        },
+    }
+}
+
+impl Spec {
+    /// Parses and validates `text` (the contents of `file`). Nothing is partially accepted:
+    /// a spec with any problem is refused with all of them.
+    pub fn parse(file: &str, text: &str) -> Result<Spec, SpecErrors> {
+        let mut p = Problems {
+            file,
+            text,
+            list: Vec::new(),
+        };
+        if text.len() > MAX_SPEC_BYTES {
+            p.add(
+                0..0,
+                "",
+                format!(
+                    "the spec is {} bytes; at most {MAX_SPEC_BYTES} are read",
+                    text.len()
+                ),
+            );
+            return Err(SpecErrors(p.list));
+        }
+        let raw: RawSpec = match toml::from_str(text) {
+            Ok(r) => r,
+            Err(e) => {
+                let start = e.span().map_or(0, |s| s.start);
+                let line = line_of(text, start);
+                p.list.push(SpecError {
+                    file: file.to_string(),
+                    line,
+                    field: field_at(text, line),
+                    message: e.message().trim().to_string(),
+                });
+                return Err(SpecErrors(p.list));
+            }
+        };
+        let spec = validate(&mut p, raw);
+        match spec {
+            Some(s) if p.list.is_empty() => Ok(s),
+            _ => Err(SpecErrors(p.list)),
+        }
+    }
+
+    /// Roles in topological order: every depender before its dependees (roots first),
+    /// ties by name. Valid specs have no cycle.
+    pub fn order(&self) -> Vec<&str> {
+        topo(&self.roles).unwrap_or_default()
+    }
+}
+
+/// Kahn's algorithm over depender → dependee edges; `Err` holds a cycle's roles.
+fn topo(roles: &BTreeMap<String, Role>) -> Result<Vec<&str>, Vec<&str>> {
+    let mut indeg: BTreeMap<&str, usize> = roles.keys().map(|k| (k.as_str(), 0)).collect();
+    for r in roles.values() {
+        for d in r.depends.keys() {
+            if let Some(n) = indeg.get_mut(d.as_str()) {
+                *n += 1;
+            }
+        }
+    }
+    let mut ready: BTreeSet<&str> = indeg
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut out = Vec::with_capacity(roles.len());
+    while let Some(r) = ready.pop_first() {
+        out.push(r);
+        for d in roles[r].depends.keys() {
+            if let Some(n) = indeg.get_mut(d.as_str()) {
+                *n -= 1;
+                if *n == 0 {
+                    ready.insert(d.as_str());
+                }
+            }
+        }
+    }
+    if out.len() == roles.len() {
+        return Ok(out);
+    }
+    // Walk from a role still holding an edge until a role repeats: that is a cycle.
+    let left: BTreeSet<&str> = indeg
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut path: Vec<&str> = Vec::new();
+    let mut at = *left.iter().next().unwrap_or(&"");
+    while !path.contains(&at) {
+        path.push(at);
+        let Some(next) = roles
+            .get(at)
+            .and_then(|r| r.depends.keys().find(|d| left.contains(d.as_str())))
+        else {
+            break;
+        };
+        at = next.as_str();
+    }
+    let from = path.iter().position(|r| *r == at).unwrap_or(0);
+    let mut cycle = path[from..].to_vec();
+    cycle.push(at);
+    Err(cycle)
+}
+
+fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
+    let mut args = BTreeMap::new();
+    for (k, v) in raw.args {
+        let field = format!("args.{k}");
+        if let Err(e) = check_name(&k) {
+            p.add(v.span(), &field, e);
+        }
+        if let Err(e) = check_word("the value", v.get_ref()) {
+            p.add(v.span(), &field, e);
+        }
+        args.insert(k, v.into_inner());
+    }
+    if raw.roles.len() > MAX_ROLES {
+        p.add(
+            0..0,
+            "roles",
+            format!("{} roles; at most {MAX_ROLES}", raw.roles.len()),
+        );
+        return None;
+    }
+    let names: BTreeSet<String> = raw.roles.keys().cloned().collect();
+    let mut roles = BTreeMap::new();
+    let mut spans: BTreeMap<String, (Range<usize>, Option<Range<usize>>)> = BTreeMap::new();
+    for (name, raw_role) in raw.roles {
+        let span = raw_role.span();
+        let r = raw_role.into_inner();
+        let f = |k: &str| format!("roles.{name}.{k}");
+        if let Err(e) = check_name(&name) {
+            p.add(span.clone(), format!("roles.{name}"), e);
+        }
+        let min = count(p, &r.min, f("min"), 0);
+        let max = match &r.max {
+            None => Some(None),
+            some => count(p, some, f("max"), 0).map(Some),
+        };
+        let priority = match &r.priority {
+            None => Some(0),
+            Some(v) => match i32::try_from(*v.get_ref()) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    p.add(
+                        v.span(),
+                        f("priority"),
+                        format!(
+                            "{} is out of range ({}..={})",
+                            v.get_ref(),
+                            i32::MIN,
+                            i32::MAX
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        if let (Some(min), Some(Some(max))) = (min, max)
+            && min > max
+        {
+            let s = r.max.as_ref().map_or(span.clone(), |m| m.span());
+            p.add(
+                s,
+                f("max"),
+                format!("impossible bounds: min {min} is above max {max}"),
+            );
+        }
+        let mut depends = BTreeMap::new();
+        for (d, cap) in &r.depends {
+            let field = format!("roles.{name}.depends.{d}");
+            if d == &name {
+                p.add(cap.span(), &field, "a role cannot depend on itself");
+            } else if !names.contains(d) {
+                p.add(cap.span(), &field, format!("unknown role {d:?}"));
+            }
+            match u32::try_from(*cap.get_ref()) {
+                Ok(c) if (1..=MAX_CAPACITY).contains(&c) => {
+                    depends.insert(d.clone(), c);
+                }
+                _ => p.add(
+                    cap.span(),
+                    &field,
+                    format!(
+                        "capacity {} must be 1 to {MAX_CAPACITY} (how many {name} instances one {d} instance serves)",
+                        cap.get_ref()
+                    ),
+                ),
+            }
+        }
+        let on_host = r.depends.is_empty() || r.image.is_some() || r.hosts.is_some();
+        let hook = |p: &mut Problems<'_>, h: &Option<Spanned<RawHook>>, which: &str| {
+            let h = h.as_ref()?;
+            let field = f(which);
+            if let Err(e) = check_hook_path(h.get_ref().hook.get_ref()) {
+                p.add(h.get_ref().hook.span(), format!("{field}.hook"), e);
+            }
+            for a in &h.get_ref().args {
+                let key = a.get_ref().as_str();
+                match key {
+                    "h" | "host" if !on_host => p.add(
+                        a.span(),
+                        format!("{field}.args"),
+                        format!(
+                            "{key:?}: role {name} has dependencies and no image or hosts, so it does not run on a host of its own"
+                        ),
+                    ),
+                    "h" | "host" | "i" | "instance" => {}
+                    other if !args.contains_key(other) => p.add(
+                        a.span(),
+                        format!("{field}.args"),
+                        format!("{other:?} is neither h, host, i, instance nor a key of [args]"),
+                    ),
+                    _ => {}
+                }
+            }
+            Some(Hook {
+                path: h.get_ref().hook.get_ref().clone(),
+                args: h
+                    .get_ref()
+                    .args
+                    .iter()
+                    .map(|a| a.get_ref().clone())
+                    .collect(),
+            })
+        };
+        let start = hook(p, &r.start, "start");
+        let stop = hook(p, &r.stop, "stop");
+        let image = r.image.as_ref().map(|i| {
+            if let Err(e) = check_word("image", i.get_ref()) {
+                p.add(i.span(), f("image"), e);
+            }
+            i.get_ref().clone()
+        });
+        if r.start.is_none() && image.is_none() {
+            p.add(
+                span.clone(),
+                f("start"),
+                "a role needs a start hook, or an image (its hosts' subd registers it)",
+            );
+        }
+        if r.stop.is_none() && image.is_none() {
+            p.add(
+                span.clone(),
+                f("stop"),
+                "a role without an image needs a stop hook",
+            );
+        }
+        let hosts = match &r.hosts {
+            None => Selector::default(),
+            Some(s) => {
+                let s = s.get_ref();
+                Selector {
+                    traits: s.traits.clone(),
+                    properties: s.properties.clone(),
+                    names: s.names.clone(),
+                }
+            }
+        };
+        spans.insert(
+            name.clone(),
+            (span.clone(), r.max.as_ref().map(|m| m.span())),
+        );
+        let (Some(min), Some(max), Some(priority)) = (min, max, priority) else {
+            continue;
+        };
+        roles.insert(
+            name.clone(),
+            Role {
+                name: name.clone(),
+                min,
+                max,
+                priority,
+                start,
+                stop,
+                depends,
+                image,
+                hosts,
+                on_host,
+                line: line_of(p.text, span.start),
+            },
+        );
+    }
+    if !p.list.is_empty() {
+        return None;
+    }
+    let spec = Spec {
+        file: p.file.to_string(),
+        args,
+        roles,
+    };
+    if let Err(cycle) = topo(&spec.roles) {
+        let first = cycle.first().copied().unwrap_or("");
+        let span = spans.get(first).map_or(0..0, |s| s.0.clone());
+        p.add(
+            span,
+            format!("roles.{first}.depends"),
+            format!("dependency cycle: {}", cycle.join(" → ")),
+        );
+        return None;
+    }
+    match crate::engine::minimums(&spec) {
+        Ok(mins) => {
+            for (name, min) in &mins {
+                let role = &spec.roles[name];
+                if let Some(max) = role.max
+                    && *min > u64::from(max)
+                {
+                    let span = spans[name]
+                        .1
+                        .clone()
+                        .unwrap_or_else(|| spans[name].0.clone());
+                    p.add(
+                        span,
+                        format!("roles.{name}.max"),
+                        format!(
+                            "impossible bounds: its dependers' minimums need at least {min} instances, above max {max}"
+                        ),
+                    );
+                }
+            }
+        }
+        Err(e) => p.add(
+            spans[&e.role].0.clone(),
+            format!("roles.{}", e.role),
+            e.to_string(),
+        ),
+    }
+    p.list.is_empty().then_some(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        Spec::parse("spec/x.toml", text)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    const GOOD: &str = r#"
+[args]
+p = "head-1"
+
+[roles.nc]
+min = 1
+start = { hook = "sim/start_nc.sh", args = ["h", "p"] }
+stop = { hook = "sim/stop_nc.sh", args = ["h"] }
+
+[roles.app]
+min = 3
+max = 10
+priority = 5
+start = { hook = "sim/start_app.sh", args = ["i"] }
+stop = { hook = "sim/stop_app.sh", args = ["instance"] }
+depends = { nc = 2 }
+"#;
+
+    #[test]
+    fn a_good_spec_parses() {
+        let s = Spec::parse("spec/x.toml", GOOD).unwrap();
+        assert_eq!(s.roles.len(), 2);
+        assert_eq!(s.roles["app"].max, Some(10));
+        assert_eq!(s.roles["app"].priority, 5);
+        assert_eq!(s.roles["app"].depends["nc"], 2);
+        assert_eq!(s.roles["nc"].max, None);
+        assert_eq!(s.roles["app"].line, 10);
+        assert_eq!(s.order(), vec!["app", "nc"]);
+        assert_eq!(s.args["p"], "head-1");
+    }
+
+    /// Each bad spec → exactly the listed messages (file:line: field: message).
+    #[test]
+    fn bad_specs_name_file_line_and_field() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "[roles.a]\nmn = 1\n",
+                &[
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`",
+                ],
+            ),
+            (
+                "[roles.a\n",
+                &["spec/x.toml:1: roles.a: unclosed table, expected `]`"],
+            ),
+            (
+                "[roles.a]\nmin = \"two\"\n",
+                &["spec/x.toml:2: roles.a.min: invalid type: string \"two\", expected i64"],
+            ),
+            (
+                "[roles.a]\nmin = -1\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &["spec/x.toml:2: roles.a.min: -1 is not a count (0 to 4294967295)"],
+            ),
+            (
+                "[roles.a]\nmin = 3\nmax = 2\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &["spec/x.toml:3: roles.a.max: impossible bounds: min 3 is above max 2"],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { b = 1 }\n",
+                &["spec/x.toml:4: roles.a.depends.b: unknown role \"b\""],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { b = 0 }\n[roles.b]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:4: roles.a.depends.b: capacity 0 must be 1 to 1000000 (how many a instances one b instance serves)",
+                ],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { b = 1 }\n[roles.b]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { c = 1 }\n[roles.c]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { a = 1 }\n",
+                &["spec/x.toml:1: roles.a.depends: dependency cycle: a → b → c → a"],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"../../bin/sh\" }\nstop = { hook = \"b\", args = [\"q\"] }\n",
+                &[
+                    "spec/x.toml:2: roles.a.start.hook: hook \"../../bin/sh\" must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')",
+                    "spec/x.toml:3: roles.a.stop.args: \"q\" is neither h, host, i, instance nor a key of [args]",
+                ],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"a\", args = [\"h\"] }\nstop = { hook = \"b\" }\ndepends = { b = 1 }\nimage = \"-x\"\n[roles.b]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:5: roles.a.image: image \"-x\" must be 1 to 253 of A-Z, a-z, 0-9, '.', '_', '-' and not start with '-'",
+                ],
+            ),
+            (
+                "[roles.a]\nstart = { hook = \"a\", args = [\"h\"] }\nstop = { hook = \"b\" }\ndepends = { b = 1 }\n[roles.b]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:2: roles.a.start.args: \"h\": role a has dependencies and no image or hosts, so it does not run on a host of its own",
+                ],
+            ),
+            (
+                "[roles.a]\nmin = 1\n",
+                &[
+                    "spec/x.toml:1: roles.a.start: a role needs a start hook, or an image (its hosts' subd registers it)",
+                    "spec/x.toml:1: roles.a.stop: a role without an image needs a stop hook",
+                ],
+            ),
+            (
+                // b's dependers need 4 b instances: more than its max.
+                "[roles.a]\nmin = 4\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\ndepends = { b = 1 }\n[roles.b]\nmax = 3\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:7: roles.b.max: impossible bounds: its dependers' minimums need at least 4 instances, above max 3",
+                ],
+            ),
+            (
+                "[roles.Bad]\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:1: roles.Bad: \"Bad\" is not a name: 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter",
+                ],
+            ),
+            (
+                "[args]\nq = \"a b\"\n",
+                &[
+                    "spec/x.toml:2: args.q: the value \"a b\" must be 1 to 253 of A-Z, a-z, 0-9, '.', '_', '-' and not start with '-'",
+                ],
+            ),
+            (
+                "[roles.a]\npriority = 99999999999\nstart = { hook = \"a\" }\nstop = { hook = \"b\" }\n",
+                &[
+                    "spec/x.toml:2: roles.a.priority: 99999999999 is out of range (-2147483648..=2147483647)",
+                ],
+            ),
+            (
+                "rolez = 1\n",
+                &["spec/x.toml:1: rolez: unknown field `rolez`, expected `args` or `roles`"],
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(errors(text), *want, "spec:\n{text}");
+        }
+    }
+
+    #[test]
+    fn an_empty_spec_has_no_roles() {
+        assert!(Spec::parse("f", "").unwrap().roles.is_empty());
+    }
+
+    #[test]
+    fn an_oversized_spec_is_refused_before_parsing() {
+        let text = "#".repeat(MAX_SPEC_BYTES + 1);
+        assert_eq!(
+            errors(&text),
+            vec![format!(
+                "spec/x.toml:1: the spec is {} bytes; at most {MAX_SPEC_BYTES} are read",
+                MAX_SPEC_BYTES + 1
+            )]
+        );
+    }
+
+    #[test]
+    fn selectors_match_on_names_traits_and_properties() {
+        let host = crate::Host {
+            name: "n1".into(),
+            traits: ["CUSTOM_GPU".to_string()].into(),
+            properties: [("cpu_arch".to_string(), "x86_64".to_string())].into(),
+        };
+        let mut s = Selector::default();
+        assert!(s.matches(&host));
+        s.traits.insert("CUSTOM_GPU".into());
+        s.properties.insert("cpu_arch".into(), "x86_64".into());
+        assert!(s.matches(&host));
+        s.names.insert("n2".into());
+        assert!(!s.matches(&host));
+        s.names.insert("n1".into());
+        assert!(s.matches(&host));
+        s.properties.insert("cpu_arch".into(), "aarch64".into());
+        assert!(!s.matches(&host));
+    }
+}
