@@ -258,8 +258,11 @@ struct Alloc<'g, 'a> {
     /// Per host: how many instances occupy it (more than one only when started by hand).
     occupants: Vec<u32>,
     allocatable: Vec<bool>,
-    /// Per role: host → eligible (empty for roles with dependencies).
+    /// Per role: host → eligible (empty for roles that do not run on a host).
     eligible: Vec<Vec<bool>>,
+    /// Per role: its eligible hosts, those fewest roles may use first (so a role that only
+    /// special hosts suit still finds them), then by name.
+    prefer: Vec<Vec<usize>>,
     actions: Vec<Action>,
     undo: Vec<Undo>,
     failure: Option<String>,
@@ -412,8 +415,8 @@ impl Alloc<'_, '_> {
         }
         if role.on_host() {
             for left in (1..=count).rev() {
-                let eligible = &self.eligible[r];
-                if let Some(h) = self.idle.iter().copied().find(|&h| eligible[h]) {
+                let idle = &self.idle;
+                if let Some(h) = self.prefer[r].iter().copied().find(|h| idle.contains(h)) {
                     self.start(r, Some(h), why);
                 } else if repurpose && self.repurpose(r) {
                 } else {
@@ -567,6 +570,20 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
                 .collect()
         })
         .collect();
+    let mut suitors = vec![0usize; hosts.len()];
+    for e in &eligible {
+        for (h, ok) in e.iter().enumerate() {
+            suitors[h] += usize::from(*ok);
+        }
+    }
+    let prefer: Vec<Vec<usize>> = eligible
+        .iter()
+        .map(|e| {
+            let mut hs: Vec<usize> = (0..e.len()).filter(|&h| e[h]).collect();
+            hs.sort_by_key(|&h| (suitors[h], h));
+            hs
+        })
+        .collect();
     let mut a = Alloc {
         g: &g,
         rep: vec![0; n],
@@ -579,6 +596,7 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
         occupants: Vec::new(),
         allocatable,
         eligible,
+        prefer,
         actions: Vec::new(),
         undo: Vec::new(),
         failure: None,
