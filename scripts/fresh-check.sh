@@ -101,6 +101,14 @@ checks=(
   "iptables|bench/filter.sh (Inspector's iptables way)|iptables --version"
   "cpio|bench/enrol.sh (the baseline ramdisk)|cpio --version"
   "nginx-light|bench/storm.sh (the static HTTP server beside dnsmasq)|nginx -v"
+  "libvirt-daemon-system|the BMC harness (libvirtd, virtlogd started by hand)|libvirtd --version && virtlogd --version"
+  "libvirt-clients|the BMC harness (virsh)|virsh --version"
+  "python3-libvirt|sushy-tools and virtualbmc in the BMC harness's venv (system site packages)|python3 -c 'import libvirt'"
+  "libvirt-dev|libvirt-python if pip builds it (the BMC harness's venv)|test -s /usr/include/libvirt/libvirt.h"
+  "pkg-config|libvirt-python if pip builds it (the BMC harness's venv)|pkg-config --exists libvirt"
+  "qemu-utils|the BMC harness's VM disk (qemu-img)|qemu-img --version"
+  "ipmitool|the IPMI power driver and its tests|ipmitool -V"
+  "openssl|the BMC harness's test CA and HTTPS certificate|openssl version"
 )
 cat >"$ROOT/paddock/check.sh" <<'EOF'
 set -u

@@ -25,6 +25,11 @@ packages=(
   debootstrap      # the Debian minbase test images and the fresh-root check
   fdisk dosfstools # sfdisk, mkfs.vfat: scripts/check-bootable-image.sh lays out a disk as the birther does
   etcd-server etcd-client  # the etcd backend's conformance tests and the HA scenarios
+  libvirt-daemon-system libvirt-clients  # the BMC harness: libvirtd, virtlogd, virsh (scripts/bmc-harness.sh)
+  python3-libvirt libvirt-dev pkg-config  # sushy-tools and virtualbmc in a --system-site-packages venv
+  qemu-utils       # qemu-img: the BMC harness's VM disk
+  ipmitool         # the IPMI power driver (paddock-power) and its tests
+  openssl          # the BMC harness's test CA and HTTPS certificate
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(
