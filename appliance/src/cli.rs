@@ -164,6 +164,20 @@ impl<'a> Call<'a> {
     }
 }
 
+/// `GET path` read as `T`, for the commands of other modules (`roles_cli`).
+pub fn get_json<T: DeserializeOwned>(api: &str, path: &str) -> Result<T, CallError> {
+    Call::new(api, "GET", path).send()
+}
+
+/// `POST path` with a JSON body, read as `T`.
+pub fn post_json<T: DeserializeOwned>(
+    api: &str,
+    path: &str,
+    body: &impl Serialize,
+) -> Result<T, CallError> {
+    Call::new(api, "POST", path).send_json(body)
+}
+
 fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)

@@ -41,6 +41,8 @@ pub struct AppState {
     pub dominator: crate::dominator::Dominator,
     /// Provisioning records, requests and the agent's protocol.
     pub provisioning: Arc<crate::provisioning::Provisioner>,
+    /// The role spec, its loop and the census (`/api/v1/spec`, `/api/v1/census`).
+    pub roles: Arc<crate::roles::Roles>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -66,6 +68,8 @@ pub fn router(state: AppState) -> Router {
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
     let dominator = crate::dominator::router(state.dominator.clone());
     let provisioning = crate::provisioning::router(state.provisioning.clone());
+    let roles = crate::roles::router(state.roles.clone())
+        .merge(crate::census::router(state.roles.census.clone()));
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),
         dhcp: state.dhcp.clone(),
@@ -81,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .merge(imageserver)
         .merge(dominator)
         .merge(provisioning)
+        .merge(roles)
         .merge(console)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod assets;
 pub mod boot;
+pub mod census;
 pub mod cli;
 pub mod config;
 pub mod console;
@@ -12,4 +13,6 @@ pub mod images;
 pub mod leader;
 pub mod provisioning;
 pub mod pxe_filter;
+pub mod roles;
+pub mod roles_cli;
 pub mod serve;

@@ -46,6 +46,20 @@ enum Cmd {
         #[command(subcommand)]
         cmd: FirewallCmd,
     },
+    /// The role spec: check files, preview the plan, apply, show, the rounds.
+    Spec {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: paddock::roles_cli::SpecCmd,
+    },
+    /// The census of role instances and hosts (registrations kept alive by leases).
+    Census {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: Option<paddock::roles_cli::CensusCmd>,
+    },
     /// Nodes of a running appliance.
     Node {
         #[command(flatten)]
@@ -447,6 +461,37 @@ fn main() -> ExitCode {
                 DominatorCmd::Status => paddock::cli::dominator_status(&api),
                 DominatorCmd::Pause { reason } => paddock::cli::dominator_pause(&api, &reason),
                 DominatorCmd::Resume => paddock::cli::dominator_resume(&api),
+            })
+        }
+        Cmd::Spec { api, cmd } => {
+            use paddock::roles_cli::{self as r, SpecCmd};
+            report(match cmd {
+                SpecCmd::Check { files } => r::spec_check(&files),
+                SpecCmd::Plan { file } => r::spec_plan(&api.url, file.as_deref()),
+                SpecCmd::Apply { file } => r::spec_apply(&api.url, &file),
+                SpecCmd::Show => r::spec_show(&api.url),
+                SpecCmd::Rounds { limit, json } => r::spec_rounds(&api.url, limit, json),
+            })
+        }
+        Cmd::Census { api, cmd } => {
+            use paddock::roles_cli::{self as r, CensusCmd};
+            report(match cmd {
+                None => r::census_list(&api.url),
+                Some(CensusCmd::Hold {
+                    url,
+                    role,
+                    instance,
+                    host,
+                    ttl,
+                }) => r::census_hold(
+                    url.as_deref().unwrap_or(&api.url),
+                    paddock::census::Register {
+                        role,
+                        instance,
+                        host,
+                        ttl_secs: Some(ttl),
+                    },
+                ),
             })
         }
         Cmd::Node { api, cmd } => {

@@ -364,15 +364,29 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         leader_rx.clone(),
     );
     crate::provisioning::expire_runs(&mut tasks, provisioner.clone(), leader_rx.clone());
-    let state = AppState {
-        dominator: crate::dominator::Dominator {
+    let dominator = crate::dominator::Dominator {
+        store: store.clone(),
+        census,
+        leader: leader_rx.clone(),
+        enabled: cfg.dominator.is_some(),
+        mdb: mdb.clone(),
+        images: images.clone(),
+    };
+    let roles = crate::roles::Roles::new(
+        store.clone(),
+        crate::census::CensusService {
             store: store.clone(),
-            census,
-            leader: leader_rx.clone(),
-            enabled: cfg.dominator.is_some(),
-            mdb: mdb.clone(),
-            images: images.clone(),
+            inspector: inspector.clone(),
         },
+        dominator.clone(),
+        cfg.roles.clone(),
+        cfg.public_url.clone(),
+        leader_rx.clone(),
+    );
+    tokio::spawn(roles.clone().run());
+    let state = AppState {
+        dominator,
+        roles,
         config: cfg.clone(),
         provisioning: provisioner,
         inspector,

@@ -761,7 +761,29 @@ fn order(g: &Graph<'_>, mut actions: Vec<Action>) -> Vec<Action> {
     actions
 }
 
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Start => "start",
+            Kind::Stop => "stop",
+        }
+    }
+}
+
 impl Action {
+    /// `start db db-1 on h01`.
+    pub fn label(&self) -> String {
+        match &self.host {
+            Some(h) => format!(
+                "{} {} {} on {h}",
+                self.kind.as_str(),
+                self.role,
+                self.instance
+            ),
+            None => format!("{} {} {}", self.kind.as_str(), self.role, self.instance),
+        }
+    }
+
     /// The hook's argument vector for this action (BlacKnight's convention: `h` → `-h
     /// <host>`, `host` → `--host <host>`, `i` → `-i <instance>`, `instance` → `--instance
     /// <instance>`, any other one-letter key `k` → `-k <args[k]>`, a longer one →

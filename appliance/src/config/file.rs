@@ -26,6 +26,7 @@ pub struct FileConfig {
     pub cluster: ClusterFile,
     pub timeline: TimelineFile,
     pub provisioning: ProvisioningFile,
+    pub roles: crate::roles::RolesFile,
 }
 
 #[derive(Debug, Default, Deserialize)]

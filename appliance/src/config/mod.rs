@@ -46,6 +46,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     pub timeline: TimelineConfig,
     pub provisioning: ProvisioningConfig,
+    /// `None`: no hooks directory, the role loop is off.
+    pub roles: Option<crate::roles::RolesConfig>,
 }
 
 /// Provisioning: how long a run may go without a report.

@@ -55,6 +55,7 @@ impl FileConfig {
         let timeline = timeline(&self.timeline, &mut p);
         let provisioning = provisioning(&self.provisioning, &mut p);
         let cluster = cluster(&self.cluster, &mut p);
+        let roles = crate::roles::validate(&self.roles, &data_dir, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
         let Some(http_listen) = http_listen else {
             return Err(ConfigError { problems: p });
@@ -85,6 +86,7 @@ impl FileConfig {
             cluster,
             timeline,
             provisioning,
+            roles,
         })
     }
 }

@@ -1,0 +1,337 @@
+//! The census of role instances (issue 17): who is alive, as registrations bound to store
+//! leases. An instance (or the agent of a host) registers once and keeps its lease alive;
+//! when it dies, its lease expires and its keys go with it, so a dead host drops out of the
+//! census by itself within the TTL.
+//!
+//! Store keys (every value bound to the registrant's lease):
+//! - `census/hosts/<host>`: `{host, since_ms}`: the host is alive and may be given roles
+//!   (its traits and properties are those of the enrolled node of the same name);
+//! - `census/instances/<role>/<instance>`: `{role, instance, host, since_ms}`.
+//!
+//! Routes: `GET /api/v1/census`, `POST /api/v1/census/register {role?, instance?, host?,
+//! ttl_secs?}` → `{lease, ttl_secs, key}`, `POST /api/v1/census/keepalive {lease}`,
+//! `POST /api/v1/census/revoke {lease}`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paddock_inspector::service::Inspector;
+use paddock_roles::{Census, Host, Instance, check_name, check_word};
+use paddock_store::{Compare, LeaseId, Op, Store, StoreError, Txn};
+use paddock_wire::{ApiError, unix_ms};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub const HOSTS: &str = "census/hosts/";
+pub const INSTANCES: &str = "census/instances/";
+/// Default and bounds of a registration's TTL, in seconds.
+pub const DEFAULT_TTL_SECS: u64 = 10;
+const MAX_TTL_SECS: u64 = 3_600;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEntry {
+    pub host: String,
+    pub since_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceEntry {
+    pub role: String,
+    pub instance: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    pub since_ms: i64,
+}
+
+/// `GET /api/v1/census`: the live registrations.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CensusView {
+    pub hosts: Vec<HostEntry>,
+    pub instances: Vec<InstanceEntry>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Register {
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub instance: Option<String>,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub lease: LeaseId,
+    pub ttl_secs: u64,
+    pub key: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub lease: LeaseId,
+}
+
+impl Register {
+    /// The key and value this registration puts, or why it is refused.
+    pub fn entry(&self, now_ms: i64) -> Result<(String, Vec<u8>), String> {
+        if let Some(h) = &self.host {
+            check_word("host", h)?;
+        }
+        let value = match (&self.role, &self.instance) {
+            (Some(role), Some(instance)) => {
+                check_name(role)?;
+                check_word("instance", instance)?;
+                let e = InstanceEntry {
+                    role: role.clone(),
+                    instance: instance.clone(),
+                    host: self.host.clone(),
+                    since_ms: now_ms,
+                };
+                (format!("{INSTANCES}{role}/{instance}"), json(&e))
+            }
+            (None, None) => {
+                let Some(host) = &self.host else {
+                    return Err("register a role instance (role and instance) or a host".into());
+                };
+                let e = HostEntry {
+                    host: host.clone(),
+                    since_ms: now_ms,
+                };
+                (format!("{HOSTS}{host}"), json(&e))
+            }
+            _ => return Err("a role instance needs both role and instance".into()),
+        };
+        Ok(value)
+    }
+
+    pub fn ttl(&self) -> Result<u64, String> {
+        let ttl = self.ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
+        if (1..=MAX_TTL_SECS).contains(&ttl) {
+            Ok(ttl)
+        } else {
+            Err(format!("ttl_secs {ttl} must be 1 to {MAX_TTL_SECS}"))
+        }
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    ApiError::internal(e.to_string())
+}
+
+/// The census's store and the node records its hosts are described by.
+#[derive(Clone)]
+pub struct CensusService {
+    pub store: Arc<dyn Store>,
+    pub inspector: Arc<Inspector>,
+}
+
+impl CensusService {
+    pub async fn register(&self, r: &Register) -> Result<Registered, ApiError> {
+        let ttl = r.ttl().map_err(ApiError::bad_request)?;
+        let (key, value) = r.entry(unix_ms()).map_err(ApiError::bad_request)?;
+        let lease = self
+            .store
+            .lease_grant(Duration::from_secs(ttl))
+            .await
+            .map_err(store_error)?;
+        // Created only where no live registration holds the key, bound to the new lease.
+        let absent = Compare::ModRevision {
+            key: key.clone(),
+            revision: 0,
+        };
+        let bound = Op::Put {
+            key: key.clone(),
+            value,
+            lease: Some(lease),
+        };
+        let txn = Txn {
+            compare: vec![absent],
+            success: vec![bound],
+            failure: vec![],
+        };
+        let done = self.store.txn(txn).await.map_err(store_error)?;
+        if !done.succeeded {
+            let _ = self.store.lease_revoke(lease).await;
+            return Err(ApiError::new(
+                409,
+                format!("{key} is already registered (by a live lease)"),
+            ));
+        }
+        Ok(Registered {
+            lease,
+            ttl_secs: ttl,
+            key,
+        })
+    }
+
+    pub async fn view(&self) -> Result<CensusView, StoreError> {
+        let mut v = CensusView::default();
+        for kv in self.store.range(HOSTS).await? {
+            if let Ok(e) = serde_json::from_slice(&kv.value) {
+                v.hosts.push(e);
+            }
+        }
+        for kv in self.store.range(INSTANCES).await? {
+            if let Ok(e) = serde_json::from_slice(&kv.value) {
+                v.instances.push(e);
+            }
+        }
+        Ok(v)
+    }
+
+    /// The planner's census: live hosts, described by their nodes (traits, properties),
+    /// and live instances; with each host's node, for its timeline.
+    pub async fn census(&self) -> anyhow::Result<(Census, BTreeMap<String, Uuid>)> {
+        let view = self.view().await?;
+        let nodes = self.inspector.list().await?;
+        let mut by_name = BTreeMap::new();
+        for n in &nodes {
+            by_name.insert(node_hostname(n), n);
+        }
+        let hosts = view
+            .hosts
+            .iter()
+            .map(|h| {
+                let mut host = Host {
+                    name: h.host.clone(),
+                    ..Host::default()
+                };
+                if let Some(n) = by_name.get(&h.host) {
+                    host.traits = n.traits.iter().cloned().collect();
+                    host.properties = n
+                        .properties
+                        .iter()
+                        .filter_map(|(k, v)| match v {
+                            serde_json::Value::String(s) => Some((k.clone(), s.clone())),
+                            serde_json::Value::Number(x) => Some((k.clone(), x.to_string())),
+                            serde_json::Value::Bool(b) => Some((k.clone(), b.to_string())),
+                            _ => None,
+                        })
+                        .collect();
+                }
+                host
+            })
+            .collect();
+        let instances = view
+            .instances
+            .into_iter()
+            .map(|i| Instance {
+                role: i.role,
+                id: i.instance,
+                host: i.host,
+            })
+            .collect();
+        let uuids = by_name.iter().map(|(k, n)| (k.clone(), n.uuid)).collect();
+        Ok((
+            Census {
+                hosts,
+                instances,
+                ..Census::default()
+            },
+            uuids,
+        ))
+    }
+}
+
+/// The name a node goes by as a host: its name, else `node-<8 hex of its UUID>` (the
+/// hostname provisioning gives an unnamed node).
+pub fn node_hostname(n: &paddock_inspector::node::Node) -> String {
+    n.name.clone().unwrap_or_else(|| {
+        let u = n.uuid.simple().to_string();
+        format!("node-{}", &u[..8])
+    })
+}
+
+pub fn router(c: CensusService) -> Router {
+    Router::new()
+        .route("/api/v1/census", get(list))
+        .route("/api/v1/census/register", post(register))
+        .route("/api/v1/census/keepalive", post(keepalive))
+        .route("/api/v1/census/revoke", post(revoke))
+        .with_state(c)
+}
+
+async fn list(State(c): State<CensusService>) -> Result<Json<CensusView>, ApiError> {
+    Ok(Json(c.view().await.map_err(store_error)?))
+}
+
+async fn register(
+    State(c): State<CensusService>,
+    Json(r): Json<Register>,
+) -> Result<Json<Registered>, ApiError> {
+    Ok(Json(c.register(&r).await?))
+}
+
+async fn keepalive(
+    State(c): State<CensusService>,
+    Json(l): Json<LeaseRef>,
+) -> Result<Json<LeaseRef>, ApiError> {
+    match c.store.lease_keep_alive(l.lease).await {
+        Ok(()) => Ok(Json(l)),
+        Err(StoreError::LeaseNotFound(_)) => Err(ApiError::not_found(format!(
+            "lease {} is gone (expired or revoked): register again",
+            l.lease
+        ))),
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+async fn revoke(
+    State(c): State<CensusService>,
+    Json(l): Json<LeaseRef>,
+) -> Result<Json<LeaseRef>, ApiError> {
+    match c.store.lease_revoke(l.lease).await {
+        Ok(()) | Err(StoreError::LeaseNotFound(_)) => Ok(Json(l)),
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registrations_name_an_instance_or_a_host() {
+        let r = |role: Option<&str>, instance: Option<&str>, host: Option<&str>| Register {
+            role: role.map(str::to_string),
+            instance: instance.map(str::to_string),
+            host: host.map(str::to_string),
+            ttl_secs: None,
+        };
+        let (k, v) = r(Some("db"), Some("db-1"), Some("h1")).entry(5).unwrap();
+        assert_eq!(k, "census/instances/db/db-1");
+        let e: InstanceEntry = serde_json::from_slice(&v).unwrap();
+        assert_eq!(e.host.as_deref(), Some("h1"));
+        assert_eq!(e.since_ms, 5);
+        assert_eq!(
+            r(None, None, Some("h1")).entry(0).unwrap().0,
+            "census/hosts/h1"
+        );
+        for bad in [
+            r(Some("db"), None, None),
+            r(None, None, None),
+            r(Some("DB"), Some("x"), None),
+            r(Some("db"), Some("-rf"), None),
+            r(Some("db"), Some("a/b"), None),
+            r(None, None, Some("h 1")),
+        ] {
+            assert!(bad.entry(0).is_err(), "{bad:?}");
+        }
+        assert_eq!(r(None, None, None).ttl(), Ok(DEFAULT_TTL_SECS));
+        let mut t = r(None, None, None);
+        t.ttl_secs = Some(0);
+        assert!(t.ttl().is_err());
+    }
+}

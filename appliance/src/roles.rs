@@ -1,0 +1,780 @@
+//! Keep the appliance alive (issue 17): the shell around `paddock_roles`. The spec lives in
+//! the store (`roles/spec`, put by `paddock spec apply` after validation: a bad spec changes
+//! nothing); the leader re-plans on every census or spec change (debounced) and on a timer,
+//! runs the plan's actions in order through the hook executor (no shell, fixed environment,
+//! timeout, exit status and output kept), sets image roles' required image in the MDB, and
+//! keeps every round's input and output (`roles/rounds/<ms>`) for replay.
+//!
+//! Between a hook's success and its instance's registration the round remembers what it
+//! did (`Pending`), so a re-plan in between does not start the same instance twice; a start
+//! that failed leaves its host alone for `quarantine`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paddock_inspector::service::Subject;
+use paddock_roles::{Action, Census, Instance, Kind, Outcome, Plan, Spec, SpecErrors, plan};
+use paddock_store::{Compare, Op, Store, Txn};
+use paddock_wire::{ApiError, unix_ms};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::census::CensusService;
+
+pub const SPEC_KEY: &str = "roles/spec";
+pub const ROUNDS: &str = "roles/rounds/";
+/// Rounds kept in the store (the oldest are deleted).
+const ROUNDS_KEPT: usize = 200;
+/// Bytes of a hook's stdout and stderr kept (the tail).
+const OUTPUT_TAIL: usize = 4096;
+
+/// `[roles]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolesFile {
+    /// The hooks directory; the role loop runs only when it is set.
+    pub hooks_dir: Option<PathBuf>,
+    /// Seconds a hook may run before it is killed (default 60).
+    pub hook_timeout_secs: Option<u64>,
+    /// Seconds between rounds when nothing changes (default 30).
+    pub round_secs: Option<u64>,
+    /// Milliseconds a census or spec change waits for more before the round (default 500).
+    pub debounce_ms: Option<u64>,
+    /// Seconds a host where a start failed is left alone (default 60).
+    pub quarantine_secs: Option<u64>,
+    /// Seconds a started instance has to register before the plan counts it missing
+    /// (default 15).
+    pub register_grace_secs: Option<u64>,
+    /// The hooks' state directory, `PADDOCK_HOOK_STATE` (default `<data_dir>/hooks`).
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RolesConfig {
+    pub hooks_dir: PathBuf,
+    pub hook_timeout: Duration,
+    pub round_every: Duration,
+    pub debounce: Duration,
+    pub quarantine: Duration,
+    pub register_grace: Duration,
+    pub state_dir: PathBuf,
+}
+
+/// `[roles]` → the loop's settings (`None`: no hooks directory, the loop is off).
+pub fn validate(
+    f: &RolesFile,
+    data_dir: &std::path::Path,
+    p: &mut Vec<String>,
+) -> Option<RolesConfig> {
+    let hooks_dir = f.hooks_dir.clone()?;
+    if !hooks_dir.is_absolute() {
+        p.push(format!(
+            "roles.hooks_dir: {} must be an absolute path",
+            hooks_dir.display()
+        ));
+    }
+    let mut secs = |name: &str, v: Option<u64>, default: u64, max: u64| {
+        let v = v.unwrap_or(default);
+        if !(1..=max).contains(&v) {
+            p.push(format!("roles.{name}: {v} must be 1 to {max}"));
+        }
+        v
+    };
+    let hook_timeout = secs("hook_timeout_secs", f.hook_timeout_secs, 60, 3_600);
+    let round = secs("round_secs", f.round_secs, 30, 3_600);
+    let debounce = secs("debounce_ms", f.debounce_ms, 500, 60_000);
+    let quarantine = secs("quarantine_secs", f.quarantine_secs, 60, 86_400);
+    let grace = secs("register_grace_secs", f.register_grace_secs, 15, 3_600);
+    Some(RolesConfig {
+        hooks_dir,
+        hook_timeout: Duration::from_secs(hook_timeout),
+        round_every: Duration::from_secs(round),
+        debounce: Duration::from_millis(debounce),
+        quarantine: Duration::from_secs(quarantine),
+        register_grace: Duration::from_secs(grace),
+        state_dir: f
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("hooks")),
+    })
+}
+
+/// The spec as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSpec {
+    pub file: String,
+    pub text: String,
+    #[serde(default)]
+    pub applied_ms: i64,
+}
+
+/// What one action did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionResult {
+    pub action: Action,
+    /// The hook's argument vector (none for an image role without a hook).
+    pub argv: Option<Vec<String>>,
+    pub ok: bool,
+    pub exit: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub error: Option<String>,
+    pub ms: u64,
+}
+
+/// One round: its input (spec, census) and output (plan, results), for replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    pub at_ms: i64,
+    pub spec: StoredSpec,
+    pub census: Census,
+    pub plan: Plan,
+    pub results: Vec<ActionResult>,
+}
+
+/// A plan preview: the plan and each action's command line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanPreview {
+    pub spec_file: String,
+    pub census: Census,
+    pub plan: Plan,
+    pub commands: Vec<Option<Vec<String>>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct SpecBody {
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+struct Pending {
+    instance: Instance,
+    kind: Kind,
+    until: Instant,
+}
+
+#[derive(Default)]
+struct Memory {
+    pending: Vec<Pending>,
+    quarantine: BTreeMap<String, Instant>,
+    last_outcome: Option<Outcome>,
+}
+
+pub struct Roles {
+    pub store: Arc<dyn Store>,
+    pub census: CensusService,
+    pub dominator: crate::dominator::Dominator,
+    pub config: Option<RolesConfig>,
+    pub public_url: String,
+    pub leader: crate::leader::LeaderRx,
+    memory: Mutex<Memory>,
+    wake: tokio::sync::Notify,
+}
+
+fn spec_errors(e: &SpecErrors) -> ApiError {
+    ApiError::bad_request(e.to_string())
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(e.to_string())
+}
+
+/// The tail of a hook's output, as text.
+fn tail(bytes: &[u8]) -> String {
+    let from = bytes.len().saturating_sub(OUTPUT_TAIL);
+    String::from_utf8_lossy(&bytes[from..]).into_owned()
+}
+
+impl Roles {
+    pub fn new(
+        store: Arc<dyn Store>,
+        census: CensusService,
+        dominator: crate::dominator::Dominator,
+        config: Option<RolesConfig>,
+        public_url: String,
+        leader: crate::leader::LeaderRx,
+    ) -> Arc<Self> {
+        Arc::new(Roles {
+            store,
+            census,
+            dominator,
+            config,
+            public_url,
+            leader,
+            memory: Mutex::new(Memory::default()),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub async fn stored_spec(&self) -> anyhow::Result<Option<StoredSpec>> {
+        Ok(match self.store.get(SPEC_KEY).await? {
+            Some(kv) => Some(serde_json::from_slice(&kv.value)?),
+            None => None,
+        })
+    }
+
+    /// Validates and stores a spec; a bad one changes nothing.
+    pub async fn apply(&self, file: &str, text: &str) -> Result<Spec, ApiError> {
+        let spec = Spec::parse(file, text).map_err(|e| spec_errors(&e))?;
+        let stored = StoredSpec {
+            file: file.to_string(),
+            text: text.to_string(),
+            applied_ms: unix_ms(),
+        };
+        self.store
+            .put(SPEC_KEY, serde_json::to_vec(&stored).map_err(internal)?)
+            .await
+            .map_err(internal)?;
+        self.wake.notify_one();
+        Ok(spec)
+    }
+
+    /// The census as the planner sees it now: the live registrations, plus the instances
+    /// this host started that have yet to register, minus those it stopped that have yet
+    /// to go; quarantined hosts.
+    async fn live_census(&self) -> anyhow::Result<(Census, BTreeMap<String, uuid::Uuid>)> {
+        let (mut census, uuids) = self.census.census().await?;
+        let now = Instant::now();
+        let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        m.pending.retain(|p| {
+            let present = census
+                .instances
+                .iter()
+                .any(|i| i.role == p.instance.role && i.id == p.instance.id);
+            let settled = match p.kind {
+                Kind::Start => present,
+                Kind::Stop => !present,
+            };
+            p.until > now && !settled
+        });
+        for p in &m.pending {
+            match p.kind {
+                Kind::Start => census.instances.push(p.instance.clone()),
+                Kind::Stop => census
+                    .instances
+                    .retain(|i| !(i.role == p.instance.role && i.id == p.instance.id)),
+            }
+        }
+        m.quarantine.retain(|_, until| *until > now);
+        census.quarantined = m.quarantine.keys().cloned().collect();
+        Ok((census, uuids))
+    }
+
+    /// `paddock spec plan`: the plan for the live census, nothing run.
+    pub async fn preview(&self, body: &SpecBody) -> Result<PlanPreview, ApiError> {
+        let (file, text) = match (&body.file, &body.text) {
+            (file, Some(text)) => (file.clone().unwrap_or_else(|| "spec".into()), text.clone()),
+            (_, None) => match self.stored_spec().await.map_err(internal)? {
+                Some(s) => (s.file, s.text),
+                None => {
+                    return Err(ApiError::not_found(
+                        "no spec applied yet: paddock spec apply FILE, or send one",
+                    ));
+                }
+            },
+        };
+        let spec = Spec::parse(&file, &text).map_err(|e| spec_errors(&e))?;
+        let (census, _) = self.live_census().await.map_err(internal)?;
+        let plan = plan(&spec, &census);
+        let commands = plan
+            .actions
+            .iter()
+            .map(|a| a.command(&spec).ok().flatten())
+            .collect();
+        Ok(PlanPreview {
+            spec_file: file,
+            census,
+            plan,
+            commands,
+        })
+    }
+
+    pub async fn rounds(&self, limit: usize) -> anyhow::Result<Vec<Round>> {
+        let kvs = self.store.range(ROUNDS).await?;
+        let from = kvs.len().saturating_sub(limit);
+        Ok(kvs[from..]
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
+    }
+
+    /// The leader's loop: a round on every census or spec change (after `debounce`) and
+    /// every `round_every`; nothing while this host does not lead.
+    pub async fn run(self: Arc<Self>) {
+        let Some(cfg) = self.config.clone() else {
+            return;
+        };
+        for prefix in [crate::census::HOSTS, crate::census::INSTANCES, SPEC_KEY] {
+            let me = self.clone();
+            tokio::spawn(async move { me.follow(prefix).await });
+        }
+        loop {
+            tokio::select! {
+                _ = self.wake.notified() => tokio::time::sleep(cfg.debounce).await,
+                _ = tokio::time::sleep(cfg.round_every) => {}
+            }
+            let Some(leadership) = self.leader.borrow().clone() else {
+                continue;
+            };
+            if let Err(e) = self.round(&cfg, leadership.fence()).await {
+                tracing::warn!(error = %e, "roles: round failed");
+            }
+        }
+    }
+
+    /// Wakes the loop on every change under `prefix`.
+    async fn follow(&self, prefix: &str) {
+        loop {
+            let mut w = match self.store.watch(prefix, 0).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, prefix, "roles: cannot watch; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            while let Some(ev) = w.next().await {
+                if ev.is_err() {
+                    break;
+                }
+                self.wake.notify_one();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One round: plan, run the actions in order (stopping at the first failure: the next
+    /// round re-plans from what happened), keep the round.
+    pub async fn round(&self, cfg: &RolesConfig, fence: Option<Compare>) -> anyhow::Result<()> {
+        let Some(stored) = self.stored_spec().await? else {
+            return Ok(());
+        };
+        let spec = match Spec::parse(&stored.file, &stored.text) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "roles: the stored spec does not validate");
+                return Ok(());
+            }
+        };
+        let (census, uuids) = self.live_census().await?;
+        let plan = plan(&spec, &census);
+        let changed = {
+            let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+            let changed = m.last_outcome.as_ref() != Some(&plan.outcome);
+            m.last_outcome = Some(plan.outcome.clone());
+            changed
+        };
+        if plan.actions.is_empty() && !changed {
+            return Ok(());
+        }
+        if let Outcome::FailStop(reason) = &plan.outcome {
+            tracing::error!(%reason, "roles: fail-stop: nothing is started or stopped");
+        }
+        let mut results = Vec::new();
+        for action in &plan.actions {
+            if self.leader.borrow().is_none() {
+                break;
+            }
+            let r = self.execute(cfg, &spec, action).await;
+            self.remember(cfg, &r);
+            let message = describe(&r);
+            if let Some(uuid) = action.host.as_ref().and_then(|h| uuids.get(h)) {
+                let _ = self
+                    .census
+                    .inspector
+                    .event(Subject::Node(*uuid), "role", &message, !r.ok)
+                    .await;
+            }
+            if r.ok {
+                tracing::info!("roles: {message}");
+            } else {
+                tracing::warn!("roles: {message}");
+            }
+            let ok = r.ok;
+            results.push(r);
+            if !ok {
+                break;
+            }
+        }
+        let round = Round {
+            at_ms: unix_ms(),
+            spec: stored,
+            census,
+            plan,
+            results,
+        };
+        self.keep(&round, fence).await
+    }
+
+    fn remember(&self, cfg: &RolesConfig, r: &ActionResult) {
+        let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let a = &r.action;
+        if r.ok {
+            m.pending.push(Pending {
+                instance: Instance {
+                    role: a.role.clone(),
+                    id: a.instance.clone(),
+                    host: a.host.clone(),
+                },
+                kind: a.kind,
+                until: Instant::now() + cfg.register_grace,
+            });
+        } else if let (Kind::Start, Some(h)) = (a.kind, &a.host) {
+            m.quarantine
+                .insert(h.clone(), Instant::now() + cfg.quarantine);
+        }
+    }
+
+    /// Stores the round (fenced) and deletes the oldest past [`ROUNDS_KEPT`].
+    async fn keep(&self, round: &Round, fence: Option<Compare>) -> anyhow::Result<()> {
+        let key = format!("{ROUNDS}{:013}", round.at_ms);
+        let mut success = vec![Op::put(key, serde_json::to_vec(round)?)];
+        let keys = self.store.range(ROUNDS).await?;
+        let extra = (keys.len() + 1).saturating_sub(ROUNDS_KEPT);
+        success.extend(keys.iter().take(extra).map(|kv| Op::delete(kv.key.clone())));
+        let done = self
+            .store
+            .txn(Txn {
+                compare: fence.into_iter().collect(),
+                success,
+                failure: vec![],
+            })
+            .await?;
+        if !done.succeeded {
+            tracing::warn!("roles: round not kept: this host no longer leads");
+        }
+        Ok(())
+    }
+
+    async fn execute(&self, cfg: &RolesConfig, spec: &Spec, action: &Action) -> ActionResult {
+        let started = Instant::now();
+        let mut r = ActionResult {
+            action: action.clone(),
+            argv: None,
+            ok: false,
+            exit: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            error: None,
+            ms: 0,
+        };
+        let outcome = self.execute_inner(cfg, spec, action, &mut r).await;
+        if let Err(e) = outcome {
+            r.error = Some(e);
+        } else {
+            r.ok = true;
+        }
+        r.ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        r
+    }
+
+    async fn execute_inner(
+        &self,
+        cfg: &RolesConfig,
+        spec: &Spec,
+        action: &Action,
+        r: &mut ActionResult,
+    ) -> Result<(), String> {
+        if let (Kind::Start, Some(image)) = (action.kind, &action.image) {
+            let host = action
+                .host
+                .as_deref()
+                .ok_or("an image role's instance has no host")?;
+            crate::dominator::set_required_image(&self.dominator, host, image)
+                .await
+                .map_err(|e| {
+                    format!("setting {host}'s required image to {image}: {}", e.message)
+                })?;
+        }
+        let Some(argv) = action.command(spec)? else {
+            return Ok(());
+        };
+        r.argv = Some(argv.clone());
+        let out = run_hook(cfg, &self.public_url, action, &argv).await?;
+        r.exit = out.exit;
+        r.stdout = out.stdout;
+        r.stderr = out.stderr;
+        match out.exit {
+            Some(0) => Ok(()),
+            Some(code) => Err(format!("the hook exited with status {code}")),
+            None => Err("the hook was killed by a signal".into()),
+        }
+    }
+}
+
+/// What a hook run gave.
+pub struct HookRun {
+    pub exit: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `argv` (its first word relative to the hooks directory) without a shell, with only
+/// the documented environment, for at most `hook_timeout`; a hook still running then is
+/// killed with its process group.
+pub async fn run_hook(
+    cfg: &RolesConfig,
+    public_url: &str,
+    action: &Action,
+    argv: &[String],
+) -> Result<HookRun, String> {
+    let (first, args) = argv.split_first().ok_or("an empty command line")?;
+    let program = cfg.hooks_dir.join(first);
+    let _ = std::fs::create_dir_all(&cfg.state_dir);
+    let me = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "paddock".into());
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("LC_ALL", "C")
+        .env("PADDOCK_URL", public_url)
+        .env("PADDOCK_ROLE", &action.role)
+        .env("PADDOCK_INSTANCE", &action.instance)
+        .env("PADDOCK_ACTION", action.kind.as_str())
+        .env("PADDOCK_HOOK_STATE", &cfg.state_dir)
+        .env("PADDOCK_BIN", me)
+        .current_dir(&cfg.hooks_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(h) = &action.host {
+        cmd.env("PADDOCK_HOST", h);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+    let pid = child.id();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let read = async {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let fo = async {
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.read_to_end(&mut o).await;
+            }
+        };
+        let fe = async {
+            if let Some(s) = stderr.as_mut() {
+                let _ = s.read_to_end(&mut e).await;
+            }
+        };
+        tokio::join!(fo, fe);
+        let status = child.wait().await;
+        (o, e, status)
+    };
+    match tokio::time::timeout(cfg.hook_timeout, read).await {
+        Ok((o, e, status)) => Ok(HookRun {
+            exit: status.map_err(|e| e.to_string())?.code(),
+            stdout: tail(&o),
+            stderr: tail(&e),
+        }),
+        Err(_) => {
+            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            Err(format!(
+                "the hook ran longer than {} s and was killed",
+                cfg.hook_timeout.as_secs()
+            ))
+        }
+    }
+}
+
+/// One line for the log and the host's timeline.
+pub fn describe(r: &ActionResult) -> String {
+    let a = &r.action;
+    let result = if r.ok {
+        "ok".to_string()
+    } else {
+        format!("failed: {}", r.error.as_deref().unwrap_or("?"))
+    };
+    let mut line = format!("{} ({:?}): {result}", a.label(), a.why);
+    let err = r.stderr.trim();
+    if !r.ok && !err.is_empty() {
+        line.push_str(&format!("; stderr: {}", err.lines().last().unwrap_or("")));
+    }
+    line
+}
+
+pub fn router(roles: Arc<Roles>) -> Router {
+    Router::new()
+        .route("/api/v1/spec", get(show).post(apply))
+        .route("/api/v1/spec/plan", post(preview))
+        .route("/api/v1/spec/rounds", get(rounds))
+        .with_state(roles)
+}
+
+async fn show(State(r): State<Arc<Roles>>) -> Result<Json<StoredSpec>, ApiError> {
+    r.stored_spec()
+        .await
+        .map_err(internal)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no spec applied yet: paddock spec apply FILE"))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Applied {
+    pub file: String,
+    pub roles: Vec<String>,
+}
+
+async fn apply(
+    State(r): State<Arc<Roles>>,
+    Json(body): Json<SpecBody>,
+) -> Result<Json<Applied>, ApiError> {
+    let (Some(file), Some(text)) = (body.file, body.text) else {
+        return Err(ApiError::bad_request("send {\"file\", \"text\"}"));
+    };
+    let spec = r.apply(&file, &text).await?;
+    Ok(Json(Applied {
+        file,
+        roles: spec.roles.keys().cloned().collect(),
+    }))
+}
+
+async fn preview(
+    State(r): State<Arc<Roles>>,
+    Json(body): Json<SpecBody>,
+) -> Result<Json<PlanPreview>, ApiError> {
+    Ok(Json(r.preview(&body).await?))
+}
+
+#[derive(Deserialize)]
+struct RoundsQuery {
+    limit: Option<usize>,
+}
+
+async fn rounds(
+    State(r): State<Arc<Roles>>,
+    Query(q): Query<RoundsQuery>,
+) -> Result<Json<Vec<Round>>, ApiError> {
+    Ok(Json(
+        r.rounds(q.limit.unwrap_or(20).min(ROUNDS_KEPT))
+            .await
+            .map_err(internal)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_roles::Why;
+
+    fn cfg(dir: &std::path::Path, timeout: u64) -> RolesConfig {
+        RolesConfig {
+            hooks_dir: dir.to_path_buf(),
+            hook_timeout: Duration::from_secs(timeout),
+            round_every: Duration::from_secs(30),
+            debounce: Duration::from_millis(500),
+            quarantine: Duration::from_secs(60),
+            register_grace: Duration::from_secs(15),
+            state_dir: dir.join("state"),
+        }
+    }
+
+    fn action(host: &str) -> Action {
+        Action {
+            kind: Kind::Start,
+            role: "db".into(),
+            instance: "db-1".into(),
+            host: Some(host.into()),
+            image: None,
+            why: Why::Minimum,
+        }
+    }
+
+    fn hook(dir: &std::path::Path, name: &str, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn hooks_get_words_not_shell_text_and_a_fixed_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        hook(
+            dir.path(),
+            "echo.sh",
+            r#"for a in "$@"; do printf '[%s]' "$a"; done; echo; echo "$PADDOCK_URL $PADDOCK_ROLE $PADDOCK_INSTANCE $PADDOCK_HOST $PADDOCK_ACTION ${HOME:-nohome}"; echo oops >&2; exit 3"#,
+        );
+        let argv: Vec<String> = ["echo.sh", "-h", "$(touch pwned); x y", "-i", "db-1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let run = run_hook(
+            &cfg(dir.path(), 10),
+            "http://198.18.0.1:8080",
+            &action("h1"),
+            &argv,
+        )
+        .await
+        .unwrap();
+        assert_eq!(run.exit, Some(3));
+        assert_eq!(
+            run.stdout,
+            "[-h][$(touch pwned); x y][-i][db-1]\nhttp://198.18.0.1:8080 db db-1 h1 start nohome\n"
+        );
+        assert_eq!(run.stderr, "oops\n");
+        assert!(!dir.path().join("pwned").exists());
+    }
+
+    #[tokio::test]
+    async fn a_hook_past_its_timeout_is_killed_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        hook(dir.path(), "slow.sh", "sleep 30 & sleep 30");
+        let t = Instant::now();
+        let argv = vec!["slow.sh".to_string()];
+        let e = run_hook(&cfg(dir.path(), 1), "http://x", &action("h1"), &argv)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e, "the hook ran longer than 1 s and was killed");
+        assert!(t.elapsed() < Duration::from_secs(10));
+        let missing = run_hook(
+            &cfg(dir.path(), 1),
+            "http://x",
+            &action("h1"),
+            &["nope.sh".to_string()],
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(missing.starts_with("cannot run "), "{missing}");
+    }
+
+    #[test]
+    fn the_roles_section_is_validated() {
+        let mut p = Vec::new();
+        assert!(validate(&RolesFile::default(), std::path::Path::new("/d"), &mut p).is_none());
+        let f = RolesFile {
+            hooks_dir: Some("hooks".into()),
+            round_secs: Some(0),
+            ..RolesFile::default()
+        };
+        let c = validate(&f, std::path::Path::new("/d"), &mut p).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/d/hooks"));
+        assert_eq!(
+            p,
+            vec![
+                "roles.hooks_dir: hooks must be an absolute path",
+                "roles.round_secs: 0 must be 1 to 3600"
+            ]
+        );
+    }
+}

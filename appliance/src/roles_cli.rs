@@ -1,0 +1,284 @@
+//! `paddock spec check|plan|apply|show|rounds` and `paddock census [hold]`: the role
+//! engine's command line (issue 17).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use paddock_roles::{Outcome, Plan, Spec, minimums};
+
+use crate::census::{CensusView, LeaseRef, Register, Registered};
+use crate::cli::{CallError, get_json, post_json};
+use crate::roles::{Applied, PlanPreview, Round, SpecBody, StoredSpec};
+
+#[derive(Subcommand)]
+pub enum SpecCmd {
+    /// Validate spec files here (no appliance needed): every problem with file, line, field.
+    Check { files: Vec<PathBuf> },
+    /// The actions the leader would run for the live census, without running them: for
+    /// FILE, or the applied spec.
+    Plan { file: Option<PathBuf> },
+    /// Validate FILE and make it the appliance's spec (a bad spec changes nothing).
+    Apply { file: PathBuf },
+    /// The applied spec.
+    Show,
+    /// The last rounds: census, plan and what each action did.
+    Rounds {
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Print the rounds as JSON (for replay: each has the spec and the census).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum CensusCmd {
+    /// Register a role instance (or, with only --host, a host) under a store lease and keep
+    /// it alive until SIGTERM or SIGINT; then revoke it.
+    Hold {
+        /// The appliance's URL (hooks get it as PADDOCK_URL).
+        #[arg(long, env = "PADDOCK_URL")]
+        url: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+        #[arg(long)]
+        instance: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long, default_value_t = crate::census::DEFAULT_TTL_SECS)]
+        ttl: u64,
+    },
+}
+
+fn read_spec(path: &Path) -> anyhow::Result<(String, String)> {
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if meta.len() > u64::try_from(paddock_roles::spec::MAX_SPEC_BYTES)? {
+        bail!(
+            "{}: {} bytes; a spec is at most {} bytes",
+            path.display(),
+            meta.len(),
+            paddock_roles::spec::MAX_SPEC_BYTES
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    Ok((path.display().to_string(), text))
+}
+
+pub fn spec_check(files: &[PathBuf]) -> anyhow::Result<()> {
+    if files.is_empty() {
+        bail!("name at least one spec file");
+    }
+    let mut bad = 0;
+    for f in files {
+        let (file, text) = read_spec(f)?;
+        match Spec::parse(&file, &text) {
+            Ok(spec) => {
+                let mins = minimums(&spec)?;
+                let list: Vec<String> = mins.iter().map(|(r, m)| format!("{r} ≥ {m}")).collect();
+                println!(
+                    "{file}: ok, {} roles ({})",
+                    spec.roles.len(),
+                    list.join(", ")
+                );
+            }
+            Err(e) => {
+                bad += 1;
+                eprintln!("{e}");
+            }
+        }
+    }
+    if bad > 0 {
+        bail!("{bad} spec file(s) with problems");
+    }
+    Ok(())
+}
+
+/// A plan as the CLI prints it: the outcome, then one line per action with its command.
+pub fn plan_text(plan: &Plan, commands: &[Option<Vec<String>>]) -> String {
+    let mut out = match &plan.outcome {
+        Outcome::Optimal => "outcome: optimal (every root at its max)\n".to_string(),
+        Outcome::Viable => "outcome: viable (some root could grow with more hosts)\n".to_string(),
+        Outcome::FailStop(r) => format!("outcome: FAIL-STOP, nothing will run: {r}\n"),
+    };
+    out.push_str("role                 current  minimum  max      target\n");
+    for (role, c) in &plan.roles {
+        let max = c.max.map_or("-".to_string(), |m| m.to_string());
+        out.push_str(&format!(
+            "{role:<20} {:<8} {:<8} {max:<8} {}\n",
+            c.current, c.minimum, c.target
+        ));
+    }
+    if plan.actions.is_empty() {
+        out.push_str("no actions\n");
+    }
+    for (i, a) in plan.actions.iter().enumerate() {
+        let image = a
+            .image
+            .as_deref()
+            .map(|m| format!(", image {m}"))
+            .unwrap_or_default();
+        let cmd = match commands.get(i).cloned().flatten() {
+            Some(argv) => argv.join(" "),
+            None => "(no hook)".into(),
+        };
+        out.push_str(&format!(
+            "{:>3}. {} ({:?}{image}): {cmd}\n",
+            i + 1,
+            a.label(),
+            a.why
+        ));
+    }
+    for n in &plan.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+pub fn spec_plan(api: &str, file: Option<&Path>) -> anyhow::Result<()> {
+    let body = match file {
+        Some(f) => {
+            let (file, text) = read_spec(f)?;
+            SpecBody {
+                file: Some(file),
+                text: Some(text),
+            }
+        }
+        None => SpecBody::default(),
+    };
+    let p: PlanPreview = post_json(api, "/api/v1/spec/plan", &body)?;
+    println!(
+        "spec {}: {} hosts, {} instances in the census",
+        p.spec_file,
+        p.census.hosts.len(),
+        p.census.instances.len()
+    );
+    print!("{}", plan_text(&p.plan, &p.commands));
+    Ok(())
+}
+
+pub fn spec_apply(api: &str, file: &Path) -> anyhow::Result<()> {
+    let (file, text) = read_spec(file)?;
+    // Checked here first, so the errors name the operator's file even offline.
+    if let Err(e) = Spec::parse(&file, &text) {
+        bail!("{e}\nnothing applied");
+    }
+    let a: Applied = post_json(
+        api,
+        "/api/v1/spec",
+        &SpecBody {
+            file: Some(file),
+            text: Some(text),
+        },
+    )?;
+    println!("applied {}: roles {}", a.file, a.roles.join(", "));
+    Ok(())
+}
+
+pub fn spec_show(api: &str) -> anyhow::Result<()> {
+    let s: StoredSpec = get_json(api, "/api/v1/spec")?;
+    println!("# {} (applied {} ms since the epoch)", s.file, s.applied_ms);
+    print!("{}", s.text);
+    Ok(())
+}
+
+pub fn spec_rounds(api: &str, limit: usize, json: bool) -> anyhow::Result<()> {
+    let rounds: Vec<Round> = get_json(api, &format!("/api/v1/spec/rounds?limit={limit}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rounds)?);
+        return Ok(());
+    }
+    for r in &rounds {
+        println!(
+            "round at {} ms: {} hosts, {} instances, {} actions",
+            r.at_ms,
+            r.census.hosts.len(),
+            r.census.instances.len(),
+            r.plan.actions.len()
+        );
+        let commands: Vec<_> = r.results.iter().map(|x| x.argv.clone()).collect();
+        print!("{}", plan_text(&r.plan, &commands));
+        for x in &r.results {
+            println!("  {}", crate::roles::describe(x));
+        }
+    }
+    Ok(())
+}
+
+pub fn census_list(api: &str) -> anyhow::Result<()> {
+    let v: CensusView = get_json(api, "/api/v1/census")?;
+    println!("{} hosts alive", v.hosts.len());
+    for h in &v.hosts {
+        println!("  {}", h.host);
+    }
+    println!("{} instances", v.instances.len());
+    println!("  {:<20} {:<24} host", "role", "instance");
+    for i in &v.instances {
+        println!(
+            "  {:<20} {:<24} {}",
+            i.role,
+            i.instance,
+            i.host.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
+/// `paddock census hold`: register, keep alive every TTL/3 (registering again if the lease
+/// was lost), revoke at SIGTERM/SIGINT.
+pub fn census_hold(api: &str, r: Register) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let api = api.to_string();
+        let register = {
+            let (api, r) = (api.clone(), r.clone());
+            move || {
+                let (api, r) = (api.clone(), r.clone());
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        post_json::<Registered>(&api, "/api/v1/census/register", &r)
+                    })
+                    .await?
+                    .map_err(anyhow::Error::from)
+                }
+            }
+        };
+        let mut held = register().await?;
+        eprintln!(
+            "registered {} (lease {:x}, ttl {} s)",
+            held.key, held.lease, held.ttl_secs
+        );
+        let period = Duration::from_secs(held.ttl_secs).div_f64(3.0);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+            let (a, lease) = (api.clone(), LeaseRef { lease: held.lease });
+            let kept = tokio::task::spawn_blocking(move || {
+                post_json::<LeaseRef>(&a, "/api/v1/census/keepalive", &lease)
+            })
+            .await?;
+            match kept {
+                Ok(_) => {}
+                Err(e) if e.status() == Some(404) => match register().await {
+                    Ok(h) => held = h,
+                    Err(e) => eprintln!("registering again: {e}"),
+                },
+                Err(e @ CallError::Unreachable { .. }) | Err(e) => eprintln!("keep-alive: {e}"),
+            }
+        }
+        let (a, lease) = (api.clone(), LeaseRef { lease: held.lease });
+        let _ = tokio::task::spawn_blocking(move || {
+            post_json::<LeaseRef>(&a, "/api/v1/census/revoke", &lease)
+        })
+        .await;
+        eprintln!("revoked {}", held.key);
+        Ok(())
+    })
+}
