@@ -336,6 +336,17 @@ impl Agent<'_> {
         if !self.mac.is_empty() && !macs.contains(&self.mac) {
             macs.insert(0, self.mac.clone());
         }
+        if let Some(url) = self.cmd.bench_tar.clone() {
+            // bench/provision.sh's baseline: no inspection, no report; powers off either way.
+            if let Err(e) = provision_shell::baseline(self.console, &inventory, &url) {
+                self.say(&format!("baseline: failed: {e}"));
+            }
+            let errno = provision_shell::finish(Finish::PowerOff);
+            return Err(AgentError::Reboot {
+                step: "poweroff",
+                errno,
+            });
+        }
         if let Some(mode) = self.cmd.mode {
             // The boot script of a node in birth, rebirth or clean: no inspection.
             self.step("inventory-collected", "info", &summary);

@@ -9,6 +9,7 @@
 //! | `paddock.lldp=1` | listen for LLDP frames on every NIC (also collector `lldp`) |
 //! | `paddock.lldp_timeout=<seconds>` | how long to listen (default 10; switches send every 30 s by default) |
 //! | `paddock.mode=birth\|rebirth\|clean` | provision instead of inspecting (the boot script of a node in that state); the details come from `provision/next` |
+//! | `paddock.bench_tar=http://…/image.tar` | `bench/provision.sh`'s baseline only: lay the disk out as a birth would, stream the tarball onto the new root with busybox `wget -O- \| tar -x`, print the times, power off (no inspection, no report) |
 
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ pub struct Cmdline {
     pub lldp_timeout: Duration,
     /// `paddock.mode=`: a provisioning run instead of an inspection.
     pub mode: Option<Operation>,
+    /// `paddock.bench_tar=`: the provisioning bench's baseline run instead of anything else.
+    pub bench_tar: Option<String>,
     /// Problems that make the introspection fail (posted in `error`): unknown collectors.
     pub errors: Vec<String>,
     /// Problems only worth a console line.
@@ -87,6 +90,7 @@ pub fn parse(s: &str) -> Cmdline {
         lldp: false,
         lldp_timeout: Duration::from_secs(10),
         mode: None,
+        bench_tar: None,
         errors: Vec::new(),
         warnings: Vec::new(),
     };
@@ -136,6 +140,14 @@ pub fn parse(s: &str) -> Cmdline {
                 Ok(s) if (1..=300).contains(&s) => c.lldp_timeout = Duration::from_secs(s),
                 _ => c.warnings.push(format!(
                     "paddock.lldp_timeout={v} is not 1..300 seconds; using 10"
+                )),
+            },
+            "paddock.bench_tar" => match v {
+                u if u.starts_with("http://") && u.len() > "http://".len() => {
+                    c.bench_tar = Some(u.to_string())
+                }
+                _ => c.warnings.push(format!(
+                    "paddock.bench_tar={v} is not an http:// URL; ignoring it"
                 )),
             },
             "paddock.mode" => match crate::provision::parse_mode(v) {
@@ -235,6 +247,12 @@ mod tests {
             ]
         );
         assert_eq!(parse("paddock.mode=birth").mode, Some(Operation::Birth));
+        assert_eq!(
+            parse("paddock.bench_tar=http://198.18.0.1:8080/boot/assets/a.tar").bench_tar,
+            Some("http://198.18.0.1:8080/boot/assets/a.tar".into())
+        );
+        let p = parse("paddock.bench_tar=ftp://x/a.tar");
+        assert_eq!((p.bench_tar, p.warnings.len()), (None, 1));
         assert_eq!(parse("paddock.mode=rebirth").mode, Some(Operation::Rebirth));
         assert_eq!(parse("paddock.mode=clean").mode, Some(Operation::Clean));
         let p = parse("paddock.mode=healthy");

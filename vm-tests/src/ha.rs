@@ -396,7 +396,13 @@ peers = [{peers}]
     /// Powers a VM on, on the provisioning bridge.
     pub fn boot(&mut self, spec: VmSpec) -> anyhow::Result<usize> {
         let idx = self.vms.len();
-        let vm = start_vm(&self.net, &self.tag, &self.dir, &self.artifacts, idx, spec)?;
+        let site = crate::VmSite {
+            ns: &self.net,
+            tag: &self.tag,
+            dir: &self.dir,
+            artifacts: &self.artifacts,
+        };
+        let vm = start_vm(&site, idx, spec, 0)?;
         self.vms.push(vm);
         Ok(idx)
     }

@@ -84,8 +84,8 @@ impl Artifacts {
     }
 }
 
-/// The last `n` bytes of `s` (at a character boundary).
-fn tail(s: &str, n: usize) -> &str {
+/// The last `n` bytes of `s` (at a character boundary), for failure messages.
+pub fn tail(s: &str, n: usize) -> &str {
     let mut start = s.len().saturating_sub(n);
     while !s.is_char_boundary(start) {
         start += 1;
@@ -94,6 +94,40 @@ fn tail(s: &str, n: usize) -> &str {
 }
 
 pub use paddock_wire::unix_ms;
+
+/// What subd fetched during a provisioning run, from the ramdisk's console line `subd
+/// fetched N objects, B bytes, in S s` (`subd fetched nothing`: 0); the last run's.
+pub fn subd_fetched_bytes(console: &str) -> Option<u64> {
+    let at = console.rfind("subd fetched ")?;
+    let rest = &console[at..];
+    if rest.starts_with("subd fetched nothing") {
+        return Some(0);
+    }
+    let (_, after) = rest.split_once(" objects, ")?;
+    after.split_once(" bytes")?.0.trim().parse().ok()
+}
+
+/// Polls `probe` every 2 s until it gives a value; after `timeout` panics with `what` and
+/// `context()` (the console's or the appliance's tail).
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {timeout:?}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
 
 /// Runs `cmd` with `sh -c` (test-made strings only), capturing its output.
 pub fn sh(cmd: &str) -> anyhow::Result<Output> {
@@ -187,9 +221,34 @@ pub struct VmSpec {
     pub memory_mb: u64,
     pub disks_mb: Vec<u64>,
     pub macs: Vec<String>,
+    /// Boot this kernel directly instead of from the network (`bench/provision.sh`'s
+    /// baseline boots the ramdisk with its own command line this way).
+    pub direct: Option<DirectBoot>,
+}
+
+/// A kernel QEMU loads itself (`-kernel`, `-initrd`, `-append`).
+#[derive(Clone, Debug)]
+pub struct DirectBoot {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub append: String,
 }
 
 impl VmSpec {
+    /// The machine the provisioning scenarios and `bench/provision.sh` install: 2 vCPUs,
+    /// 1 GiB, one blank 4 GiB disk.
+    pub fn provisioning(name: &str, mac: &str, firmware: Firmware) -> Self {
+        VmSpec {
+            name: name.into(),
+            firmware,
+            cpus: 2,
+            memory_mb: 1024,
+            disks_mb: vec![4096],
+            macs: vec![mac.into()],
+            direct: None,
+        }
+    }
+
     pub fn bios(name: &str, mac: &str) -> Self {
         VmSpec {
             name: name.into(),
@@ -198,6 +257,7 @@ impl VmSpec {
             memory_mb: 512,
             disks_mb: vec![1024],
             macs: vec![mac.into()],
+            direct: None,
         }
     }
 }
@@ -208,6 +268,9 @@ pub struct Vm {
     pub powered_on: Instant,
     /// Unix milliseconds at power-on, to compare with timeline entries.
     pub powered_on_ms: i64,
+    /// How many times this VM was powered on again after its first start.
+    pub round: u32,
+    idx: usize,
     child: Child,
 }
 
@@ -227,17 +290,36 @@ impl Vm {
     }
 }
 
-/// Creates disks and a tap per NIC on `br0` of namespace `ns`, and powers the VM on.
-pub fn start_vm(
-    ns: &str,
-    tag: &str,
-    dir: &Path,
-    artifacts: &Artifacts,
-    idx: usize,
-    spec: VmSpec,
-) -> anyhow::Result<Vm> {
+/// Where VMs run: a namespace with a bridge `br0`, the prefix of their tap names, the
+/// directory of their disks and consoles, the firmware and ramdisk.
+#[derive(Clone, Copy)]
+pub struct VmSite<'a> {
+    pub ns: &'a str,
+    pub tag: &'a str,
+    pub dir: &'a Path,
+    pub artifacts: &'a Artifacts,
+}
+
+/// Powers a VM on. Round 0 creates its disks (and UEFI variables); a later round is the
+/// same machine powered on again (the harness's VMs run with `-no-reboot`, so QEMU exits
+/// where the machine reboots): its disks, variables and MACs, on new taps, with the disks
+/// after the network in the boot order (OVMF keeps only the boot options QEMU names, and
+/// iPXE hands a provisioned machine back to the firmware to boot its disk). Each NIC gets
+/// a tap on `br0` of the site's namespace.
+pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::Result<Vm> {
+    let VmSite {
+        ns,
+        tag,
+        dir,
+        artifacts,
+    } = *site;
     let vmdir = dir.join(&spec.name);
     std::fs::create_dir_all(&vmdir)?;
+    let (console, qemu_log) = if round == 0 {
+        ("console.log".to_string(), "qemu.log".to_string())
+    } else {
+        (format!("console-{round}.log"), format!("qemu-{round}.log"))
+    };
     let mut args: Vec<String> = vec![
         "-accel".into(),
         "tcg".into(),
@@ -251,10 +333,27 @@ pub fn start_vm(
         "none".into(),
         "-no-reboot".into(),
         "-serial".into(),
-        format!("file:{}", vmdir.join("console.log").display()),
+        format!("file:{}", vmdir.join(&console).display()),
     ];
+    if let Some(d) = &spec.direct {
+        args.extend([
+            "-kernel".into(),
+            d.kernel.display().to_string(),
+            "-initrd".into(),
+            d.initrd.display().to_string(),
+            "-append".into(),
+            d.append.clone(),
+        ]);
+    }
     for (i, mac) in spec.macs.iter().enumerate() {
-        let tap = format!("{tag}t{idx}n{i}");
+        let tap = if round == 0 {
+            format!("{tag}t{idx}n{i}")
+        } else {
+            format!("{tag}{i}{idx}r{round}")
+        };
+        if tap.len() > 15 {
+            bail!("tap name {tap} is longer than Linux allows (15)");
+        }
         sh_ok(&format!(
             "ip -n {ns} tuntap add dev {tap} mode tap && ip -n {ns} link set {tap} master br0 && ip -n {ns} link set {tap} up"
         ))?;
@@ -266,18 +365,25 @@ pub fn start_vm(
     }
     for (i, mb) in spec.disks_mb.iter().enumerate() {
         let img = vmdir.join(format!("disk{i}.img"));
-        std::fs::File::create(&img)?.set_len(mb * 1024 * 1024)?;
+        let boot = if round == 0 {
+            std::fs::File::create(&img)?.set_len(mb * 1024 * 1024)?;
+            String::new()
+        } else {
+            format!(",bootindex={}", i + 2)
+        };
         args.push("-drive".into());
         args.push(format!("file={},if=none,id=d{i},format=raw", img.display()));
         args.push("-device".into());
         args.push(format!(
-            "virtio-blk-pci,drive=d{i},serial={}-disk{i}",
+            "virtio-blk-pci,drive=d{i},serial={}-disk{i}{boot}",
             spec.name
         ));
     }
     if spec.firmware == Firmware::Uefi {
         let vars = vmdir.join("OVMF_VARS.fd");
-        std::fs::copy(&artifacts.ovmf_vars, &vars)?;
+        if round == 0 {
+            std::fs::copy(&artifacts.ovmf_vars, &vars)?;
+        }
         args.push("-drive".into());
         args.push(format!(
             "if=pflash,format=raw,unit=0,readonly=on,file={}",
@@ -289,7 +395,7 @@ pub fn start_vm(
             vars.display()
         ));
     }
-    let log = std::fs::File::create(vmdir.join("qemu.log"))?;
+    let log = std::fs::File::create(vmdir.join(qemu_log))?;
     let child = Command::new("ip")
         .args(["netns", "exec", ns, "qemu-system-x86_64"])
         .args(&args)
@@ -299,9 +405,11 @@ pub fn start_vm(
         .spawn()
         .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86 ipxe-qemu)")?;
     Ok(Vm {
-        console: vmdir.join("console.log"),
+        console: vmdir.join(console),
         powered_on: Instant::now(),
         powered_on_ms: unix_ms(),
+        round,
+        idx,
         spec,
         child,
     })
@@ -452,9 +560,73 @@ impl Lab {
     /// Creates disks and a tap per NIC, and powers the VM on.
     pub fn boot(&mut self, spec: VmSpec) -> anyhow::Result<usize> {
         let idx = self.vms.len();
-        let vm = start_vm(&self.ns, &self.tag, &self.dir, &self.artifacts, idx, spec)?;
+        let vm = start_vm(&self.site(), idx, spec, 0)?;
         self.vms.push(vm);
         Ok(idx)
+    }
+
+    fn site(&self) -> VmSite<'_> {
+        VmSite {
+            ns: &self.ns,
+            tag: &self.tag,
+            dir: &self.dir,
+            artifacts: &self.artifacts,
+        }
+    }
+
+    /// Adds an inspection rule that gives every machine inspected from now on `image`:
+    /// provisioned in the boot that inspects it.
+    pub fn set_image_rule(&self, image: &str) -> anyhow::Result<()> {
+        let rule = serde_json::json!({
+            "description": format!("install {image} on every new machine"),
+            "conditions": [],
+            "actions": [{"action": "set-image", "image": image}],
+        });
+        self.api_json("POST", "/v1/rules", Some(&rule.to_string()))
+            .map(drop)
+    }
+
+    /// Powers VM `vm` on again (after it rebooted, powered off, or is pulled now): the same
+    /// machine, see [`start_vm`]. Its console is a new file, `console-<round>.log`.
+    pub fn power_on_again(&mut self, vm: usize) -> anyhow::Result<()> {
+        let old = &mut self.vms[vm];
+        old.power_off();
+        let (spec, idx, round) = (old.spec.clone(), old.idx, old.round + 1);
+        let again = start_vm(&self.site(), idx, spec, round)?;
+        self.vms[vm] = again;
+        Ok(())
+    }
+
+    /// `paddock ARGS` (the CLI) against this lab's appliance, from inside its namespace; its
+    /// standard output. `args` are test-made words.
+    pub fn cli(&self, args: &str) -> anyhow::Result<String> {
+        sh_ok(&format!(
+            "ip netns exec {} env PADDOCK_API={URL} {} {args}",
+            self.ns,
+            self.artifacts.paddock.display()
+        ))
+    }
+
+    /// Adds the image `name` from the tarball `tar` with the filter file `filter`.
+    pub fn add_image(&self, name: &str, tar: &Path, filter: &Path) -> anyhow::Result<()> {
+        self.cli(&format!(
+            "image add {name} {} --filter {}",
+            tar.display(),
+            filter.display()
+        ))
+        .map(drop)
+    }
+
+    /// The bytes of image `name`, from the image server's list.
+    pub fn image_bytes(&self, name: &str) -> anyhow::Result<u64> {
+        let list = self.api_json("GET", "/rpc/ImageServer.ListImages", None)?;
+        list["images"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["name"] == name)
+            .and_then(|i| i["bytes"].as_u64())
+            .with_context(|| format!("image {name} is not in {list}"))
     }
 
     /// The node that owns `mac`, if any.

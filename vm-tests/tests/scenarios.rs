@@ -75,6 +75,7 @@ fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
                 }
             ),
         ],
+        direct: None,
     };
     let vm = lab.boot(spec.clone()).expect("boot VM");
     let (node, took) = lab

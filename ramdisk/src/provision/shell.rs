@@ -406,29 +406,7 @@ impl<'a> Run<'a> {
     }
 
     fn wait_for_partitions(&self, layout: &Layout) -> Result<(), StepError> {
-        let deadline = Instant::now() + PARTITIONS_APPEAR;
-        loop {
-            let missing: Vec<&str> = layout
-                .partitions()
-                .iter()
-                .map(|p| p.device.as_str())
-                .filter(|d| !Path::new(d).exists())
-                .collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return fail(
-                    Step::Partition,
-                    format!(
-                        "the table is written but {} did not appear within {} s",
-                        missing.join(", "),
-                        PARTITIONS_APPEAR.as_secs()
-                    ),
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        wait_for_partitions(layout).or_else(|e| fail(Step::Partition, e))
     }
 
     /// `/dev/disk/by-uuid` links for the new file systems (no udev here): the image's
@@ -744,6 +722,122 @@ impl<'a> Run<'a> {
 }
 
 /// Zeroes the disk's first and last MiB.
+/// Waits until the kernel shows every partition of `layout` (no udev in the ramdisk).
+fn wait_for_partitions(layout: &Layout) -> Result<(), String> {
+    let deadline = Instant::now() + PARTITIONS_APPEAR;
+    loop {
+        let missing: Vec<&str> = layout
+            .partitions()
+            .iter()
+            .map(|p| p.device.as_str())
+            .filter(|d| !Path::new(d).exists())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the table is written but {} did not appear within {} s",
+                missing.join(", "),
+                PARTITIONS_APPEAR.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The provisioning bench's baseline (`paddock.bench_tar=URL`, `bench/provision.sh`): the
+/// disk laid out and formatted exactly as a birth does it, then the image's tarball streamed
+/// onto the new root by busybox (`wget -O- URL | tar -x`, two processes joined by a pipe, no
+/// shell). The console lines are the bench's clock: `baseline: begins`, `baseline: streamed`,
+/// `baseline: synced`. Nothing is reported to the appliance.
+pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(), String> {
+    const BUSYBOX: &str = "/bin/busybox";
+    let disk = choose_root_disk(inventory, None, 0).map_err(|e| e.to_string())?;
+    let fw = firmware(Path::new("/sys/firmware/efi").exists());
+    let layout = plan(&disk.name, Geometry::of_disk(&disk), fw).map_err(|e| e.to_string())?;
+    console.say(&format!(
+        "baseline: begins: {} ({} MiB), {} firmware, {url}",
+        disk.name,
+        disk.size >> 20,
+        fw.as_str()
+    ));
+    let started = Instant::now();
+    let commands = layout.commands(false);
+    let (partition, filesystems): (Vec<Command>, Vec<Command>) = commands
+        .into_iter()
+        .partition(|c| c.argv.first().is_some_and(|p| p == "sfdisk"));
+    for c in &partition {
+        run(c)?;
+    }
+    wait_for_partitions(&layout)?;
+    for c in &filesystems {
+        run(c)?;
+    }
+    let root = layout.partition(Role::Root).device.clone();
+    std::fs::create_dir_all(TARGET).map_err(|e| format!("mkdir {TARGET}: {e}"))?;
+    mount(
+        Some(root.as_str()),
+        TARGET,
+        Some("ext4"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| format!("mount {root} {TARGET}: {e}"))?;
+    console.say(&format!(
+        "baseline: laid out and formatted in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    let streaming = Instant::now();
+    let mut wget = Process::new(BUSYBOX)
+        .args(["wget", "-q", "-O-", url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run busybox wget: {e}"))?;
+    let pipe = wget
+        .stdout
+        .take()
+        .ok_or_else(|| "busybox wget has no stdout".to_string())?;
+    let tar = Process::new(BUSYBOX)
+        .args(["tar", "-x", "-C", TARGET])
+        .stdin(Stdio::from(pipe))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run busybox tar: {e}"))?;
+    let tar_out = tar
+        .wait_with_output()
+        .map_err(|e| format!("waiting for busybox tar: {e}"))?;
+    let wget_out = wget
+        .wait_with_output()
+        .map_err(|e| format!("waiting for busybox wget: {e}"))?;
+    for (what, out) in [("wget", &wget_out), ("tar", &tar_out)] {
+        if !out.status.success() {
+            return Err(format!(
+                "busybox {what} {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    console.say(&format!(
+        "baseline: streamed in {:.1} s; the root holds {} MiB",
+        streaming.elapsed().as_secs_f64(),
+        used_mib(TARGET)
+    ));
+    let syncing = Instant::now();
+    nix::unistd::sync();
+    console.say(&format!(
+        "baseline: synced in {:.1} s (total {:.1} s)",
+        syncing.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    ));
+    umount2(TARGET, MntFlags::empty()).map_err(|e| format!("umount {TARGET}: {e}"))?;
+    Ok(())
+}
+
 fn zero_ends(dev: &str) -> Result<(), String> {
     let e = |what: &str, err: std::io::Error| format!("{what} {dev}: {err}");
     let mut f = std::fs::OpenOptions::new()

@@ -2,10 +2,18 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi] [--port 8080]`, after `scripts/build-ramdisk.sh` (the
-//! README's lab command, `./scripts/lab.sh`, does all of it).
+//! `paddock-lab [--vms N] [--uefi] [--port 8080] [--provision IMAGE.tar [--filter F]]`, after
+//! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
+//!
+//! With `--provision`, the tarball becomes image `lab/<name>`, an inspection rule assigns it
+//! to every new machine, and each VM is installed in the boot that inspects it; where the
+//! ramdisk reboots the machine (QEMU exits: `-no-reboot`), the lab powers it on again, as
+//! the machine's own firmware would, so it boots the installed system and its subd takes
+//! over. The node's provisioning state and the dominator's view of its sub are printed as
+//! they change.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +38,8 @@ fn main() -> anyhow::Result<()> {
     let mut firmware = Firmware::Bios;
     let mut port = 8080u16;
     let mut once = false;
+    let mut provision: Option<PathBuf> = None;
+    let mut filter: Option<PathBuf> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -49,10 +59,27 @@ fn main() -> anyhow::Result<()> {
                     .context("--port")?
             }
             "--once" => once = true,
+            "--provision" => {
+                provision = Some(
+                    it.next()
+                        .context("--provision needs an image tarball")?
+                        .into(),
+                )
+            }
+            "--filter" => filter = Some(it.next().context("--filter needs a file")?.into()),
             "-h" | "--help" => {
-                println!("paddock-lab [--vms N] [--uefi] [--port 8080] [--once]");
                 println!(
-                    "  --once: exit when every VM has enrolled (finished or error), printing the times"
+                    "paddock-lab [--vms N] [--uefi] [--port 8080] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                );
+                println!(
+                    "  --once: exit when every VM has enrolled (finished or error), printing the times;"
+                );
+                println!("          with --provision, when every VM's installed system is synced");
+                println!(
+                    "  --provision: install IMAGE.tar on every VM in the boot that inspects it"
+                );
+                println!(
+                    "  --filter: the image's filter (default: bootable.filter beside the tarball)"
                 );
                 return Ok(());
             }
@@ -76,6 +103,18 @@ fn main() -> anyhow::Result<()> {
     }
 
     let artifacts = Artifacts::from_env()?;
+    let image = match &provision {
+        Some(tar) => Some(image_name(tar)?),
+        None => None,
+    };
+    let filter = match (&provision, filter) {
+        (Some(_), Some(f)) => Some(f),
+        (Some(tar), None) => {
+            let beside = tar.with_file_name("bootable.filter");
+            beside.exists().then_some(beside)
+        }
+        (None, _) => None,
+    };
     let mut lab = Lab::start("lab", &artifacts, "")?;
     let _forward = Forwarder(
         Command::new("socat")
@@ -94,6 +133,22 @@ fn main() -> anyhow::Result<()> {
     );
     println!("Console:     http://127.0.0.1:{port}/ui   (API: http://127.0.0.1:{port}/v1)");
     println!("Logs:        {}", lab.dir.display());
+    if let (Some(tar), Some(name)) = (&provision, &image) {
+        let started = Instant::now();
+        match &filter {
+            Some(f) => lab.add_image(name, tar, f)?,
+            None => {
+                println!("warning: no filter for {name}: subd will own the whole root");
+                lab.cli(&format!("image add {name} {}", tar.display()))?;
+            }
+        }
+        lab.set_image_rule(name)?;
+        println!(
+            "Image:       {name} from {} ({:.1} s), installed on every new machine by a set-image rule",
+            tar.display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     for i in 0..vms {
         let mac = format!("52:54:00:1a:b0:{:02x}", i + 1);
         let mut spec = VmSpec::bios(&format!("vm{i}"), &mac);
@@ -103,6 +158,7 @@ fn main() -> anyhow::Result<()> {
         println!("[{:>6.1}s] vm{i} ({mac}, {firmware:?}) powered on", 0.0);
     }
     let started = Instant::now();
+    let first_power_on: Vec<Instant> = lab.vms.iter().map(|v| v.powered_on).collect();
     let mut enrolled = vec![false; vms];
     let mut last: BTreeMap<String, String> = BTreeMap::new();
     let mut off = vec![false; vms];
@@ -121,6 +177,11 @@ fn main() -> anyhow::Result<()> {
                         .map(|e| format!(" ({e})"))
                         .unwrap_or_default()
                 );
+                let uuid = n["uuid"].as_str().unwrap_or("");
+                let state = match &image {
+                    Some(_) => format!("{state}; {}", provisioning(&lab, uuid, &name_of(n))),
+                    None => state,
+                };
                 if last.get(&name) != Some(&state) {
                     println!(
                         "[{:>6.1}s] node {name} {}: {state}   http://127.0.0.1:{port}/ui/nodes/{}",
@@ -136,6 +197,19 @@ fn main() -> anyhow::Result<()> {
             for (i, done) in enrolled.iter_mut().enumerate() {
                 let mac = &lab.vms[i].spec.macs[0];
                 if !*done
+                    && let Some(image) = &image
+                    && let Ok(Some(n)) = lab.node_by_mac(mac)
+                {
+                    let p = provisioning(&lab, n["uuid"].as_str().unwrap_or(""), &name_of(&n));
+                    if p.starts_with("error") || p.contains(&format!("sub synced to {image}")) {
+                        *done = true;
+                        println!(
+                            "vm{i} provisioned: {p}; seconds={:.1}",
+                            first_power_on[i].elapsed().as_secs_f64()
+                        );
+                    }
+                } else if !*done
+                    && image.is_none()
                     && let Ok(Some(n)) = lab.node_by_mac(mac)
                     && matches!(
                         n["introspection"]["state"].as_str(),
@@ -154,8 +228,33 @@ fn main() -> anyhow::Result<()> {
                 break;
             }
         }
+        let mut exited = Vec::new();
         for (i, vm) in lab.vms.iter_mut().enumerate() {
             if !off[i] && vm.exited() {
+                exited.push(i);
+            }
+        }
+        for i in exited {
+            // A machine the ramdisk handed over rebooted: power it on again, as its firmware
+            // would, and it boots the installed system.
+            let healthy = image.is_some()
+                && lab
+                    .node_by_mac(&lab.vms[i].spec.macs[0])
+                    .ok()
+                    .flatten()
+                    .and_then(|n| {
+                        let uuid = n["uuid"].as_str()?.to_string();
+                        lab.api_json("GET", &format!("/api/v1/nodes/{uuid}/provisioning"), None)
+                            .ok()
+                    })
+                    .is_some_and(|r| r["state"] == "healthy");
+            if healthy {
+                println!(
+                    "[{:>6.1}s] vm{i} rebooted: powering it on into the installed system",
+                    started.elapsed().as_secs_f64()
+                );
+                lab.power_on_again(i)?;
+            } else {
                 off[i] = true;
                 println!(
                     "[{:>6.1}s] vm{i} powered off",
@@ -167,4 +266,74 @@ fn main() -> anyhow::Result<()> {
     }
     println!("stopping: removing the VMs, the appliance and the namespace");
     Ok(())
+}
+
+/// `lab/<file name without .tar>`: the image a tarball becomes.
+fn image_name(tar: &Path) -> anyhow::Result<String> {
+    if !tar.is_file() {
+        anyhow::bail!("{} is not a file", tar.display());
+    }
+    let stem = tar
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(|n| n.trim_end_matches(".tar"))
+        .filter(|n| {
+            !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        })
+        .with_context(|| {
+            format!(
+                "{}: name the tarball with letters, digits, '-', '_' or '.'",
+                tar.display()
+            )
+        })?;
+    Ok(format!("lab/{stem}"))
+}
+
+/// The name a node's installed system and its sub go by: the node's name, else
+/// `node-<first 8 hex digits of its UUID>` (the appliance's rule).
+fn name_of(node: &serde_json::Value) -> String {
+    match node["name"].as_str() {
+        Some(n) => n.to_string(),
+        None => format!(
+            "node-{}",
+            node["uuid"]
+                .as_str()
+                .unwrap_or("")
+                .replace('-', "")
+                .chars()
+                .take(8)
+                .collect::<String>()
+        ),
+    }
+}
+
+/// A node's provisioning state, and its sub's as the dominator sees it once registered.
+fn provisioning(lab: &Lab, uuid: &str, hostname: &str) -> String {
+    let record = lab
+        .api_json("GET", &format!("/api/v1/nodes/{uuid}/provisioning"), None)
+        .unwrap_or_default();
+    let mut out = record["state"].as_str().unwrap_or("-").to_string();
+    if let Some(step) = record["last_step"].as_str() {
+        out.push_str(&format!(" (done: {step})"));
+    }
+    if let Some(step) = record["step"].as_str() {
+        out.push_str(&format!(" at {step}"));
+    }
+    if let Some(e) = record["message"].as_str() {
+        out.push_str(&format!(": {e}"));
+    }
+    if let Ok(sub) = lab.api_json(
+        "GET",
+        &format!("/rpc/Dominator.GetSub?hostname={hostname}"),
+        None,
+    ) && let Some(state) = sub["state"].as_str()
+    {
+        out.push_str(&format!(
+            "; sub {state} to {}",
+            sub["image"].as_str().unwrap_or("-")
+        ));
+    }
+    out
 }
