@@ -4,7 +4,7 @@
 # store lease and keeps the lease alive until it is stopped; "stopping" it ends that
 # process (the registration goes with its lease, at once: the holder revokes it).
 #
-#   sim.sh start|stop ROLE [-h HOST] [-i INSTANCE] [other flags, ignored]
+#   sim.sh start|stop ROLE [-h HOST] [-i INSTANCE] [--ttl SECONDS] [other flags, ignored]
 #
 # Untrusted text (host names, instance ids) only ever appears as quoted arguments; nothing
 # is eval'd, and the pid file's name is checked before use.
@@ -13,11 +13,13 @@ action=$1
 role=$2
 shift 2
 host=""
+ttl=10
 instance="${PADDOCK_INSTANCE:-}"
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --host) host=$2; shift 2 ;;
     -i | --instance) instance=$2; shift 2 ;;
+    --ttl) ttl=$2; shift 2 ;;
     -*) shift 2 ;;
     *) echo "sim.sh: unexpected argument: $1" >&2; exit 2 ;;
     esac
@@ -31,7 +33,7 @@ pidfile="$state/$role.$instance.pid"
 paddock="${PADDOCK_BIN:-paddock}"
 case "$action" in
 start)
-    set -- "$paddock" census hold --url "$PADDOCK_URL" --role "$role" --instance "$instance"
+    set -- "$paddock" census hold --url "$PADDOCK_URL" --role "$role" --instance "$instance" --ttl "$ttl"
     if [ -n "$host" ]; then set -- "$@" --host "$host"; fi
     # A host of the test lab is a network namespace of the same name, when there is one.
     if [ -n "$host" ] && [ -e "/run/netns/$host" ]; then set -- ip netns exec "$host" "$@"; fi
