@@ -15,4 +15,5 @@ pub mod provisioning;
 pub mod pxe_filter;
 pub mod roles;
 pub mod roles_cli;
+pub mod roles_page;
 pub mod serve;

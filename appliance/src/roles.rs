@@ -616,6 +616,7 @@ pub fn router(roles: Arc<Roles>) -> Router {
         .route("/api/v1/spec", get(show).post(apply))
         .route("/api/v1/spec/plan", post(preview))
         .route("/api/v1/spec/rounds", get(rounds))
+        .route("/ui/roles", get(crate::roles_page::page))
         .with_state(roles)
 }
 

@@ -220,6 +220,25 @@ fn the_leader_keeps_the_sim_at_minimum_viable_and_grows_it() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["plan"]["actions"], serde_json::json!([]));
     assert_eq!(r.json()["plan"]["outcome"]["state"], "viable");
+    // The console's page shows the same: the census, the preview, the rounds.
+    let page = http(
+        &lab.link.server,
+        &lab.scratch,
+        "GET",
+        "/ui/roles",
+        None,
+        &[],
+    );
+    assert_eq!(page.status, 200);
+    for want in [
+        "spec/blacknight-sim.toml",
+        "Census: 4 hosts alive, 10 instances",
+        "Plan preview (nothing is run)",
+        "outcome: viable",
+        "start node_controller node_controller-1 on",
+    ] {
+        assert!(page.body.contains(want), "{want:?} not in\n{}", page.body);
+    }
 
     // Kill h2's node controller (h2 itself lives on): its lease expires, the next round
     // starts a node controller again on the idle host.

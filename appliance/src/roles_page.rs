@@ -1,0 +1,87 @@
+//! The roles page of the console (`/ui/roles`, issue 17): the applied spec, the census, a
+//! preview of the plan for the live census (nothing is run) and the last rounds with what
+//! each action did. Served by the roles router; maud escapes every value.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use maud::{DOCTYPE, html};
+use paddock_inspector::node::iso;
+
+use crate::roles::{Roles, SpecBody, describe};
+use crate::roles_cli::plan_text;
+
+const ROUNDS_SHOWN: usize = 5;
+
+pub async fn page(State(r): State<Arc<Roles>>) -> Response {
+    let spec = match r.stored_spec().await {
+        Ok(s) => s,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let census = match r.census.view().await {
+        Ok(c) => c,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let preview = match &spec {
+        Some(_) => Some(r.preview(&SpecBody::default()).await),
+        None => None,
+    };
+    let mut rounds = r.rounds(ROUNDS_SHOWN).await.unwrap_or_default();
+    rounds.reverse();
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="refresh" content="5";
+                title { "Roles · Paddock" }
+            }
+            body style="font-family:system-ui,sans-serif;margin:2rem" {
+                nav { a href="/ui" { "Console" } }
+                h1 { "Roles" }
+                @if r.config.is_none() {
+                    p { strong { "The role loop is off on this host ([roles] hooks_dir is not set)." } }
+                }
+                h2 { "Spec" }
+                @match &spec {
+                    Some(s) => {
+                        p { code { (s.file) } ", applied " (iso(s.applied_ms / 1000)) " UTC" }
+                        details { summary { "text" } pre { (s.text) } }
+                    }
+                    None => p { "No spec applied: " code { "paddock spec apply FILE" } },
+                }
+                h2 { "Census: " (census.hosts.len()) " hosts alive, " (census.instances.len()) " instances" }
+                p { @for h in &census.hosts { code { (h.host) } " " } }
+                table {
+                    tr { th { "Role" } th { "Instance" } th { "Host" } th { "Since (UTC)" } }
+                    @for i in &census.instances {
+                        tr {
+                            td { (i.role) }
+                            td { code { (i.instance) } }
+                            td { (i.host.as_deref().unwrap_or("-")) }
+                            td { (iso(i.since_ms / 1000)) }
+                        }
+                    }
+                }
+                @if let Some(p) = &preview {
+                    h2 { "Plan preview (nothing is run)" }
+                    @match p {
+                        Ok(p) => pre { (plan_text(&p.plan, &p.commands)) },
+                        Err(e) => p { (e.message) },
+                    }
+                }
+                h2 { "Last rounds" }
+                @for round in &rounds {
+                    h3 { (iso(round.at_ms / 1000)) " UTC" }
+                    pre {
+                        (plan_text(&round.plan, &round.results.iter().map(|x| x.argv.clone()).collect::<Vec<_>>()))
+                        @for x in &round.results { (describe(x)) "\n" }
+                    }
+                }
+            }
+        }
+    };
+    Html(markup.into_string()).into_response()
+}
