@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # BMC emulators for the power drivers' tests (power/tests/bmc.rs): one TCG libvirt domain on a
 # bridge in a network namespace this script creates and removes, with sushy-tools' Redfish
-# emulator (plain HTTP, and HTTPS with a self-signed certificate) and virtualbmc (IPMI lanplus)
-# in front of it. This is the setup Metal3 and Ironic test with.
+# emulator (plain HTTP, and HTTPS with a certificate from a test CA) and virtualbmc (IPMI
+# lanplus) in front of it: the setup Metal3 and Ironic test with. Also ten machines on
+# sushy-tools' fake driver (power as state, no VMs) for the power-on throttle.
 #
 #   scripts/bmc-harness.sh venv          builds (once) the pinned venv, prints its bin directory
 #   scripts/bmc-harness.sh run NS DIR    sets everything up in namespace NS (scratch in DIR),
@@ -30,6 +31,9 @@ PASSWORD=paddock-bmc-secret
 HTTP_PORT=8000
 HTTPS_PORT=8443
 IPMI_PORT=6230
+FAKE_PORT=8001
+FAKE_SYSTEMS=10
+fake_uuid() { printf '0f000000-0000-4000-8000-%012d' "$1"; }
 
 die() { echo "bmc-harness: $*" >&2; exit 1; }
 
@@ -135,7 +139,8 @@ EOF
   # Kept as defined (with its UUID), so that `virsh define` of it puts the domain back.
   virsh dumpxml --inactive "$DOMAIN" >"$dir/vm/domain.xml"
   local uuid
-  uuid=$(virsh domuuid "$DOMAIN" | head -1)
+  uuid=$(virsh domuuid "$DOMAIN")
+  uuid=${uuid%%[[:space:]]*}
 
   # Redfish: sushy-tools with basic auth (bcrypt htpasswd: the only kind it accepts).
   "$bin/python3" -c 'import bcrypt, sys; print(sys.argv[1] + ":" + bcrypt.hashpw(sys.argv[2].encode(), bcrypt.gensalt(rounds=4)).decode())' \
@@ -149,6 +154,10 @@ EOF
   printf 'subjectAltName=IP:%s\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' "$BRIDGE_IP" >"$dir/tls.ext"
   openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
     -days 2 -extfile "$dir/tls.ext" -out "$dir/tls.crt" 2>/dev/null
+  # sushy-tools keeps state (the fake machines' power …) in sqlite files under $TMPDIR: this
+  # run's own.
+  mkdir -p "$dir/tmp"
+  export TMPDIR=$dir/tmp
   cat >"$dir/sushy.conf" <<EOF
 SUSHY_EMULATOR_AUTH_FILE = '$dir/htpasswd'
 SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
@@ -158,6 +167,22 @@ EOF
   PIDS+=($!)
   "$bin/sushy-emulator" --config "$dir/sushy.conf" -i "$BRIDGE_IP" -p "$HTTPS_PORT" \
     --ssl-certificate "$dir/tls.crt" --ssl-key "$dir/tls.key" >"$dir/sushy-https.log" 2>&1 &
+  PIDS+=($!)
+
+  # Ten more machines for the power-on throttle, on sushy-tools' fake driver (no VMs: their
+  # power is a state in the emulator, which logs every Reset it gets with its time).
+  {
+    echo "SUSHY_EMULATOR_AUTH_FILE = '$dir/htpasswd'"
+    echo "SUSHY_EMULATOR_FAKE_DRIVER = True"
+    echo "SUSHY_EMULATOR_FAKE_SYSTEMS = ["
+    for i in $(seq 0 $((FAKE_SYSTEMS - 1))); do
+      printf "  {'uuid': '%s', 'name': 'fake-%d', 'power_state': 'Off', 'nics': [{'mac': '52:54:00:19:61:%02x', 'ip': '$NET.%d'}]},\n" \
+        "$(fake_uuid "$i")" "$i" "$i" $((100 + i))
+    done
+    echo "]"
+  } >"$dir/sushy-fake.conf"
+  "$bin/sushy-emulator" --config "$dir/sushy-fake.conf" -i "$BRIDGE_IP" -p "$FAKE_PORT" \
+    >"$dir/sushy-fake.log" 2>&1 &
   PIDS+=($!)
 
   # IPMI: virtualbmc (vbmcd keeps its state under $HOME/.vbmc).
@@ -174,6 +199,7 @@ EOF
   for _ in $(seq 150); do
     if curl -sf -u "$USER_NAME:$PASSWORD" "http://$BRIDGE_IP:$HTTP_PORT/redfish/v1/Systems" >/dev/null &&
       curl -sfk -u "$USER_NAME:$PASSWORD" "https://$BRIDGE_IP:$HTTPS_PORT/redfish/v1/Systems" >/dev/null &&
+      curl -sf -u "$USER_NAME:$PASSWORD" "http://$BRIDGE_IP:$FAKE_PORT/redfish/v1/Systems" >/dev/null &&
       IPMI_PASSWORD=$PASSWORD ipmitool -I lanplus -H "$BRIDGE_IP" -p "$IPMI_PORT" -U "$USER_NAME" -E \
         -N 1 -R 1 power status >/dev/null 2>&1; then
       ok=1
@@ -183,7 +209,8 @@ EOF
   done
   ((ok)) || die "the emulators did not answer (logs in $dir)"
   echo "ready domain=$DOMAIN uuid=$uuid mac=$MAC ip=$BRIDGE_IP user=$USER_NAME password=$PASSWORD" \
-    "http=$HTTP_PORT https=$HTTPS_PORT ipmi=$IPMI_PORT ca=$dir/ca.crt"
+    "http=$HTTP_PORT https=$HTTPS_PORT ipmi=$IPMI_PORT ca=$dir/ca.crt" \
+    "fake=$FAKE_PORT fakes=$FAKE_SYSTEMS fakelog=$dir/sushy-fake.log"
   # Hold until the test closes our stdin (also when it dies) or stops us.
   while read -r line; do
     case $line in

@@ -8,6 +8,16 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::PowerError;
+
+/// A power-on the throttle let through: when it was admitted and how it went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started<K> {
+    pub node: K,
+    pub at_ms: u64,
+    pub result: Result<(), PowerError>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Throttle<K> {
     limit: usize,
@@ -100,6 +110,33 @@ impl<K: PartialEq + Clone> Throttle<K> {
     /// queue.
     pub fn next_wake(&self, now: u64) -> Option<u64> {
         (!self.queue.is_empty()).then(|| self.next_slot(now))
+    }
+
+    /// The blocking shell (a CLI, the tests; the appliance runs the same steps in a task):
+    /// powers on every queued node as the throttle admits it, through `power_on`, until the
+    /// queue is empty. `clock` reads milliseconds on a monotonic clock, `sleep` waits.
+    pub fn run_blocking(
+        &mut self,
+        clock: impl Fn() -> u64,
+        sleep: impl Fn(Duration),
+        mut power_on: impl FnMut(&K) -> Result<(), PowerError>,
+    ) -> Vec<Started<K>> {
+        let mut started = Vec::new();
+        loop {
+            let now = clock();
+            for node in self.admit(now) {
+                let result = power_on(&node);
+                started.push(Started {
+                    node,
+                    at_ms: now,
+                    result,
+                });
+            }
+            match self.next_wake(clock()) {
+                Some(wake) => sleep(Duration::from_millis(wake.saturating_sub(clock()))),
+                None => return started,
+            }
+        }
     }
 
     fn forget_before(&mut self, now: u64) {
@@ -198,6 +235,45 @@ mod tests {
         assert_eq!(t.admit(10_000), [3]);
         assert_eq!(t.next_wake(10_000), Some(14_000));
         assert_eq!(t.admit(14_000), [4]);
+    }
+
+    #[test]
+    fn the_blocking_shell_powers_on_as_admitted_and_sleeps_until_the_next_slot() {
+        use std::cell::Cell;
+        let mut t = Throttle::new(2, Duration::from_secs(10)).unwrap();
+        for i in 0..5 {
+            t.request(i);
+        }
+        let now = Cell::new(500u64);
+        let slept = Cell::new(0u64);
+        let started = t.run_blocking(
+            || now.get(),
+            |d| {
+                let ms = u64::try_from(d.as_millis()).unwrap();
+                slept.set(slept.get() + ms);
+                now.set(now.get() + ms);
+            },
+            |&n| {
+                now.set(now.get() + 30); // a power-on takes time
+                if n == 3 {
+                    Err(PowerError::new(crate::ErrorKind::Credentials, "no"))
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        let at: Vec<(i32, u64)> = started.iter().map(|s| (s.node, s.at_ms)).collect();
+        assert_eq!(
+            at,
+            [(0, 500), (1, 500), (2, 10_500), (3, 10_500), (4, 20_500)]
+        );
+        assert!(started[3].result.is_err() && started[4].result.is_ok());
+        assert_eq!(
+            slept.get(),
+            20_000 - 2 * 60,
+            "slept only until each next slot"
+        );
+        assert_eq!(t.queue_len(), 0);
     }
 
     #[test]

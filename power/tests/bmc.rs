@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use paddock_power::{
     Credentials, ErrorKind, Ipmi, IpmiBmc, PowerDriver, PowerState, Redfish, RedfishBmc,
-    RetryPolicy, TlsVerify,
+    RetryPolicy, Throttle, TlsVerify,
 };
 
 /// An address on the harness's bridge that nothing answers.
@@ -48,7 +48,10 @@ impl Harness {
         stdout.read_line(&mut line).unwrap();
         let Some(rest) = line.trim().strip_prefix("ready ") else {
             let status = child.wait().unwrap();
-            panic!("scripts/bmc-harness.sh did not start ({status}; its errors are above)");
+            panic!(
+                "scripts/bmc-harness.sh did not start ({status}; its errors are above); it said {:?}",
+                line.trim()
+            );
         };
         let info = rest
             .split(' ')
@@ -287,6 +290,7 @@ fn redfish_and_ipmi_drive_the_emulators_and_fail_clearly() {
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     let mut bmc = h.ipmi();
     bmc.host = NOBODY.into();
+    (bmc.timeout_secs, bmc.retries) = (1, 1);
     let d = Ipmi::new(bmc, quick()).unwrap();
     let t = Instant::now();
     let e = h.inside(|| d.status()).unwrap_err();
@@ -298,6 +302,9 @@ fn redfish_and_ipmi_drive_the_emulators_and_fail_clearly() {
     );
 
     assert_eq!(h.domstate(), "shut off");
+
+    throttle_spaces_power_ons_as_the_bmc_log_shows(&h);
+
     let ns = h.ns.clone();
     drop(h);
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
@@ -306,4 +313,89 @@ fn redfish_and_ipmi_drive_the_emulators_and_fail_clearly() {
         "the harness removed its namespace"
     );
     eprintln!("whole BMC test in {:.1} s", total.elapsed().as_secs_f64());
+}
+
+/// Issue 19's acceptance 2 without the appliance: 10 machines (sushy-tools' fake driver)
+/// asked to start at once with a limit of 2 per 10 s; the emulator's own log shows when each
+/// Reset arrived.
+fn throttle_spaces_power_ons_as_the_bmc_log_shows(h: &Harness) {
+    let count: usize = h.get("fakes").parse().unwrap();
+    let fake_uuid = |i: usize| format!("0f000000-0000-4000-8000-{i:012}");
+    let drivers: Vec<Redfish> = (0..count)
+        .map(|i| {
+            let mut bmc = h.redfish("http", "fake", TlsVerify::Verify);
+            bmc.system = Some(fake_uuid(i));
+            Redfish::connect(&bmc, RetryPolicy::default()).unwrap()
+        })
+        .collect();
+    let mut throttle = Throttle::new(2, Duration::from_secs(10)).unwrap();
+    for i in 0..count {
+        assert!(throttle.request(i));
+    }
+    let epoch = Instant::now();
+    let clock = || u64::try_from(epoch.elapsed().as_millis()).unwrap();
+    let started =
+        h.inside(|| throttle.run_blocking(clock, std::thread::sleep, |&i| drivers[i].power_on()));
+    let ours: Vec<u64> = started.iter().map(|s| s.at_ms / 1000).collect();
+    for s in &started {
+        assert_eq!(s.result, Ok(()), "power-on of fake-{}", s.node);
+    }
+    assert_eq!(
+        ours,
+        [0, 0, 10, 10, 20, 20, 30, 30, 40, 40],
+        "admitted at (s)"
+    );
+
+    // The BMC's side: werkzeug's access log, `… [24/Nov/2026 04:20:01] "POST …Reset …" 204`
+    // (the POST in colour escapes).
+    let log = std::fs::read_to_string(h.get("fakelog")).unwrap();
+    let mut at: Vec<(u32, String)> = log
+        .lines()
+        .filter(|l| {
+            l.contains("POST /redfish")
+                && l.contains("/Actions/ComputerSystem.Reset")
+                && l.contains("\" 204")
+        })
+        .map(|l| {
+            let stamp = l
+                .split('[')
+                .nth(1)
+                .and_then(|r| r.split(']').next())
+                .unwrap();
+            let hms: Vec<u32> = stamp
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .split(':')
+                .map(|n| n.parse().unwrap())
+                .collect();
+            let system = l
+                .split("/Systems/")
+                .nth(1)
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap();
+            (hms[0] * 3600 + hms[1] * 60 + hms[2], system.to_string())
+        })
+        .collect();
+    at.sort();
+    assert_eq!(
+        at.len(),
+        count,
+        "one Reset per machine in the BMC's log:\n{log}"
+    );
+    let first = at[0].0;
+    let relative: Vec<u32> = at.iter().map(|(t, _)| t - first).collect();
+    eprintln!(
+        "throttle 2 per 10 s, 10 machines: the BMC log's Reset times (s from the first): {relative:?}"
+    );
+    for i in 0..count - 2 {
+        // Whole seconds: a 10 s spacing can read as 9 or 10.
+        assert!(
+            relative[i + 2] - relative[i] >= 9,
+            "3 power-ons within 10 s: {relative:?}"
+        );
+    }
+    assert!((39..=45).contains(&relative[count - 1]), "{relative:?}");
 }
