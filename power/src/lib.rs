@@ -15,6 +15,7 @@ mod http;
 pub mod ipmi;
 pub mod redfish;
 pub mod retry;
+pub mod settings;
 pub mod text;
 pub mod throttle;
 
@@ -22,6 +23,7 @@ pub use credentials::{Credentials, Secret};
 pub use ipmi::{Ipmi, IpmiBmc};
 pub use redfish::{Redfish, RedfishBmc, TlsVerify};
 pub use retry::RetryPolicy;
+pub use settings::bmc_from_driver_info;
 pub use throttle::Throttle;
 
 /// A machine's power as its BMC reports it.

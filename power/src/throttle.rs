@@ -38,7 +38,8 @@ pub enum ThrottleError {
 
 impl<K: PartialEq + Clone> Throttle<K> {
     pub fn new(limit: u32, interval: Duration) -> Result<Throttle<K>, ThrottleError> {
-        let limit = usize::try_from(limit).map_err(|_| ThrottleError::ZeroLimit)?;
+        // A limit beyond usize (16-bit targets) is no limit at all.
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         if limit == 0 {
             return Err(ThrottleError::ZeroLimit);
         }
