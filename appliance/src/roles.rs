@@ -5,6 +5,12 @@
 //! timeout, exit status and output kept), sets image roles' required image in the MDB, and
 //! keeps every round's input and output (`roles/rounds/<ms>`) for replay.
 //!
+//! An image role's start sets the host's RequiredImage in the MDB and records the instance
+//! under `roles/images/<role>/<instance>`; the instance counts while the dominator's census
+//! (the leader's) shows the host's sub on its way to that image or synced to it
+//! ([`image_instances`]), and stops counting when the sub is unreachable or fails, so a dead
+//! host's image roles are started elsewhere.
+//!
 //! Between a hook's success and its instance's registration the round remembers what it
 //! did (`Pending`), so a re-plan in between does not start the same instance twice; a start
 //! that failed leaves its host alone for `quarantine`.
@@ -29,6 +35,9 @@ use crate::census::CensusService;
 
 pub const SPEC_KEY: &str = "roles/spec";
 pub const ROUNDS: &str = "roles/rounds/";
+/// `roles/images/<role>/<instance>`: `{host, image}`, an image role's instance started on a
+/// host (its required image set); removed when the instance is stopped.
+pub const IMAGES: &str = "roles/images/";
 /// Rounds kept in the store (the oldest are deleted).
 const ROUNDS_KEPT: usize = 200;
 /// Bytes of a hook's stdout and stderr kept (the tail).
@@ -147,6 +156,46 @@ pub struct PlanPreview {
     pub commands: Vec<Option<Vec<String>>>,
 }
 
+/// An image role's instance: the host whose required image the start set.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ImageInstance {
+    pub host: String,
+    pub image: String,
+}
+
+/// The image roles' instances alive by the dominator's census: a host still being brought to
+/// the image (polled, fetching, updating …) or synced to it. An unreachable or failing sub,
+/// one on another image, or a host the dominator does not know, does not count.
+pub fn image_instances(
+    assigned: &[(String, String, ImageInstance)],
+    subs: &BTreeMap<String, paddock_dominator::SubStatus>,
+) -> Vec<Instance> {
+    use paddock_dominator::SubState as S;
+    assigned
+        .iter()
+        .filter(|(_, _, a)| {
+            subs.get(&a.host).is_some_and(|s| {
+                s.required_image.as_deref() == Some(a.image.as_str())
+                    && match &s.state {
+                        S::Synced { image } => *image == a.image,
+                        S::Polling
+                        | S::Computing
+                        | S::Queued { .. }
+                        | S::Fetching { .. }
+                        | S::WaitingForScan { .. }
+                        | S::Updating => true,
+                        _ => false,
+                    }
+            })
+        })
+        .map(|(role, id, a)| Instance {
+            role: role.clone(),
+            id: id.clone(),
+            host: Some(a.host.clone()),
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct SpecBody {
     #[serde(default)]
@@ -242,6 +291,30 @@ impl Roles {
     /// to go; quarantined hosts.
     async fn live_census(&self) -> anyhow::Result<(Census, BTreeMap<String, uuid::Uuid>)> {
         let (mut census, uuids) = self.census.census().await?;
+        let mut assigned = Vec::new();
+        for kv in self.store.range(IMAGES).await? {
+            let Some((role, id)) = kv.key[IMAGES.len()..].split_once('/') else {
+                continue;
+            };
+            if let Ok(a) = serde_json::from_slice::<ImageInstance>(&kv.value) {
+                assigned.push((role.to_string(), id.to_string(), a));
+            }
+        }
+        let subs = self
+            .dominator
+            .census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for i in image_instances(&assigned, &subs) {
+            if !census
+                .instances
+                .iter()
+                .any(|x| x.role == i.role && x.id == i.id)
+            {
+                census.instances.push(i);
+            }
+        }
         let now = Instant::now();
         let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
         m.pending.retain(|p| {
@@ -483,6 +556,7 @@ impl Roles {
         action: &Action,
         r: &mut ActionResult,
     ) -> Result<(), String> {
+        let key = format!("{IMAGES}{}/{}", action.role, action.instance);
         if let (Kind::Start, Some(image)) = (action.kind, &action.image) {
             let host = action
                 .host
@@ -493,6 +567,26 @@ impl Roles {
                 .map_err(|e| {
                     format!("setting {host}'s required image to {image}: {}", e.message)
                 })?;
+            let a = ImageInstance {
+                host: host.to_string(),
+                image: image.clone(),
+            };
+            let value = serde_json::to_vec(&a).map_err(|e| e.to_string())?;
+            self.store
+                .put(&key, value)
+                .await
+                .map_err(|e| format!("recording {key}: {e}"))?;
+        }
+        if action.kind == Kind::Stop
+            && spec
+                .roles
+                .get(&action.role)
+                .is_some_and(|r| r.image.is_some())
+        {
+            self.store
+                .delete(&key)
+                .await
+                .map_err(|e| format!("removing {key}: {e}"))?;
         }
         let Some(argv) = action.command(spec)? else {
             return Ok(());
@@ -757,6 +851,77 @@ mod tests {
         .err()
         .unwrap();
         assert!(missing.starts_with("cannot run "), "{missing}");
+    }
+
+    #[test]
+    fn image_role_instances_count_while_their_sub_is_on_the_way_or_synced() {
+        use paddock_dominator::{SubState, SubStatus};
+        let sub = |host: &str, image: &str, state: SubState| {
+            (
+                host.to_string(),
+                SubStatus {
+                    hostname: host.into(),
+                    address: "198.18.0.9:6969".into(),
+                    required_image: Some(image.into()),
+                    state,
+                    summary: String::new(),
+                    failures: 0,
+                },
+            )
+        };
+        let subs: BTreeMap<String, SubStatus> = [
+            sub(
+                "h1",
+                "mirror",
+                SubState::Synced {
+                    image: "mirror".into(),
+                },
+            ),
+            sub("h2", "mirror", SubState::Updating),
+            sub(
+                "h3",
+                "mirror",
+                SubState::Unreachable {
+                    error: "down".into(),
+                },
+            ),
+            sub(
+                "h4",
+                "worker",
+                SubState::Synced {
+                    image: "worker".into(),
+                },
+            ),
+            sub(
+                "h5",
+                "mirror",
+                SubState::Synced {
+                    image: "old".into(),
+                },
+            ),
+        ]
+        .into();
+        let assigned: Vec<(String, String, ImageInstance)> = ["h1", "h2", "h3", "h4", "h5", "h6"]
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                (
+                    "mirror".to_string(),
+                    format!("mirror-{}", i + 1),
+                    ImageInstance {
+                        host: h.to_string(),
+                        image: "mirror".into(),
+                    },
+                )
+            })
+            .collect();
+        let alive: Vec<String> = image_instances(&assigned, &subs)
+            .into_iter()
+            .map(|i| format!("{} on {}", i.id, i.host.unwrap()))
+            .collect();
+        // h3 is unreachable, h4's required image is another, h5 is synced to another, h6 is
+        // not a sub.
+        assert_eq!(alive, vec!["mirror-1 on h1", "mirror-2 on h2"]);
     }
 
     #[test]
