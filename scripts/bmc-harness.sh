@@ -7,8 +7,10 @@
 #
 #   scripts/bmc-harness.sh venv          builds (once) the pinned venv, prints its bin directory
 #   scripts/bmc-harness.sh run NS DIR    sets everything up in namespace NS (scratch in DIR),
-#                                        prints `ready KEY=VALUE…`, then holds until its stdin
-#                                        closes (or SIGTERM), and removes it all
+#                                        prints `ready KEY=VALUE…`, answers `virsh ARGS` lines
+#                                        (output as `| …` lines, then `end STATUS`), and when
+#                                        its stdin closes (the test ended, however it ended)
+#                                        stops everything it started and removes NS
 #
 # Everything runs inside NS and a private mount namespace: libvirtd and virtlogd are started by
 # hand (`-d`; no systemd) with their own copies of /etc/libvirt, /run/libvirt, /var/lib/libvirt,
@@ -55,8 +57,7 @@ venv() {
   echo "$VENV/bin"
 }
 
-# The part that runs inside the namespaces: set up, announce, hold, tear down.
-DIR= BIN=
+DIR=
 PIDS=()
 # Stops what inner started (by the ids it recorded), the domain first.
 teardown() {
@@ -74,13 +75,13 @@ teardown() {
     ((live)) || break
     sleep 0.1
   done
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -9 "$p"; done
   wait 2>/dev/null
 }
 
 # The part that runs inside the namespaces: set up, announce, hold, tear down.
 inner() {
-  DIR=$1 BIN=$2
+  DIR=$1
   local dir=$1 bin=$2 t
   for t in libvirtd virtlogd virsh qemu-system-x86_64 qemu-img ipmitool openssl curl; do
     command -v "$t" >/dev/null || die "$t missing: run scripts/install-deps.sh"
