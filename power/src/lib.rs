@@ -124,6 +124,34 @@ pub trait PowerDriver: Send + Sync {
     fn boot_pxe_once(&self) -> Result<(), PowerError>;
 }
 
+/// Polls `driver` every `poll` until it reports `want` (a BMC answers a power action before
+/// the machine has changed state), for at most `timeout`; then a [`ErrorKind::Busy`] error
+/// saying what the machine still is. Status errors end the wait at once.
+pub fn wait_for_state(
+    driver: &dyn PowerDriver,
+    want: PowerState,
+    timeout: std::time::Duration,
+    poll: std::time::Duration,
+) -> Result<(), PowerError> {
+    let start = std::time::Instant::now();
+    loop {
+        let now = driver.status()?;
+        if now == want {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            return Err(PowerError::new(
+                ErrorKind::Busy,
+                format!(
+                    "the machine is still {now}, not {want}, {} s after the action",
+                    timeout.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// A BMC and how to reach it.
 #[derive(Debug, Clone)]
 pub enum Bmc {
@@ -138,5 +166,50 @@ impl Bmc {
             Bmc::Redfish(b) => Box::new(Redfish::connect(b, retry)?),
             Bmc::Ipmi(b) => Box::new(Ipmi::new(b.clone(), retry)?),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Reports the states it is given, one per call, then the last one for ever.
+    struct Reports(Mutex<Vec<PowerState>>);
+
+    impl PowerDriver for Reports {
+        fn status(&self) -> Result<PowerState, PowerError> {
+            let mut v = self.0.lock().unwrap();
+            Ok(if v.len() > 1 { v.remove(0) } else { v[0] })
+        }
+        fn power_on(&self) -> Result<(), PowerError> {
+            unreachable!()
+        }
+        fn power_off(&self) -> Result<(), PowerError> {
+            unreachable!()
+        }
+        fn reboot(&self) -> Result<(), PowerError> {
+            unreachable!()
+        }
+        fn boot_pxe_once(&self) -> Result<(), PowerError> {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn waiting_for_a_state_polls_until_it_comes_or_the_time_is_up() {
+        let ms = Duration::from_millis;
+        let d = Reports(Mutex::new(vec![
+            PowerState::Off,
+            PowerState::PoweringOn,
+            PowerState::On,
+        ]));
+        wait_for_state(&d, PowerState::On, ms(1000), ms(1)).unwrap();
+        assert!(d.0.lock().unwrap().len() == 1, "all three reports read");
+        let stuck = Reports(Mutex::new(vec![PowerState::PoweringOff]));
+        let e = wait_for_state(&stuck, PowerState::Off, ms(20), ms(5)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Busy);
+        assert!(e.message.contains("still powering off, not off"), "{e}");
     }
 }

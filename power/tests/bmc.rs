@@ -14,8 +14,12 @@ use std::time::{Duration, Instant};
 
 use paddock_power::{
     Credentials, ErrorKind, Ipmi, IpmiBmc, PowerDriver, PowerState, Redfish, RedfishBmc,
-    RetryPolicy, Throttle, TlsVerify,
+    RetryPolicy, Throttle, TlsVerify, wait_for_state,
 };
+
+/// How long a power action may take to show, and how often to look.
+const SETTLE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(200);
 
 /// An address on the harness's bridge that nothing answers.
 const NOBODY: &str = "198.19.60.200";
@@ -176,22 +180,6 @@ impl Drop for Harness {
     }
 }
 
-/// Waits (up to 30 s) until the driver reports `want`.
-fn wait_for(d: &dyn PowerDriver, want: PowerState) {
-    let start = Instant::now();
-    loop {
-        let now = d.status().unwrap();
-        if now == want {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "still {now}, waiting for {want}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Power off → PXE once → on → reboot → off through `d`, checked on the domain.
 fn drive(h: &mut Harness, name: &str, d: &dyn PowerDriver) {
     let t = Instant::now();
@@ -208,13 +196,15 @@ fn drive(h: &mut Harness, name: &str, d: &dyn PowerDriver) {
         "{name}: the PXE override reached the domain"
     );
     h.inside(|| d.power_on()).unwrap();
-    h.inside(|| wait_for(d, PowerState::On));
+    h.inside(|| wait_for_state(d, PowerState::On, SETTLE, POLL))
+        .unwrap();
     assert_eq!(h.domstate(), "running", "{name}: power on");
     h.inside(|| d.power_on()).unwrap(); // already on: nothing to do
     h.inside(|| d.reboot()).unwrap();
     assert_eq!(h.domstate(), "running", "{name}: a reset keeps it running");
     h.inside(|| d.power_off()).unwrap();
-    h.inside(|| wait_for(d, PowerState::Off));
+    h.inside(|| wait_for_state(d, PowerState::Off, SETTLE, POLL))
+        .unwrap();
     assert_eq!(h.domstate(), "shut off", "{name}: power off");
     h.inside(|| d.power_off()).unwrap(); // already off
     eprintln!(
