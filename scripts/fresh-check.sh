@@ -109,6 +109,8 @@ checks=(
   "qemu-utils|the BMC harness's VM disk (qemu-img)|qemu-img --version"
   "ipmitool|the IPMI power driver and its tests|ipmitool -V"
   "openssl|the BMC harness's test CA and HTTPS certificate|openssl version"
+  "chromium|the console's browser test (appliance/tests/console_browser.rs)|/usr/lib/chromium/chromium --headless=new --no-sandbox --version"
+  "chromium-driver|the console's browser test (chromedriver, WebDriver)|chromedriver --version"
 )
 cat >"$ROOT/paddock/check.sh" <<'EOF'
 set -u

@@ -30,6 +30,7 @@ packages=(
   qemu-utils       # qemu-img: the BMC harness's VM disk
   ipmitool         # the IPMI power driver (paddock-power) and its tests
   openssl          # the BMC harness's test CA and HTTPS certificate
+  chromium chromium-driver  # the console's browser test: headless Chromium through chromedriver (WebDriver)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(

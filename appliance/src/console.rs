@@ -1,6 +1,8 @@
 //! The web console (`/ui`): every appliance host serves it. Server-rendered HTML from
-//! compile-time-checked `maud` templates, which escape every interpolated value; no
-//! JavaScript needed; the node list refreshes itself.
+//! compile-time-checked `maud` templates, which escape every interpolated value. The machines
+//! list and a machine's page update themselves through `/ui/events` (server-sent events, see
+//! `console_live.rs`) and one small script embedded in the binary; with JavaScript off every
+//! page still reads, and the live ones refresh themselves every 5 s instead.
 //!
 //! The console gets what it shows through [`Console`], not the HTTP layer's state, so that
 //! `http` can route to it without a cycle.
@@ -20,6 +22,11 @@ use paddock_inspector::node::{Node, iso};
 use paddock_inspector::service::{Inspector, TimelineEvent};
 use paddock_inventory::{IntrospectionData, Inventory};
 use serde_json::Value;
+
+#[path = "console_live.rs"]
+mod live;
+#[path = "console_rules.rs"]
+mod rules;
 
 use crate::config::ClusterConfig;
 use crate::dominator::{Dominator, PAUSE, Pause, SUBS, SubControl};
@@ -53,6 +60,26 @@ pub fn router(console: Console) -> Router {
         .route("/ui/nodes/{node}/provision", post(provision_form))
         .route("/ui/nodes/{node}/reimage", post(reimage_form))
         .route("/ui/nodes/{node}/clean", post(clean_form))
+        .route(
+            "/ui/nodes/{node}/introspect",
+            post(
+                |State(s): State<Console>, Path(n): Path<String>, h: axum::http::HeaderMap| {
+                    introspection_form(s, n, h, false)
+                },
+            ),
+        )
+        .route(
+            "/ui/nodes/{node}/abort",
+            post(
+                |State(s): State<Console>, Path(n): Path<String>, h: axum::http::HeaderMap| {
+                    introspection_form(s, n, h, true)
+                },
+            ),
+        )
+        .route("/ui/events", get(live::events))
+        .route("/ui/assets/console.js", get(live::script))
+        .route("/ui/rules", get(rules::list).post(rules::create))
+        .route("/ui/rules/{uuid}/delete", post(rules::delete))
         .route("/ui/leases", get(leases))
         .route("/ui/images", get(images))
         .route("/ui/images/{*name}", get(image))
@@ -66,30 +93,55 @@ pub fn router(console: Console) -> Router {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222} h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:1.5rem}
 table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}
 .state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
-code{font-size:.9em} nav a{margin-right:1rem}
+code{font-size:.9em} nav a{margin-right:1rem} #live-status{color:#666;font-size:.85em}
+form.inline{display:inline} .pages a,.pages span{margin-right:.6rem} textarea{width:100%;max-width:60rem;font-family:monospace}
+@media (max-width:700px){body{margin:.6rem} table{display:block;overflow-x:auto}}
 .banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
 .synced{color:#070} .queued{color:#666} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
 
 fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
+    page_with(title, refresh, None, body)
+}
+
+/// A page that updates itself: `kind` is `list` (any node change) or `node` (changes of
+/// `subjects`: the node's UUID and its MACs' timelines). The parts to re-read carry a
+/// `data-live-region` attribute.
+struct Live {
+    kind: &'static str,
+    subjects: Vec<String>,
+}
+
+fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Html<String> {
     Html(
         html! {
             (DOCTYPE)
-            html {
+            html lang="en" {
                 head {
                     meta charset="utf-8";
-                    @if refresh { meta http-equiv="refresh" content="5"; }
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    @if refresh && live.is_some() {
+                        noscript { meta http-equiv="refresh" content="5"; }
+                    } @else if refresh {
+                        meta http-equiv="refresh" content="5";
+                    }
                     title { (title) " · Paddock" }
+                    // No favicon request (a 404 the browser would log as an error).
+                    link rel="icon" href="data:,";
                     style { (PreEscaped(STYLE)) }
+                    @if live.is_some() { script src="/ui/assets/console.js" defer {} }
                 }
-                body {
+                body data-live=[live.as_ref().map(|l| l.kind)]
+                    data-subjects=[live.as_ref().map(|l| l.subjects.join(" "))] {
                     nav {
                         a href="/ui" { "Nodes" }
+                        a href="/ui/rules" { "Rules" }
                         a href="/ui/leases" { "Leases" }
                         a href="/ui/firewall" { "PXE filter" }
                         a href="/ui/images" { "Images" }
                         a href="/ui/mdb" { "MDB" }
                         a href="/ui/subs" { "Subs" }
                         a href="/metrics" { "Metrics" }
+                        @if live.is_some() { span #live-status role="status" {} }
                     }
                     h1 { (title) }
                     (body)
@@ -131,34 +183,173 @@ fn error_of(n: &Node) -> Option<&str> {
     n.introspection.as_ref().and_then(|i| i.error.as_deref())
 }
 
-async fn nodes(State(s): State<Console>) -> Response {
-    let mut nodes = match s.inspector.list().await {
-        Ok(n) => n,
-        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
-    };
-    nodes.sort_by_key(|n| std::cmp::Reverse(n.created_at));
-    let body = html! {
-        @if nodes.is_empty() {
-            p { "No nodes yet. Power on a machine on the provisioning network: it enrols itself." }
-        } @else {
-            table {
-                tr { th { "Node" } th { "State" } th { "Error" } th { "MACs" } th { "CPUs" } th { "Memory MiB" } th { "Disk GiB" } th { "Arch" } }
-                @for n in &nodes {
-                    tr {
-                        td { a href={ "/ui/nodes/" (n.uuid) } { (n.label()) } }
-                        td { (state_cell(n)) }
-                        td { @if let Some(e) = error_of(n) { span class="error" { (e) } } }
-                        td { code { (macs(n)) } }
-                        td { (prop(n, "cpus")) }
-                        td { (prop(n, "memory_mb")) }
-                        td { (prop(n, "local_gb")) }
-                        td { (prop(n, "cpu_arch")) }
+/// `GET /ui?q=&state=&page=`: the machines, newest first, a page at a time.
+#[derive(Debug, Default, serde::Deserialize)]
+struct NodesQuery {
+    /// Words every shown machine matches (name, UUID, MAC, BMC, trait, architecture).
+    #[serde(default)]
+    q: String,
+    /// Only machines in this introspection state (empty: any).
+    #[serde(default)]
+    state: String,
+    /// 1-based.
+    #[serde(default)]
+    page: Option<usize>,
+}
+
+/// Machines per page.
+const PER_PAGE: usize = 50;
+
+fn state_name(n: &Node) -> &'static str {
+    n.state().map_or("-", |s| s.as_str())
+}
+
+/// Whether `n` matches every word of the search (case-insensitively).
+fn matches_search(n: &Node, words: &[String]) -> bool {
+    if words.is_empty() {
+        return true;
+    }
+    let mut hay = format!(
+        "{} {} {} {} {} {}",
+        n.label(),
+        n.uuid,
+        macs(n),
+        n.bmc_address.as_deref().unwrap_or(""),
+        n.traits.join(" "),
+        prop(n, "cpu_arch")
+    );
+    hay.make_ascii_lowercase();
+    words.iter().all(|w| hay.contains(w.as_str()))
+}
+
+/// The machines list's selection: the page asked for (clamped) of the machines matching the
+/// query, newest first (then by UUID, so pages are stable), with the number matching and the
+/// count of every state among all machines (for the filter).
+struct Selection<'a> {
+    shown: Vec<&'a Node>,
+    matching: usize,
+    page: usize,
+    pages: usize,
+    states: std::collections::BTreeMap<&'static str, usize>,
+}
+
+fn select_nodes<'a>(nodes: &'a mut [Node], q: &NodesQuery) -> Selection<'a> {
+    nodes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.uuid.cmp(&b.uuid)));
+    let words: Vec<String> =
+        q.q.split_whitespace()
+            .map(str::to_ascii_lowercase)
+            .collect();
+    let mut states = std::collections::BTreeMap::new();
+    let mut matching = Vec::new();
+    for n in nodes.iter() {
+        *states.entry(state_name(n)).or_insert(0) += 1;
+        if (q.state.is_empty() || q.state == state_name(n)) && matches_search(n, &words) {
+            matching.push(n);
+        }
+    }
+    let pages = matching.len().div_ceil(PER_PAGE).max(1);
+    let page = q.page.unwrap_or(1).clamp(1, pages);
+    let total = matching.len();
+    let shown = matching
+        .into_iter()
+        .skip((page - 1) * PER_PAGE)
+        .take(PER_PAGE)
+        .collect();
+    Selection {
+        shown,
+        matching: total,
+        page,
+        pages,
+        states,
+    }
+}
+
+/// Percent-encodes a query value (everything but RFC 3986's unreserved characters).
+fn query_value(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn nodes_link(q: &NodesQuery, page: usize) -> String {
+    format!(
+        "/ui?q={}&state={}&page={page}",
+        query_value(&q.q),
+        query_value(&q.state)
+    )
+}
+
+fn nodes_body(all: usize, sel: &Selection<'_>, q: &NodesQuery) -> Markup {
+    html! {
+        form.filter method="get" action="/ui" role="search" {
+            label { "Search " input type="search" name="q" value=(q.q) placeholder="name, UUID, MAC, trait…"; }
+            " "
+            label { "State " select name="state" {
+                option value="" { "any" }
+                @for (st, n) in &sel.states {
+                    option value=(st) selected[q.state == *st] { (st) " (" (n) ")" }
+                }
+            } }
+            " " button type="submit" { "Show" }
+        }
+        div data-live-region="nodes" {
+            @if all == 0 {
+                p { "No nodes yet. Power on a machine on the provisioning network: it enrols itself." }
+            } @else {
+                p #node-count {
+                    (sel.matching) " of " (all) " machine(s)"
+                    @if sel.pages > 1 { ", page " (sel.page) " of " (sel.pages) }
+                    " · "
+                    @for (i, (st, n)) in sel.states.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        span class={ "state " (st) } { (st) } " " (n)
+                    }
+                }
+                table #nodes {
+                    tr { th { "Node" } th { "State" } th { "Error" } th { "MACs" } th { "CPUs" } th { "Memory MiB" } th { "Disk GiB" } th { "Arch" } }
+                    @for n in &sel.shown {
+                        tr data-node=(n.uuid) {
+                            td { a href={ "/ui/nodes/" (n.uuid) } { (n.label()) } }
+                            td { (state_cell(n)) }
+                            td { @if let Some(e) = error_of(n) { span class="error" { (e) } } }
+                            td { code { (macs(n)) } }
+                            td { (prop(n, "cpus")) }
+                            td { (prop(n, "memory_mb")) }
+                            td { (prop(n, "local_gb")) }
+                            td { (prop(n, "cpu_arch")) }
+                        }
+                    }
+                }
+                @if sel.pages > 1 {
+                    p.pages {
+                        @if sel.page > 1 { a rel="prev" href=(nodes_link(q, sel.page - 1)) { "← newer" } }
+                        span { "page " (sel.page) " of " (sel.pages) }
+                        @if sel.page < sel.pages { a rel="next" href=(nodes_link(q, sel.page + 1)) { "older →" } }
                     }
                 }
             }
         }
+    }
+}
+
+async fn nodes(State(s): State<Console>, query: axum::extract::Query<NodesQuery>) -> Response {
+    let mut nodes = match s.inspector.list().await {
+        Ok(n) => n,
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
     };
-    page(&format!("Nodes ({})", nodes.len()), true, body).into_response()
+    let all = nodes.len();
+    let sel = select_nodes(&mut nodes, &query);
+    let body = nodes_body(all, &sel, &query);
+    let live = Live {
+        kind: "list",
+        subjects: Vec::new(),
+    };
+    page_with("Nodes", true, Some(live), body).into_response()
 }
 
 /// A value that may be absent (a number the agent did not send, no PXE NIC): `-`.
@@ -275,6 +466,7 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         .as_ref()
         .is_some_and(|(r, _)| r.serve().ramdisk_mode().is_some());
     let body = html! {
+        div data-live-region="summary" {
         table {
             tr { th { "UUID" } td { code { (n.uuid) } } }
             tr { th { "State" } td { (state_cell(n)) } }
@@ -287,21 +479,27 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             tr { th { "Properties" } td { code { (Value::Object(n.properties.clone())) } } }
             tr { th { "Traits" } td { (n.traits.join(", ")) } }
         }
+        (introspection_forms(n))
+        }
         h2 { "Provisioning" }
+        div data-live-region="provisioning" {
         @match &provisioning {
             Some((record, never)) => { (provisioning_body(n.uuid, record, *never, &images)) }
             None => { p.error { "The provisioning record could not be read." } }
         }
+        }
+        div data-live-region="inventory" {
         @if let Some(inv) = &inventory {
             h2 { "Inventory" }
-            table {
+            table #inventory {
                 @for (what, text) in inventory_rows(inv) {
                     tr { th { (what) } td { (text) } }
                 }
             }
         }
+        }
         h2 { "Timeline" }
-        table {
+        table #timeline data-live-region="timeline" {
             tr { th { "When (UTC)" } th { "What" } th { "Details" } }
             @for e in &timeline {
                 tr class=[e.error.then_some("error")] {
@@ -312,7 +510,75 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             }
         }
     };
-    page(&n.label(), n.inspecting() || running, body).into_response()
+    let mut subjects = vec![n.uuid.to_string()];
+    subjects.extend(n.macs.iter().map(|m| format!("mac-{}", m.to_hex())));
+    let live = Live {
+        kind: "node",
+        subjects,
+    };
+    page_with(&n.label(), n.inspecting() || running, Some(live), body).into_response()
+}
+
+/// Start (or start again) and abort an introspection: the forms that apply to the node's
+/// state (the state machine refuses the others anyway).
+fn introspection_forms(n: &Node) -> Markup {
+    html! {
+        p {
+            @if n.inspecting() {
+                form.inline method="post" action={ "/ui/nodes/" (n.uuid) "/abort" } {
+                    button type="submit" { "Abort introspection" }
+                }
+            } @else {
+                form.inline method="post" action={ "/ui/nodes/" (n.uuid) "/introspect" } {
+                    button type="submit" { "Start introspection" }
+                }
+            }
+            " " small { "(the machine is inspected at its next PXE boot)" }
+        }
+    }
+}
+
+/// Back to the node's page (303), or the refusal with the API's status and message.
+fn node_answer<T>(ident: &str, result: Result<T, paddock_wire::ApiError>) -> Response {
+    match result {
+        Ok(_) => axum::response::Redirect::to(&format!("/ui/nodes/{ident}")).into_response(),
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            let body = html! {
+                p.error { (e.message) }
+                p { a href={ "/ui/nodes/" (ident) } { "Back to the node" } }
+            };
+            (status, page("Refused", false, body)).into_response()
+        }
+    }
+}
+
+/// `POST /ui/nodes/{node}/introspect` (as `POST /v1/introspection/{node}?manage_boot=false`:
+/// the console powers nothing on, the machine is inspected at its next PXE boot) and
+/// `POST /ui/nodes/{node}/abort`.
+async fn introspection_form(
+    s: Console,
+    ident: String,
+    headers: axum::http::HeaderMap,
+    abort: bool,
+) -> Response {
+    if !same_origin(&headers) {
+        return refused_origin();
+    }
+    let now = paddock_inspector::service::now_secs();
+    let r = if abort {
+        s.inspector.abort(&ident, now).await
+    } else {
+        s.inspector.start(&ident, false, now).await
+    };
+    node_answer(&ident, r.map_err(paddock_wire::ApiError::from))
+}
+
+fn refused_origin() -> Response {
+    failure(
+        StatusCode::FORBIDDEN,
+        "a form from another site was refused",
+    )
 }
 
 /// The node's provisioning: its state, image, last step or failure, and the forms that
@@ -409,24 +675,11 @@ async fn node_request(
     event: Event,
 ) -> Response {
     if !same_origin(headers) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "a form from another site was refused",
-        );
+        return refused_origin();
     }
     match s.provisioning.request(ident, &event).await {
-        Ok((node, _)) => {
-            axum::response::Redirect::to(&format!("/ui/nodes/{}", node.uuid)).into_response()
-        }
-        Err(e) => {
-            let e = paddock_wire::ApiError::from(e);
-            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-            let body = html! {
-                p.error { (e.message) }
-                p { a href={ "/ui/nodes/" (ident) } { "Back to the node" } }
-            };
-            (status, page("Refused", false, body)).into_response()
-        }
+        Ok((node, _)) => node_answer(&node.uuid.to_string(), Ok::<_, paddock_wire::ApiError>(())),
+        Err(e) => node_answer::<()>(ident, Err(paddock_wire::ApiError::from(e))),
     }
 }
 
@@ -879,10 +1132,7 @@ async fn set_image(
     axum::Form(f): axum::Form<ImageForm>,
 ) -> Response {
     if !same_origin(&headers) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "a form from another site was refused",
-        );
+        return refused_origin();
     }
     match crate::dominator::set_required_image(&s.dominator, &hostname, &f.image).await {
         Ok(_) => axum::response::Redirect::to(&format!("/ui/subs/{hostname}")).into_response(),
@@ -906,6 +1156,55 @@ mod tests {
             html.contains("&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;"),
             "{html}"
         );
+    }
+
+    /// The machines list: newest first, searched by every word, filtered by state, paged
+    /// with the page clamped; links keep the query, percent-encoded.
+    #[test]
+    fn the_machines_list_is_searched_filtered_and_paged() {
+        let mut nodes: Vec<Node> = (0..120u128)
+            .map(|i| {
+                let mut n = Node::new(uuid::Uuid::from_u128(i), 1_700_000_000 + i as i64);
+                n.name = Some(format!("rack{}-node{i}", i % 3));
+                n
+            })
+            .collect();
+        let q = |q: &str, state: &str, page: Option<usize>| NodesQuery {
+            q: q.into(),
+            state: state.into(),
+            page,
+        };
+        let sel = select_nodes(&mut nodes, &q("", "", None));
+        assert_eq!((sel.matching, sel.page, sel.pages), (120, 1, 3));
+        assert_eq!(sel.shown.len(), PER_PAGE);
+        assert_eq!(sel.shown[0].name.as_deref(), Some("rack2-node119"));
+        let sel = select_nodes(&mut nodes, &q("", "", Some(9)));
+        assert_eq!((sel.page, sel.shown.len()), (3, 20));
+        let sel = select_nodes(&mut nodes, &q("RACK1 node1", "", None));
+        // rack1: i % 3 == 1, and "node1" in the name: 1, 10, 13, 16, 19, 100, 103, …
+        assert!(sel.shown.iter().all(|n| {
+            let name = n.name.as_deref().unwrap();
+            name.starts_with("rack1-") && name.contains("node1")
+        }));
+        assert_eq!(sel.matching, 12);
+        let sel = select_nodes(&mut nodes, &q("", "finished", None));
+        assert_eq!(sel.matching, 0);
+        assert_eq!(sel.states.values().sum::<usize>(), 120);
+        assert_eq!(
+            nodes_link(&q("a b&c", "", None), 2),
+            "/ui?q=a%20b%26c&state=&page=2"
+        );
+        let html = nodes_body(
+            120,
+            &select_nodes(&mut nodes, &q("", "", Some(2))),
+            &q("", "", Some(2)),
+        )
+        .into_string();
+        assert!(
+            html.contains(r#"rel="prev" href="/ui?q=&amp;state=&amp;page=1""#),
+            "{html}"
+        );
+        assert!(html.contains(r#"data-live-region="nodes""#), "{html}");
     }
 
     #[test]

@@ -1,0 +1,504 @@
+//! The web console in a real browser: Debian's headless Chromium driven through chromedriver
+//! (WebDriver) against the real `paddock serve`, both on 127.0.0.1 (the appliance runs with
+//! DHCP, TFTP and the PXE filter off, so it touches no interface of the host). Machines enrol
+//! the way the agent enrols them, by posting introspection data to `/v1/continue`.
+//!
+//! It asserts what an operator sees: a machine enrolled while the list is open appears without
+//! a reload; its page shows its inventory and timeline; starting an introspection from the page
+//! changes its state, and the agent's report then finishes it live; a rule with a bad condition
+//! created from the rules page shows the validation's error. Every page is saved as a PNG under
+//! `target/console-screenshots/`, and any error in the browser's console fails the test.
+//!
+//! Needs root (Chromium runs with `--no-sandbox`), `chromium` and `chromium-driver`
+//! (`scripts/install-deps.sh`).
+
+mod support;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, Locator};
+use serde_json::{Value, json};
+use support::{Scratch, inventory, require};
+
+/// How long any awaited condition may take.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the child to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process killed (and reaped) on drop; its log is printed if the test failed.
+struct Proc {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = cmd
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc { child, name, log }
+    }
+
+    /// Polls `url` with curl until it answers 2xx; fails if the process exits or the
+    /// deadline passes.
+    fn wait_http(&mut self, url: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let ok = Command::new("curl")
+                .args(["-sf", "-m", "1", "-o", "/dev/null", url])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited with {status}:\n{}", self.name, self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not answer {url}:\n{}",
+                self.name,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.log_text());
+        }
+    }
+}
+
+/// chromedriver's (Selenium's) log command: the browser's console since the last call.
+#[derive(Debug)]
+struct BrowserLog;
+
+impl WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!(
+            "session/{}/se/log",
+            session_id.unwrap_or_default()
+        ))
+    }
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (
+            http::Method::POST,
+            Some(json!({"type": "browser"}).to_string()),
+        )
+    }
+}
+
+/// The browser, the appliance it looks at, and where screenshots go.
+struct Session {
+    browser: Client,
+    base: String,
+    shots: PathBuf,
+    /// Console entries seen so far that were not errors.
+    seen: usize,
+}
+
+impl Session {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn goto(&self, path: &str) {
+        self.browser.goto(&self.url(path)).await.expect("goto");
+    }
+
+    /// Fails on any error the browser's console holds (messages at level SEVERE: script
+    /// errors, failed loads, `console.error`).
+    async fn no_console_errors(&mut self, during: &str) {
+        let entries = self
+            .browser
+            .issue_cmd(BrowserLog)
+            .await
+            .expect("browser log");
+        let entries = entries.as_array().cloned().unwrap_or_default();
+        let errors: Vec<&Value> = entries
+            .iter()
+            .filter(|e| e["level"].as_str() == Some("SEVERE"))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "browser console errors {during}: {errors:#?}"
+        );
+        self.seen += entries.len();
+    }
+
+    /// Saves the page as `target/console-screenshots/<name>.png`, after checking the console.
+    async fn shot(&mut self, name: &str) {
+        self.no_console_errors(name).await;
+        let png = self.browser.screenshot().await.expect("screenshot");
+        std::fs::write(self.shots.join(format!("{name}.png")), png).expect("write screenshot");
+    }
+
+    /// Polls `script` (a function body returning a value) until `ok` holds of its value.
+    async fn wait_js(&self, what: &str, script: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let v = self.browser.execute(script, vec![]).await.expect("execute");
+            if ok(&v) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                let page = self
+                    .browser
+                    .execute("return document.body.innerText;", vec![])
+                    .await
+                    .unwrap_or_default();
+                panic!(
+                    "timed out waiting for {what} (last: {v}); the page:\n{}",
+                    page.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The text of the first element matching `css`, or null.
+    async fn text(&self, css: &str) -> Value {
+        self.browser
+            .execute(
+                "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+                vec![json!(css)],
+            )
+            .await
+            .expect("execute")
+    }
+
+    /// Clicks the element matching `css` (a link or a form's button).
+    async fn click(&self, css: &str) {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
+            .click()
+            .await
+            .expect("click");
+    }
+
+    /// Marks the document; [`Session::not_reloaded`] then proves it was not reloaded.
+    async fn mark(&self) {
+        self.browser
+            .execute("window.__notReloaded = 'yes'; return null;", vec![])
+            .await
+            .expect("mark");
+    }
+
+    async fn not_reloaded(&self) {
+        let v = self
+            .browser
+            .execute("return window.__notReloaded || null;", vec![])
+            .await
+            .expect("execute");
+        assert_eq!(v, json!("yes"), "the page was reloaded");
+    }
+
+    /// Waits for the page's event stream to be open, so changes from now on are pushed.
+    async fn wait_live(&self) {
+        self.wait_js(
+            "the live stream",
+            "const e = document.getElementById('live-status'); return e ? e.textContent : null;",
+            |v| v == "live",
+        )
+        .await;
+    }
+}
+
+/// Posts an introspection report as the agent does; returns the node's UUID.
+fn report(base: &str, mac: &str) -> String {
+    let body = inventory(&[mac], 4, 8192, &[100]).to_string();
+    let out = Command::new("curl")
+        .args([
+            "-sf",
+            "-m",
+            "10",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &body,
+            &format!("{base}/v1/continue"),
+        ])
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "/v1/continue failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON answer");
+    v["uuid"].as_str().expect("uuid").to_string()
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_secs()
+}
+
+fn screenshots_dir() -> PathBuf {
+    // CARGO_TARGET_TMPDIR is <target>/tmp.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .join("console-screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshots dir");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_real_browser() {
+    require(&["curl", "chromium", "chromedriver"]);
+    let started = Instant::now();
+    let scratch = Scratch::new("console-browser");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let config = scratch.path("paddock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[dhcp]\nenabled = false\n[tftp]\nenabled = false\n",
+            scratch.path("data").display()
+        ),
+    )
+    .unwrap();
+    let mut app = Proc::spawn(
+        "paddock",
+        Command::new(env!("CARGO_BIN_EXE_paddock"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("PADDOCK_LOG", "info"),
+        scratch.path("paddock.log"),
+    );
+    app.wait_http(&format!("{base}/healthz"));
+
+    let driver_port = free_port();
+    let mut driver = Proc::spawn(
+        "chromedriver",
+        Command::new("chromedriver").arg(format!("--port={driver_port}")),
+        scratch.path("chromedriver.log"),
+    );
+    let driver_url = format!("http://127.0.0.1:{driver_port}");
+    driver.wait_http(&format!("{driver_url}/status"));
+
+    let caps = json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": "/usr/lib/chromium/chromium",
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,800", "--no-first-run",
+                format!("--user-data-dir={}", scratch.path("chromium").display()),
+            ],
+        },
+        "goog:loggingPrefs": {"browser": "ALL"},
+    });
+    let caps = caps.as_object().cloned().unwrap();
+    let browser =
+        fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&driver_url)
+            .await
+            .expect("a WebDriver session with Chromium");
+    let mut s = Session {
+        browser,
+        base: base.clone(),
+        shots: screenshots_dir(),
+        seen: 0,
+    };
+
+    // The console log is read for real: an error logged in the page is seen.
+    s.goto("/ui").await;
+    s.browser
+        .execute("console.error('paddock-probe'); return null;", vec![])
+        .await
+        .unwrap();
+    let probe = s.browser.issue_cmd(BrowserLog).await.expect("browser log");
+    assert!(
+        probe.to_string().contains("paddock-probe") && probe.to_string().contains("SEVERE"),
+        "the browser log does not show console errors: {probe}"
+    );
+
+    // 1. The machines list, empty; a machine enrols while it is open and appears by itself.
+    s.wait_live().await;
+    s.shot("machines-empty").await;
+    s.mark().await;
+    let uuid = report(&base, "52:54:00:c0:50:01");
+    let first_report_secs = unix_secs();
+    let row = format!("tr[data-node=\"{uuid}\"]");
+    s.wait_js(
+        "the enrolled machine in the list",
+        &format!("return document.querySelector('{row}') !== null;"),
+        |v| v == true,
+    )
+    .await;
+    s.not_reloaded().await;
+    let state = s.text(&format!("{row} .state")).await;
+    assert_eq!(state, json!("finished"), "state in the list");
+    s.shot("machines").await;
+
+    // 2. Its page: inventory in readable units and the timeline.
+    s.click(&format!("{row} a")).await;
+    s.wait_js(
+        "the machine's page",
+        "return document.getElementById('inventory') !== null;",
+        |v| v == true,
+    )
+    .await;
+    let inv = s.text("#inventory").await;
+    let inv = inv.as_str().unwrap_or_default();
+    for want in [
+        "QEMU",
+        "8192 MiB",
+        "4 × QEMU Virtual CPU",
+        "/dev/vda",
+        "52:54:00:c0:50:01",
+    ] {
+        assert!(inv.contains(want), "inventory lacks {want:?}: {inv}");
+    }
+    let rows = s
+        .browser
+        .find_all(Locator::Css("#timeline tr"))
+        .await
+        .expect("timeline rows");
+    assert!(rows.len() >= 2, "a header and at least one entry");
+    let timeline = s.text("#timeline").await;
+    assert!(
+        timeline
+            .as_str()
+            .is_some_and(|t| t.contains("finished") || t.contains("enrol")),
+        "timeline: {timeline}"
+    );
+    s.wait_live().await;
+    s.shot("machine").await;
+
+    // 3. Start an introspection from the page: the state changes (waiting); the agent's next
+    //    report then finishes it, shown live with its timeline entry.
+    s.click("form[action$=\"/introspect\"] button").await;
+    s.wait_js(
+        "the waiting state",
+        "const e = document.querySelector('[data-live-region=summary] .state'); return e ? e.textContent : null;",
+        |v| v == "waiting",
+    )
+    .await;
+    s.wait_live().await;
+    s.shot("machine-introspecting").await;
+    let entries_before = s
+        .browser
+        .find_all(Locator::Css("#timeline tr"))
+        .await
+        .unwrap()
+        .len();
+    s.mark().await;
+    // The inspector files a report's entries under keys of its second and their index, so a
+    // second report within the same second would replace the first's entries instead of
+    // adding its own: report in a later second (the clock is the condition polled).
+    let deadline = Instant::now() + DEADLINE;
+    while unix_secs() <= first_report_secs {
+        assert!(Instant::now() < deadline, "the clock does not move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(report(&base, "52:54:00:c0:50:01"), uuid);
+    s.wait_js(
+        "the finished state, live",
+        "const e = document.querySelector('[data-live-region=summary] .state'); return e ? e.textContent : null;",
+        |v| v == "finished",
+    )
+    .await;
+    s.wait_js(
+        "new timeline entries, live",
+        "return document.querySelectorAll('#timeline tr').length;",
+        |v| v.as_u64().is_some_and(|n| n as usize > entries_before),
+    )
+    .await;
+    s.not_reloaded().await;
+    s.shot("machine-reintrospected").await;
+
+    // 4. A rule with a bad condition: the validation's error is shown, the text kept.
+    s.goto("/ui/rules").await;
+    s.shot("rules").await;
+    let bad = r#"{"description": "bad", "conditions": [{"op": "no-such-op", "field": "memory_mb", "value": 1}], "actions": [{"action": "add-trait", "name": "CUSTOM_X"}]}"#;
+    let area = s
+        .browser
+        .find(Locator::Id("rule-json"))
+        .await
+        .expect("the rule text area");
+    area.clear().await.expect("clear");
+    area.send_keys(bad).await.expect("type");
+    s.click("form[action=\"/ui/rules\"] button").await;
+    let error = s
+        .wait_js(
+            "the rule's error",
+            "const e = document.getElementById('rule-error'); return e ? e.textContent : null;",
+            |v| v.is_string(),
+        )
+        .await;
+    assert!(
+        error.as_str().is_some_and(|e| e.contains("no-such-op")),
+        "error: {error}"
+    );
+    let kept = s
+        .browser
+        .execute("return document.getElementById('rule-json').value;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(kept, json!(bad));
+    // The error is in the page, not the console.
+    s.shot("rules-error").await;
+    assert!(
+        s.browser.find(Locator::Css("#rules")).await.is_err(),
+        "no rule was created"
+    );
+
+    // 5. Every other page renders without a console error.
+    for (path, name) in [
+        ("/ui/leases", "leases"),
+        ("/ui/firewall", "firewall"),
+        ("/ui/images", "images"),
+        ("/ui/mdb", "mdb"),
+        ("/ui/subs", "subs"),
+    ] {
+        s.goto(path).await;
+        s.shot(name).await;
+    }
+    s.browser.close().await.expect("close the session");
+    drop(driver);
+    drop(app);
+    eprintln!(
+        "console browser test: {} console entries, none an error; screenshots in {}; {:.1} s",
+        s.seen,
+        s.shots.display(),
+        started.elapsed().as_secs_f64()
+    );
+}
