@@ -52,6 +52,7 @@ impl Harness {
         stdout.read_line(&mut line).unwrap();
         let Some(rest) = line.trim().strip_prefix("ready ") else {
             let status = child.wait().unwrap();
+            let _ = std::fs::remove_dir_all(&scratch);
             panic!(
                 "scripts/bmc-harness.sh did not start ({status}; its errors are above); it said {:?}",
                 line.trim()
