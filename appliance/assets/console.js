@@ -1,17 +1,16 @@
-// Paddock console: live updates. Served from the binary as /ui/assets/console.js.
+// Paddock console: live updates and image upload. Served from the binary as
+// /ui/assets/console.js.
 //
 // The page says what it shows in attributes the server escaped: <body data-live="list"> (any
-// node change matters) or data-live="node" with data-subjects="<uuid> mac-<hex> …" (changes to
-// these subjects matter). On such a change the page is fetched again and every element with
-// a data-live-region attribute is replaced by its fresh copy, parsed by the browser from the
-// server's own (escaped) HTML. Nothing here builds HTML from strings.
+// node change matters), data-live="node" with data-subjects="<uuid> mac-<hex> …" (changes to
+// these subjects matter) or data-live="images" (image changes matter). On such a change the
+// page is fetched again and every element with a data-live-region attribute is replaced by
+// its fresh copy, parsed by the browser from the server's own (escaped) HTML. Nothing here
+// builds HTML from strings; messages are set as text.
 (function () {
   "use strict";
   var body = document.body;
   var live = body.getAttribute("data-live");
-  if (!live || !window.EventSource || !window.fetch || !window.DOMParser) {
-    return;
-  }
   var subjects = (body.getAttribute("data-subjects") || "").split(" ").filter(Boolean);
   var status = document.getElementById("live-status");
   var timer = null;
@@ -74,9 +73,13 @@
     }
   }
 
-  function concerns(e) {
+  // Whether a change event concerns this page.
+  function concerns(name, e) {
+    if (live === "images" || name === "image") {
+      return live === "images" && name === "image";
+    }
     if (live === "list") {
-      return true;
+      return name === "node";
     }
     var d;
     try {
@@ -87,6 +90,59 @@
     return subjects.indexOf(d.subject) >= 0;
   }
 
+  // The upload form: the tarball as the request's body, its progress on the bar.
+  function upload(form) {
+    var bar = document.getElementById("upload-progress");
+    var said = document.getElementById("upload-status");
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var file = form.elements.tarball.files[0];
+      var name = form.elements.name.value;
+      if (!file || !name) {
+        return;
+      }
+      var xhr = new XMLHttpRequest();
+      xhr.open("POST", "/ui/images?name=" + encodeURIComponent(name));
+      xhr.setRequestHeader("Content-Type", "application/x-tar");
+      bar.hidden = false;
+      bar.value = 0;
+      said.textContent = "uploading " + file.name + "…";
+      xhr.upload.onprogress = function (p) {
+        if (p.lengthComputable) {
+          bar.value = Math.round((100 * p.loaded) / p.total);
+        }
+      };
+      xhr.onload = function () {
+        var answer = {};
+        try {
+          answer = JSON.parse(xhr.responseText);
+        } catch (_) {
+          answer = {};
+        }
+        if (xhr.status === 200) {
+          bar.value = 100;
+          said.textContent = "added " + answer.name + " (" + answer.members + " members)";
+          form.reset();
+          refresh();
+        } else {
+          said.textContent =
+            (answer.error && answer.error.message) || "upload failed: HTTP " + xhr.status;
+        }
+      };
+      xhr.onerror = function () {
+        said.textContent = "upload failed: the connection was lost";
+      };
+      xhr.send(file);
+    });
+  }
+
+  var form = document.querySelector("form[data-upload]");
+  if (form && window.XMLHttpRequest) {
+    upload(form);
+  }
+  if (!live || !window.EventSource || !window.fetch || !window.DOMParser) {
+    return;
+  }
   var source = new EventSource("/ui/events");
   source.onopen = function () {
     say("live");
@@ -94,12 +150,9 @@
   source.onerror = function () {
     say("reconnecting…");
   };
-  ["node", "timeline"].forEach(function (name) {
+  ["node", "timeline", "image"].forEach(function (name) {
     source.addEventListener(name, function (e) {
-      if (name === "timeline" && live === "list") {
-        return;
-      }
-      if (concerns(e)) {
+      if (concerns(name, e)) {
         schedule();
       }
     });

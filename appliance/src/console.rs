@@ -23,6 +23,8 @@ use paddock_inspector::service::{Inspector, TimelineEvent};
 use paddock_inventory::{IntrospectionData, Inventory};
 use serde_json::Value;
 
+#[path = "console_images.rs"]
+mod images_upload;
 #[path = "console_live.rs"]
 mod live;
 #[path = "console_rules.rs"]
@@ -81,7 +83,7 @@ pub fn router(console: Console) -> Router {
         .route("/ui/rules", get(rules::list).post(rules::create))
         .route("/ui/rules/{uuid}/delete", post(rules::delete))
         .route("/ui/leases", get(leases))
-        .route("/ui/images", get(images))
+        .route("/ui/images", get(images).post(images_upload::upload))
         .route("/ui/images/{*name}", get(image))
         .route("/ui/mdb", get(mdb))
         .route("/ui/subs", get(subs))
@@ -813,11 +815,21 @@ async fn images(State(s): State<Console>) -> Response {
         .map(|r| r.name.as_str())
         .collect();
     let body = html! {
-        p { "Add with " code { "paddock image add NAME TARBALL [--filter F] [--triggers T]" } "." }
-        table {
+        p { "Add with " code { "paddock image add NAME TARBALL [--filter F] [--triggers T]" } ", or upload a tarball here." }
+        form #upload data-upload method="post" action="/ui/images" {
+            label { "Name " input type="text" name="name" required placeholder="debian/minbase.2"; }
+            " "
+            label { "Tarball " input type="file" name="tarball" required accept=".tar,application/x-tar"; }
+            " " button type="submit" { "Upload" }
+            " " progress #upload-progress value="0" max="100" hidden {}
+            " " span #upload-status role="status" {}
+            noscript { p { "Uploading needs JavaScript; the CLI works without it." } }
+        }
+        div data-live-region="images" {
+        table #images {
             tr { th { "Image" } th { "Files" } th { "Bytes" } th { "Objects" } th { "Filter" } th { "Triggers" } th { "Created" } th { "Expires" } }
             @for r in list.iter().filter(|r| !r.deleted) {
-                tr {
+                tr data-image=(r.name) {
                     td { a href={ "/ui/images/" (r.name) } { (r.name) } }
                     td { (r.files) }
                     td { (bytes(r.bytes)) }
@@ -831,8 +843,13 @@ async fn images(State(s): State<Console>) -> Response {
         }
         h2 { "Retired names" }
         p { (if deleted.is_empty() { "none".to_string() } else { deleted.join(", ") }) }
+        }
     };
-    page("Images", false, body).into_response()
+    let live = Live {
+        kind: "images",
+        subjects: Vec::new(),
+    };
+    page_with("Images", false, Some(live), body).into_response()
 }
 
 async fn image(State(s): State<Console>, Path(name): Path<String>) -> Response {

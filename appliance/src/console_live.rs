@@ -26,11 +26,15 @@ use super::Console;
 pub const SCRIPT: &str = include_str!("../assets/console.js");
 
 /// Prefixes whose changes the console shows live, with the SSE event each becomes.
-const FOLLOWED: [(&str, &str); 3] = [
+const FOLLOWED: [(&str, &str); 4] = [
     (paddock_inspector::service::NODES, "node"),
     (crate::provisioning::PREFIX, "node"),
     (EVENTS, "timeline"),
+    (IMAGES, "image"),
 ];
+
+/// The image index's prefix (`images/<name>`, names may hold `/`).
+const IMAGES: &str = "images/";
 
 /// `GET /ui/assets/console.js`.
 pub async fn script() -> Response {
@@ -157,6 +161,7 @@ mod tests {
             change_of("events/mac-525400000001/000001700000000-0001"),
             Some(("timeline", "mac-525400000001"))
         );
+        assert_eq!(change_of("images/debian/a"), Some(("image", "debian")));
         assert_eq!(change_of("node-macs/525400000001"), None);
         assert_eq!(change_of("nodes/"), None);
     }

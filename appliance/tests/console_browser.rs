@@ -6,7 +6,8 @@
 //! It asserts what an operator sees: a machine enrolled while the list is open appears without
 //! a reload; its page shows its inventory and timeline; starting an introspection from the page
 //! changes its state, and the agent's report then finishes it live; a rule with a bad condition
-//! created from the rules page shows the validation's error. Every page is saved as a PNG under
+//! created from the rules page shows the validation's error; a tarball uploaded from the
+//! images page appears with its sizes. Every page is saved as a PNG under
 //! `target/console-screenshots/`, and any error in the browser's console fails the test.
 //!
 //! Needs root (Chromium runs with `--no-sandbox`), `chromium` and `chromium-driver`
@@ -207,6 +208,23 @@ impl Session {
             .expect("click");
     }
 
+    /// Waits until an element matches `css`.
+    async fn wait_present(&self, what: &str, css: &str) {
+        let script = format!("return document.querySelector({}) !== null;", json!(css));
+        self.wait_js(what, &script, |v| v == true).await;
+    }
+
+    /// Types `text` into the element matching `css` (a file input takes a path).
+    async fn type_into(&self, css: &str, text: &str) {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
+            .send_keys(text)
+            .await
+            .expect("type");
+    }
+
     /// Marks the document; [`Session::not_reloaded`] then proves it was not reloaded.
     async fn mark(&self) {
         self.browser
@@ -357,12 +375,8 @@ async fn the_console_in_a_real_browser() {
     let uuid = report(&base, "52:54:00:c0:50:01");
     let first_report_secs = unix_secs();
     let row = format!("tr[data-node=\"{uuid}\"]");
-    s.wait_js(
-        "the enrolled machine in the list",
-        &format!("return document.querySelector('{row}') !== null;"),
-        |v| v == true,
-    )
-    .await;
+    s.wait_present("the enrolled machine in the list", &row)
+        .await;
     s.not_reloaded().await;
     let state = s.text(&format!("{row} .state")).await;
     assert_eq!(state, json!("finished"), "state in the list");
@@ -370,12 +384,7 @@ async fn the_console_in_a_real_browser() {
 
     // 2. Its page: inventory in readable units and the timeline.
     s.click(&format!("{row} a")).await;
-    s.wait_js(
-        "the machine's page",
-        "return document.getElementById('inventory') !== null;",
-        |v| v == true,
-    )
-    .await;
+    s.wait_present("the machine's page", "#inventory").await;
     let inv = s.text("#inventory").await;
     let inv = inv.as_str().unwrap_or_default();
     for want in [
@@ -481,11 +490,60 @@ async fn the_console_in_a_real_browser() {
         "no rule was created"
     );
 
-    // 5. Every other page renders without a console error.
+    // 5. An image uploaded from the page appears with its sizes, without a reload.
+    let tree = scratch.path("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/hostname"), "console\n").unwrap();
+    std::fs::write(tree.join("etc/motd"), vec![b'x'; 3000]).unwrap();
+    let tarball = scratch.path("upload.tar");
+    support::sh_ok(&format!(
+        "tar -C {} -cf {} .",
+        tree.display(),
+        tarball.display()
+    ));
+    s.goto("/ui/images").await;
+    s.wait_live().await;
+    s.shot("images-empty").await;
+    s.mark().await;
+    s.type_into("#upload input[name=name]", "console/upload.1")
+        .await;
+    s.type_into(
+        "#upload input[name=tarball]",
+        &tarball.display().to_string(),
+    )
+    .await;
+    s.click("#upload button").await;
+    let image_row = "tr[data-image=\"console/upload.1\"]";
+    s.wait_present("the uploaded image in the list", image_row)
+        .await;
+    s.not_reloaded().await;
+    let cells = s
+        .browser
+        .execute(
+            "return Array.from(document.querySelectorAll(arguments[0] + ' td')).map(c => c.textContent);",
+            vec![json!(image_row)],
+        )
+        .await
+        .unwrap();
+    // Image, Files, Bytes: two files of 8 and 3,000 bytes.
+    assert_eq!(cells[0], json!("console/upload.1"), "{cells}");
+    assert_eq!(cells[1], json!("2"), "{cells}");
+    assert_eq!(cells[2], json!("2.9 KiB"), "{cells}");
+    let bar = s
+        .browser
+        .execute(
+            "return document.getElementById('upload-progress').value;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(bar, json!(100), "the progress bar");
+    s.shot("images").await;
+
+    // 6. Every other page renders without a console error.
     for (path, name) in [
         ("/ui/leases", "leases"),
         ("/ui/firewall", "firewall"),
-        ("/ui/images", "images"),
         ("/ui/mdb", "mdb"),
         ("/ui/subs", "subs"),
     ] {
