@@ -941,6 +941,46 @@ pub fn node_clean(api: &str, node: &str) -> anyhow::Result<()> {
     provisioning_request(api, node, "clean", serde_json::json!({}))
 }
 
+/// `paddock node power NODE on|off|cycle|status`: through the node's BMC (power-ons wait
+/// for the appliance's throttle).
+pub fn node_power(api: &str, node: &str, action: &str) -> anyhow::Result<()> {
+    let a: Value = Call::new(api, "POST", format!("/api/v1/nodes/{node}/power"))
+        .send_json(&serde_json::json!({"action": action}))?;
+    print!("{}", power_text(node, &a));
+    Ok(())
+}
+
+/// A power answer (`/api/v1/nodes/{node}/power`) as the CLI prints it.
+pub fn power_text(node: &str, a: &Value) -> String {
+    let text = |v: &Value| v.as_str().map(printable).unwrap_or_else(|| "?".into());
+    let mut out = format!(
+        "node {}: power {}",
+        printable(node),
+        a["state"]
+            .as_str()
+            .map_or_else(|| "unknown".into(), printable)
+    );
+    if let Some(b) = a["bmc"].as_object() {
+        out.push_str(&format!(
+            " ({} {})",
+            text(&b["driver"]),
+            text(&b["address"])
+        ));
+    }
+    out.push('\n');
+    if a["queued"].as_bool() == Some(true) {
+        let t = &a["throttle"];
+        out.push_str(&format!(
+            "  waiting for the power-on throttle ({} queued, at most {} per {} s); see `paddock node show`\n",
+            t["queued"], t["max_power_ons"], t["interval_secs"]
+        ));
+    }
+    if let Some(e) = a["error"].as_str() {
+        out.push_str(&format!("  last status error: {}\n", printable(e)));
+    }
+    out
+}
+
 /// A sub as the census holds it, for the tests of what shows subs.
 #[cfg(test)]
 pub(crate) fn test_sub(

@@ -43,6 +43,8 @@ pub struct AppState {
     pub provisioning: Arc<crate::provisioning::Provisioner>,
     /// The role spec, its loop and the census (`/api/v1/spec`, `/api/v1/census`).
     pub roles: Arc<crate::roles::Roles>,
+    /// BMCs: `/api/v1/nodes/{node}/power`, the throttle's queue.
+    pub power: Arc<crate::power::Power>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -68,6 +70,7 @@ pub fn router(state: AppState) -> Router {
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
     let dominator = crate::dominator::router(state.dominator.clone());
     let provisioning = crate::provisioning::router(state.provisioning.clone());
+    let power = crate::power::router(state.power.clone());
     let roles = crate::roles::router(state.roles.clone())
         .merge(crate::census::router(state.roles.census.clone()));
     let console = crate::console::router(crate::console::Console {
@@ -85,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .merge(imageserver)
         .merge(dominator)
         .merge(provisioning)
+        .merge(power)
         .merge(roles)
         .merge(console)
 }
@@ -248,7 +252,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
         s.dhcp.as_ref().map(|d| &d.stats),
         nodes.as_deref(),
         dominator.as_ref(),
-    ) {
+    )
+    .map(|text| crate::power::add_metrics(text, &s.power.throttle_view()))
+    {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

@@ -11,6 +11,7 @@ pub mod dominator;
 pub mod http;
 pub mod images;
 pub mod leader;
+pub mod power;
 pub mod provisioning;
 pub mod pxe_filter;
 pub mod roles;

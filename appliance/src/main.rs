@@ -257,6 +257,13 @@ enum NodeCmd {
     },
     /// Wipe the node's disk (partition table and signatures) and return it to idle.
     Clean { node: String },
+    /// Power through the node's BMC (driver_info redfish_* or ipmi_*): on, off, cycle
+    /// (reset, or on when off) or status. Power-ons wait for the appliance's throttle.
+    Power {
+        node: String,
+        #[arg(value_parser = ["on", "off", "cycle", "status"])]
+        action: String,
+    },
     /// Set node attributes, as `baremetal node set` does (one PATCH, Ironic's semantics).
     Set {
         node: String,
@@ -508,6 +515,7 @@ fn main() -> ExitCode {
                     paddock::cli::node_reimage(&api, &node, image.as_deref())
                 }
                 NodeCmd::Clean { node } => paddock::cli::node_clean(&api, &node),
+                NodeCmd::Power { node, action } => paddock::cli::node_power(&api, &node, &action),
                 NodeCmd::Set {
                     node,
                     name,

@@ -306,6 +306,8 @@ pub struct Provisioner {
     pub subd_port: u16,
     /// How long a run may go without a report (`[provisioning]`).
     pub timeouts: Timeouts,
+    /// Reboots a node with a BMC into the ramdisk when an operator starts a run.
+    pub power: Option<Arc<crate::power::Power>>,
 }
 
 /// One write: the record's transition, and the wish it acts on.
@@ -439,6 +441,14 @@ impl Provisioner {
     pub async fn request(&self, ident: &str, event: &Event) -> Result<(Node, Transition)> {
         let node = self.node(ident).await?;
         let t = self.apply(&node, event, true).await?;
+        // A node in the ramdisk already (under introspection) goes on in the same boot.
+        if let (true, Some(mode), Some(power)) = (
+            t.changed && !node.inspecting(),
+            t.record.serve().ramdisk_mode(),
+            &self.power,
+        ) {
+            crate::power::boot_ramdisk(power, &node, &format!("provisioning: {mode}")).await;
+        }
         Ok((node, t))
     }
 

@@ -207,6 +207,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
 
+    // Power (BMCs): manage_boot follows introspections; the leader's throttle and sync.
+    let power = crate::power::Power::new(
+        store.clone(),
+        inspector.clone(),
+        cfg.power,
+        paddock_power::RetryPolicy::default(),
+    );
+    observers.push(Arc::new(crate::power::ManageBoot(power.clone())));
+    crate::power::spawn(&mut tasks, power.clone(), leader_rx.clone());
+
     // Provisioning: a rule's set-image acts when the introspection finishes.
     let provisioner = Arc::new(crate::provisioning::Provisioner {
         store: store.clone(),
@@ -219,6 +229,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .as_ref()
             .map_or(paddock_birther::protocol::SUBD_PORT, |d| d.subd_port),
         timeouts: cfg.provisioning.timeouts,
+        power: Some(power.clone()),
     });
     observers.push(Arc::new(crate::provisioning::RuleWishes(
         provisioner.clone(),
@@ -385,6 +396,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     );
     tokio::spawn(roles.clone().run());
     let state = AppState {
+        power,
         dominator,
         roles,
         config: cfg.clone(),

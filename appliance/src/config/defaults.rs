@@ -41,6 +41,13 @@ pub const PROVISIONING_STEP_TIMEOUT_SECS: u64 = 30 * 60;
 /// Seconds from `register` until the dominator finds subd synced.
 pub const PROVISIONING_SYNC_TIMEOUT_SECS: u64 = 2 * 60 * 60;
 
+/// Power-ons started in any window of `POWER_INTERVAL_SECS`, appliance-wide.
+pub const POWER_MAX_POWER_ONS: u32 = 10;
+/// Seconds of the power-on throttle's window.
+pub const POWER_INTERVAL_SECS: u64 = 10;
+/// Seconds between the leader's reads of every managed node's power state.
+pub const POWER_SYNC_SECS: u64 = 60;
+
 pub const DOMINATOR_ENABLED: bool = true;
 /// subd's default port (Dominator's).
 pub const DOMINATOR_SUBD_PORT: u16 = 6969;

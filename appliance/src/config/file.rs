@@ -26,6 +26,7 @@ pub struct FileConfig {
     pub cluster: ClusterFile,
     pub timeline: TimelineFile,
     pub provisioning: ProvisioningFile,
+    pub power: PowerFile,
     pub roles: crate::roles::RolesFile,
 }
 
@@ -39,6 +40,20 @@ pub struct ProvisioningFile {
     /// Seconds from `register` until the dominator finds subd synced to the image
     /// ([`super::defaults::PROVISIONING_SYNC_TIMEOUT_SECS`]).
     pub sync_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PowerFile {
+    /// Power-ons (BMC) started in any window of `interval_secs`, across the appliance
+    /// ([`super::defaults::POWER_MAX_POWER_ONS`]); the rest wait their turn, first come first
+    /// served, on the leader.
+    pub max_power_ons: Option<u32>,
+    /// Seconds of that window ([`super::defaults::POWER_INTERVAL_SECS`]).
+    pub interval_secs: Option<u64>,
+    /// Seconds between the leader's reads of every managed node's power state
+    /// ([`super::defaults::POWER_SYNC_SECS`]).
+    pub sync_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

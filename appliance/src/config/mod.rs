@@ -46,6 +46,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     pub timeline: TimelineConfig,
     pub provisioning: ProvisioningConfig,
+    /// `[power]`: the power-on throttle and the power-state sync.
+    pub power: crate::power::PowerConfig,
     /// `None`: no hooks directory, the role loop is off.
     pub roles: Option<crate::roles::RolesConfig>,
 }

@@ -54,6 +54,7 @@ impl FileConfig {
         let dominator = dominator(&self.dominator, &mut p);
         let timeline = timeline(&self.timeline, &mut p);
         let provisioning = provisioning(&self.provisioning, &mut p);
+        let power = power(&self.power, &mut p);
         let cluster = cluster(&self.cluster, &mut p);
         let roles = crate::roles::validate(&self.roles, &data_dir, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
@@ -86,6 +87,7 @@ impl FileConfig {
             cluster,
             timeline,
             provisioning,
+            power,
             roles,
         })
     }
@@ -347,6 +349,34 @@ fn provisioning(f: &ProvisioningFile, p: &mut Problems) -> ProvisioningConfig {
     );
     ProvisioningConfig {
         timeouts: paddock_birther::Timeouts { step_ms, sync_ms },
+    }
+}
+
+/// `[power]`: at least one power-on per window of 1 s to 1 h; a sync every 1 s to 1 day.
+fn power(f: &PowerFile, p: &mut Problems) -> crate::power::PowerConfig {
+    let max_power_ons = f.max_power_ons.unwrap_or(defaults::POWER_MAX_POWER_ONS);
+    if max_power_ons == 0 {
+        p.push("power.max_power_ons: must be at least 1".into());
+    }
+    let mut secs = |what: &str, v: Option<u64>, default: u64, max: u64| {
+        let v = v.unwrap_or(default);
+        if v > max {
+            p.push(format!("power.{what}: {v} is more than {max}"));
+        }
+        period(&format!("power.{what}"), v.min(max), p)
+    };
+    let interval = secs(
+        "interval_secs",
+        f.interval_secs,
+        defaults::POWER_INTERVAL_SECS,
+        3600,
+    );
+    let sync_every = secs("sync_secs", f.sync_secs, defaults::POWER_SYNC_SECS, 86_400);
+    crate::power::PowerConfig {
+        max_power_ons: max_power_ons.max(1),
+        interval,
+        sync_every,
+        ..crate::power::PowerConfig::default()
     }
 }
 
