@@ -23,6 +23,8 @@ use paddock_inspector::service::{Inspector, TimelineEvent};
 use paddock_inventory::{IntrospectionData, Inventory};
 use serde_json::Value;
 
+#[path = "console_dashboard.rs"]
+mod dashboard;
 #[path = "console_images.rs"]
 mod images_upload;
 #[path = "console_live.rs"]
@@ -78,6 +80,7 @@ pub fn router(console: Console) -> Router {
                 },
             ),
         )
+        .route("/ui/dashboard", get(dashboard::dashboard))
         .route("/ui/events", get(live::events))
         .route("/ui/assets/console.js", get(live::script))
         .route("/ui/rules", get(rules::list).post(rules::create))
@@ -96,7 +99,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#22
 table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}
 .state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
 code{font-size:.9em} nav a{margin-right:1rem} #live-status{color:#666;font-size:.85em}
-form.inline{display:inline} .pages a,.pages span{margin-right:.6rem} textarea{width:100%;max-width:60rem;font-family:monospace}
+form.inline{display:inline} .columns{display:flex;flex-wrap:wrap;gap:2rem} h3{font-size:1rem} .pages a,.pages span{margin-right:.6rem} textarea{width:100%;max-width:60rem;font-family:monospace}
 @media (max-width:700px){body{margin:.6rem} table{display:block;overflow-x:auto}}
 .banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
 .synced{color:#070} .queued{color:#666} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
@@ -135,6 +138,7 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                 body data-live=[live.as_ref().map(|l| l.kind)]
                     data-subjects=[live.as_ref().map(|l| l.subjects.join(" "))] {
                     nav {
+                        a href="/ui/dashboard" { "Dashboard" }
                         a href="/ui" { "Nodes" }
                         a href="/ui/rules" { "Rules" }
                         a href="/ui/leases" { "Leases" }
@@ -721,16 +725,10 @@ async fn clean_form(
     node_request(&s, &ident, &headers, Event::CleanRequested).await
 }
 
-async fn firewall(State(s): State<Console>) -> Response {
-    let Some(f) = &s.filter else {
-        let body = html! {
-            p { "The PXE filter is off (" code { "[firewall] enabled = false" } ")." }
-        };
-        return page("PXE filter", false, body).into_response();
-    };
-    let st = f.status();
+/// Which host this is and who leads, as a sentence (the dashboard and the filter page).
+fn appliance_sentence(s: &Console) -> String {
     let leads = s.leader.borrow().is_some();
-    let who = match &s.cluster {
+    match &s.cluster {
         None => "one host: this host serves PXE".to_string(),
         Some(c) => format!(
             "host {} of several ({}): {}",
@@ -742,7 +740,18 @@ async fn firewall(State(s): State<Console>) -> Response {
                 "a follower (another host serves PXE)"
             }
         ),
+    }
+}
+
+async fn firewall(State(s): State<Console>) -> Response {
+    let Some(f) = &s.filter else {
+        let body = html! {
+            p { "The PXE filter is off (" code { "[firewall] enabled = false" } ")." }
+        };
+        return page("PXE filter", false, body).into_response();
     };
+    let st = f.status();
+    let who = appliance_sentence(&s);
     let list = |macs: &[paddock_inventory::MacAddr]| {
         macs.iter()
             .map(ToString::to_string)

@@ -225,6 +225,15 @@ impl Session {
             .expect("type");
     }
 
+    /// Asserts that the text of the element matching `css` holds every one of `wants`.
+    async fn text_has(&self, css: &str, wants: &[&str]) {
+        let text = self.text(css).await;
+        let text = text.as_str().unwrap_or_default();
+        for want in wants {
+            assert!(text.contains(want), "{css} lacks {want:?}: {text}");
+        }
+    }
+
     /// Marks the document; [`Session::not_reloaded`] then proves it was not reloaded.
     async fn mark(&self) {
         self.browser
@@ -385,17 +394,17 @@ async fn the_console_in_a_real_browser() {
     // 2. Its page: inventory in readable units and the timeline.
     s.click(&format!("{row} a")).await;
     s.wait_present("the machine's page", "#inventory").await;
-    let inv = s.text("#inventory").await;
-    let inv = inv.as_str().unwrap_or_default();
-    for want in [
-        "QEMU",
-        "8192 MiB",
-        "4 × QEMU Virtual CPU",
-        "/dev/vda",
-        "52:54:00:c0:50:01",
-    ] {
-        assert!(inv.contains(want), "inventory lacks {want:?}: {inv}");
-    }
+    s.text_has(
+        "#inventory",
+        &[
+            "QEMU",
+            "8192 MiB",
+            "4 × QEMU Virtual CPU",
+            "/dev/vda",
+            "52:54:00:c0:50:01",
+        ],
+    )
+    .await;
     let rows = s
         .browser
         .find_all(Locator::Css("#timeline tr"))
@@ -540,7 +549,22 @@ async fn the_console_in_a_real_browser() {
     assert_eq!(bar, json!(100), "the progress bar");
     s.shot("images").await;
 
-    // 6. Every other page renders without a console error.
+    // 6. The dashboard counts the machine and names this host.
+    s.goto("/ui/dashboard").await;
+    s.wait_live().await;
+    s.text_has(
+        "[data-live-region=dashboard]",
+        &[
+            "one host: this host serves PXE",
+            "Machines (1)",
+            "finished",
+            "sub(s) synced to their required image",
+        ],
+    )
+    .await;
+    s.shot("dashboard").await;
+
+    // 7. Every other page renders without a console error.
     for (path, name) in [
         ("/ui/leases", "leases"),
         ("/ui/firewall", "firewall"),
