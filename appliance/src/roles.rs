@@ -49,16 +49,16 @@ const OUTPUT_TAIL: usize = 4096;
 pub struct RolesFile {
     /// The hooks directory; the role loop runs only when it is set.
     pub hooks_dir: Option<PathBuf>,
-    /// Seconds a hook may run before it is killed (default 60).
+    /// Seconds a hook may run before it is killed ([`crate::config::defaults::ROLES_HOOK_TIMEOUT_SECS`]).
     pub hook_timeout_secs: Option<u64>,
-    /// Seconds between rounds when nothing changes (default 30).
+    /// Seconds between rounds when nothing changes ([`crate::config::defaults::ROLES_ROUND_SECS`]).
     pub round_secs: Option<u64>,
-    /// Milliseconds a census or spec change waits for more before the round (default 500).
+    /// Milliseconds a census or spec change waits for more before the round ([`crate::config::defaults::ROLES_DEBOUNCE_MS`]).
     pub debounce_ms: Option<u64>,
-    /// Seconds a host where a start failed is left alone (default 60).
+    /// Seconds a host where a start failed is left alone ([`crate::config::defaults::ROLES_QUARANTINE_SECS`]).
     pub quarantine_secs: Option<u64>,
     /// Seconds a started instance has to register before the plan counts it missing
-    /// (default 15).
+    /// ([`crate::config::defaults::ROLES_REGISTER_GRACE_SECS`]).
     pub register_grace_secs: Option<u64>,
     /// The hooks' state directory, `PADDOCK_HOOK_STATE` (default `<data_dir>/hooks`).
     pub state_dir: Option<PathBuf>,
@@ -81,6 +81,7 @@ pub fn validate(
     data_dir: &std::path::Path,
     p: &mut Vec<String>,
 ) -> Option<RolesConfig> {
+    use crate::config::defaults as D;
     let hooks_dir = f.hooks_dir.clone()?;
     if !hooks_dir.is_absolute() {
         p.push(format!(
@@ -95,11 +96,26 @@ pub fn validate(
         }
         v
     };
-    let hook_timeout = secs("hook_timeout_secs", f.hook_timeout_secs, 60, 3_600);
-    let round = secs("round_secs", f.round_secs, 30, 3_600);
-    let debounce = secs("debounce_ms", f.debounce_ms, 500, 60_000);
-    let quarantine = secs("quarantine_secs", f.quarantine_secs, 60, 86_400);
-    let grace = secs("register_grace_secs", f.register_grace_secs, 15, 3_600);
+    let hook_timeout = secs(
+        "hook_timeout_secs",
+        f.hook_timeout_secs,
+        D::ROLES_HOOK_TIMEOUT_SECS,
+        3_600,
+    );
+    let round = secs("round_secs", f.round_secs, D::ROLES_ROUND_SECS, 3_600);
+    let debounce = secs("debounce_ms", f.debounce_ms, D::ROLES_DEBOUNCE_MS, 60_000);
+    let quarantine = secs(
+        "quarantine_secs",
+        f.quarantine_secs,
+        D::ROLES_QUARANTINE_SECS,
+        86_400,
+    );
+    let grace = secs(
+        "register_grace_secs",
+        f.register_grace_secs,
+        D::ROLES_REGISTER_GRACE_SECS,
+        3_600,
+    );
     Some(RolesConfig {
         hooks_dir,
         hook_timeout: Duration::from_secs(hook_timeout),

@@ -63,3 +63,10 @@ pub const CLUSTER_STORE: &str = "sqlite";
 pub const CLUSTER_LEASE_TTL_SECS: u64 = 3;
 /// This host's name when neither the file nor the kernel names it.
 pub const CLUSTER_HOST: &str = "paddock";
+
+/// `[roles]` (the role loop runs only with a `hooks_dir`). Seconds unless named.
+pub const ROLES_HOOK_TIMEOUT_SECS: u64 = 60;
+pub const ROLES_ROUND_SECS: u64 = 30;
+pub const ROLES_DEBOUNCE_MS: u64 = 500;
+pub const ROLES_QUARANTINE_SECS: u64 = 60;
+pub const ROLES_REGISTER_GRACE_SECS: u64 = 15;
