@@ -29,6 +29,8 @@ mod dashboard;
 mod images_upload;
 #[path = "console_live.rs"]
 mod live;
+#[path = "console_nodes.rs"]
+mod node_view;
 #[path = "console_rules.rs"]
 mod rules;
 
@@ -239,7 +241,7 @@ struct Selection<'a> {
     states: std::collections::BTreeMap<&'static str, usize>,
 }
 
-fn select_nodes<'a>(nodes: &'a mut [Node], q: &NodesQuery) -> Selection<'a> {
+fn select_nodes<'a>(mut nodes: Vec<&'a Node>, q: &NodesQuery) -> Selection<'a> {
     nodes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.uuid.cmp(&b.uuid)));
     let words: Vec<String> =
         q.q.split_whitespace()
@@ -247,7 +249,7 @@ fn select_nodes<'a>(nodes: &'a mut [Node], q: &NodesQuery) -> Selection<'a> {
             .collect();
     let mut states = std::collections::BTreeMap::new();
     let mut matching = Vec::new();
-    for n in nodes.iter() {
+    for n in nodes {
         *states.entry(state_name(n)).or_insert(0) += 1;
         if (q.state.is_empty() || q.state == state_name(n)) && matches_search(n, &words) {
             matching.push(n);
@@ -344,13 +346,24 @@ fn nodes_body(all: usize, sel: &Selection<'_>, q: &NodesQuery) -> Markup {
 }
 
 async fn nodes(State(s): State<Console>, query: axum::extract::Query<NodesQuery>) -> Response {
-    let mut nodes = match s.inspector.list().await {
-        Ok(n) => n,
-        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
+    // The in-memory view (console_nodes.rs); the store itself until its first load is done.
+    let view = node_view::view(&s.dominator.store);
+    let body = if view.ready(std::time::Duration::from_secs(2)).await {
+        view.with(|nodes| {
+            let all = nodes.len();
+            nodes_body(all, &select_nodes(nodes, &query), &query)
+        })
+    } else {
+        let nodes = match s.inspector.list().await {
+            Ok(n) => n,
+            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
+        };
+        nodes_body(
+            nodes.len(),
+            &select_nodes(nodes.iter().collect(), &query),
+            &query,
+        )
     };
-    let all = nodes.len();
-    let sel = select_nodes(&mut nodes, &query);
-    let body = nodes_body(all, &sel, &query);
     let live = Live {
         kind: "list",
         subjects: Vec::new(),
@@ -1188,7 +1201,7 @@ mod tests {
     /// with the page clamped; links keep the query, percent-encoded.
     #[test]
     fn the_machines_list_is_searched_filtered_and_paged() {
-        let mut nodes: Vec<Node> = (0..120u128)
+        let nodes: Vec<Node> = (0..120u128)
             .map(|i| {
                 let mut n = Node::new(uuid::Uuid::from_u128(i), 1_700_000_000 + i as i64);
                 n.name = Some(format!("rack{}-node{i}", i % 3));
@@ -1200,20 +1213,20 @@ mod tests {
             state: state.into(),
             page,
         };
-        let sel = select_nodes(&mut nodes, &q("", "", None));
+        let sel = select_nodes(nodes.iter().collect(), &q("", "", None));
         assert_eq!((sel.matching, sel.page, sel.pages), (120, 1, 3));
         assert_eq!(sel.shown.len(), PER_PAGE);
         assert_eq!(sel.shown[0].name.as_deref(), Some("rack2-node119"));
-        let sel = select_nodes(&mut nodes, &q("", "", Some(9)));
+        let sel = select_nodes(nodes.iter().collect(), &q("", "", Some(9)));
         assert_eq!((sel.page, sel.shown.len()), (3, 20));
-        let sel = select_nodes(&mut nodes, &q("RACK1 node1", "", None));
+        let sel = select_nodes(nodes.iter().collect(), &q("RACK1 node1", "", None));
         // rack1: i % 3 == 1, and "node1" in the name: 1, 10, 13, 16, 19, 100, 103, …
         assert!(sel.shown.iter().all(|n| {
             let name = n.name.as_deref().unwrap();
             name.starts_with("rack1-") && name.contains("node1")
         }));
         assert_eq!(sel.matching, 12);
-        let sel = select_nodes(&mut nodes, &q("", "finished", None));
+        let sel = select_nodes(nodes.iter().collect(), &q("", "finished", None));
         assert_eq!(sel.matching, 0);
         assert_eq!(sel.states.values().sum::<usize>(), 120);
         assert_eq!(
@@ -1222,7 +1235,7 @@ mod tests {
         );
         let html = nodes_body(
             120,
-            &select_nodes(&mut nodes, &q("", "", Some(2))),
+            &select_nodes(nodes.iter().collect(), &q("", "", Some(2))),
             &q("", "", Some(2)),
         )
         .into_string();

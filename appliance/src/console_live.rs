@@ -73,9 +73,10 @@ fn sse_event(key: &str) -> Option<Event> {
 /// "live" is never missed.
 async fn follow(store: Arc<dyn Store>) -> tokio::sync::mpsc::Receiver<Event> {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let nodes = super::node_view::view(&store);
     for (prefix, _) in FOLLOWED {
         let first = store.watch(prefix, 0).await;
-        let (store, tx) = (store.clone(), tx.clone());
+        let (store, tx, nodes) = (store.clone(), tx.clone(), nodes.clone());
         tokio::spawn(async move {
             // A lagged or failed watch restarts from now: the page re-reads itself on the
             // `resync` event, so nothing missed stays missing.
@@ -107,6 +108,15 @@ async fn follow(store: Arc<dyn Store>) -> tokio::sync::mpsc::Receiver<Event> {
                         () = tx.closed() => return,
                     };
                     let restart = matches!(next, Some(Err(_)));
+                    // A node change is sent once the machines list's view holds it, so the
+                    // page's re-read shows it.
+                    if let Some(Ok(ev)) = &next
+                        && prefix == paddock_inspector::service::NODES
+                    {
+                        nodes
+                            .wait_applied(ev.kv.mod_revision, Duration::from_secs(1))
+                            .await;
+                    }
                     let ev = match next {
                         Some(Ok(ev)) => sse_event(&ev.kv.key),
                         Some(Err(e)) => {
