@@ -17,6 +17,7 @@ use serde_json::Value;
 pub const SERVER_IP: &str = "198.18.0.1";
 pub const URL: &str = "http://198.18.0.1:8080";
 
+pub mod bmc;
 pub mod ha;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
