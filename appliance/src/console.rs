@@ -552,7 +552,11 @@ fn introspection_forms(n: &Node) -> Markup {
                     button type="submit" { "Start introspection" }
                 }
             }
-            " " small { "(the machine is inspected at its next PXE boot)" }
+            @if crate::power::bmc_of(n).is_some() {
+                " " small { "(through its BMC: PXE once, powered on; off when it ends)" }
+            } @else {
+                " " small { "(no BMC: the machine is inspected at its next PXE boot)" }
+            }
         }
     }
 }
@@ -572,8 +576,9 @@ fn node_answer<T>(ident: &str, result: Result<T, paddock_wire::ApiError>) -> Res
     }
 }
 
-/// `POST /ui/nodes/{node}/introspect` (as `POST /v1/introspection/{node}?manage_boot=false`:
-/// the console powers nothing on, the machine is inspected at its next PXE boot) and
+/// `POST /ui/nodes/{node}/introspect` (as `POST /v1/introspection/{node}`, with Inspector's
+/// `manage_boot` when the node has a BMC: the power engine boots it into the ramdisk; without
+/// one, `manage_boot=false`: it is inspected at its next PXE boot) and
 /// `POST /ui/nodes/{node}/abort`.
 async fn introspection_form(
     s: Console,
@@ -588,7 +593,11 @@ async fn introspection_form(
     let r = if abort {
         s.inspector.abort(&ident, now).await
     } else {
-        s.inspector.start(&ident, false, now).await
+        let manage_boot = matches!(
+            s.inspector.find(&ident).await,
+            Ok(Some(v)) if crate::power::bmc_of(&v.node).is_some()
+        );
+        s.inspector.start(&ident, manage_boot, now).await
     };
     node_answer(&ident, r.map_err(paddock_wire::ApiError::from))
 }

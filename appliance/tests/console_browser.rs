@@ -423,6 +423,8 @@ async fn the_console_in_a_real_browser() {
 
     // 3. Start an introspection from the page: the state changes (waiting); the agent's next
     //    report then finishes it, shown live with its timeline entry.
+    // No BMC: the page says the machine is inspected at its next PXE boot (manage_boot off).
+    s.text_has("[data-live-region=summary]", &["no BMC"]).await;
     s.click("form[action$=\"/introspect\"] button").await;
     s.wait_js(
         "the waiting state",
