@@ -800,7 +800,8 @@ async fn firewall(State(s): State<Console>) -> Response {
 async fn leases(State(s): State<Console>) -> Response {
     let leases = s.dhcp.as_ref().map(|d| d.leases()).unwrap_or_default();
     let body = html! {
-        table {
+        p data-live-region="lease-count" { (leases.len()) " lease(s)" }
+        table #leases data-live-region="leases" {
             tr { th { "IP" } th { "MAC" } th { "State" } th { "Expires (UTC)" } th { "Relay" } }
             @for l in &leases {
                 tr {
@@ -813,7 +814,11 @@ async fn leases(State(s): State<Console>) -> Response {
             }
         }
     };
-    page(&format!("DHCP leases ({})", leases.len()), false, body).into_response()
+    let live = Live {
+        kind: "leases",
+        subjects: Vec::new(),
+    };
+    page_with("DHCP leases", true, Some(live), body).into_response()
 }
 
 fn bytes(n: u64) -> String {

@@ -1,5 +1,5 @@
 //! The console's live half: `/ui/events`, a server-sent-event stream of what changed in the
-//! store (nodes, their provisioning records, their timelines), and the small script embedded
+//! store (nodes, their provisioning records, their timelines, images, DHCP leases), and the small script embedded
 //! in the binary that listens to it and re-reads the parts of the page marked live.
 //!
 //! The stream carries names only (a node's UUID, a timeline's subject), never text from the
@@ -26,11 +26,12 @@ use super::Console;
 pub const SCRIPT: &str = include_str!("../assets/console.js");
 
 /// Prefixes whose changes the console shows live, with the SSE event each becomes.
-const FOLLOWED: [(&str, &str); 4] = [
+const FOLLOWED: [(&str, &str); 5] = [
     (paddock_inspector::service::NODES, "node"),
     (crate::provisioning::PREFIX, "node"),
     (EVENTS, "timeline"),
     (IMAGES, "image"),
+    (paddock_dhcp::shell::LEASE_PREFIX, "lease"),
 ];
 
 /// The image index's prefix (`images/<name>`, names may hold `/`).
@@ -172,6 +173,10 @@ mod tests {
             Some(("timeline", "mac-525400000001"))
         );
         assert_eq!(change_of("images/debian/a"), Some(("image", "debian")));
+        assert_eq!(
+            change_of("dhcp/leases/198.18.0.100"),
+            Some(("lease", "198.18.0.100"))
+        );
         assert_eq!(change_of("node-macs/525400000001"), None);
         assert_eq!(change_of("nodes/"), None);
     }
