@@ -193,22 +193,32 @@ impl CensusService {
 
     /// The planner's census: live hosts, described by their nodes (traits, properties),
     /// and live instances; with each host's node, for its timeline.
-    pub async fn census(&self) -> anyhow::Result<(Census, BTreeMap<String, Uuid>)> {
+    /// `also_hosts`: more host names that count as live hosts when they are enrolled nodes
+    /// (the roles loop passes the installed machines whose subd the dominator reaches).
+    pub async fn census(
+        &self,
+        also_hosts: &std::collections::BTreeSet<String>,
+    ) -> anyhow::Result<(Census, BTreeMap<String, Uuid>)> {
         let view = self.view().await?;
         let nodes = self.inspector.list().await?;
         let mut by_name = BTreeMap::new();
         for n in &nodes {
             by_name.insert(node_hostname(n), n);
         }
-        let hosts = view
-            .hosts
+        let mut names: Vec<String> = view.hosts.iter().map(|h| h.host.clone()).collect();
+        for h in also_hosts {
+            if by_name.contains_key(h) && !names.contains(h) {
+                names.push(h.clone());
+            }
+        }
+        let hosts = names
             .iter()
-            .map(|h| {
+            .map(|name| {
                 let mut host = Host {
-                    name: h.host.clone(),
+                    name: name.clone(),
                     ..Host::default()
                 };
-                if let Some(n) = by_name.get(&h.host) {
+                if let Some(n) = by_name.get(name) {
                     host.traits = n.traits.iter().cloned().collect();
                     host.properties = n
                         .properties

@@ -179,6 +179,33 @@ pub struct ImageInstance {
     pub image: String,
 }
 
+/// The machines Paddock installed that count as live hosts without registering: those whose
+/// subd the dominator reaches (synced, or being brought to its image). An enrolled machine
+/// that was provisioned is thus a host as soon as its installed system answers, and stops
+/// being one when its subd goes unreachable, as a registration's lease would expire.
+pub fn live_sub_hosts(
+    subs: &BTreeMap<String, paddock_dominator::SubStatus>,
+) -> std::collections::BTreeSet<String> {
+    subs.iter()
+        .filter(|(_, s)| sub_alive(&s.state))
+        .map(|(h, _)| h.clone())
+        .collect()
+}
+
+fn sub_alive(state: &paddock_dominator::SubState) -> bool {
+    use paddock_dominator::SubState as S;
+    matches!(
+        state,
+        S::Synced { .. }
+            | S::Polling
+            | S::Computing
+            | S::Queued { .. }
+            | S::Fetching { .. }
+            | S::WaitingForScan { .. }
+            | S::Updating
+    )
+}
+
 /// The image roles' instances alive by the dominator's census: a host still being brought to
 /// the image (polled, fetching, updating …) or synced to it. An unreachable or failing sub,
 /// one on another image, or a host the dominator does not know, does not count.
@@ -194,13 +221,7 @@ pub fn image_instances(
                 s.required_image.as_deref() == Some(a.image.as_str())
                     && match &s.state {
                         S::Synced { image } => *image == a.image,
-                        S::Polling
-                        | S::Computing
-                        | S::Queued { .. }
-                        | S::Fetching { .. }
-                        | S::WaitingForScan { .. }
-                        | S::Updating => true,
-                        _ => false,
+                        other => sub_alive(other),
                     }
             })
         })
@@ -306,7 +327,13 @@ impl Roles {
     /// this host started that have yet to register, minus those it stopped that have yet
     /// to go; quarantined hosts.
     async fn live_census(&self) -> anyhow::Result<(Census, BTreeMap<String, uuid::Uuid>)> {
-        let (mut census, uuids) = self.census.census().await?;
+        let subs = self
+            .dominator
+            .census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (mut census, uuids) = self.census.census(&live_sub_hosts(&subs)).await?;
         let mut assigned = Vec::new();
         for kv in self.store.range(IMAGES).await? {
             let Some((role, id)) = kv.key[IMAGES.len()..].split_once('/') else {
@@ -316,12 +343,6 @@ impl Roles {
                 assigned.push((role.to_string(), id.to_string(), a));
             }
         }
-        let subs = self
-            .dominator
-            .census
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         for i in image_instances(&assigned, &subs) {
             if !census
                 .instances
@@ -938,6 +959,9 @@ mod tests {
         // h3 is unreachable, h4's required image is another, h5 is synced to another, h6 is
         // not a sub.
         assert_eq!(alive, vec!["mirror-1 on h1", "mirror-2 on h2"]);
+        // Every installed machine the dominator reaches is a live host, whatever its image.
+        let hosts: Vec<String> = live_sub_hosts(&subs).into_iter().collect();
+        assert_eq!(hosts, vec!["h1", "h2", "h4", "h5"]);
     }
 
     #[test]
