@@ -148,6 +148,7 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                         a href="/ui/images" { "Images" }
                         a href="/ui/mdb" { "MDB" }
                         a href="/ui/subs" { "Subs" }
+                        a href="/ui/roles" { "Roles" }
                         a href="/metrics" { "Metrics" }
                         @if live.is_some() { span #live-status role="status" {} }
                     }
