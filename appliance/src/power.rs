@@ -573,7 +573,7 @@ impl Power {
     /// that starts on a node with a BMC is queued for PXE once + power on; one that finishes
     /// (or is aborted) is powered off. Each step once per introspection
     /// (`power/introspection/<uuid>`, created or swapped by revision).
-    async fn follow(&self, uuid: Uuid) {
+    async fn follow(self: &Arc<Self>, uuid: Uuid) {
         let Ok(Some(v)) = self.inspector.get(&uuid.to_string()).await else {
             return;
         };
@@ -644,6 +644,12 @@ impl Power {
                     )
                     .await;
                 }
+                Some(Ok(bmc)) if node.macs.is_empty() => {
+                    // Known by its BMC alone: its NICs from the BMC first, so the
+                    // inventory it posts finds it (off the API's answer path).
+                    let me = self.clone();
+                    tokio::spawn(async move { me.learn_macs_then_boot(node, bmc, started).await });
+                }
                 Some(Ok(_)) => {
                     self.queue_ramdisk(&node, "introspection", Some(started))
                         .await;
@@ -663,6 +669,67 @@ impl Power {
                 "introspection aborted"
             };
             let _ = self.power_off(&node, bmc, why).await;
+        }
+    }
+
+    /// For a node known only by its BMC: its NICs' MACs read from the BMC (Redfish
+    /// `EthernetInterfaces`) and added to the node (Ironic's out-of-band inspection does the
+    /// same), then its introspection boot queued; a BMC that lists none (IPMI never does)
+    /// ends the introspection with what to do.
+    async fn learn_macs_then_boot(self: Arc<Self>, node: Node, bmc: Bmc, started: i64) {
+        let retry = self.retry;
+        let found = match bmc {
+            Bmc::Redfish(r) => tokio::task::spawn_blocking(move || redfish_macs(&r, retry))
+                .await
+                .unwrap_or_else(|e| Err(PowerError::new(ErrorKind::BadAnswer, e.to_string()))),
+            Bmc::Ipmi(_) => Err(PowerError::new(
+                ErrorKind::Unsupported,
+                "IPMI does not list a machine's NICs",
+            )),
+        };
+        let macs = match found {
+            Ok(m) if !m.is_empty() => m,
+            Ok(_) | Err(_) => {
+                let why = match found {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "its BMC lists no NIC".into(),
+                };
+                let msg = format!(
+                    "Failed to find the node's MAC addresses: {why}; add the MAC of the NIC it boots from (macs)"
+                );
+                self.fail_introspection(node.uuid, started, &msg).await;
+                return;
+            }
+        };
+        let ops: Vec<Value> = macs
+            .iter()
+            .map(|m| json!({"op": "add", "path": "/macs/-", "value": m.to_string()}))
+            .collect();
+        let listed = macs.iter().map(ToString::to_string).collect::<Vec<_>>();
+        match self
+            .inspector
+            .patch_node(&node.uuid.to_string(), &Value::Array(ops), None)
+            .await
+        {
+            Ok(n) => {
+                let _ = self
+                    .inspector
+                    .event(
+                        Subject::Node(node.uuid),
+                        KIND,
+                        &format!("MACs read from the BMC: {}", listed.join(", ")),
+                        false,
+                    )
+                    .await;
+                self.queue_ramdisk(&n, "introspection", Some(started)).await;
+            }
+            Err(e) => {
+                let msg = format!(
+                    "Failed to record the MACs the BMC lists ({}): {e}",
+                    listed.join(", ")
+                );
+                self.fail_introspection(node.uuid, started, &msg).await;
+            }
         }
     }
 
@@ -884,6 +951,109 @@ impl Power {
             "throttle": self.throttle_view(),
         })
     }
+}
+
+/// The MACs of a Redfish System's NICs (`EthernetInterfaces`: `MACAddress`, else
+/// `PermanentMACAddress`). Blocking.
+fn redfish_macs(
+    b: &paddock_power::RedfishBmc,
+    retry: RetryPolicy,
+) -> Result<Vec<paddock_inventory::MacAddr>, PowerError> {
+    use paddock_power::TlsVerify;
+    use paddock_power::redfish::{bmc_path, choose_system};
+    let tls = match &b.tls {
+        TlsVerify::Insecure => ureq::tls::TlsConfig::builder()
+            .disable_verification(true)
+            .build(),
+        TlsVerify::Verify => ureq::tls::TlsConfig::builder().build(),
+        TlsVerify::CaFile(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| PowerError::new(ErrorKind::Tls, format!("{}: {e}", path.display())))?;
+            let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+                .filter_map(|i| match i {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+                .build()
+        }
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_global(Some(Duration::from_secs(60)))
+        .http_status_as_error(false)
+        .tls_config(tls)
+        .build()
+        .into();
+    let address = b.address.trim().trim_end_matches('/');
+    let base = if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("https://{address}")
+    };
+    let auth = {
+        use base64::Engine as _;
+        let pair = format!(
+            "{}:{}",
+            b.credentials.username,
+            b.credentials.password.expose()
+        );
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    };
+    let get = |path: &str| -> Result<Value, PowerError> {
+        retry.run(std::thread::sleep, || {
+            let mut resp = agent
+                .get(&format!("{base}{path}"))
+                .header("Authorization", &auth)
+                .header("Accept", "application/json")
+                .call()
+                .map_err(|e| PowerError::new(ErrorKind::Unreachable, format!("GET {path}: {e}")))?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .body_mut()
+                .with_config()
+                .limit(4 << 20)
+                .read_to_vec()
+                .map_err(|e| PowerError::new(ErrorKind::BadAnswer, format!("GET {path}: {e}")))?;
+            let r = paddock_power::redfish::Response {
+                status,
+                etag: None,
+                body,
+            };
+            paddock_power::redfish::check(&format!("GET {path}"), &r)?;
+            serde_json::from_slice(&r.body).map_err(|e| {
+                PowerError::new(ErrorKind::BadAnswer, format!("GET {path}: not JSON: {e}"))
+            })
+        })
+    };
+    let system = choose_system(&get("/redfish/v1/Systems")?, b.system.as_deref())?;
+    let sys = get(&system)?;
+    let Some(nics) = sys["EthernetInterfaces"]["@odata.id"].as_str() else {
+        return Ok(Vec::new());
+    };
+    let nics = get(&bmc_path("EthernetInterfaces", nics)?)?;
+    let mut macs = Vec::new();
+    for m in nics["Members"].as_array().into_iter().flatten() {
+        let Some(p) = m["@odata.id"].as_str() else {
+            continue;
+        };
+        let nic = get(&bmc_path("an EthernetInterface", p)?)?;
+        let mac = nic["MACAddress"]
+            .as_str()
+            .or(nic["PermanentMACAddress"].as_str())
+            .and_then(|m| m.parse::<paddock_inventory::MacAddr>().ok());
+        if let Some(mac) = mac
+            && !macs.contains(&mac)
+        {
+            macs.push(mac);
+        }
+    }
+    Ok(macs)
 }
 
 /// BMCs asked at once by the state sync.

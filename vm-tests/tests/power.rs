@@ -137,8 +137,9 @@ fn a_node_with_a_bmc_is_introspected_with_manage_boot_and_cleaned_through_its_bm
     )
     .expect("BMC emulators");
 
-    // (a) Redfish. The node: its BMC and the NIC it boots from.
-    let body = json!({"name": "bmc-vm", "macs": [MAC], "driver": "redfish",
+    // (a) Redfish. The node is known only by its BMC: no MAC (the appliance reads them
+    // from the BMC when the introspection starts).
+    let body = json!({"name": "bmc-vm", "bmc_address": "198.18.0.1", "driver": "redfish",
         "driver_info": bmcs.redfish_driver_info()});
     let (st, created) = lab
         .api("POST", "/api/v1/nodes", Some(&body.to_string()))
@@ -161,6 +162,11 @@ fn a_node_with_a_bmc_is_introspected_with_manage_boot_and_cleaned_through_its_bm
         );
     }
     introspect(&lab, &mut bmcs, "bmc-vm");
+    assert!(has_entry(
+        &lab,
+        "bmc-vm",
+        &format!("MACs read from the BMC: {MAC}")
+    ));
 
     // (b) IPMI: the same node, driven through virtualbmc.
     let patch = json!([
