@@ -1332,14 +1332,17 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_with(PowerConfig {
+            answer_within: Duration::from_secs(20),
+            ..PowerConfig::default()
+        })
+    }
+
+    fn fixture_with(config: PowerConfig) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> =
             Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
         let inspector = Arc::new(Inspector::new(store.clone(), Default::default()));
-        let config = PowerConfig {
-            answer_within: Duration::from_secs(20),
-            ..PowerConfig::default()
-        };
         let retry = RetryPolicy {
             attempts: 1,
             first_delay: Duration::from_millis(10),
@@ -1442,6 +1445,79 @@ mod tests {
             f.power.throttle_view().next_slot_ms.is_none(),
             "not running"
         );
+    }
+
+    #[tokio::test]
+    async fn the_leaders_throttle_starts_queued_power_ons_in_order_and_spaced() {
+        let f = fixture_with(PowerConfig {
+            max_power_ons: 2,
+            interval: Duration::from_secs(1),
+            ..PowerConfig::default()
+        });
+        let port = closed_port();
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let (st, body) = call(
+                &f.app,
+                "POST",
+                "/api/v1/nodes",
+                Some(
+                    json!({"name": format!("n{i}"), "bmc_address": format!("198.18.9.{i}"),
+                    "driver": "redfish", "driver_info": {
+                        "redfish_address": format!("http://127.0.0.1:{port}")}}),
+                ),
+            )
+            .await;
+            assert_eq!(st, 201, "{body}");
+            let node: Node = serde_json::from_str(&body).unwrap();
+            let q = Queued {
+                id: Uuid::new_v4(),
+                action: Action::On,
+                pxe_once: false,
+                reason: "test".into(),
+                introspection: None,
+                at_ms: now_ms(),
+            };
+            assert!(f.power.queue(&node, &q).await.unwrap());
+            assert!(!f.power.queue(&node, &q).await.unwrap(), "one place each");
+            nodes.push(node.uuid);
+        }
+        let (_tx, rx) = tokio::sync::watch::channel(Some(crate::leader::Leadership::Sole));
+        let task = tokio::spawn(f.power.clone().run_throttle(rx));
+        let t = Instant::now();
+        let done = loop {
+            let mut at = Vec::new();
+            for n in &nodes {
+                if let Some(last) = f.power.record(*n).await.last {
+                    at.push((last.at_ms, *n));
+                }
+            }
+            if at.len() == nodes.len() {
+                break at;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{at:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        task.abort();
+        let mut at = done;
+        at.sort();
+        let order: Vec<Uuid> = at.iter().map(|(_, n)| *n).collect();
+        let first = at[0].0;
+        let ms: Vec<u64> = at.iter().map(|(t, _)| t - first).collect();
+        // Pairs a window apart (the outcomes land a BMC call after the admission).
+        for i in 0..ms.len() - 2 {
+            assert!(ms[i + 2] - ms[i] >= 900, "3 power-ons within 1 s: {ms:?}");
+        }
+        assert!(ms[5] < 3_500, "{ms:?}");
+        // First come, first served, within each pair's window.
+        for (pair, chunk) in order.chunks(2).enumerate() {
+            let mut want = nodes[pair * 2..pair * 2 + 2].to_vec();
+            let mut got = chunk.to_vec();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "pair {pair}: {ms:?}");
+        }
+        assert!(f.power.store.range(QUEUE).await.unwrap().is_empty());
     }
 
     #[tokio::test]

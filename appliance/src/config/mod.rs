@@ -273,6 +273,45 @@ x = "a"
     }
 
     #[test]
+    fn power_throttle_and_sync() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.power, crate::power::PowerConfig::default());
+        assert_eq!(
+            (c.power.max_power_ons, c.power.interval.as_secs()),
+            (10, 10)
+        );
+        let text = format!("{GOOD}[power]\nmax_power_ons = 2\ninterval_secs = 10\nsync_secs = 5\n");
+        let c = FileConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(c.power.max_power_ons, 2);
+        assert_eq!(c.power.sync_every, Duration::from_secs(5));
+        let bad =
+            format!("{GOOD}[power]\nmax_power_ons = 0\ninterval_secs = 0\nsync_secs = 99999999\n");
+        assert_problems(
+            &bad,
+            &[
+                "power.max_power_ons: must be at least 1",
+                "power.interval_secs: must be at least 1",
+                "power.sync_secs: 99999999 is more than 86400",
+            ],
+        );
+    }
+
+    /// `text` fails validation with (at least) every one of `needles`.
+    fn assert_problems(text: &str, needles: &[&str]) {
+        let problems = FileConfig::parse(text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        for needle in needles {
+            assert!(
+                problems.contains(needle),
+                "missing {needle:?} in:\n{problems}"
+            );
+        }
+    }
+
+    #[test]
     fn provisioning_timeouts() {
         let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
         assert_eq!(
@@ -295,17 +334,13 @@ x = "a"
         let bad = format!(
             "{GOOD}[provisioning]\nstep_timeout_secs = 0\nsync_timeout_secs = 99999999999\n"
         );
-        let text = FileConfig::parse(&bad)
-            .unwrap()
-            .validate()
-            .unwrap_err()
-            .to_string();
-        for needle in [
-            "provisioning.step_timeout_secs: must be at least 1",
-            "provisioning.sync_timeout_secs: 99999999999 is more than 30 days",
-        ] {
-            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
-        }
+        assert_problems(
+            &bad,
+            &[
+                "provisioning.step_timeout_secs: must be at least 1",
+                "provisioning.sync_timeout_secs: 99999999999 is more than 30 days",
+            ],
+        );
         let e = FileConfig::parse("[provisioning]\ntimeout_secs = 5\n").unwrap_err();
         assert!(
             e.to_string().contains("unknown field `timeout_secs`"),
