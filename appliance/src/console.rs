@@ -31,6 +31,8 @@ mod images_upload;
 mod live;
 #[path = "console_nodes.rs"]
 mod node_view;
+#[path = "console_power.rs"]
+mod power_page;
 #[path = "console_rules.rs"]
 mod rules;
 
@@ -54,6 +56,8 @@ pub struct Console {
     pub dominator: Dominator,
     /// Provisioning records and requests (the API's own service).
     pub provisioning: Arc<Provisioner>,
+    /// BMCs: the node page's power record and buttons, the throttle on the dashboard.
+    pub power: Arc<crate::power::Power>,
 }
 
 /// The console's routes under `/ui`.
@@ -66,6 +70,7 @@ pub fn router(console: Console) -> Router {
         .route("/ui/nodes/{node}/provision", post(provision_form))
         .route("/ui/nodes/{node}/reimage", post(reimage_form))
         .route("/ui/nodes/{node}/clean", post(clean_form))
+        .route("/ui/nodes/{node}/power", post(power_page::form))
         .route(
             "/ui/nodes/{node}/introspect",
             post(
@@ -482,6 +487,7 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
                 .collect()
         })
         .unwrap_or_default();
+    let power = power_page::section(&s, n).await;
     let running = provisioning
         .as_ref()
         .is_some_and(|(r, _)| r.serve().ramdisk_mode().is_some());
@@ -501,6 +507,8 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         }
         (introspection_forms(n))
         }
+        h2 { "Power" }
+        div data-live-region="power" { (power) }
         h2 { "Provisioning" }
         div data-live-region="provisioning" {
         @match &provisioning {
@@ -601,6 +609,48 @@ async fn introspection_form(
         s.inspector.start(&ident, manage_boot, now).await
     };
     node_answer(&ident, r.map_err(paddock_wire::ApiError::from))
+}
+
+/// What the console's action forms post: the action (where a form has several), the
+/// operator's reason (a pause), and `confirm=yes` once a destructive one is confirmed.
+#[derive(serde::Deserialize)]
+pub struct ActionForm {
+    #[serde(default)]
+    pub action: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub confirm: String,
+}
+
+impl ActionForm {
+    pub fn confirmed(&self) -> bool {
+        self.confirm == "yes"
+    }
+}
+
+/// The page that asks to confirm a destructive form: `question`, then a form posting the
+/// same `fields` to `action` again with `confirm=yes`, and a link back to `back`.
+fn confirm_page(
+    title: &str,
+    question: Markup,
+    action: &str,
+    fields: &[(&str, &str)],
+    button: &str,
+    back: &str,
+) -> Response {
+    let body = html! {
+        p { (question) }
+        form method="post" action=(action) {
+            @for (name, value) in fields {
+                input type="hidden" name=(name) value=(value);
+            }
+            input type="hidden" name="confirm" value="yes";
+            button type="submit" { (button) } " "
+            a href=(back) { "Cancel" }
+        }
+    };
+    page(title, false, body).into_response()
 }
 
 fn refused_origin() -> Response {

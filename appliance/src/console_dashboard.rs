@@ -37,6 +37,8 @@ pub struct View {
     /// (synced, subs) and whether the dominator is paused.
     pub subs: (usize, usize),
     pub paused: bool,
+    /// The power-on throttle: its queue and next slot.
+    pub throttle: crate::power::ThrottleView,
 }
 
 /// Folds the nodes and their provisioning records (by node) into the view's counts and lists.
@@ -128,6 +130,8 @@ pub fn body(v: &View) -> Markup {
             }
             h2 { "PXE filter" }
             p { (v.filter.as_deref().unwrap_or("off ([firewall] enabled = false)")) " — " a href="/ui/firewall" { "details" } }
+            h2 { "Power" }
+            (super::power_page::throttle(&v.throttle))
             h2 { "Compliance" }
             p {
                 (v.subs.0) " of " (v.subs.1) " sub(s) synced to their required image"
@@ -181,6 +185,7 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
         filter: s.filter.as_ref().map(|f| f.status().state),
         subs: (synced, subs.len()),
         paused,
+        throttle: s.power.throttle_now().await,
         ..View::default()
     };
     tally(&mut view, nodes, &records);

@@ -10,7 +10,9 @@ use maud::{Markup, html};
 use paddock_inspector::rules::Rule;
 use serde_json::Value;
 
-use super::{Console, failure, ms_iso, page, refused_origin, same_origin};
+use super::{
+    ActionForm, Console, confirm_page, failure, ms_iso, page, refused_origin, same_origin,
+};
 
 /// An example the form starts with: a rule that tags machines with a lot of memory.
 const EXAMPLE: &str = r#"{
@@ -103,33 +105,26 @@ pub async fn create(
     }
 }
 
-#[derive(serde::Deserialize)]
-pub struct DeleteForm {
-    #[serde(default)]
-    confirm: String,
-}
-
 /// `POST /ui/rules/{uuid}/delete`: without `confirm=yes`, a page asking to confirm; with
 /// it, the rule is deleted and the list shown again.
 pub async fn delete(
     State(s): State<Console>,
     Path(uuid): Path<String>,
     headers: HeaderMap,
-    axum::Form(f): axum::Form<DeleteForm>,
+    axum::Form(f): axum::Form<ActionForm>,
 ) -> Response {
     if !same_origin(&headers) {
         return refused_origin();
     }
-    if f.confirm != "yes" {
-        let body = html! {
-            p { "Delete rule " code { (uuid) } "? Machines already processed keep what it did." }
-            form method="post" action={ "/ui/rules/" (uuid) "/delete" } {
-                input type="hidden" name="confirm" value="yes";
-                button type="submit" { "Delete the rule" } " "
-                a href="/ui/rules" { "Cancel" }
-            }
-        };
-        return page("Delete a rule?", false, body).into_response();
+    if !f.confirmed() {
+        return confirm_page(
+            "Delete a rule?",
+            html! { "Delete rule " code { (uuid) } "? Machines already processed keep what it did." },
+            &format!("/ui/rules/{uuid}/delete"),
+            &[],
+            "Delete the rule",
+            "/ui/rules",
+        );
     }
     match s.inspector.delete_rule(&uuid).await {
         Ok(()) => Redirect::to("/ui/rules").into_response(),

@@ -82,6 +82,7 @@ pub fn router(state: AppState) -> Router {
         cluster: state.config.cluster.clone(),
         dominator: state.dominator.clone(),
         provisioning: state.provisioning.clone(),
+        power: state.power.clone(),
     });
     r.with_state(state)
         .merge(inspector)

@@ -147,7 +147,7 @@ pub struct BmcSummary {
 }
 
 impl BmcSummary {
-    fn of(bmc: &Bmc) -> BmcSummary {
+    pub fn of(bmc: &Bmc) -> BmcSummary {
         match bmc {
             Bmc::Redfish(r) => BmcSummary {
                 driver: "redfish",
@@ -268,6 +268,16 @@ impl Power {
         *self.view.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The throttle as `GET /api/v1/power` shows it: a follower counts the queue in the store.
+    pub async fn throttle_now(&self) -> ThrottleView {
+        let mut v = self.throttle_view();
+        if !v.leading {
+            // A follower knows the queue's length from the store, not the leader's window.
+            v.queued = self.store.range(QUEUE).await.map_or(0, |q| q.len());
+        }
+        v
+    }
+
     async fn node(&self, ident: &str) -> Result<Node, ApiError> {
         self.inspector
             .find(ident)
@@ -311,7 +321,8 @@ impl Power {
         })
     }
 
-    async fn record(&self, node: Uuid) -> Record {
+    /// The node's `power/state/<uuid>` record (the default when none or unreadable).
+    pub async fn record(&self, node: Uuid) -> Record {
         match self.store.get(&format!("{STATE}{node}")).await {
             Ok(Some(kv)) => serde_json::from_slice(&kv.value).unwrap_or_default(),
             _ => Record::default(),
@@ -862,9 +873,9 @@ impl Power {
         count
     }
 
-    /// One action asked by an operator (API, CLI): status and off at once; on and cycle
+    /// One action asked by an operator (API, CLI, console): status and off at once; on and cycle
     /// through the throttle, waiting up to `answer_within` for the outcome.
-    async fn act(&self, ident: &str, action: Action) -> Result<Response, ApiError> {
+    pub async fn act(&self, ident: &str, action: Action) -> Result<Response, ApiError> {
         let node = self.node(ident).await?;
         let bmc = Self::bmc(&node)?;
         let summary = BmcSummary::of(&bmc);
@@ -1208,12 +1219,7 @@ async fn act(State(p): State<Arc<Power>>, Path(ident): Path<String>, body: Bytes
 }
 
 async fn throttle(State(p): State<Arc<Power>>) -> Json<ThrottleView> {
-    let mut v = p.throttle_view();
-    if !v.leading {
-        // A follower knows the queue's length from the store, not the leader's window.
-        v.queued = p.store.range(QUEUE).await.map_or(0, |q| q.len());
-    }
-    Json(v)
+    Json(p.throttle_now().await)
 }
 
 #[cfg(test)]

@@ -1,0 +1,182 @@
+//! The console's actions in a running appliance, through curl as a browser's forms would
+//! post them: a node's power buttons (through the API's own path, off and cycle confirmed
+//! first, a node without a BMC shows none), with the throttle on the dashboard. Each form
+//! changes the state from the same origin only (a cross-site post is refused with 403 and
+//! changes nothing), and pages escape what nodes and BMCs said.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+/// A running appliance in its namespace. Fields drop in order: the appliance is killed
+/// before its namespace and scratch directory go.
+struct Setup {
+    _app: Appliance,
+    scratch: Scratch,
+    link: Link,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        require(&["curl", "ip"]);
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let config = base_config(&link, &scratch, "[tftp]\nenabled = false\n");
+        let app = Appliance::start(&link.server, &scratch, &config);
+        Setup {
+            _app: app,
+            scratch,
+            link,
+        }
+    }
+
+    /// An API call with a JSON body that must succeed: its answer.
+    #[track_caller]
+    fn api(&self, method: &str, path: &str, body: Value) -> Value {
+        let b = body.to_string();
+        let r = http(
+            &self.link.server,
+            &self.scratch,
+            method,
+            path,
+            Some(&b),
+            &[],
+        );
+        assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.body);
+        r.json()
+    }
+
+    /// A console form (urlencoded) posted by curl with these extra headers, redirects not
+    /// followed.
+    fn form(&self, path: &str, form: &str, headers: &[&str]) -> Resp {
+        let extra: String = headers.iter().map(|h| format!(" -H '{h}'")).collect();
+        let cmd = format!(
+            "curl -s -i -X POST '{PUBLIC_URL}{path}'{extra} --data-raw '{form}' -H 'content-type: application/x-www-form-urlencoded'"
+        );
+        curl(&self.link.server, &cmd)
+    }
+
+    #[track_caller]
+    fn page(&self, path: &str) -> String {
+        let r = http(&self.link.server, &self.scratch, "GET", path, None, &[]);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        r.body
+    }
+
+    /// The part of a page between `from` and `to` (both present).
+    #[track_caller]
+    fn part(&self, path: &str, from: &str, to: &str) -> String {
+        let page = self.page(path);
+        let start = page.find(from).unwrap_or_else(|| panic!("{from}: {page}"));
+        let len = page[start..]
+            .find(to)
+            .unwrap_or_else(|| panic!("{to}: {page}"));
+        page[start..start + len].to_string()
+    }
+}
+
+const CROSS_SITE: [&[&str]; 3] = [
+    &["Origin: http://evil.example"],
+    &["Sec-Fetch-Site: cross-site"],
+    &["Origin: http://evil.example", "Sec-Fetch-Site: same-origin"],
+];
+
+/// An answer with this status whose page says `says`.
+#[track_caller]
+fn answered(r: &Resp, status: u16, says: &str) {
+    assert_eq!(r.status, status, "{says:?}: {}", r.body);
+    assert!(r.body.contains(says), "{says:?} missing: {}", r.body);
+}
+
+/// The power part of a node's page.
+fn power_part(s: &Setup, node: &str) -> String {
+    s.part(
+        &format!("/ui/nodes/{node}"),
+        "<h2>Power</h2>",
+        "<h2>Provisioning</h2>",
+    )
+}
+
+#[test]
+fn power_buttons_post_through_the_api_from_the_same_origin_only() {
+    let s = Setup::start();
+    let ours = format!("Origin: {PUBLIC_URL}");
+    // A Redfish BMC that nothing answers (connection refused at once), and a node without one.
+    s.api(
+        "POST",
+        "/api/v1/nodes",
+        json!({"name": "r1u1", "driver": "redfish", "bmc_address": "127.0.0.1",
+            "driver_info": {"redfish_address": "http://127.0.0.1:1",
+                "redfish_username": "admin", "redfish_password": "pw-never-shown-7c1"}}),
+    );
+    s.api(
+        "POST",
+        "/api/v1/nodes",
+        json!({"name": "bare", "macs": ["52:54:00:20:00:01"]}),
+    );
+    let part = power_part(&s, "r1u1");
+    assert!(
+        part.contains("redfish <code>http://127.0.0.1:1</code>"),
+        "{part}"
+    );
+    assert!(part.contains(r#"<td class="state">unknown</td>"#), "{part}");
+    for a in ["on", "off", "cycle", "status"] {
+        assert!(part.contains(&format!(r#"value="{a}""#)), "{a}: {part}");
+    }
+    let page = s.page("/ui/nodes/r1u1");
+    assert!(!page.contains("pw-never-shown-7c1"), "the password shown");
+    let bare = power_part(&s, "bare");
+    assert!(bare.contains("No BMC"), "{bare}");
+    assert!(!bare.contains("<form"), "{bare}");
+
+    // From another site: refused, nothing asked of the BMC, nothing recorded.
+    let before = power_part(&s, "r1u1");
+    for headers in CROSS_SITE {
+        for form in ["action=status", "action=off&confirm=yes", "action=on"] {
+            let r = s.form("/ui/nodes/r1u1/power", form, headers);
+            answered(&r, 403, "a form from another site was refused");
+        }
+    }
+    assert_eq!(power_part(&s, "r1u1"), before, "a cross-site form acted");
+
+    // Status from the console: the API's error, then on the page (escaped text only).
+    let r = s.form("/ui/nodes/r1u1/power", "action=status", &[&ours]);
+    answered(&r, 502, "node r1u1: power status: BMC unreachable");
+    let part = power_part(&s, "r1u1");
+    assert!(part.contains("Status error"), "{part}");
+    assert!(part.contains("BMC unreachable"), "{part}");
+    assert!(!part.contains("Last action"), "{part}");
+
+    // Off and cycle ask first: the confirmation changes nothing.
+    for action in ["off", "cycle"] {
+        let r = s.form(
+            "/ui/nodes/r1u1/power",
+            &format!("action={action}"),
+            &[&ours],
+        );
+        answered(
+            &r,
+            200,
+            r#"<input type="hidden" name="confirm" value="yes">"#,
+        );
+        answered(&r, 200, &format!(r#"name="action" value="{action}""#));
+    }
+    assert!(!power_part(&s, "r1u1").contains("Last action"));
+    let r = s.form("/ui/nodes/r1u1/power", "action=off&confirm=yes", &[&ours]);
+    answered(&r, 502, "node r1u1: power off: BMC unreachable");
+    let part = power_part(&s, "r1u1");
+    assert!(part.contains("Last action"), "{part}");
+    assert!(part.contains("off at "), "{part}");
+
+    // No BMC, or no such action: the API's refusal.
+    let r = s.form("/ui/nodes/bare/power", "action=status", &[&ours]);
+    answered(&r, 409, "the node has no BMC to manage");
+    let r = s.form("/ui/nodes/r1u1/power", "action=%3Cb%3Eexplode", &[&ours]);
+    answered(&r, 400, "unknown power action &quot;&lt;b&gt;explode&quot;");
+    assert!(!r.body.contains("<b>"), "{}", r.body);
+
+    // The throttle on the dashboard.
+    let dash = s.page("/ui/dashboard");
+    assert!(dash.contains("0 power-on(s) queued"), "{dash}");
+}
