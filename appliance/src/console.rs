@@ -94,7 +94,7 @@ pub fn router(console: Console) -> Router {
         .route("/ui/rules/{uuid}/delete", post(rules::delete))
         .route("/ui/leases", get(leases))
         .route("/ui/images", get(images).post(images_upload::upload))
-        .route("/ui/images/{*name}", get(image))
+        .route("/ui/images/{*name}", get(image).post(images_upload::delete))
         .route("/ui/mdb", get(mdb))
         .route("/ui/subs", get(subs))
         .route("/ui/subs/{hostname}", get(sub))
@@ -653,6 +653,20 @@ fn confirm_page(
     page(title, false, body).into_response()
 }
 
+/// Where a form goes once done (303 to `to`), or the API's refusal: its status and message.
+fn done_or_refused<T, E: Into<paddock_wire::ApiError>>(to: &str, r: Result<T, E>) -> Response {
+    match r {
+        Ok(_) => axum::response::Redirect::to(to).into_response(),
+        Err(e) => {
+            let e: paddock_wire::ApiError = e.into();
+            failure(
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+                &e.message,
+            )
+        }
+    }
+}
+
 fn refused_origin() -> Response {
     failure(
         StatusCode::FORBIDDEN,
@@ -891,6 +905,16 @@ fn ms_iso(ms: Option<i64>) -> String {
     ms.map(|m| iso(m / 1000)).unwrap_or_else(|| "-".into())
 }
 
+/// The button that deletes an image (after a confirmation page).
+fn delete_image_form(name: &str) -> Markup {
+    html! {
+        form.inline method="post" action={ "/ui/images/" (name) } {
+            input type="hidden" name="action" value="delete";
+            button type="submit" aria-label={ "Delete image " (name) } { "Delete" }
+        }
+    }
+}
+
 async fn images(State(s): State<Console>) -> Response {
     let list = match s.imageserver.images.list().await {
         Ok(l) => l,
@@ -914,7 +938,7 @@ async fn images(State(s): State<Console>) -> Response {
         }
         div data-live-region="images" {
         table #images {
-            tr { th { "Image" } th { "Files" } th { "Bytes" } th { "Objects" } th { "Filter" } th { "Triggers" } th { "Created" } th { "Expires" } }
+            tr { th { "Image" } th { "Files" } th { "Bytes" } th { "Objects" } th { "Filter" } th { "Triggers" } th { "Created" } th { "Expires" } th { "Actions" } }
             @for r in list.iter().filter(|r| !r.deleted) {
                 tr data-image=(r.name) {
                     td { a href={ "/ui/images/" (r.name) } { (r.name) } }
@@ -925,6 +949,7 @@ async fn images(State(s): State<Console>) -> Response {
                     td { (r.triggers.list().len()) }
                     td { (ms_iso(Some(r.created_on_ms))) }
                     td { (ms_iso(r.expires_at_ms)) }
+                    td { (delete_image_form(&r.name)) }
                 }
             }
         }
@@ -976,6 +1001,7 @@ async fn image(State(s): State<Console>, Path(name): Path<String>) -> Response {
             tr { th { "Expires" } td { (ms_iso(r.expires_at_ms)) } }
             tr { th { "Deleted" } td { (if r.deleted { ms_iso(r.deleted_on_ms) } else { "no".into() }) } }
         }
+        @if !r.deleted { p { (delete_image_form(&name)) } }
         h2 { "Filter" }
         pre { (r.filter.as_ref().map_or("(none: a sparse image)".to_string(), |f| f.lines().join("\n"))) }
         h2 { "Triggers" }
@@ -1238,13 +1264,8 @@ async fn set_image(
     if !same_origin(&headers) {
         return refused_origin();
     }
-    match crate::dominator::set_required_image(&s.dominator, &hostname, &f.image).await {
-        Ok(_) => axum::response::Redirect::to(&format!("/ui/subs/{hostname}")).into_response(),
-        Err(e) => failure(
-            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
-            &e.message,
-        ),
-    }
+    let r = crate::dominator::set_required_image(&s.dominator, &hostname, &f.image).await;
+    done_or_refused(&format!("/ui/subs/{hostname}"), r)
 }
 
 #[cfg(test)]

@@ -4,16 +4,20 @@
 //! as `paddock image add`), so nothing is buffered whole and every check of the ingest holds.
 //! A form posted without the script (JavaScript off) carries no file and is refused with a
 //! message naming the CLI.
+//!
+//! Deleting: `POST /ui/images/{name}` (`action=delete`) asks to confirm, then deletes
+//! through the image server's own `delete` (as `ImageServer.DeleteImage`): the name is
+//! retired; a refusal is shown with the API's status and message.
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use futures_util::TryStreamExt;
 use paddock_image::Triggers;
 use serde_json::json;
 
-use super::{Console, same_origin};
+use super::{ActionForm, Console, confirm_page, failure, refused_origin, same_origin};
 
 #[derive(serde::Deserialize)]
 pub struct UploadQuery {
@@ -83,6 +87,51 @@ pub async fn upload(
                 StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
                 e.message,
             )
+        }
+    }
+}
+
+/// `POST /ui/images/{name}` with `action=delete`: a confirmation page, then (with
+/// `confirm=yes`) the image deleted and the list shown again.
+pub async fn delete(
+    State(s): State<Console>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    axum::Form(f): axum::Form<ActionForm>,
+) -> Response {
+    if !same_origin(&headers) {
+        return refused_origin();
+    }
+    if f.action != "delete" {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "the only action on an image is delete",
+        );
+    }
+    if !f.confirmed() {
+        return confirm_page(
+            "Delete an image?",
+            maud::html! {
+                "Delete image " code { (name) } "? Its name is retired: it cannot be used again. "
+                "Subs that require it stop being updated to it."
+            },
+            &format!("/ui/images/{name}"),
+            &[("action", "delete")],
+            "Delete the image",
+            "/ui/images",
+        );
+    }
+    match s
+        .imageserver
+        .images
+        .delete(&name, paddock_wire::unix_ms())
+        .await
+    {
+        Ok(()) => axum::response::Redirect::to("/ui/images").into_response(),
+        Err(e) => {
+            let e = paddock_wire::ApiError::from(e);
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            failure(status, &e.message)
         }
     }
 }

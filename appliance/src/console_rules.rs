@@ -11,7 +11,8 @@ use paddock_inspector::rules::Rule;
 use serde_json::Value;
 
 use super::{
-    ActionForm, Console, confirm_page, failure, ms_iso, page, refused_origin, same_origin,
+    ActionForm, Console, confirm_page, done_or_refused, failure, ms_iso, page, refused_origin,
+    same_origin,
 };
 
 /// An example the form starts with: a rule that tags machines with a lot of memory.
@@ -126,14 +127,7 @@ pub async fn delete(
             "/ui/rules",
         );
     }
-    match s.inspector.delete_rule(&uuid).await {
-        Ok(()) => Redirect::to("/ui/rules").into_response(),
-        Err(e) => {
-            let e = paddock_wire::ApiError::from(e);
-            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-            failure(status, &e.message)
-        }
-    }
+    done_or_refused("/ui/rules", s.inspector.delete_rule(&uuid).await)
 }
 
 #[cfg(test)]

@@ -180,3 +180,92 @@ fn power_buttons_post_through_the_api_from_the_same_origin_only() {
     let dash = s.page("/ui/dashboard");
     assert!(dash.contains("0 power-on(s) queued"), "{dash}");
 }
+
+/// The images table's row of `name`, if listed.
+fn listed(s: &Setup, name: &str) -> bool {
+    s.page("/ui/images")
+        .contains(&format!(r#"<tr data-image="{name}">"#))
+}
+
+#[test]
+fn an_image_is_deleted_from_the_images_page_once_confirmed() {
+    let s = Setup::start();
+    let ours = format!("Origin: {PUBLIC_URL}");
+    let tree = s.scratch.path("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/hostname"), "actions\n").unwrap();
+    let tar = s.scratch.path("image.tar");
+    sh_ok(&format!(
+        "tar -C {} -cf {} .",
+        tree.display(),
+        tar.display()
+    ));
+    let r = curl(
+        &s.link.server,
+        &format!(
+            "curl -s -i -X POST '{PUBLIC_URL}/ui/images?name=test/del.1' -H '{ours}' -H 'content-type: application/x-tar' --data-binary @{}",
+            tar.display()
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(listed(&s, "test/del.1"));
+    let page = s.page("/ui/images");
+    assert!(
+        page.contains(r#"<form class="inline" method="post" action="/ui/images/test/del.1">"#),
+        "{page}"
+    );
+    assert!(
+        s.page("/ui/images/test/del.1")
+            .contains(r#"action="/ui/images/test/del.1""#),
+        "the image's page has the button too"
+    );
+
+    // From another site: refused, the image stays.
+    for headers in CROSS_SITE {
+        let r = s.form(
+            "/ui/images/test/del.1",
+            "action=delete&confirm=yes",
+            headers,
+        );
+        answered(&r, 403, "a form from another site was refused");
+    }
+    assert!(listed(&s, "test/del.1"), "a cross-site form deleted it");
+
+    // Asked first: the confirmation page deletes nothing.
+    let r = s.form("/ui/images/test/del.1", "action=delete", &[&ours]);
+    answered(&r, 200, "Delete image <code>test/del.1</code>?");
+    answered(
+        &r,
+        200,
+        r#"<input type="hidden" name="confirm" value="yes">"#,
+    );
+    assert!(listed(&s, "test/del.1"), "asking deleted it");
+    let r = s.form(
+        "/ui/images/test/del.1",
+        "action=explode&confirm=yes",
+        &[&ours],
+    );
+    answered(&r, 400, "the only action on an image is delete");
+
+    // Confirmed: through the image server's delete; the name is retired.
+    let r = s.form(
+        "/ui/images/test/del.1",
+        "action=delete&confirm=yes",
+        &[&ours],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("location"), Some("/ui/images"));
+    assert!(!listed(&s, "test/del.1"), "still listed");
+    let page = s.part("/ui/images", "<h2>Retired names</h2>", "</p>");
+    assert!(page.contains("test/del.1"), "{page}");
+    // Refused by the image server: its status and message, escaped.
+    let r = s.form(
+        "/ui/images/test/del.1",
+        "action=delete&confirm=yes",
+        &[&ours],
+    );
+    answered(&r, 404, "no image &quot;test/del.1&quot;");
+    let r = s.form("/ui/images/%3Cb%3Ex", "action=delete&confirm=yes", &[&ours]);
+    answered(&r, 404, "no image &quot;&lt;b&gt;x&quot;");
+    assert!(!r.body.contains("<b>x"), "{}", r.body);
+}
