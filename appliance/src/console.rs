@@ -35,6 +35,8 @@ mod node_view;
 mod power_page;
 #[path = "console_rules.rs"]
 mod rules;
+#[path = "console_subs.rs"]
+mod subs_forms;
 
 use crate::config::ClusterConfig;
 use crate::dominator::{Dominator, PAUSE, Pause, SUBS, SubControl};
@@ -96,7 +98,8 @@ pub fn router(console: Console) -> Router {
         .route("/ui/images", get(images).post(images_upload::upload))
         .route("/ui/images/{*name}", get(image).post(images_upload::delete))
         .route("/ui/mdb", get(mdb))
-        .route("/ui/subs", get(subs))
+        .route("/ui/subs", get(subs).post(subs_forms::all))
+        .route("/ui/subs/{hostname}/pause", post(subs_forms::one))
         .route("/ui/subs/{hostname}", get(sub))
         .route("/ui/subs/{hostname}/image", post(set_image))
         .with_state(console)
@@ -630,12 +633,14 @@ impl ActionForm {
 }
 
 /// The page that asks to confirm a destructive form: `question`, then a form posting the
-/// same `fields` to `action` again with `confirm=yes`, and a link back to `back`.
+/// same `fields` to `action` again with `confirm=yes` (and `extra`: what the operator adds
+/// there, such as a reason), and a link back to `back`.
 fn confirm_page(
     title: &str,
     question: Markup,
     action: &str,
     fields: &[(&str, &str)],
+    extra: Markup,
     button: &str,
     back: &str,
 ) -> Response {
@@ -645,6 +650,7 @@ fn confirm_page(
             @for (name, value) in fields {
                 input type="hidden" name=(name) value=(value);
             }
+            (extra)
             input type="hidden" name="confirm" value="yes";
             button type="submit" { (button) } " "
             a href=(back) { "Cancel" }
@@ -1110,6 +1116,7 @@ fn subs_body(v: &DominatorView, subs: &[SubStatus]) -> Markup {
     let synced = counts.get("synced").copied().unwrap_or(0);
     html! {
         (dominator_banners(v))
+        (subs_forms::pause_form("/ui/subs", v.pause.is_some(), "all updates"))
         p { (synced) " of " (subs.len()) " sub(s) synced to their required image." }
         table {
             tr { th { "State" } th { "Subs" } }
@@ -1182,6 +1189,7 @@ fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl, images: &[String])
             } }
             " " button type="submit" { "Set" }
         }
+        (subs_forms::pause_form(&format!("/ui/subs/{}/pause", s.hostname), c.paused.is_some(), "this sub's updates"))
         p {
             code { "paddock sub update " (s.hostname) " --image …" } ", "
             code { "paddock sub pause " (s.hostname) " --reason …" } ", "
@@ -1233,6 +1241,25 @@ async fn sub(State(s): State<Console>, Path(hostname): Path<String>) -> Response
 #[derive(serde::Deserialize)]
 struct ImageForm {
     image: String,
+}
+
+/// A request from this console's own pages: an extractor that refuses any other site's
+/// (403, nothing done) before the handler runs, so a form handler cannot forget to check.
+pub struct SameOrigin;
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SameOrigin {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Response> {
+        if same_origin(&parts.headers) {
+            Ok(SameOrigin)
+        } else {
+            Err(refused_origin())
+        }
+    }
 }
 
 /// A form post from another site is refused: the console has no session to steal yet, but

@@ -17,7 +17,7 @@ use futures_util::TryStreamExt;
 use paddock_image::Triggers;
 use serde_json::json;
 
-use super::{ActionForm, Console, confirm_page, failure, refused_origin, same_origin};
+use super::{ActionForm, Console, SameOrigin, confirm_page, done_or_refused, failure, same_origin};
 
 #[derive(serde::Deserialize)]
 pub struct UploadQuery {
@@ -96,12 +96,9 @@ pub async fn upload(
 pub async fn delete(
     State(s): State<Console>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    _: SameOrigin,
     axum::Form(f): axum::Form<ActionForm>,
 ) -> Response {
-    if !same_origin(&headers) {
-        return refused_origin();
-    }
     if f.action != "delete" {
         return failure(
             StatusCode::BAD_REQUEST,
@@ -117,21 +114,15 @@ pub async fn delete(
             },
             &format!("/ui/images/{name}"),
             &[("action", "delete")],
+            maud::html! {},
             "Delete the image",
             "/ui/images",
         );
     }
-    match s
+    let r = s
         .imageserver
         .images
         .delete(&name, paddock_wire::unix_ms())
-        .await
-    {
-        Ok(()) => axum::response::Redirect::to("/ui/images").into_response(),
-        Err(e) => {
-            let e = paddock_wire::ApiError::from(e);
-            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-            failure(status, &e.message)
-        }
-    }
+        .await;
+    done_or_refused("/ui/images", r)
 }

@@ -4,12 +4,11 @@
 //! cycle ask to confirm first, as deleting a rule does.
 
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 use paddock_inspector::node::Node;
 
-use super::{ActionForm, Console, confirm_page, node_answer, refused_origin, same_origin};
+use super::{ActionForm, Console, SameOrigin, confirm_page, node_answer};
 use crate::power::{Action, BmcSummary, Record, ThrottleView, bmc_of};
 
 /// A Unix-ms time as the console shows it (`-` when unknown).
@@ -116,12 +115,9 @@ pub fn throttle(v: &ThrottleView) -> Markup {
 pub async fn form(
     State(s): State<Console>,
     Path(ident): Path<String>,
-    headers: HeaderMap,
+    _: SameOrigin,
     axum::Form(f): axum::Form<ActionForm>,
 ) -> Response {
-    if !same_origin(&headers) {
-        return refused_origin();
-    }
     let Some(action) = Action::parse(&f.action) else {
         return node_answer::<()>(
             &ident,
@@ -138,6 +134,7 @@ pub async fn form(
             html! { "Power " (what) " machine " code { (ident) } "? Whatever it is running stops at once." },
             &format!("/ui/nodes/{ident}/power"),
             &[("action", what)],
+            maud::html! {},
             &format!("Power {what}"),
             &format!("/ui/nodes/{ident}"),
         );

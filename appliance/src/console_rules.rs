@@ -11,8 +11,8 @@ use paddock_inspector::rules::Rule;
 use serde_json::Value;
 
 use super::{
-    ActionForm, Console, confirm_page, done_or_refused, failure, ms_iso, page, refused_origin,
-    same_origin,
+    ActionForm, Console, SameOrigin, confirm_page, done_or_refused, failure, ms_iso, page,
+    refused_origin, same_origin,
 };
 
 /// An example the form starts with: a rule that tags machines with a lot of memory.
@@ -111,18 +111,16 @@ pub async fn create(
 pub async fn delete(
     State(s): State<Console>,
     Path(uuid): Path<String>,
-    headers: HeaderMap,
+    _: SameOrigin,
     axum::Form(f): axum::Form<ActionForm>,
 ) -> Response {
-    if !same_origin(&headers) {
-        return refused_origin();
-    }
     if !f.confirmed() {
         return confirm_page(
             "Delete a rule?",
             html! { "Delete rule " code { (uuid) } "? Machines already processed keep what it did." },
             &format!("/ui/rules/{uuid}/delete"),
             &[],
+            maud::html! {},
             "Delete the rule",
             "/ui/rules",
         );

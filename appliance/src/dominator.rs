@@ -439,20 +439,31 @@ fn check_reason(reason: &str) -> Result<String, ApiError> {
 }
 
 async fn pause(State(d): State<Dominator>, Json(r): Json<Reason>) -> Result<Json<Pause>, ApiError> {
+    pause_all(&d, &r.reason).await.map(Json)
+}
+
+async fn resume(State(d): State<Dominator>) -> Result<Json<serde_json::Value>, ApiError> {
+    resume_all(&d).await?;
+    Ok(Json(serde_json::json!({"paused": false})))
+}
+
+/// `Dominator.Pause`: every update held, with the operator's reason (the API and console).
+pub async fn pause_all(d: &Dominator, reason: &str) -> Result<Pause, ApiError> {
     let p = Pause {
-        reason: check_reason(&r.reason)?,
+        reason: check_reason(reason)?,
         at_ms: unix_ms(),
     };
     let value = serde_json::to_vec(&p).map_err(|e| ApiError::internal(e.to_string()))?;
     d.store.put(PAUSE, value).await.map_err(store_err)?;
     tracing::warn!(reason = %p.reason, "dominator: paused");
-    Ok(Json(p))
+    Ok(p)
 }
 
-async fn resume(State(d): State<Dominator>) -> Result<Json<serde_json::Value>, ApiError> {
+/// `Dominator.Resume` (the API and console).
+pub async fn resume_all(d: &Dominator) -> Result<(), ApiError> {
     d.store.delete(PAUSE).await.map_err(store_err)?;
     tracing::info!("dominator: resumed");
-    Ok(Json(serde_json::json!({"paused": false})))
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -505,18 +516,30 @@ async fn pause_sub(
     State(d): State<Dominator>,
     Json(r): Json<HostReason>,
 ) -> Result<Json<SubControl>, ApiError> {
-    let reason = check_reason(r.reason.as_deref().unwrap_or_default())?;
-    let c = change_control(&d, &r.hostname, |c| c.paused = Some(reason.clone())).await?;
-    Ok(Json(c))
+    let reason = r.reason.as_deref().unwrap_or_default();
+    pause_one(&d, &r.hostname, reason).await.map(Json)
 }
 
 async fn resume_sub(
     State(d): State<Dominator>,
     Json(r): Json<HostReason>,
 ) -> Result<Json<SubControl>, ApiError> {
-    Ok(Json(
-        change_control(&d, &r.hostname, |c| c.paused = None).await?,
-    ))
+    resume_one(&d, &r.hostname).await.map(Json)
+}
+
+/// `Dominator.PauseSub`: one sub's updates held, with the operator's reason.
+pub async fn pause_one(
+    d: &Dominator,
+    hostname: &str,
+    reason: &str,
+) -> Result<SubControl, ApiError> {
+    let reason = check_reason(reason)?;
+    change_control(d, hostname, |c| c.paused = Some(reason.clone())).await
+}
+
+/// `Dominator.ResumeSub`.
+pub async fn resume_one(d: &Dominator, hostname: &str) -> Result<SubControl, ApiError> {
+    change_control(d, hostname, |c| c.paused = None).await
 }
 
 async fn clear_safety(

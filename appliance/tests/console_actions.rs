@@ -1,6 +1,7 @@
 //! The console's actions in a running appliance, through curl as a browser's forms would
 //! post them: a node's power buttons (through the API's own path, off and cycle confirmed
-//! first, a node without a BMC shows none), with the throttle on the dashboard. Each form
+//! first, a node without a BMC shows none), with the throttle on the dashboard; deleting an
+//! image, confirmed first; pausing and resuming the dominator, all of it or one sub. Each form
 //! changes the state from the same origin only (a cross-site post is refused with 403 and
 //! changes nothing), and pages escape what nodes and BMCs said.
 
@@ -57,6 +58,11 @@ impl Setup {
         curl(&self.link.server, &cmd)
     }
 
+    /// A console form from the console's own pages (`Origin` this appliance).
+    fn ours(&self, path: &str, form: &str) -> Resp {
+        self.form(path, form, &[&format!("Origin: {PUBLIC_URL}")])
+    }
+
     #[track_caller]
     fn page(&self, path: &str) -> String {
         let r = http(&self.link.server, &self.scratch, "GET", path, None, &[]);
@@ -89,6 +95,13 @@ fn answered(r: &Resp, status: u16, says: &str) {
     assert!(r.body.contains(says), "{says:?} missing: {}", r.body);
 }
 
+/// A form done: 303 to `to`.
+#[track_caller]
+fn redirected(r: &Resp, to: &str) {
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("location"), Some(to));
+}
+
 /// The power part of a node's page.
 fn power_part(s: &Setup, node: &str) -> String {
     s.part(
@@ -101,7 +114,6 @@ fn power_part(s: &Setup, node: &str) -> String {
 #[test]
 fn power_buttons_post_through_the_api_from_the_same_origin_only() {
     let s = Setup::start();
-    let ours = format!("Origin: {PUBLIC_URL}");
     // A Redfish BMC that nothing answers (connection refused at once), and a node without one.
     s.api(
         "POST",
@@ -141,7 +153,7 @@ fn power_buttons_post_through_the_api_from_the_same_origin_only() {
     assert_eq!(power_part(&s, "r1u1"), before, "a cross-site form acted");
 
     // Status from the console: the API's error, then on the page (escaped text only).
-    let r = s.form("/ui/nodes/r1u1/power", "action=status", &[&ours]);
+    let r = s.ours("/ui/nodes/r1u1/power", "action=status");
     answered(&r, 502, "node r1u1: power status: BMC unreachable");
     let part = power_part(&s, "r1u1");
     assert!(part.contains("Status error"), "{part}");
@@ -150,11 +162,7 @@ fn power_buttons_post_through_the_api_from_the_same_origin_only() {
 
     // Off and cycle ask first: the confirmation changes nothing.
     for action in ["off", "cycle"] {
-        let r = s.form(
-            "/ui/nodes/r1u1/power",
-            &format!("action={action}"),
-            &[&ours],
-        );
+        let r = s.ours("/ui/nodes/r1u1/power", &format!("action={action}"));
         answered(
             &r,
             200,
@@ -163,16 +171,16 @@ fn power_buttons_post_through_the_api_from_the_same_origin_only() {
         answered(&r, 200, &format!(r#"name="action" value="{action}""#));
     }
     assert!(!power_part(&s, "r1u1").contains("Last action"));
-    let r = s.form("/ui/nodes/r1u1/power", "action=off&confirm=yes", &[&ours]);
+    let r = s.ours("/ui/nodes/r1u1/power", "action=off&confirm=yes");
     answered(&r, 502, "node r1u1: power off: BMC unreachable");
     let part = power_part(&s, "r1u1");
     assert!(part.contains("Last action"), "{part}");
     assert!(part.contains("off at "), "{part}");
 
     // No BMC, or no such action: the API's refusal.
-    let r = s.form("/ui/nodes/bare/power", "action=status", &[&ours]);
+    let r = s.ours("/ui/nodes/bare/power", "action=status");
     answered(&r, 409, "the node has no BMC to manage");
-    let r = s.form("/ui/nodes/r1u1/power", "action=%3Cb%3Eexplode", &[&ours]);
+    let r = s.ours("/ui/nodes/r1u1/power", "action=%3Cb%3Eexplode");
     answered(&r, 400, "unknown power action &quot;&lt;b&gt;explode&quot;");
     assert!(!r.body.contains("<b>"), "{}", r.body);
 
@@ -190,7 +198,6 @@ fn listed(s: &Setup, name: &str) -> bool {
 #[test]
 fn an_image_is_deleted_from_the_images_page_once_confirmed() {
     let s = Setup::start();
-    let ours = format!("Origin: {PUBLIC_URL}");
     let tree = s.scratch.path("tree");
     std::fs::create_dir_all(tree.join("etc")).unwrap();
     std::fs::write(tree.join("etc/hostname"), "actions\n").unwrap();
@@ -203,7 +210,7 @@ fn an_image_is_deleted_from_the_images_page_once_confirmed() {
     let r = curl(
         &s.link.server,
         &format!(
-            "curl -s -i -X POST '{PUBLIC_URL}/ui/images?name=test/del.1' -H '{ours}' -H 'content-type: application/x-tar' --data-binary @{}",
+            "curl -s -i -X POST '{PUBLIC_URL}/ui/images?name=test/del.1' -H 'Origin: {PUBLIC_URL}' -H 'content-type: application/x-tar' --data-binary @{}",
             tar.display()
         ),
     );
@@ -232,7 +239,7 @@ fn an_image_is_deleted_from_the_images_page_once_confirmed() {
     assert!(listed(&s, "test/del.1"), "a cross-site form deleted it");
 
     // Asked first: the confirmation page deletes nothing.
-    let r = s.form("/ui/images/test/del.1", "action=delete", &[&ours]);
+    let r = s.ours("/ui/images/test/del.1", "action=delete");
     answered(&r, 200, "Delete image <code>test/del.1</code>?");
     answered(
         &r,
@@ -240,32 +247,123 @@ fn an_image_is_deleted_from_the_images_page_once_confirmed() {
         r#"<input type="hidden" name="confirm" value="yes">"#,
     );
     assert!(listed(&s, "test/del.1"), "asking deleted it");
-    let r = s.form(
-        "/ui/images/test/del.1",
-        "action=explode&confirm=yes",
-        &[&ours],
-    );
+    let r = s.ours("/ui/images/test/del.1", "action=explode&confirm=yes");
     answered(&r, 400, "the only action on an image is delete");
 
     // Confirmed: through the image server's delete; the name is retired.
-    let r = s.form(
-        "/ui/images/test/del.1",
-        "action=delete&confirm=yes",
-        &[&ours],
-    );
-    assert_eq!(r.status, 303, "{}", r.body);
-    assert_eq!(r.header("location"), Some("/ui/images"));
+    let r = s.ours("/ui/images/test/del.1", "action=delete&confirm=yes");
+    redirected(&r, "/ui/images");
     assert!(!listed(&s, "test/del.1"), "still listed");
     let page = s.part("/ui/images", "<h2>Retired names</h2>", "</p>");
     assert!(page.contains("test/del.1"), "{page}");
     // Refused by the image server: its status and message, escaped.
-    let r = s.form(
-        "/ui/images/test/del.1",
-        "action=delete&confirm=yes",
-        &[&ours],
-    );
+    let r = s.ours("/ui/images/test/del.1", "action=delete&confirm=yes");
     answered(&r, 404, "no image &quot;test/del.1&quot;");
-    let r = s.form("/ui/images/%3Cb%3Ex", "action=delete&confirm=yes", &[&ours]);
+    let r = s.ours("/ui/images/%3Cb%3Ex", "action=delete&confirm=yes");
     answered(&r, 404, "no image &quot;&lt;b&gt;x&quot;");
     assert!(!r.body.contains("<b>x"), "{}", r.body);
+}
+
+/// `Dominator.Status`'s pause (`null` when not paused).
+fn paused(s: &Setup) -> Value {
+    let r = http(
+        &s.link.server,
+        &s.scratch,
+        "GET",
+        "/rpc/Dominator.Status",
+        None,
+        &[],
+    );
+    r.json()["paused"].clone()
+}
+
+#[test]
+fn the_dominator_is_paused_and_resumed_from_the_subs_pages() {
+    let s = Setup::start();
+    s.api(
+        "POST",
+        "/rpc/Mdb.SetMachine",
+        json!({"Hostname": "h1", "IpAddress": "127.0.0.1", "RequiredImage": "none/yet"}),
+    );
+    let subs = s.page("/ui/subs");
+    assert!(
+        subs.contains(r#"<form class="pause" method="post" action="/ui/subs">"#),
+        "{subs}"
+    );
+    assert!(subs.contains("Pause all updates"), "{subs}");
+
+    // From another site: refused, nothing paused.
+    for headers in CROSS_SITE {
+        for (path, form) in [
+            ("/ui/subs", "action=pause&confirm=yes&reason=x"),
+            ("/ui/subs/h1/pause", "action=pause&confirm=yes&reason=x"),
+        ] {
+            answered(
+                &s.form(path, form, headers),
+                403,
+                "a form from another site was refused",
+            );
+        }
+    }
+    assert_eq!(paused(&s), Value::Null);
+
+    // A pause asks first, for its reason; without one the API's refusal.
+    let r = s.ours("/ui/subs", "action=pause");
+    answered(&r, 200, r#"<input type="text" name="reason" required"#);
+    answered(
+        &r,
+        200,
+        r#"<input type="hidden" name="confirm" value="yes">"#,
+    );
+    assert_eq!(paused(&s), Value::Null, "asking paused it");
+    let r = s.ours("/ui/subs", "action=pause&confirm=yes&reason=");
+    answered(&r, 400, "a reason is required");
+    let r = s.ours("/ui/subs", "action=stop");
+    answered(&r, 400, "the dominator's actions are pause and resume");
+
+    // Confirmed, with a reason that is shown as text.
+    let r = s.ours(
+        "/ui/subs",
+        "action=pause&confirm=yes&reason=%3Cscript%3Efreeze%3C%2Fscript%3E",
+    );
+    redirected(&r, "/ui/subs");
+    assert_eq!(paused(&s)["reason"], "<script>freeze</script>");
+    let subs = s.page("/ui/subs");
+    assert!(
+        subs.contains("&lt;script&gt;freeze&lt;/script&gt;"),
+        "{subs}"
+    );
+    assert!(!subs.contains("<script>freeze"), "{subs}");
+    assert!(subs.contains("Resume all updates"), "{subs}");
+    // Resuming needs no confirmation.
+    redirected(&s.ours("/ui/subs", "action=resume"), "/ui/subs");
+    assert_eq!(paused(&s), Value::Null);
+
+    // One sub: paused once confirmed, shown on its page, resumed.
+    wait_for("h1 in the census", || {
+        http(&s.link.server, &s.scratch, "GET", "/ui/subs/h1", None, &[]).status == 200
+    });
+    let r = s.ours("/ui/subs/h1/pause", "action=pause");
+    answered(&r, 200, "Pause sub h1?");
+    answered(&r, 200, r#"action="/ui/subs/h1/pause""#);
+    let page = s.page("/ui/subs/h1");
+    assert!(page.contains("<th>Paused</th><td>no</td>"), "{page}");
+    let r = s.ours(
+        "/ui/subs/h1/pause",
+        "action=pause&confirm=yes&reason=disk%20swap",
+    );
+    redirected(&r, "/ui/subs/h1");
+    let page = s.page("/ui/subs/h1");
+    assert!(page.contains("<th>Paused</th><td>disk swap</td>"), "{page}");
+    assert!(page.contains("Resume this sub"), "{page}");
+    redirected(&s.ours("/ui/subs/h1/pause", "action=resume"), "/ui/subs/h1");
+    let page = s.page("/ui/subs/h1");
+    assert!(page.contains("<th>Paused</th><td>no</td>"), "{page}");
+    // A name the dominator refuses: its message, escaped.
+    let r = s.ours(
+        "/ui/subs/%3Cb%3E/pause",
+        "action=pause&confirm=yes&reason=x",
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(!r.body.contains("<b>"), "{}", r.body);
 }
