@@ -161,4 +161,16 @@
     });
   });
   source.addEventListener("resync", schedule);
+  // Leaving the page closes its stream: a page kept in the back/forward cache would hold
+  // one of the few connections a browser opens to this host (six), and after a few live
+  // pages the next page would wait for a free one. Shown again from that cache, the page
+  // reads itself afresh (and opens a new stream).
+  window.addEventListener("pagehide", function () {
+    source.close();
+  });
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted) {
+      location.reload();
+    }
+  });
 })();
