@@ -3,7 +3,7 @@
 //
 // The page says what it shows in attributes the server escaped: <body data-live="list"> (any
 // node change matters), data-live="node" with data-subjects="<uuid> mac-<hex> …" (changes to
-// these subjects matter), data-live="images" or "leases" (image or DHCP lease changes matter). On such a change the
+// these subjects matter, power records included), data-live="images" or "leases" (image or DHCP lease changes matter). On such a change the
 // page is fetched again and every element with a data-live-region attribute is replaced by
 // its fresh copy, parsed by the browser from the server's own (escaped) HTML. Nothing here
 // builds HTML from strings; messages are set as text.
@@ -153,7 +153,7 @@
   source.onerror = function () {
     say("reconnecting…");
   };
-  ["node", "timeline", "image", "lease"].forEach(function (name) {
+  ["node", "timeline", "power", "image", "lease"].forEach(function (name) {
     source.addEventListener(name, function (e) {
       if (concerns(name, e)) {
         schedule();

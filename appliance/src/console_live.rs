@@ -1,5 +1,6 @@
 //! The console's live half: `/ui/events`, a server-sent-event stream of what changed in the
-//! store (nodes, their provisioning records, their timelines, images, DHCP leases), and the small script embedded
+//! store (nodes, their provisioning records, power records and queued power-ons, their
+//! timelines, images, DHCP leases), and the small script embedded
 //! in the binary that listens to it and re-reads the parts of the page marked live.
 //!
 //! The stream carries names only (a node's UUID, a timeline's subject), never text from the
@@ -25,10 +26,15 @@ use super::Console;
 /// The script every console page loads (no build step: the file is the source).
 pub const SCRIPT: &str = include_str!("../assets/console.js");
 
-/// Prefixes whose changes the console shows live, with the SSE event each becomes.
-const FOLLOWED: [(&str, &str); 5] = [
+/// Prefixes whose changes the console shows live, with the SSE event each becomes. A node's
+/// power record (rewritten at every power-state sync) is its own event, which only that
+/// node's page follows; a power-on queued or started is a node event (the dashboard shows
+/// the queue).
+const FOLLOWED: [(&str, &str); 7] = [
     (paddock_inspector::service::NODES, "node"),
     (crate::provisioning::PREFIX, "node"),
+    (crate::power::QUEUE, "node"),
+    (crate::power::STATE, "power"),
     (EVENTS, "timeline"),
     (IMAGES, "image"),
     (paddock_dhcp::shell::LEASE_PREFIX, "lease"),
@@ -159,25 +165,31 @@ mod tests {
     #[test]
     fn keys_become_events_naming_their_subject_only() {
         let uuid = "0b6c2a4e-0000-0000-0000-000000000001";
-        assert_eq!(change_of(&format!("nodes/{uuid}")), Some(("node", uuid)));
-        assert_eq!(
-            change_of(&format!("provisioning/{uuid}")),
-            Some(("node", uuid))
-        );
-        assert_eq!(
-            change_of(&format!("events/{uuid}/000001700000000-0001")),
-            Some(("timeline", uuid))
-        );
-        assert_eq!(
-            change_of("events/mac-525400000001/000001700000000-0001"),
-            Some(("timeline", "mac-525400000001"))
-        );
-        assert_eq!(change_of("images/debian/a"), Some(("image", "debian")));
-        assert_eq!(
-            change_of("dhcp/leases/198.18.0.100"),
-            Some(("lease", "198.18.0.100"))
-        );
-        assert_eq!(change_of("node-macs/525400000001"), None);
-        assert_eq!(change_of("nodes/"), None);
+        let mac = "mac-525400000001";
+        let table = [
+            (format!("nodes/{uuid}"), Some(("node", uuid))),
+            (format!("provisioning/{uuid}"), Some(("node", uuid))),
+            (format!("power/queue/{uuid}"), Some(("node", uuid))),
+            (format!("power/state/{uuid}"), Some(("power", uuid))),
+            (format!("power/introspection/{uuid}"), None),
+            (
+                format!("events/{uuid}/000001700000000-0001"),
+                Some(("timeline", uuid)),
+            ),
+            (
+                format!("events/{mac}/000001700000000-0001"),
+                Some(("timeline", mac)),
+            ),
+            ("images/debian/a".into(), Some(("image", "debian"))),
+            (
+                "dhcp/leases/198.18.0.100".into(),
+                Some(("lease", "198.18.0.100")),
+            ),
+            ("node-macs/525400000001".into(), None),
+            ("nodes/".into(), None),
+        ];
+        for (key, want) in table {
+            assert_eq!(change_of(&key), want, "{key}");
+        }
     }
 }

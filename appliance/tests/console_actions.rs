@@ -3,7 +3,8 @@
 //! first, a node without a BMC shows none), with the throttle on the dashboard; deleting an
 //! image, confirmed first; pausing and resuming the dominator, all of it or one sub. Each form
 //! changes the state from the same origin only (a cross-site post is refused with 403 and
-//! changes nothing), and pages escape what nodes and BMCs said.
+//! changes nothing), and pages escape what nodes and BMCs said. A node's power record
+//! reaches its page live (a `power` event on `/ui/events` naming the node only).
 
 mod support;
 
@@ -115,7 +116,7 @@ fn power_part(s: &Setup, node: &str) -> String {
 fn power_buttons_post_through_the_api_from_the_same_origin_only() {
     let s = Setup::start();
     // A Redfish BMC that nothing answers (connection refused at once), and a node without one.
-    s.api(
+    let created = s.api(
         "POST",
         "/api/v1/nodes",
         json!({"name": "r1u1", "driver": "redfish", "bmc_address": "127.0.0.1",
@@ -183,6 +184,22 @@ fn power_buttons_post_through_the_api_from_the_same_origin_only() {
     let r = s.ours("/ui/nodes/r1u1/power", "action=%3Cb%3Eexplode");
     answered(&r, 400, "unknown power action &quot;&lt;b&gt;explode&quot;");
     assert!(!r.body.contains("<b>"), "{}", r.body);
+
+    // The node's page follows its power record live: a status read is a `power` event that
+    // names the node (and nothing the BMC said).
+    let uuid = created["uuid"].as_str().unwrap();
+    let events = s.scratch.path("events.txt");
+    let out = s.link.server.sh(&format!(
+        "timeout 8 curl -sN {PUBLIC_URL}/ui/events > {e} & sleep 1; \
+         curl -s -o /dev/null -X POST {PUBLIC_URL}/ui/nodes/r1u1/power -d action=status; wait",
+        e = events.display()
+    ));
+    let stream = std::fs::read_to_string(&events).unwrap_or_default();
+    assert!(
+        stream.contains(&format!("event: power\ndata: {{\"subject\":\"{uuid}\"}}")),
+        "{stream} {out:?}"
+    );
+    assert!(!stream.contains("unreachable"), "{stream}");
 
     // The throttle on the dashboard.
     let dash = s.page("/ui/dashboard");
