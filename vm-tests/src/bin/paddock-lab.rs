@@ -151,7 +151,12 @@ fn main() -> anyhow::Result<()> {
     }
     for i in 0..vms {
         let mac = format!("52:54:00:1a:b0:{:02x}", i + 1);
-        let mut spec = VmSpec::bios(&format!("vm{i}"), &mac);
+        // An installed image needs a disk of at least 4 GiB (the birther's smallest root
+        // disk) and the memory the provisioning ramdisk works in.
+        let mut spec = match provision {
+            Some(_) => VmSpec::provisioning(&format!("vm{i}"), &mac, firmware),
+            None => VmSpec::bios(&format!("vm{i}"), &mac),
+        };
         spec.firmware = firmware;
         spec.cpus = 2;
         lab.boot(spec)?;
