@@ -206,7 +206,13 @@ fn main() -> anyhow::Result<()> {
                     && let Ok(Some(n)) = lab.node_by_mac(mac)
                 {
                     let p = provisioning(&lab, n["uuid"].as_str().unwrap_or(""), &name_of(&n));
-                    if p.starts_with("error") || p.contains(&format!("sub synced to {image}")) {
+                    // Done once the installed system (booted again after the hand-over, at
+                    // its login prompt) has its own subd synced, not the ramdisk's.
+                    let installed = p.starts_with("healthy")
+                        && lab.vms[i].round >= 1
+                        && lab.vms[i].console_text().contains("login:")
+                        && p.contains(&format!("sub synced to {image}"));
+                    if p.starts_with("error") || installed {
                         *done = true;
                         println!(
                             "vm{i} provisioned: {p}; seconds={:.1}",
