@@ -3,7 +3,7 @@
 # The same VM (TCG, 2 vCPUs, 1 GiB, one 4 GiB disk) and the same discovery ramdisk, in one
 # run (vm-tests/src/bin/paddock-provision-bench.rs says exactly what each clock covers):
 #   baseline  the ramdisk lays the disk out and formats it as a birth does, then busybox
-#             `wget -O- http://appliance/…/a.tar | tar -x` onto the new root;
+#             `wget -O- URL | tar -x` (A's tarball from the appliance) onto the new root;
 #   paddock   PXE boot, inspection, and the birth of the same image in the same boot: subd
 #             on the new root, the dominator pushes the image (layout to "synced");
 #   reimage   the installed VM re-imaged to B (~10 % of its files changed): the kept root is
