@@ -8,7 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::records::{BMCS, DATA, Versioned, node_txn};
-use super::timeline::{Subject, event_op};
+use super::timeline::{Subject, entry_ms, event_op};
 use super::{ErrorKind, Inspector, InspectorError, NextAction, Result};
 use crate::hooks;
 use crate::lookup::{Lookup, lookup};
@@ -63,7 +63,7 @@ impl Inspector {
             });
             ops.push(event_op(
                 Subject::Node(node.uuid),
-                now * 1000,
+                entry_ms(now),
                 0,
                 "introspection-started",
                 "introspection started: the node boots the discovery ramdisk at its next PXE boot",
@@ -265,7 +265,7 @@ impl Inspector {
         }
         let outcome = processing.conclude(now);
         let uuid = outcome.node.uuid;
-        let at = now * 1000;
+        let at = entry_ms(now);
         let mut ops = vec![Op::put(
             format!("{DATA}{uuid}/unprocessed"),
             input.body.to_vec(),
@@ -448,7 +448,7 @@ fn end_in_error(
     intro.error = Some(why.into());
     ops.push(event_op(
         Subject::Node(node),
-        now * 1000,
+        entry_ms(now),
         0,
         kind,
         why,

@@ -94,6 +94,20 @@ pub(super) fn event_op(
     )
 }
 
+/// The Unix ms to file an entry made at `now` (Unix seconds) under: the clock's own
+/// millisecond while the clock is still in that second, so two reports within one second
+/// get keys of their own (filed under the second alone, the second report's entries
+/// replaced the first's); `now`'s first millisecond when `now` is not the clock's second
+/// (a caller with its own time, as tests are).
+pub(super) fn entry_ms(now: i64) -> i64 {
+    let ms = now_ms();
+    if ms.div_euclid(1000) == now {
+        ms
+    } else {
+        now.saturating_mul(1000)
+    }
+}
+
 /// A timeline entry for `subject` now, as an operation to put in another service's
 /// transaction (the appliance's provisioning records file their transitions with it, so
 /// the record and its entry change together).
