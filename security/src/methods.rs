@@ -1,0 +1,330 @@
+//! Dominator's permitted-methods model: a certificate carries the `Service.Method` patterns its
+//! holder may call, in an X.509 extension (OID 1.3.6.1.4.1.9586.100.7.1) whose value is a DER
+//! `SEQUENCE OF` strings, each with exactly one `.`; groups travel the same way under
+//! 1.3.6.1.4.1.9586.100.7.2. A call is allowed when one pattern glob-matches the method (Go's
+//! `filepath.Match`: `*` any run of characters, `?` one). Pure: bytes in, values out.
+
+/// The permitted-methods extension's OID.
+pub const PERMITTED_METHODS_OID: &[u64] = &[1, 3, 6, 1, 4, 1, 9586, 100, 7, 1];
+/// The groups extension's OID.
+pub const GROUPS_OID: &[u64] = &[1, 3, 6, 1, 4, 1, 9586, 100, 7, 2];
+/// The permitted-methods OID in dotted form (x509-parser's `to_id_string`).
+pub const PERMITTED_METHODS_OID_STR: &str = "1.3.6.1.4.1.9586.100.7.1";
+/// The groups OID in dotted form.
+pub const GROUPS_OID_STR: &str = "1.3.6.1.4.1.9586.100.7.2";
+
+/// More patterns than this in one certificate are refused.
+pub const MAX_PATTERNS: usize = 256;
+/// A longer pattern (or group name) is refused.
+pub const MAX_PATTERN_BYTES: usize = 128;
+
+const TAG_SEQUENCE: u8 = 0x30;
+const TAG_UTF8: u8 = 0x0c;
+const TAG_PRINTABLE: u8 = 0x13;
+const TAG_IA5: u8 = 0x16;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MethodError {
+    #[error("not a DER SEQUENCE OF strings: {0}")]
+    Der(&'static str),
+    #[error("more than {MAX_PATTERNS} entries")]
+    TooMany,
+    #[error("{0:?}: longer than {MAX_PATTERN_BYTES} bytes")]
+    TooLong(String),
+    #[error("{0:?}: a method pattern is Service.Method with exactly one '.'")]
+    NotServiceMethod(String),
+    #[error("{0:?}: only letters, digits, '_', '-', '*' and '?' may appear around the '.'")]
+    BadCharacter(String),
+    #[error("{0:?}: a group name is letters, digits, '.', '_' and '-'")]
+    BadGroup(String),
+}
+
+/// Checks one pattern: `Service.Method`, exactly one `.`, both sides non-empty, from a small
+/// alphabet (so a pattern can never be mistaken for anything but a glob).
+pub fn check_pattern(p: &str) -> Result<(), MethodError> {
+    if p.len() > MAX_PATTERN_BYTES {
+        return Err(MethodError::TooLong(p.to_string()));
+    }
+    let Some((service, method)) = p.split_once('.') else {
+        return Err(MethodError::NotServiceMethod(p.to_string()));
+    };
+    if service.is_empty() || method.is_empty() || method.contains('.') {
+        return Err(MethodError::NotServiceMethod(p.to_string()));
+    }
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*' | '?');
+    if !service.chars().all(ok) || !method.chars().all(ok) {
+        return Err(MethodError::BadCharacter(p.to_string()));
+    }
+    Ok(())
+}
+
+/// Checks a group name.
+pub fn check_group(g: &str) -> Result<(), MethodError> {
+    if g.len() > MAX_PATTERN_BYTES {
+        return Err(MethodError::TooLong(g.to_string()));
+    }
+    if g.is_empty()
+        || !g
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(MethodError::BadGroup(g.to_string()));
+    }
+    Ok(())
+}
+
+/// Go's `filepath.Match` for the characters a pattern may hold: `*` matches any run
+/// (including `.`, which is not a path separator), `?` any one character.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, ni));
+                pi += 1;
+            }
+            Some(&c) if c == b'?' || c == n[ni] => {
+                pi += 1;
+                ni += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    pi = sp + 1;
+                    ni = sn + 1;
+                    star = Some((sp, sn + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// The patterns a certificate or token grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions(Vec<String>);
+
+impl Permissions {
+    /// Patterns checked one by one; the first bad one is the error.
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, MethodError> {
+        if patterns.len() > MAX_PATTERNS {
+            return Err(MethodError::TooMany);
+        }
+        let mut v = Vec::with_capacity(patterns.len());
+        for p in patterns {
+            check_pattern(p.as_ref())?;
+            v.push(p.as_ref().to_string());
+        }
+        Ok(Permissions(v))
+    }
+
+    /// Comma-separated patterns, as `--methods` takes them (spaces around commas ignored).
+    pub fn parse_list(list: &str) -> Result<Self, MethodError> {
+        let v: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        Self::new(&v)
+    }
+
+    /// Whether some pattern matches `method` (`Service.Method`).
+    pub fn allows(&self, method: &str) -> bool {
+        self.0.iter().any(|p| glob_match(p, method))
+    }
+
+    pub fn patterns(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// The extension's value: a DER `SEQUENCE OF UTF8String`.
+pub fn encode_strings<S: AsRef<str>>(items: &[S]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for s in items {
+        let s = s.as_ref().as_bytes();
+        body.push(TAG_UTF8);
+        push_len(&mut body, s.len());
+        body.extend_from_slice(s);
+    }
+    let mut out = vec![TAG_SEQUENCE];
+    push_len(&mut out, body.len());
+    out.extend_from_slice(&body);
+    out
+}
+
+fn push_len(out: &mut Vec<u8>, len: usize) {
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|&&b| b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+}
+
+/// Reads one DER header at the start of `b`: (tag, content, rest).
+fn read_tlv(b: &[u8]) -> Result<(u8, &[u8], &[u8]), MethodError> {
+    let (&tag, b) = b.split_first().ok_or(MethodError::Der("truncated tag"))?;
+    let (&first, b) = b
+        .split_first()
+        .ok_or(MethodError::Der("truncated length"))?;
+    let (len, b) = if first < 0x80 {
+        (usize::from(first), b)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 {
+            return Err(MethodError::Der("indefinite length"));
+        }
+        if n > 4 || n > b.len() {
+            return Err(MethodError::Der("bad length"));
+        }
+        let (lb, rest) = b.split_at(n);
+        if lb[0] == 0 {
+            return Err(MethodError::Der("non-minimal length"));
+        }
+        let len = lb.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x));
+        if len < 0x80 {
+            return Err(MethodError::Der("non-minimal length"));
+        }
+        (len, rest)
+    };
+    if len > b.len() {
+        return Err(MethodError::Der("content runs past the end"));
+    }
+    let (content, rest) = b.split_at(len);
+    Ok((tag, content, rest))
+}
+
+/// Parses a `SEQUENCE OF` UTF8String, PrintableString or IA5String (Go's `asn1.Marshal` of
+/// a `[]string` writes PrintableString where it can). Nothing may follow the sequence.
+pub fn decode_strings(der: &[u8]) -> Result<Vec<String>, MethodError> {
+    let (tag, mut content, rest) = read_tlv(der)?;
+    if tag != TAG_SEQUENCE {
+        return Err(MethodError::Der("not a SEQUENCE"));
+    }
+    if !rest.is_empty() {
+        return Err(MethodError::Der("bytes after the SEQUENCE"));
+    }
+    let mut out = Vec::new();
+    while !content.is_empty() {
+        let (tag, s, rest) = read_tlv(content)?;
+        if !matches!(tag, TAG_UTF8 | TAG_PRINTABLE | TAG_IA5) {
+            return Err(MethodError::Der("an element is not a string"));
+        }
+        if out.len() == MAX_PATTERNS {
+            return Err(MethodError::TooMany);
+        }
+        let s = std::str::from_utf8(s).map_err(|_| MethodError::Der("a string is not UTF-8"))?;
+        if s.len() > MAX_PATTERN_BYTES {
+            return Err(MethodError::TooLong(s.chars().take(40).collect()));
+        }
+        out.push(s.to_string());
+        content = rest;
+    }
+    Ok(out)
+}
+
+/// The permitted-methods extension's value → checked permissions.
+pub fn parse_permitted_methods(der: &[u8]) -> Result<Permissions, MethodError> {
+    Permissions::new(&decode_strings(der)?)
+}
+
+/// The groups extension's value → checked group names.
+pub fn parse_groups(der: &[u8]) -> Result<Vec<String>, MethodError> {
+    let v = decode_strings(der)?;
+    for g in &v {
+        check_group(g)?;
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_is_filepath_match() {
+        for (p, m, want) in [
+            ("Subd.*", "Subd.Poll", true),
+            ("Subd.*", "Subd.Update", true),
+            ("Subd.*", "ImageServer.GetImage", false),
+            ("*.*", "Images.Delete", true),
+            ("*.Get*", "Nodes.GetNode", true),
+            ("*.Get*", "Nodes.List", false),
+            ("Subd.Poll", "Subd.Poll", true),
+            ("Subd.Poll", "Subd.PollX", false),
+            ("Sub?.Poll", "Subd.Poll", true),
+            ("Subd.*", "Subd.", true),
+            ("*", "Subd.Poll", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXbY", false),
+        ] {
+            assert_eq!(glob_match(p, m), want, "{p} {m}");
+        }
+    }
+
+    #[test]
+    fn patterns_need_exactly_one_dot() {
+        assert!(check_pattern("Subd.*").is_ok());
+        assert!(check_pattern("*.*").is_ok());
+        for bad in [
+            "Subd",
+            "Subd.Poll.X",
+            ".Poll",
+            "Subd.",
+            "Su bd.Poll",
+            "Subd.[a]",
+            "",
+        ] {
+            assert!(check_pattern(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn encode_then_decode() {
+        let v = vec!["Subd.*".to_string(), "ImageServer.GetImage".to_string()];
+        let der = encode_strings(&v);
+        assert_eq!(decode_strings(&der).unwrap(), v);
+        let p = parse_permitted_methods(&der).unwrap();
+        assert!(p.allows("Subd.Update"));
+        assert!(p.allows("ImageServer.GetImage"));
+        assert!(!p.allows("ImageServer.DeleteImage"));
+        // Long form lengths.
+        let many: Vec<String> = (0..40).map(|i| format!("Svc{i}.Method{i}")).collect();
+        assert_eq!(decode_strings(&encode_strings(&many)).unwrap(), many);
+    }
+
+    #[test]
+    fn go_printable_strings_decode() {
+        // asn1.Marshal([]string{"Subd.*"}) in Go: SEQUENCE { PrintableString "Subd.*" }
+        // ('*' is not printable, so Go writes UTF8String; '.' alone would be printable).
+        let der = [
+            0x30, 0x0b, 0x13, 0x09, b'S', b'u', b'b', b'd', b'.', b'P', b'o', b'l', b'l',
+        ];
+        assert_eq!(decode_strings(&der).unwrap(), vec!["Subd.Poll"]);
+    }
+
+    #[test]
+    fn bad_der_is_an_error() {
+        for bad in [
+            &[][..],
+            &[0x30],
+            &[0x30, 0x80],
+            &[0x30, 0x05, 0x0c, 0x01],
+            &[0x31, 0x00],
+            &[0x30, 0x02, 0x02, 0x00],
+            &[0x30, 0x00, 0x00],
+            &[0x30, 0x81, 0x01, 0x00],
+            &[0x30, 0x03, 0x0c, 0x01, 0xff],
+        ] {
+            assert!(decode_strings(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(decode_strings(&[0x30, 0x00]).unwrap(), Vec::<String>::new());
+        // Well-formed, but not a method pattern.
+        assert!(parse_permitted_methods(&encode_strings(&["Subd"])).is_err());
+    }
+}

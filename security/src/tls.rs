@@ -1,0 +1,302 @@
+//! TLS for every service (rustls with ring): the server's configuration (client certificates
+//! verified against the CA), the accept loop that hands each request its verified [`Peer`]
+//! (neither axum nor axum-server exposes the peer's certificate), and the clients'
+//! configurations. The same loop serves plain connections, so both listeners share the
+//! limits: a cap on connections, a handshake timeout and a header read timeout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use crate::identity::{self, Identity};
+
+/// The CA, and this service's own certificate and key, PEM.
+#[derive(Clone)]
+pub struct Material {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Material {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Material").finish_non_exhaustive()
+    }
+}
+
+impl Material {
+    /// Reads `ca.pem`-style files; errors name the file.
+    pub fn read(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Self, String> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        let m = Material {
+            ca_pem: read(ca)?,
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        };
+        m.check().map_err(|e| {
+            format!(
+                "{} / {} / {}: {e}",
+                ca.display(),
+                cert.display(),
+                key.display()
+            )
+        })?;
+        Ok(m)
+    }
+
+    /// Parses everything once, so a bad file is reported at start, not at the first call.
+    pub fn check(&self) -> Result<(), String> {
+        roots(&self.ca_pem)?;
+        chain(&self.cert_pem)?;
+        key(&self.key_pem)?;
+        Ok(())
+    }
+
+    /// The CA's SHA-256 fingerprint (hex).
+    pub fn ca_fingerprint(&self) -> Result<String, String> {
+        Ok(identity::fingerprint(
+            &identity::pem_certificates(&self.ca_pem)?[0],
+        ))
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca_pem: &str) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    for der in identity::pem_certificates(ca_pem)? {
+        store
+            .add(CertificateDer::from(der))
+            .map_err(|e| format!("CA certificate: {e}"))?;
+    }
+    Ok(store)
+}
+
+fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    Ok(identity::pem_certificates(pem)?
+        .into_iter()
+        .map(CertificateDer::from)
+        .collect())
+}
+
+fn key(pem: &str) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| format!("private key: {e}"))
+}
+
+/// Whether a client must present a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Verified if presented; a client without one is anonymous (tokens, public routes).
+    Optional,
+    /// Refused at the handshake without one (subd).
+    Required,
+}
+
+/// The server side: our certificate; clients' certificates verified against the CA (a
+/// certificate from another CA, or expired, fails the handshake).
+pub fn server_config(m: &Material, auth: ClientAuth) -> Result<Arc<rustls::ServerConfig>, String> {
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(&m.ca_pem)?), provider());
+    let verifier = match auth {
+        ClientAuth::Optional => verifier.allow_unauthenticated(),
+        ClientAuth::Required => verifier,
+    }
+    .build()
+    .map_err(|e| format!("client verifier: {e}"))?;
+    let mut c = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain(&m.cert_pem)?, key(&m.key_pem)?)
+        .map_err(|e| format!("certificate and key: {e}"))?;
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(c))
+}
+
+/// The client side: servers verified against `ca_pem`; our certificate if given.
+pub fn client_config(
+    ca_pem: &str,
+    ours: Option<(&str, &str)>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let b = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots(ca_pem)?);
+    let c = match ours {
+        Some((cert, k)) => b
+            .with_client_auth_cert(chain(cert)?, key(k)?)
+            .map_err(|e| format!("client certificate and key: {e}"))?,
+        None => b.with_no_client_auth(),
+    };
+    Ok(Arc::new(c))
+}
+
+/// ureq's TLS settings for a client of ours: the CA as the only root, our certificate if
+/// given.
+pub fn ureq_tls(ca_pem: &str, ours: Option<(&str, &str)>) -> Result<ureq::tls::TlsConfig, String> {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+    let roots: Vec<Certificate<'static>> = identity::pem_certificates(ca_pem)?
+        .into_iter()
+        .map(|d| Certificate::from_der(&d).to_owned())
+        .collect();
+    let mut b = TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(RootCerts::Specific(Arc::new(roots)));
+    if let Some((cert, k)) = ours {
+        let certs: Vec<Certificate<'static>> = identity::pem_certificates(cert)?
+            .into_iter()
+            .map(|d| Certificate::from_der(&d).to_owned())
+            .collect();
+        let key = PrivateKey::from_pem(k.as_bytes())
+            .map_err(|e| format!("private key: {e}"))?
+            .to_owned();
+        b = b.client_cert(Some(ClientCert::new_with_certs(&certs, key)));
+    }
+    Ok(b.build())
+}
+
+/// The caller of one request, as the accept loop saw it.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// Over TLS (else a plain connection).
+    pub tls: bool,
+    /// The verified client certificate's identity, if one was presented.
+    pub identity: Option<Arc<Identity>>,
+    /// A verified certificate whose extensions do not parse: it may call nothing.
+    pub certificate_error: Option<String>,
+}
+
+/// Limits on every connection, authenticated or not.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Time for a TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time for a request's headers to arrive.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `app` on `listener`: over TLS when `tls` is given, else plain. Runs until the
+/// listener fails.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: Router,
+    limits: Limits,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let (tcp, addr) = match listener.accept().await {
+            Ok(c) => c,
+            // Out of descriptors and the like: wait a little rather than spin.
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%addr, "connection refused: at the connection limit");
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match acceptor {
+                Some(acceptor) => {
+                    let tls =
+                        match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
+                            .await
+                        {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%addr, error = %e, "TLS handshake refused");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                    let (identity, certificate_error) = match tls.get_ref().1.peer_certificates() {
+                        Some([leaf, ..]) => match identity::from_certificate(leaf.as_ref()) {
+                            Ok(id) => (Some(Arc::new(id)), None),
+                            Err(e) => (None, Some(e.to_string())),
+                        },
+                        _ => (None, None),
+                    };
+                    let peer = Peer {
+                        addr,
+                        tls: true,
+                        identity,
+                        certificate_error,
+                    };
+                    connection(TokioIo::new(tls), peer, app, limits).await;
+                }
+                None => {
+                    let peer = Peer {
+                        addr,
+                        tls: false,
+                        identity: None,
+                        certificate_error: None,
+                    };
+                    connection(TokioIo::new(tcp), peer, app, limits).await;
+                }
+            }
+        });
+    }
+}
+
+async fn connection<I>(io: I, peer: Peer, app: Router, limits: Limits)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let addr = peer.addr;
+    let service = app.map_request(
+        move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(addr));
+            req.extensions_mut().insert(peer.clone());
+            req
+        },
+    );
+    let service = hyper_util::service::TowerToHyperService::new(service);
+    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let b = b.http1_only();
+    if let Err(e) = b.serve_connection_with_upgrades(io, service).await {
+        tracing::debug!(%addr, error = %e, "connection ended with an error");
+    }
+}
