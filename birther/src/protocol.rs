@@ -59,6 +59,30 @@ pub struct NextAnswer {
     pub filter: Vec<String>,
     /// The appliance's base URL (reports, the image server's objects).
     pub appliance_url: String,
+    /// subd's trust material when the appliance runs with TLS: the ramdisk starts subd with
+    /// it and installs it in the target's `/etc/paddock/subd/`. `None`: an insecure appliance
+    /// (subd runs `--insecure`, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subd_trust: Option<SubdTrust>,
+}
+
+/// What subd needs to serve TLS and trust only the appliance: the appliance's CA, and subd's
+/// own certificate and key, PEM (`--ca`, `--cert`, `--key`). Its `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubdTrust {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SubdTrust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubdTrust")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &format_args!("<redacted>"))
+            .finish()
+    }
 }
 
 fn subd_port() -> u16 {
@@ -78,6 +102,7 @@ impl NextAnswer {
             subd_port: SUBD_PORT,
             filter: Vec::new(),
             appliance_url: appliance_url.to_string(),
+            subd_trust: None,
         }
     }
 }
@@ -132,6 +157,7 @@ mod tests {
             subd_port: 6969,
             filter: vec!["/tmp/.*".into()],
             appliance_url: "http://198.18.0.1:8080".into(),
+            subd_trust: None,
         };
         let v = serde_json::to_value(&answer).unwrap();
         assert_eq!(
@@ -148,6 +174,27 @@ mod tests {
             json!({"node": null, "mode": null, "image": null, "image_bytes": 0, "hostname": "",
                    "root_device_hints": null, "subd_port": 6969, "filter": [],
                    "appliance_url": "http://a"})
+        );
+        // With TLS: subd's trust material, absent from the JSON when there is none.
+        let trusted = NextAnswer {
+            subd_trust: Some(SubdTrust {
+                ca_pem: "CA".into(),
+                cert_pem: "CERT".into(),
+                key_pem: "-----BEGIN PRIVATE KEY-----\nsecret".into(),
+            }),
+            ..answer
+        };
+        let v = serde_json::to_value(&trusted).unwrap();
+        assert_eq!(
+            v["subd_trust"],
+            json!({"ca_pem": "CA", "cert_pem": "CERT",
+                   "key_pem": "-----BEGIN PRIVATE KEY-----\nsecret"})
+        );
+        assert_eq!(serde_json::from_value::<NextAnswer>(v).unwrap(), trusted);
+        let shown = format!("{trusted:?}");
+        assert!(
+            !shown.contains("secret") && shown.contains("<redacted>"),
+            "{shown}"
         );
         for (mode, text) in [
             (Operation::Birth, "birth"),
