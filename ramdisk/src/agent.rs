@@ -29,6 +29,7 @@ use crate::http::{Client, Url, UrlError};
 use crate::lldp;
 use crate::provision::client as provision_api;
 use crate::provision::shell::{self as provision_shell, Finish};
+use crate::trust::{self, TrustError};
 use paddock_birther::Operation;
 
 pub const MODULE_LIST: &str = "/etc/paddock/modules";
@@ -68,6 +69,8 @@ pub enum AgentError {
     Mount(#[from] MountError),
     #[error("{0}")]
     Provision(String),
+    #[error(transparent)]
+    Trust(#[from] TrustError),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -239,8 +242,10 @@ impl Agent<'_> {
         let line = std::fs::read_to_string("/proc/cmdline").map_err(AgentError::Cmdline)?;
         self.cmd = cmdline::parse(&line);
         self.console.set_debug(self.cmd.log == LogLevel::Debug);
-        self.console
-            .debug(&format!("kernel command line: {}", line.trim()));
+        self.console.debug(&format!(
+            "kernel command line: {}",
+            cmdline::redacted(line.trim())
+        ));
         for w in self.cmd.warnings.clone() {
             self.say(&format!("warning: {w}"));
         }
@@ -273,12 +278,28 @@ impl Agent<'_> {
         );
 
         let (ifname, ip) = self.network()?;
-        self.client = Client::with_hosts(urls, Duration::from_secs(5), Duration::from_secs(30));
+        let tls = self.appliance_tls(&urls)?;
+        let secured = tls.is_some();
+        self.client = Client::with_tls(urls, Duration::from_secs(5), Duration::from_secs(30), tls)
+            .map(|c| c.with_token(self.cmd.token.clone()));
         self.flush_events();
         self.step(
             "network-up",
             "info",
-            &format!("{ifname} has {ip} (boot MAC {}); appliance {url}", self.mac),
+            &format!(
+                "{ifname} has {ip} (boot MAC {}); appliance {url}{}{}",
+                self.mac,
+                if secured {
+                    " (TLS, its CA checked against the pinned fingerprint)"
+                } else {
+                    ""
+                },
+                if self.cmd.token.is_some() {
+                    ", with an agent token"
+                } else {
+                    ""
+                }
+            ),
         );
 
         let mut ctx = Context {
@@ -373,6 +394,36 @@ impl Agent<'_> {
         }
         // One boot: a node that has an image by the end of its inspection is installed now.
         self.provision(None, Some(&uuid), inventory, &ip, &macs)
+    }
+
+    /// With an `https://` appliance URL: fetches the CA from `paddock.ca_url` (plain HTTP,
+    /// retried until it answers), checks it against `paddock.ca_fingerprint` and makes the TLS
+    /// configuration that trusts only it. A missing pin or a CA that does not match stops the
+    /// agent (never a fallback to an unverified connection). `None`: plain HTTP, as before.
+    fn appliance_tls(&mut self, urls: &[Url]) -> Result<Option<ureq::tls::TlsConfig>, AgentError> {
+        if !trust::needs_tls(urls) {
+            return Ok(None);
+        }
+        let (ca_url, want) = trust::pinned(&self.cmd)?;
+        self.say(&format!(
+            "fetching the appliance's CA from {ca_url} (pinned SHA-256 {want})"
+        ));
+        let console = self.console;
+        let mut fetcher = Client::with_hosts(
+            vec![ca_url.clone()],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+        .ok_or(AgentError::NoNetwork)?;
+        let tls = trust::fetch(&mut fetcher, &ca_url, &want, 0, &mut |d, why| {
+            console.say(&format!(
+                "cannot fetch the appliance's CA ({why}); trying again in {} s",
+                d.as_secs()
+            ));
+            std::thread::sleep(d);
+        })?;
+        self.say("the appliance's CA matches the pinned fingerprint");
+        Ok(Some(tls))
     }
 
     /// Asks the appliance what to provision and runs it; with nothing to do, follows the

@@ -3,7 +3,10 @@
 //! | parameter | meaning |
 //! |---|---|
 //! | `BOOTIF=01-aa-bb-cc-dd-ee-ff` | the NIC the machine PXE-booted from (pxelinux form; plain MACs accepted) |
-//! | `paddock.url=http://host:port[,http://host2:port…]` | the appliance's base URL (required); several hosts of an HA appliance, comma-separated, tried in turn |
+//! | `paddock.url=http[s]://host:port[,http[s]://host2:port…]` | the appliance's base URL (required); several hosts of an HA appliance, comma-separated, tried in turn; `https://` needs the two `paddock.ca_*` below |
+//! | `paddock.ca_url=http://host:port/boot/ca.pem` | where the appliance's CA certificate (PEM) is, over plain HTTP: fetched at start when a `paddock.url` is `https://` |
+//! | `paddock.ca_fingerprint=<64 hex digits>` | the SHA-256 of that CA certificate's DER: a CA that does not match is refused (the agent stops; it never goes on unverified) |
+//! | `paddock.token=<agent token>` | sent as `Authorization: Bearer <token>` on every call to the appliance (at most 160 of `a-z`, `0-9`, `.`) |
 //! | `paddock.collectors=default[,pci-devices][,lldp]` | collectors to run (`default` when absent) |
 //! | `paddock.log=info\|debug` | console verbosity |
 //! | `paddock.lldp=1` | listen for LLDP frames on every NIC (also collector `lldp`) |
@@ -15,6 +18,9 @@ use std::time::Duration;
 
 use paddock_birther::Operation;
 use paddock_inventory::normalise_mac;
+
+/// The longest agent token accepted (`paddock_security::token::MAX_TOKEN_BYTES`).
+pub const MAX_TOKEN_CHARS: usize = 160;
 
 /// Collectors the agent knows.
 pub const KNOWN_COLLECTORS: &[&str] = &["default", "pci-devices", "lldp"];
@@ -32,6 +38,12 @@ pub struct Cmdline {
     /// BOOTIF as a MAC, `aa:bb:cc:dd:ee:ff`.
     pub boot_mac: Option<String>,
     pub url: Option<String>,
+    /// `paddock.ca_url=`: the appliance's CA (PEM), plain `http://`.
+    pub ca_url: Option<String>,
+    /// `paddock.ca_fingerprint=`: the CA certificate's SHA-256, 64 lowercase hex digits.
+    pub ca_fingerprint: Option<String>,
+    /// `paddock.token=`: the agent token (never printed: [`redacted`]).
+    pub token: Option<String>,
     /// As asked for (posted as `configuration.collectors`).
     pub collectors: Vec<String>,
     pub log: LogLevel,
@@ -85,6 +97,9 @@ pub fn parse(s: &str) -> Cmdline {
         bootif_raw: None,
         boot_mac: None,
         url: None,
+        ca_url: None,
+        ca_fingerprint: None,
+        token: None,
         collectors: vec!["default".into()],
         log: LogLevel::Info,
         lldp: false,
@@ -109,6 +124,27 @@ pub fn parse(s: &str) -> Cmdline {
                     .push(format!("BOOTIF={v} is not a MAC; trying every NIC")),
             },
             "paddock.url" => c.url = Some(v.trim_end_matches('/').to_string()),
+            "paddock.ca_url" => match crate::http::Url::parse(v) {
+                Ok(u) if !u.tls => c.ca_url = Some(v.to_string()),
+                _ => c.warnings.push(format!(
+                    "paddock.ca_url={v} is not an http:// URL (the CA is fetched in the clear and checked by its fingerprint); ignoring it"
+                )),
+            },
+            "paddock.ca_fingerprint" => match fingerprint(v) {
+                Some(f) => c.ca_fingerprint = Some(f),
+                None => c.warnings.push(format!(
+                    "paddock.ca_fingerprint={v} is not a SHA-256 (64 hex digits); ignoring it"
+                )),
+            },
+            "paddock.token" => {
+                if token_ok(v) {
+                    c.token = Some(v.to_string());
+                } else {
+                    c.warnings.push(format!(
+                        "paddock.token is not an agent token (1 to {MAX_TOKEN_CHARS} of a-z, 0-9, '.'); calls go without one"
+                    ));
+                }
+            }
             "paddock.collectors" => {
                 c.collectors = v
                     .split(',')
@@ -160,6 +196,41 @@ pub fn parse(s: &str) -> Cmdline {
         }
     }
     c
+}
+
+/// A SHA-256 fingerprint as 64 lowercase hex digits (any case, `:` separators allowed).
+pub fn fingerprint(v: &str) -> Option<String> {
+    let f: String = v
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    (f.len() == 64 && f.chars().all(|c| c.is_ascii_hexdigit())).then_some(f)
+}
+
+/// Whether `v` can be an agent token (what the appliance mints: `pa1.<mac>.<ms>.<nonce>.<tag>`).
+pub fn token_ok(v: &str) -> bool {
+    (1..=MAX_TOKEN_CHARS).contains(&v.len())
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
+}
+
+/// The command line with the agent token's value hidden (for the console).
+pub fn redacted(line: &str) -> String {
+    const KEY: &str = "paddock.token=";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(i) = rest.find(KEY) {
+        let start = i + KEY.len();
+        out.push_str(&rest[..start]);
+        out.push_str("<redacted>");
+        let end = rest[start..]
+            .find(char::is_whitespace)
+            .map_or(rest.len(), |e| start + e);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Cmdline {
@@ -263,5 +334,72 @@ mod tests {
             parse("BOOTIF=01-52-54-00-12-34-56").bootif_raw.as_deref(),
             Some("01-52-54-00-12-34-56")
         );
+    }
+
+    #[test]
+    fn tls_parameters() {
+        let fp = "ab".repeat(32);
+        let token =
+            "pa1.525400123456.1764000000000.0102030405060708.".to_string() + &"c".repeat(64);
+        let p = parse(&format!(
+            "paddock.url=https://198.18.0.1:8443,https://198.18.0.2:8443 \
+             paddock.ca_url=http://198.18.0.1:8080/boot/ca.pem paddock.ca_fingerprint={fp} \
+             paddock.token={token}"
+        ));
+        assert_eq!(
+            p.url.as_deref(),
+            Some("https://198.18.0.1:8443,https://198.18.0.2:8443")
+        );
+        assert_eq!(
+            p.ca_url.as_deref(),
+            Some("http://198.18.0.1:8080/boot/ca.pem")
+        );
+        assert_eq!(p.ca_fingerprint.as_deref(), Some(fp.as_str()));
+        assert_eq!(p.token.as_deref(), Some(token.as_str()));
+        assert_eq!((p.errors.len(), p.warnings.len()), (0, 0), "{p:?}");
+        // Upper case and colons (openssl's form) are the same fingerprint.
+        let colons = fp
+            .to_uppercase()
+            .as_bytes()
+            .chunks(2)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect::<Vec<_>>()
+            .join(":");
+        assert_eq!(
+            parse(&format!("paddock.ca_fingerprint={colons}")).ca_fingerprint,
+            Some(fp.clone())
+        );
+        // Insecure appliances pass none of them.
+        let p = parse("paddock.url=http://198.18.0.1:8080");
+        assert_eq!((p.ca_url, p.ca_fingerprint, p.token), (None, None, None));
+        // Bad values are ignored with a warning each (the start then refuses TLS without them).
+        for bad in [
+            "paddock.ca_url=https://198.18.0.1:8443/boot/ca.pem",
+            "paddock.ca_url=ftp://x/ca.pem",
+            "paddock.ca_fingerprint=abcd",
+            &format!("paddock.ca_fingerprint={}", "g".repeat(64)),
+            "paddock.token=",
+            "paddock.token=PA1.X",
+            "paddock.token=a/b",
+            &format!("paddock.token={}", "a".repeat(161)),
+        ] {
+            let p = parse(bad);
+            assert_eq!(
+                (p.ca_url, p.ca_fingerprint, p.token, p.warnings.len()),
+                (None, None, None, 1),
+                "{bad}"
+            );
+        }
+        assert!(token_ok(&"a".repeat(160)));
+    }
+
+    #[test]
+    fn the_token_is_never_shown() {
+        assert_eq!(
+            redacted("a paddock.token=pa1.x.y b paddock.url=http://p paddock.token=z"),
+            "a paddock.token=<redacted> b paddock.url=http://p paddock.token=<redacted>"
+        );
+        assert_eq!(redacted("paddock.token=secret"), "paddock.token=<redacted>");
+        assert_eq!(redacted("no token\n"), "no token\n");
     }
 }

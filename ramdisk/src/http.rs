@@ -1,8 +1,12 @@
-//! The agent's HTTP client: `ureq` (plain `http://` only: the ramdisk carries no TLS), one
-//! request per connection, with the appliance's hosts tried in turn when one cannot be
-//! reached.
+//! The agent's HTTP client: `ureq`, one request per connection, with the appliance's hosts
+//! tried in turn when one cannot be reached. `http://` as before; `https://` only with the
+//! TLS configuration the agent made from the appliance's pinned CA ([`crate::trust`]): a
+//! client without one refuses `https://` rather than trust anything else. With an agent token
+//! every request carries `Authorization: Bearer <token>`.
 
 use std::time::Duration;
+
+use ureq::tls::TlsConfig;
 
 /// Responses larger than this are refused.
 pub const MAX_RESPONSE: usize = 1 << 20;
@@ -12,6 +16,8 @@ const MAX_MESSAGE_CHARS: usize = 300;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Url {
+    /// `https://` (else `http://`).
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     /// Path prefix without a trailing slash (`""` for `http://host:port`).
@@ -20,7 +26,7 @@ pub struct Url {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum UrlError {
-    #[error("{0:?}: only http:// URLs are supported (the ramdisk has no TLS)")]
+    #[error("{0:?}: only http:// and https:// URLs are supported")]
     Scheme(String),
     #[error("{0:?}: no host")]
     NoHost(String),
@@ -30,9 +36,12 @@ pub enum UrlError {
 
 impl Url {
     pub fn parse(s: &str) -> Result<Self, UrlError> {
-        let rest = s
-            .strip_prefix("http://")
-            .ok_or_else(|| UrlError::Scheme(s.to_string()))?;
+        let (tls, rest) = match (s.strip_prefix("http://"), s.strip_prefix("https://")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) => (true, rest),
+            _ => return Err(UrlError::Scheme(s.to_string())),
+        };
+        let default_port = if tls { 443 } else { 80 };
         let (hostport, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
@@ -44,7 +53,7 @@ impl Url {
                 .ok_or_else(|| UrlError::NoHost(s.to_string()))?;
             let port = match after.strip_prefix(':') {
                 Some(p) => p.parse().map_err(|_| UrlError::Port(s.to_string()))?,
-                None if after.is_empty() => 80,
+                None if after.is_empty() => default_port,
                 None => return Err(UrlError::Port(s.to_string())),
             };
             (h.to_string(), port)
@@ -54,17 +63,22 @@ impl Url {
                     h.to_string(),
                     p.parse().map_err(|_| UrlError::Port(s.to_string()))?,
                 ),
-                None => (hostport.to_string(), 80),
+                None => (hostport.to_string(), default_port),
             }
         };
         if host.is_empty() {
             return Err(UrlError::NoHost(s.to_string()));
         }
         Ok(Url {
+            tls,
             host,
             port,
             base: path.trim_end_matches('/').to_string(),
         })
+    }
+
+    fn default_port(&self) -> u16 {
+        if self.tls { 443 } else { 80 }
     }
 
     fn host_header(&self) -> String {
@@ -73,7 +87,7 @@ impl Url {
         } else {
             self.host.clone()
         };
-        if self.port == 80 {
+        if self.port == self.default_port() {
             h
         } else {
             format!("{h}:{}", self.port)
@@ -83,7 +97,8 @@ impl Url {
 
 impl std::fmt::Display for Url {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.host_header(), self.base)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.host_header(), self.base)
     }
 }
 
@@ -181,6 +196,10 @@ pub struct Client {
     pub url: Url,
     pub others: Vec<Url>,
     agent: ureq::Agent,
+    /// Made with a TLS configuration (else `https://` is refused).
+    tls: bool,
+    /// The agent token (`Authorization: Bearer …` on every request).
+    token: Option<String>,
 }
 
 impl Client {
@@ -191,9 +210,25 @@ impl Client {
         connect_timeout: Duration,
         io_timeout: Duration,
     ) -> Option<Self> {
+        Self::with_tls(urls, connect_timeout, io_timeout, None)
+    }
+
+    /// As [`Client::with_hosts`], and `https://` verified with `tls` (the appliance's CA as
+    /// the only root: `paddock_security::tls::ureq_tls`).
+    pub fn with_tls(
+        urls: Vec<Url>,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+        tls: Option<TlsConfig>,
+    ) -> Option<Self> {
         let mut it = urls.into_iter();
         let url = it.next()?;
-        let agent = ureq::Agent::config_builder()
+        let mut config = ureq::Agent::config_builder();
+        let secured = tls.is_some();
+        if let Some(tls) = tls {
+            config = config.tls_config(tls);
+        }
+        let agent = config
             .http_status_as_error(false)
             .max_redirects(0)
             .max_redirects_will_error(false)
@@ -211,7 +246,15 @@ impl Client {
             url,
             others: it.collect(),
             agent,
+            tls: secured,
+            token: None,
         })
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every request (`None`: no header).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
     }
 
     fn send_one(
@@ -221,14 +264,36 @@ impl Client {
         body: Option<&[u8]>,
     ) -> Result<Response, HttpError> {
         let err = |e| HttpError::from_ureq(&self.url, e);
+        if self.url.tls && !self.tls {
+            return Err(HttpError::Exchange {
+                addr: format!("{}:{}", self.url.host, self.url.port),
+                source: ureq::Error::Other(
+                    "https:// needs the appliance's CA (paddock.ca_url, paddock.ca_fingerprint); \
+                     refusing to trust any other"
+                        .into(),
+                ),
+            });
+        }
         let uri = format!("{}{path}", self.url);
+        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let res = match (method, body) {
-            ("GET", _) => self.agent.get(&uri).call(),
-            (_, body) => self
-                .agent
-                .post(&uri)
-                .header("Content-Type", "application/json")
-                .send(body.unwrap_or_default()),
+            ("GET", _) => {
+                let mut r = self.agent.get(&uri);
+                if let Some(b) = &bearer {
+                    r = r.header("Authorization", b);
+                }
+                r.call()
+            }
+            (_, body) => {
+                let mut r = self
+                    .agent
+                    .post(&uri)
+                    .header("Content-Type", "application/json");
+                if let Some(b) = &bearer {
+                    r = r.header("Authorization", b);
+                }
+                r.send(body.unwrap_or_default())
+            }
         };
         let mut res = res.map_err(err)?;
         let status = res.status().as_u16();
@@ -276,18 +341,27 @@ mod tests {
             ("http://paddock.lab/", ("paddock.lab", 80, "")),
             ("http://p:81/prefix/", ("p", 81, "/prefix")),
             ("http://[fd00::1]:8080", ("fd00::1", 8080, "")),
+            ("https://198.18.0.1:8443", ("198.18.0.1", 8443, "")),
+            ("https://paddock.lab/api/", ("paddock.lab", 443, "/api")),
+            ("https://[fd00::1]", ("fd00::1", 443, "")),
         ];
         for (s, (h, p, b)) in ok {
             let u = Url::parse(s).unwrap();
             assert_eq!((u.host.as_str(), u.port, u.base.as_str()), (h, p, b), "{s}");
+            assert_eq!(u.tls, s.starts_with("https://"), "{s}");
+        }
+        for (s, shown) in [
+            ("http://[fd00::1]:8080", "http://[fd00::1]:8080"),
+            ("http://p:80/x", "http://p/x"),
+            ("https://p:443", "https://p"),
+            ("https://p:8443/x/", "https://p:8443/x"),
+            ("https://p:80", "https://p:80"),
+        ] {
+            assert_eq!(Url::parse(s).unwrap().to_string(), shown, "{s}");
         }
         assert_eq!(
-            Url::parse("http://[fd00::1]:8080").unwrap().to_string(),
-            "http://[fd00::1]:8080"
-        );
-        assert_eq!(
-            Url::parse("https://p").unwrap_err(),
-            UrlError::Scheme("https://p".into())
+            Url::parse("ftp://p").unwrap_err(),
+            UrlError::Scheme("ftp://p".into())
         );
         assert_eq!(
             Url::parse("http://:80").unwrap_err(),
@@ -423,6 +497,128 @@ mod tests {
         let (url, _asked) = serve(vec![big]);
         let e = client(vec![url]).send("GET", "/x", None).unwrap_err();
         assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+    }
+
+    /// A one-shot HTTPS server on a free port with a certificate `ca` issued for 127.0.0.1:
+    /// answers `204` and sends back the request's head; a failed handshake sends its error.
+    fn serve_tls(
+        ca: &paddock_security::ca::Ca,
+        server: &paddock_security::ca::Issued,
+    ) -> (Url, std::sync::mpsc::Receiver<Result<String, String>>) {
+        use paddock_security::tls::{ClientAuth, Material, server_config};
+        let config = server_config(
+            &Material {
+                ca_pem: ca.cert_pem.clone(),
+                cert_pem: server.cert_pem.clone(),
+                key_pem: server.key_pem.clone(),
+            },
+            ClientAuth::Optional,
+        )
+        .unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (tcp, _) = l.accept().unwrap();
+            let conn = rustls::ServerConnection::new(config).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match tls.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    Ok(_) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                }
+            }
+            let _ = tls.write_all(b"HTTP/1.1 204 No Content\r\n\r\n");
+            let _ = tls.flush();
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+            let _ = tx.send(Ok(String::from_utf8_lossy(&head).into_owned()));
+        });
+        (
+            Url::parse(&format!("https://127.0.0.1:{port}/pfx")).unwrap(),
+            rx,
+        )
+    }
+
+    #[test]
+    fn https_with_the_pinned_ca_and_the_token() {
+        let (ca, server) = crate::trust::tests::authority(&["127.0.0.1"]);
+        let (url, asked) = serve_tls(&ca, &server);
+        let tls = crate::trust::tls_config("test", &ca.cert_pem).unwrap();
+        let mut c = Client::with_tls(
+            vec![url],
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            Some(tls),
+        )
+        .unwrap()
+        .with_token(Some("pa1.abc".into()));
+        assert_eq!(
+            c.send("POST", "/v1/continue", Some(b"{}")).unwrap().status,
+            204
+        );
+        let head = asked.recv().unwrap().unwrap();
+        assert!(
+            head.starts_with("POST /pfx/v1/continue HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("\r\nauthorization: bearer pa1.abc\r\n"),
+            "{head}"
+        );
+
+        // A server whose certificate another CA issued is refused at the handshake.
+        let (other, _) = crate::trust::tests::authority(&[]);
+        let (url, asked) = serve_tls(&ca, &server);
+        let tls = crate::trust::tls_config("test", &other.cert_pem).unwrap();
+        let e = Client::with_tls(
+            vec![url],
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            Some(tls),
+        )
+        .unwrap()
+        .send("GET", "/x", None)
+        .unwrap_err();
+        assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+        assert!(asked.recv().unwrap().is_err());
+
+        // Without the CA, https:// is refused before connecting.
+        let e = client(vec![Url::parse("https://127.0.0.1:1").unwrap()])
+            .send("GET", "/x", None)
+            .unwrap_err();
+        assert!(e.to_string().contains("needs the appliance's CA"), "{e}");
+    }
+
+    #[test]
+    fn plain_http_carries_the_token_only_when_given() {
+        let reply: &'static [u8] = b"HTTP/1.1 204 No Content\r\n\r\n";
+        let (url, asked) = serve(vec![reply, reply]);
+        let mut c = client(vec![url.clone()]);
+        c.send("GET", "/x", None).unwrap();
+        assert!(
+            !asked
+                .recv()
+                .unwrap()
+                .to_ascii_lowercase()
+                .contains("authorization")
+        );
+        let mut c = client(vec![url]).with_token(Some("pa1.t".into()));
+        c.send("GET", "/x", None).unwrap();
+        assert!(
+            asked
+                .recv()
+                .unwrap()
+                .to_ascii_lowercase()
+                .contains("authorization: bearer pa1.t\r\n")
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!   systems, loads the listed kernel modules, finds the boot NIC (`BOOTIF`), gets an address
 //!   by DHCP (busybox `udhcpc`), collects the inventory in the Ironic Python Agent format
 //!   ([`paddock_inventory`]), posts it to `{paddock.url}/v1/continue`, then asks the appliance
-//!   what to do next (power off, reboot, wait). It never exits.
+//!   what to do next (power off, reboot, wait). It never exits. With `https://` appliance
+//!   URLs it first fetches the appliance's CA and checks it against the fingerprint on the
+//!   kernel command line ([`trust`]); with an agent token every call carries it.
 //! * The **builder** ([`initramfs::build`]): a reproducible gzip'd `newc` cpio with the agent,
 //!   busybox and the modules, plus Debian's kernel, extracted into a cache.
 //!
@@ -20,3 +22,4 @@ pub mod http;
 pub mod initramfs;
 pub mod lldp;
 pub mod provision;
+pub mod trust;
