@@ -69,7 +69,7 @@ enabled = false
 [tftp]
 enabled = false
 EOF
-in_ns env PADDOCK_LOG=warn "$BIN" serve --config "$SCRATCH/paddock.toml" >"$SCRATCH/paddock.log" 2>&1 &
+in_ns env PADDOCK_LOG=warn PADDOCK_INSECURE=true "$BIN" serve --config "$SCRATCH/paddock.toml" >"$SCRATCH/paddock.log" 2>&1 &
 APP_PID=$!
 for ((i = 0; i < 200; i++)); do
     kill -0 "$APP_PID" 2>/dev/null || { cat "$SCRATCH/paddock.log" >&2; exit 1; }

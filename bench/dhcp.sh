@@ -61,7 +61,7 @@ start_paddock() {
     rm -rf "$SCRATCH/paddock-data"
     mkdir -p "$SCRATCH/paddock-data"
     paddock_config "$SCRATCH/paddock.toml" true $'[tftp]\nenabled = false'
-    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" \
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true \
         "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 67
 }

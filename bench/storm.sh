@@ -59,7 +59,7 @@ root = \"$TROOT\"
 kernel = \"http://$SRV_IP:8080/boot/assets/vmlinuz\"
 initrd = \"http://$SRV_IP:8080/boot/assets/initrd.img\"
 cmdline = \"console=ttyS0\"" "assets_dir = \"$WWW\""
-    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 69
 }
 # DHCP (PXE, then iPXE's script URL) and TFTP. --no-ping: dnsmasq would otherwise ping each

@@ -60,7 +60,7 @@ start_paddock() {
 enabled = true
 listen = [\"$SRV_IP:69\"]
 root = \"$TROOT\""
-    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" \
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true \
         "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
 }
 start_tftp-hpa() {

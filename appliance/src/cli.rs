@@ -178,12 +178,86 @@ pub fn post_json<T: DeserializeOwned>(
     Call::new(api, "POST", path).send_json(body)
 }
 
+/// How the CLI proves who it is: the CA it checks the appliance against, a client
+/// certificate and key (PEM), an operator token.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub ca_pem: Option<String>,
+    pub identity: Option<(String, String)>,
+    pub token: Option<String>,
+}
+
+static CREDENTIALS: std::sync::OnceLock<(Option<ureq::tls::TlsConfig>, Option<String>)> =
+    std::sync::OnceLock::new();
+
+/// Sets the credentials every later call of this process uses (once).
+pub fn set_credentials(c: Credentials) -> anyhow::Result<()> {
+    let tls = match &c.ca_pem {
+        Some(ca) => Some(
+            paddock_security::tls::ureq_tls(
+                ca,
+                c.identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+            )
+            .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    let _ = CREDENTIALS.set((tls, c.token));
+    Ok(())
+}
+
 fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
-    ureq::Agent::config_builder()
+    let mut b = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(timeout)
-        .build()
-        .into()
+        .timeout_global(timeout);
+    if let Some((tls, token)) = CREDENTIALS.get() {
+        if let Some(tls) = tls {
+            b = b.tls_config(tls.clone());
+        }
+        if let Some(token) = token.clone() {
+            b = b.middleware(
+                move |mut req: ureq::http::Request<ureq::SendBody>,
+                      next: ureq::middleware::MiddlewareNext| {
+                    if let Ok(v) = format!("Bearer {token}").parse() {
+                        req.headers_mut()
+                            .insert(ureq::http::header::AUTHORIZATION, v);
+                    }
+                    next.handle(req)
+                },
+            );
+        }
+    }
+    b.build().into()
+}
+
+/// `paddock audit`: the newest entries of the audit log.
+pub fn audit(api: &str, limit: usize, json: bool) -> Result<(), CallError> {
+    let limit = limit.to_string();
+    let entries: Vec<crate::security::AuditEntry> = Call::new(api, "GET", "/api/v1/audit")
+        .query("limit", &limit)
+        .send()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&entries).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<20} {:<28} {:>6}  TARGET",
+        "WHEN (UTC)", "WHO", "METHOD", "STATUS"
+    );
+    for e in entries {
+        let when = httpdate::fmt_http_date(
+            std::time::UNIX_EPOCH
+                + std::time::Duration::from_millis(u64::try_from(e.at_ms).unwrap_or(0)),
+        );
+        println!(
+            "{:<24} {:<20} {:<28} {:>6}  {}",
+            when, e.who, e.method, e.status, e.target
+        );
+    }
+    Ok(())
 }
 
 /// An optional text as the CLI prints it: `-` when absent.

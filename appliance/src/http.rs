@@ -35,6 +35,8 @@ pub struct AppState {
     pub imageserver: paddock_imageserver::api::ImageServerState,
     pub leader: crate::leader::LeaderRx,
     pub store: std::sync::Arc<dyn paddock_store::Store>,
+    /// Certificates, tokens, the access middleware and the audit log.
+    pub security: Arc<crate::security::Security>,
     /// `http.assets_dir`, served at `/boot/assets/`.
     pub assets: Option<Arc<crate::assets::Assets>>,
     /// The dominator's census and controls (`/rpc/Dominator.*`).
@@ -84,7 +86,9 @@ pub fn router(state: AppState) -> Router {
         provisioning: state.provisioning.clone(),
         power: state.power.clone(),
     });
+    let security = state.security.clone();
     r.with_state(state)
+        .merge(crate::security::router(security.clone()))
         .merge(inspector)
         .merge(imageserver)
         .merge(dominator)
@@ -92,6 +96,10 @@ pub fn router(state: AppState) -> Router {
         .merge(power)
         .merge(roles)
         .merge(console)
+        .layer(axum::middleware::from_fn_with_state(
+            security,
+            crate::security::authorize,
+        ))
 }
 
 async fn boot_script(
@@ -101,6 +109,14 @@ async fn boot_script(
     let ipxe = |body: String| {
         ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
     };
+    if name == "ca.pem" {
+        return match crate::security::ca_pem(&s.security) {
+            Some(pem) => {
+                Ok(([(header::CONTENT_TYPE, "application/x-pem-file")], pem).into_response())
+            }
+            None => Err(ApiError::not_found("TLS is off: there is no CA")),
+        };
+    }
     if name == "autoexec.ipxe" || name == "boot.ipxe" {
         return Ok(ipxe(boot::chain_script(&s.config.public_url)));
     }
@@ -117,11 +133,29 @@ async fn boot_script(
         Some(n) => s.provisioning.serve(n.uuid).await?,
         None => None,
     };
+    // With TLS the agent calls the HTTPS URLs, pins the CA and carries a fresh token.
+    let discovery = match (
+        &s.config.security,
+        s.security
+            .agent_cmdline(&mac.to_string(), &s.config.public_url),
+    ) {
+        (crate::config::SecurityConfig::Tls(t), Some(extra)) => {
+            let mut d = s.config.discovery.clone();
+            d.agent_urls = t.agent_urls.clone();
+            d.cmdline = if d.cmdline.is_empty() {
+                extra
+            } else {
+                format!("{} {extra}", d.cmdline)
+            };
+            std::borrow::Cow::Owned(d)
+        }
+        _ => std::borrow::Cow::Borrowed(&s.config.discovery),
+    };
     let script = boot::script(
         mac,
         node.as_ref(),
         serve.as_ref(),
-        &s.config.discovery,
+        &discovery,
         &s.config.public_url,
     );
     let what = boot::decide(node.as_ref(), serve.as_ref()).what();

@@ -1,9 +1,11 @@
 //! The Paddock appliance as a library: configuration, boot scripts, node records, the HTTP
 //! face and the `serve` wiring. `main.rs` is only the command line.
 
+pub mod access;
 pub mod assets;
 pub mod boot;
 pub mod census;
+pub mod certs_cli;
 pub mod cli;
 pub mod config;
 pub mod console;
@@ -17,4 +19,5 @@ pub mod pxe_filter;
 pub mod roles;
 pub mod roles_cli;
 pub mod roles_page;
+pub mod security;
 pub mod serve;

@@ -21,6 +21,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Certificates and tokens: the CA, this host's certificate, operators' identities.
+    Certs {
+        /// The TOML configuration file (the store and `[security]` it names).
+        #[arg(long, short, env = "PADDOCK_CONFIG")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: Box<Overrides>,
+        #[command(subcommand)]
+        cmd: paddock::certs_cli::CertsCmd,
+    },
+    /// The audit log: who called which mutating method on what, when, with what result.
+    Audit {
+        #[command(flatten)]
+        api: Api,
+        /// The newest N entries.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the appliance: DHCP, TFTP, HTTP boot and the API.
     Serve {
         /// The TOML configuration file.
@@ -190,14 +210,70 @@ enum MdbCmd {
 /// Where a running appliance's API is.
 #[derive(clap::Args)]
 struct Api {
-    /// The appliance's HTTP base URL.
+    /// The appliance's API base URL (HTTPS unless it runs insecure).
     #[arg(
         long = "api",
         env = "PADDOCK_API",
-        default_value = "http://127.0.0.1:8080",
+        default_value = "https://127.0.0.1:8443",
         global = true
     )]
     url: String,
+    /// The CA certificate the appliance's is checked against (default: the local
+    /// appliance's, /var/lib/paddock/certs/ca.pem).
+    #[arg(long, env = "PADDOCK_CA", global = true)]
+    ca: Option<PathBuf>,
+    /// A client certificate (default: /var/lib/paddock/certs/admin.pem when it exists and
+    /// no token is given).
+    #[arg(long, env = "PADDOCK_CERT", global = true)]
+    cert: Option<PathBuf>,
+    /// The client certificate's key (default: the certificate's name with .key).
+    #[arg(long, env = "PADDOCK_KEY", global = true)]
+    key: Option<PathBuf>,
+    /// An operator token (`paddock certs token`), sent as a bearer token.
+    #[arg(long, env = "PADDOCK_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl Api {
+    /// Sets the process's API credentials, then gives the URL.
+    fn connect(&self) -> anyhow::Result<&str> {
+        const DIR: &str = "/var/lib/paddock/certs";
+        if self.url.starts_with("https://") {
+            let ca = self
+                .ca
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DIR).join("ca.pem"));
+            let ca_pem = std::fs::read_to_string(&ca)
+                .map_err(|e| anyhow::anyhow!("{}: {e} (give --ca, or PADDOCK_CA)", ca.display()))?;
+            let cert = self.cert.clone().or_else(|| {
+                let d = PathBuf::from(DIR).join("admin.pem");
+                (self.token.is_none() && d.exists()).then_some(d)
+            });
+            let pair = match cert {
+                Some(c) => {
+                    let k = self.key.clone().unwrap_or_else(|| c.with_extension("key"));
+                    let read = |p: &PathBuf| {
+                        std::fs::read_to_string(p)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+                    };
+                    Some((read(&c)?, read(&k)?))
+                }
+                None => None,
+            };
+            paddock::cli::set_credentials(paddock::cli::Credentials {
+                ca_pem: Some(ca_pem),
+                identity: pair,
+                token: self.token.clone(),
+            })?;
+        } else if self.token.is_some() {
+            paddock::cli::set_credentials(paddock::cli::Credentials {
+                ca_pem: None,
+                identity: None,
+                token: self.token.clone(),
+            })?;
+        }
+        Ok(&self.url)
+    }
 }
 
 #[derive(Subcommand)]
@@ -388,7 +464,7 @@ fn main() -> ExitCode {
         Cmd::Firewall {
             api,
             cmd: FirewallCmd::Status,
-        } => match paddock::cli::firewall_status(&api.url) {
+        } => match api.connect().and_then(paddock::cli::firewall_status) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("paddock: {e:#}");
@@ -396,7 +472,13 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Image { api, cmd } => {
-            let api = api.url;
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let res = match cmd {
                 ImageCmd::Add {
                     name,
@@ -423,7 +505,13 @@ fn main() -> ExitCode {
             report(res)
         }
         Cmd::Mdb { api, cmd } => {
-            let api = api.url;
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let res = match cmd {
                 MdbCmd::List => paddock::cli::mdb_list(&api),
                 MdbCmd::Set {
@@ -448,7 +536,13 @@ fn main() -> ExitCode {
             report(res)
         }
         Cmd::Sub { api, cmd } => {
-            let api = api.url;
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             report(match cmd {
                 SubCmd::List => paddock::cli::sub_list(&api),
                 SubCmd::Show { hostname } => paddock::cli::sub_show(&api, &hostname),
@@ -463,7 +557,13 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Dominator { api, cmd } => {
-            let api = api.url;
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             report(match cmd {
                 DominatorCmd::Status => paddock::cli::dominator_status(&api),
                 DominatorCmd::Pause { reason } => paddock::cli::dominator_pause(&api, &reason),
@@ -471,19 +571,33 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Spec { api, cmd } => {
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             use paddock::roles_cli::{self as r, SpecCmd};
             report(match cmd {
                 SpecCmd::Check { files } => r::spec_check(&files),
-                SpecCmd::Plan { file } => r::spec_plan(&api.url, file.as_deref()),
-                SpecCmd::Apply { file } => r::spec_apply(&api.url, &file),
-                SpecCmd::Show => r::spec_show(&api.url),
-                SpecCmd::Rounds { limit, json } => r::spec_rounds(&api.url, limit, json),
+                SpecCmd::Plan { file } => r::spec_plan(&api, file.as_deref()),
+                SpecCmd::Apply { file } => r::spec_apply(&api, &file),
+                SpecCmd::Show => r::spec_show(&api),
+                SpecCmd::Rounds { limit, json } => r::spec_rounds(&api, limit, json),
             })
         }
         Cmd::Census { api, cmd } => {
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             use paddock::roles_cli::{self as r, CensusCmd};
             report(match cmd {
-                None => r::census_list(&api.url),
+                None => r::census_list(&api),
                 Some(CensusCmd::Hold {
                     url,
                     role,
@@ -491,7 +605,7 @@ fn main() -> ExitCode {
                     host,
                     ttl,
                 }) => r::census_hold(
-                    url.as_deref().unwrap_or(&api.url),
+                    url.as_deref().unwrap_or(&api),
                     paddock::census::Register {
                         role,
                         instance,
@@ -502,7 +616,13 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Node { api, cmd } => {
-            let api = api.url;
+            let api = match api.connect() {
+                Ok(u) => u.to_string(),
+                Err(e) => {
+                    eprintln!("paddock: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let res = match cmd {
                 NodeCmd::List => paddock::cli::node_list(&api),
                 NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),
@@ -553,6 +673,41 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Certs {
+            config,
+            overrides,
+            cmd,
+        } => {
+            let file = match &config {
+                Some(path) => FileConfig::load(path),
+                None => Ok(FileConfig::default()),
+            };
+            let cfg = match file.and_then(|mut f| {
+                f.apply(&overrides);
+                f.validate()
+            }) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("paddock: invalid configuration");
+                    for p in e.problems {
+                        eprintln!("  - {p}");
+                    }
+                    return ExitCode::from(2);
+                }
+            };
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("paddock: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            report(rt.block_on(paddock::certs_cli::run(&cfg, cmd)))
+        }
+        Cmd::Audit { api, limit, json } => report(
+            api.connect()
+                .and_then(|url| paddock::cli::audit(url, limit, json).map_err(Into::into)),
+        ),
         Cmd::Serve { config, overrides } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path),

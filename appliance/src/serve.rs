@@ -97,11 +97,12 @@ fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Ad
         .with_context(|| format!("interface {interface} has no IPv4 address; add one or remove it from dhcp.interfaces"))
 }
 
-pub async fn run(cfg: Config) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-    let store: Arc<dyn Store> = match &cfg.cluster {
+/// The store the configuration names: SQLite under `data_dir`, or the etcd cluster.
+pub async fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match &cfg.cluster {
         None => {
+            std::fs::create_dir_all(&cfg.data_dir)
+                .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
             Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?)
         }
         Some(c) => Arc::new(
@@ -109,7 +110,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 .await
                 .context("connecting to the etcd cluster")?,
         ),
-    };
+    })
+}
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let store = open_store(&cfg).await?;
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
     // Leadership: one host alone always leads; several elect one through the store.
@@ -132,6 +139,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tokio::spawn(e.run(leader_tx, stop_rx))
     });
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
+    // Certificates and tokens first: with TLS on and no certificates, nothing starts.
+    let security =
+        crate::security::Security::load(store.clone(), &cfg, Some(inspector.clone())).await?;
     let objects = Arc::new(
         paddock_imageserver::objects::ObjectStore::open(&cfg.images.dir)
             .with_context(|| format!("opening the object store at {}", cfg.images.dir.display()))?,
@@ -223,7 +233,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         inspector: inspector.clone(),
         images: images.clone(),
         mdb: mdb.clone(),
-        public_url: cfg.public_url.clone(),
+        public_url: cfg.api_url().to_string(),
         subd_port: cfg
             .dominator
             .as_ref()
@@ -358,7 +368,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 mdb: mdb.clone(),
                 images: images.clone(),
                 leader: leader_rx.clone(),
-                image_server_url: cfg.public_url.clone(),
+                image_server_url: cfg.api_url().to_string(),
                 host: cfg
                     .cluster
                     .as_ref()
@@ -391,11 +401,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         },
         dominator.clone(),
         cfg.roles.clone(),
-        cfg.public_url.clone(),
+        cfg.api_url().to_string(),
         leader_rx.clone(),
     );
     tokio::spawn(roles.clone().run());
     let state = AppState {
+        security: security.clone(),
         power,
         dominator,
         roles,
@@ -418,7 +429,54 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP on {}", cfg.http_listen))?;
     tracing::info!(listen = %cfg.http_listen, public_url = %cfg.public_url, "http: listening");
     let app = router(state);
-    tasks.spawn(async move { axum::serve(listener, app).await.context("HTTP server") });
+    let limits = match &cfg.security {
+        crate::config::SecurityConfig::Tls(t) => paddock_security::tls::Limits {
+            max_connections: t.max_connections,
+            handshake_timeout: t.header_timeout,
+            header_read_timeout: t.header_timeout,
+        },
+        crate::config::SecurityConfig::Insecure => paddock_security::tls::Limits::default(),
+    };
+    {
+        let app = app.clone();
+        tasks.spawn(async move {
+            paddock_security::tls::serve(listener, None, app, limits)
+                .await
+                .context("HTTP server")
+        });
+    }
+    if let (crate::config::SecurityConfig::Tls(t), Some(server)) =
+        (&cfg.security, security.server_config()?)
+    {
+        let listener = tokio::net::TcpListener::bind(t.listen)
+            .await
+            .with_context(|| format!("binding HTTPS on {}", t.listen))?;
+        tracing::info!(listen = %t.listen, public_url = %t.public_url, ca = %security.tls.as_ref().map_or("", |s| s.ca_fingerprint.as_str()), "https: listening");
+        tasks.spawn(async move {
+            paddock_security::tls::serve(listener, Some(server), app, limits)
+                .await
+                .context("HTTPS server")
+        });
+    }
+    {
+        // The audit log keeps the newest entries.
+        let security = security.clone();
+        every_while_leading(
+            &mut tasks,
+            std::time::Duration::from_secs(60),
+            &leader_rx,
+            move |_fence| {
+                let security = security.clone();
+                async move {
+                    match security.prune_audit().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(deleted = n, "audit: pruned"),
+                        Err(e) => tracing::error!(error = %e, "audit: pruning failed"),
+                    }
+                }
+            },
+        );
+    }
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

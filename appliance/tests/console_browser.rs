@@ -325,6 +325,7 @@ async fn the_console_in_a_real_browser() {
     let mut app = Proc::spawn(
         "paddock",
         Command::new(env!("CARGO_BIN_EXE_paddock"))
+            .env("PADDOCK_INSECURE", "true")
             .args(["serve", "--config"])
             .arg(&config)
             .env("PADDOCK_LOG", "info"),

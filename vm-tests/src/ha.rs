@@ -255,6 +255,7 @@ peers = [{peers}]
         let child = Command::new("ip")
             .args(["netns", "exec", &h.ns])
             .arg(&a.paddock)
+            .env("PADDOCK_INSECURE", "true")
             .args(["serve", "--config"])
             .arg(&path)
             .env("PADDOCK_LOG", "info,paddock=debug")

@@ -514,6 +514,7 @@ impl Lab {
         let child = Command::new("ip")
             .args(["netns", "exec", &lab.ns])
             .arg(&artifacts.paddock)
+            .env("PADDOCK_INSECURE", "true")
             .args(["serve", "--config"])
             .arg(&config_path)
             .stdout(log.try_clone()?)

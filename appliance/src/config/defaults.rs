@@ -70,3 +70,13 @@ pub const ROLES_ROUND_SECS: u64 = 30;
 pub const ROLES_DEBOUNCE_MS: u64 = 500;
 pub const ROLES_QUARANTINE_SECS: u64 = 60;
 pub const ROLES_REGISTER_GRACE_SECS: u64 = 15;
+
+/// `[security] dir` under `data_dir`.
+pub const SECURITY_SUBDIR: &str = "certs";
+/// The HTTPS port when `[security] listen` is not set.
+pub const SECURITY_PORT: u16 = 8443;
+pub const SECURITY_INSPECTOR_NOAUTH: bool = false;
+/// Six hours: a boot's inspection and a provisioning run fit in it with room to spare.
+pub const SECURITY_AGENT_TOKEN_TTL_SECS: u64 = 6 * 3600;
+pub const SECURITY_MAX_CONNECTIONS: usize = 1024;
+pub const SECURITY_HEADER_TIMEOUT_SECS: u64 = 10;

@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub provisioning: ProvisioningFile,
     pub power: PowerFile,
     pub roles: crate::roles::RolesFile,
+    pub security: SecurityFile,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,6 +143,35 @@ pub struct InspectorFile {
     pub max_body_bytes: Option<usize>,
     /// What the ramdisk does after introspection: poweroff, reboot or wait (default: `InspectorConfig::default()`).
     pub after_inspection: Option<String>,
+}
+
+/// `[security]`: TLS, certificates and tokens (issue 18).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityFile {
+    /// Serve everything on plain HTTP and let anyone call anything (Dominator's insecure
+    /// mode; says so loudly at start). Default false: TLS, and `paddock serve` refuses to
+    /// start until `paddock certs init` has run.
+    pub insecure: Option<bool>,
+    /// Where this host's certificate, key and the CA's certificate live
+    /// (default `<data_dir>/`[`super::defaults::SECURITY_SUBDIR`]).
+    pub dir: Option<PathBuf>,
+    /// The HTTPS listen address: API, console, RPC, the agent's calls (default: the HTTP
+    /// listen address on port [`super::defaults::SECURITY_PORT`]).
+    pub listen: Option<String>,
+    /// The HTTPS base URL as machines reach it (default: from `listen`).
+    pub public_url: Option<String>,
+    /// Let callers without a certificate or token use the Inspector v1 API, as Inspector's
+    /// `noauth` strategy does ([`super::defaults::SECURITY_INSPECTOR_NOAUTH`]).
+    pub inspector_noauth: Option<bool>,
+    /// Seconds an agent token minted with a boot script stays valid
+    /// ([`super::defaults::SECURITY_AGENT_TOKEN_TTL_SECS`]).
+    pub agent_token_ttl_secs: Option<u64>,
+    /// Connections at once per listener ([`super::defaults::SECURITY_MAX_CONNECTIONS`]).
+    pub max_connections: Option<usize>,
+    /// Seconds for a request's headers (and a TLS handshake) to arrive
+    /// ([`super::defaults::SECURITY_HEADER_TIMEOUT_SECS`]).
+    pub header_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

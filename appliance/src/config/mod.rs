@@ -50,6 +50,41 @@ pub struct Config {
     pub power: crate::power::PowerConfig,
     /// `None`: no hooks directory, the role loop is off.
     pub roles: Option<crate::roles::RolesConfig>,
+    /// `[security]`.
+    pub security: SecurityConfig,
+}
+
+/// TLS, or the explicit insecure mode.
+#[derive(Clone, Debug)]
+pub enum SecurityConfig {
+    Insecure,
+    Tls(TlsConfig),
+}
+
+/// The HTTPS listener and what it enforces.
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    /// `https://…` as machines reach this host.
+    pub public_url: String,
+    /// The agent's URLs: this host's, then its peers' (their HTTP URLs with this scheme
+    /// and port).
+    pub agent_urls: Vec<String>,
+    pub inspector_noauth: bool,
+    pub agent_token_ttl: Duration,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+}
+
+impl Config {
+    /// The base URL the agent, subs and hooks call: HTTPS when TLS is on.
+    pub fn api_url(&self) -> &str {
+        match &self.security {
+            SecurityConfig::Tls(t) => &t.public_url,
+            SecurityConfig::Insecure => &self.public_url,
+        }
+    }
 }
 
 /// Provisioning: how long a run may go without a report.

@@ -60,6 +60,9 @@ pub struct Overrides {
     /// Also keep every timeline entry of each node's last introspection.
     #[arg(long, env = "PADDOCK_TIMELINE_KEEP_LAST_INTROSPECTION")]
     pub timeline_keep_last_introspection: Option<bool>,
+    /// Serve plain HTTP with every method open to anyone (a lab on an isolated network only).
+    #[arg(long, env = "PADDOCK_INSECURE")]
+    pub insecure: Option<bool>,
     /// Seconds between timeline prunings.
     #[arg(long, env = "PADDOCK_TIMELINE_PRUNE_EVERY_SECS")]
     pub timeline_prune_every_secs: Option<u64>,
@@ -73,6 +76,7 @@ impl FileConfig {
         override_with(&mut self.http.listen, &o.http_listen);
         override_with(&mut self.http.public_url, &o.public_url);
         override_with(&mut self.http.assets_dir, &o.assets_dir);
+        override_with(&mut self.security.insecure, &o.insecure);
         override_with(&mut self.dhcp.enabled, &o.dhcp_enabled);
         override_with(&mut self.dhcp.port, &o.dhcp_port);
         override_with(&mut self.tftp.enabled, &o.tftp_enabled);

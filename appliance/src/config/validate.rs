@@ -58,6 +58,7 @@ impl FileConfig {
         let cluster = cluster(&self.cluster, &mut p);
         let roles = crate::roles::validate(&self.roles, &data_dir, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
+        let security = security(&self.security, http_listen, &data_dir, &agent_urls, &mut p);
         let Some(http_listen) = http_listen else {
             return Err(ConfigError { problems: p });
         };
@@ -89,8 +90,96 @@ impl FileConfig {
             provisioning,
             power,
             roles,
+            security,
         })
     }
+}
+
+/// `[security]`: TLS unless `insecure = true`.
+fn security(
+    f: &SecurityFile,
+    http_listen: Option<SocketAddr>,
+    data_dir: &std::path::Path,
+    agent_urls: &[String],
+    p: &mut Problems,
+) -> SecurityConfig {
+    if f.insecure.unwrap_or(false) {
+        return SecurityConfig::Insecure;
+    }
+    let default_listen = http_listen.map(|a| SocketAddr::new(a.ip(), defaults::SECURITY_PORT));
+    let listen = match &f.listen {
+        Some(l) => parse_or(p, "security.listen", l),
+        None => default_listen,
+    };
+    let public_url = match (&f.public_url, listen) {
+        (Some(u), _) if u.starts_with("https://") => u.trim_end_matches('/').to_string(),
+        (Some(u), _) => {
+            p.push(format!(
+                "security.public_url: {u:?} must start with https://"
+            ));
+            String::new()
+        }
+        (None, Some(a)) if !a.ip().is_unspecified() => format!("https://{a}"),
+        (None, _) => {
+            p.push("security.public_url: required when security.listen is a wildcard address, e.g. https://198.18.0.1:8443".into());
+            String::new()
+        }
+    };
+    let port = listen.map_or(defaults::SECURITY_PORT, |a| a.port());
+    let mut urls = vec![public_url.clone()];
+    for u in agent_urls {
+        if let Some(t) = tls_peer_url(u, port)
+            && !urls.contains(&t)
+        {
+            urls.push(t);
+        }
+    }
+    let agent_token_ttl = f
+        .agent_token_ttl_secs
+        .unwrap_or(defaults::SECURITY_AGENT_TOKEN_TTL_SECS);
+    if agent_token_ttl < 60 {
+        p.push("security.agent_token_ttl_secs: at least 60".into());
+    }
+    let max_connections = f
+        .max_connections
+        .unwrap_or(defaults::SECURITY_MAX_CONNECTIONS);
+    if max_connections == 0 {
+        p.push("security.max_connections: at least 1".into());
+    }
+    let header_timeout = f
+        .header_timeout_secs
+        .unwrap_or(defaults::SECURITY_HEADER_TIMEOUT_SECS);
+    if header_timeout == 0 {
+        p.push("security.header_timeout_secs: at least 1".into());
+    }
+    SecurityConfig::Tls(TlsConfig {
+        dir: f
+            .dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join(defaults::SECURITY_SUBDIR)),
+        listen: listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], port))),
+        public_url,
+        agent_urls: urls,
+        inspector_noauth: f
+            .inspector_noauth
+            .unwrap_or(defaults::SECURITY_INSPECTOR_NOAUTH),
+        agent_token_ttl: Duration::from_secs(agent_token_ttl),
+        max_connections,
+        header_timeout: Duration::from_secs(header_timeout),
+    })
+}
+
+/// A peer's HTTP URL → its HTTPS URL on `port` (every host listens on the same port).
+fn tls_peer_url(u: &str, port: u16) -> Option<String> {
+    let rest = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"))?;
+    let hostport = rest.split('/').next()?;
+    let host = match hostport.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => hostport,
+    };
+    Some(format!("https://{host}:{port}"))
 }
 
 /// `http.public_url`, or one made from `http.listen` when that names an address.

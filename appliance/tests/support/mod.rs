@@ -213,12 +213,26 @@ pub struct Appliance {
     pub log: PathBuf,
     ns_name: String,
     starts: u32,
+    /// Run with `PADDOCK_INSECURE=true` (every test but the security ones).
+    insecure: bool,
 }
 
 impl Appliance {
     /// Writes `config` to the scratch directory and starts the appliance in `ns`; returns
     /// when `/healthz` answers.
+    /// The appliance in its explicit insecure mode (plain HTTP, every method open): the
+    /// tests of everything but security itself.
     pub fn start(ns: &Ns, scratch: &Scratch, config: &str) -> Self {
+        Self::start_mode(ns, scratch, config, true)
+    }
+
+    /// The appliance with TLS on (its configuration must say where the certificates are,
+    /// and `paddock certs init` must have run).
+    pub fn start_secure(ns: &Ns, scratch: &Scratch, config: &str) -> Self {
+        Self::start_mode(ns, scratch, config, false)
+    }
+
+    fn start_mode(ns: &Ns, scratch: &Scratch, config: &str, insecure: bool) -> Self {
         let path = scratch.path("paddock.toml");
         std::fs::write(&path, config).expect("write config");
         let mut a = Appliance {
@@ -227,6 +241,7 @@ impl Appliance {
             log: scratch.path("paddock.log"),
             ns_name: ns.name.clone(),
             starts: 0,
+            insecure,
         };
         a.restart(ns);
         a
@@ -238,7 +253,8 @@ impl Appliance {
         self.log = log.clone();
         let child = ns.spawn(
             &format!(
-                "env PADDOCK_LOG=debug {} serve --config {}",
+                "env PADDOCK_LOG=debug PADDOCK_INSECURE={} {} serve --config {}",
+                self.insecure,
                 env!("CARGO_BIN_EXE_paddock"),
                 self.config.display()
             ),

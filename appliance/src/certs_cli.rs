@@ -1,0 +1,213 @@
+//! `paddock certs …`: the CA, host and operator certificates, and operator tokens. These
+//! commands work on the store named by the configuration (the CA lives there, shared by
+//! every host), so they run on an appliance host as root.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use paddock_security::{Permissions, ca};
+
+use crate::access;
+use crate::config::{Config, SecurityConfig};
+use crate::security;
+
+#[derive(Subcommand)]
+pub enum CertsCmd {
+    /// Create the CA (first host) or join it (the next hosts), this host's key and
+    /// certificate, and an admin operator certificate.
+    Init {
+        /// More names or addresses this host answers for (repeatable).
+        #[arg(long = "san")]
+        sans: Vec<String>,
+        /// The admin certificate's name (written as NAME.pem and NAME.key); "-" for none.
+        #[arg(long, default_value = "admin")]
+        admin: String,
+    },
+    /// Issue a certificate from the CA: CN = NAME, with the methods it may call.
+    Issue {
+        name: String,
+        /// `Service.Method` patterns, comma-separated (globs: `Subd.*`, `*.Get*`).
+        #[arg(long)]
+        methods: Option<String>,
+        /// A role instead of (or besides) methods: admin, read-only, image-creator,
+        /// dominator, subd, agent.
+        #[arg(long)]
+        role: Option<String>,
+        /// Groups, comma-separated.
+        #[arg(long)]
+        groups: Option<String>,
+        /// Names or addresses for a server certificate (repeatable).
+        #[arg(long = "san")]
+        sans: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        /// Sign this request instead of making a key (the key stays where it was made).
+        #[arg(long)]
+        csr: Option<PathBuf>,
+        /// Where NAME.pem and NAME.key go.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Make a key and a signing request for NAME (for `certs issue --csr` on a CA host).
+    Request {
+        name: String,
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Issue an operator token (printed once; only its digest is stored).
+    Token {
+        name: String,
+        #[arg(long)]
+        methods: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+        #[arg(long, default_value_t = 30)]
+        days: i64,
+    },
+    /// This host's certificates and the CA's fingerprint.
+    Show,
+}
+
+fn permissions(methods: Option<&str>, role: Option<&str>) -> anyhow::Result<Permissions> {
+    let mut list = Vec::new();
+    if let Some(r) = role {
+        list.push(
+            access::role(r)
+                .with_context(|| {
+                    format!(
+                        "--role {r:?}: one of admin, read-only, image-creator, dominator, subd, agent"
+                    )
+                })?
+                .to_string(),
+        );
+    }
+    if let Some(m) = methods {
+        list.push(m.to_string());
+    }
+    if list.is_empty() {
+        bail!("give --methods or --role");
+    }
+    Ok(Permissions::parse_list(&list.join(","))?)
+}
+
+fn split(list: Option<&str>) -> Vec<String> {
+    list.map(|l| {
+        l.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn write_pair(out: &Path, name: &str, issued: &ca::Issued) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let cert = out.join(format!("{name}.pem"));
+    security::write_file(&cert, &issued.cert_pem, 0o644)?;
+    println!("certificate {}", cert.display());
+    if !issued.key_pem.is_empty() {
+        let key = out.join(format!("{name}.key"));
+        security::write_file(&key, &issued.key_pem, 0o600)?;
+        println!("key         {}", key.display());
+    }
+    Ok(())
+}
+
+/// Runs one `paddock certs` command against the configuration's store.
+pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
+    match cmd {
+        CertsCmd::Request { name, out } => {
+            let (key, csr) = ca::request(&name)?;
+            std::fs::create_dir_all(&out)?;
+            security::write_file(&out.join(format!("{name}.key")), &key, 0o600)?;
+            security::write_file(&out.join(format!("{name}.csr")), &csr, 0o644)?;
+            println!("key     {}", out.join(format!("{name}.key")).display());
+            println!("request {}", out.join(format!("{name}.csr")).display());
+            return Ok(());
+        }
+        CertsCmd::Show => {
+            let SecurityConfig::Tls(t) = &cfg.security else {
+                println!("insecure mode: no certificates");
+                return Ok(());
+            };
+            let m = security::host_material(&t.dir)?;
+            println!("dir            {}", t.dir.display());
+            println!(
+                "ca sha256      {}",
+                m.ca_fingerprint().map_err(anyhow::Error::msg)?
+            );
+            let der = &paddock_security::identity::pem_certificates(&m.cert_pem)
+                .map_err(anyhow::Error::msg)?[0];
+            let id = paddock_security::identity::from_certificate(der)?;
+            println!(
+                "host           {} ({})",
+                id.user,
+                id.methods.patterns().join(",")
+            );
+            println!("https          {}", t.public_url);
+            return Ok(());
+        }
+        _ => {}
+    }
+    let store = crate::serve::open_store(cfg).await?;
+    match cmd {
+        CertsCmd::Init { sans, admin } => {
+            let admin = (admin != "-").then_some(admin.as_str());
+            let r = security::init(store.as_ref(), cfg, &sans, admin).await?;
+            println!(
+                "{} the CA; sha256 {}",
+                if r.created_ca { "created" } else { "joined" },
+                r.ca_fingerprint
+            );
+            println!(
+                "host certificate {} for {}",
+                r.dir.join(security::HOST_CERT).display(),
+                r.sans.join(", ")
+            );
+            if let Some((c, k)) = r.admin {
+                println!("admin certificate {} and key {}", c.display(), k.display());
+            }
+        }
+        CertsCmd::Issue {
+            name,
+            methods,
+            role,
+            groups,
+            sans,
+            days,
+            csr,
+            out,
+        } => {
+            let perms = permissions(methods.as_deref(), role.as_deref())?;
+            let csr_pem = csr
+                .as_ref()
+                .map(|p| {
+                    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+                })
+                .transpose()?;
+            let req = ca::Request {
+                name: name.clone(),
+                methods: perms.patterns().to_vec(),
+                groups: split(groups.as_deref()),
+                sans,
+                days,
+            };
+            let issued = security::issue(store.as_ref(), &req, csr_pem.as_deref()).await?;
+            write_pair(&out, &name, &issued)?;
+        }
+        CertsCmd::Token {
+            name,
+            methods,
+            role,
+            days,
+        } => {
+            let perms = permissions(methods.as_deref(), role.as_deref())?;
+            let t = security::create_token(store.as_ref(), &name, &perms, days).await?;
+            println!("{t}");
+        }
+        CertsCmd::Request { .. } | CertsCmd::Show => unreachable!("handled above"),
+    }
+    Ok(())
+}

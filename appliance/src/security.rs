@@ -1,0 +1,785 @@
+//! The appliance's security shell (issue 18): the CA and agent key in the store, this
+//! host's certificate on disk, operator tokens, the middleware that applies
+//! [`crate::access`] to every request, agent tokens on the boot path, and the audit log.
+//!
+//! Store keys: `security/ca` (the CA's certificate and key, shared by every host),
+//! `security/agent-key` (the agent tokens' HMAC key), `security/tokens/<sha256>` (operator
+//! tokens, by digest), `audit/<ms>-<random>` (one entry per mutating call).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use paddock_security::token::{self, AgentKey};
+use paddock_security::{Identity, Permissions, Proof, ca, tls};
+use paddock_store::{Store, Txn};
+use serde::{Deserialize, Serialize};
+
+use crate::access::{self, Access, Caller, Decision};
+use crate::config::{Config, SecurityConfig, TlsConfig};
+
+pub const CA_KEY: &str = "security/ca";
+pub const AGENT_KEY: &str = "security/agent-key";
+pub const TOKENS: &str = "security/tokens/";
+pub const AUDIT: &str = "audit/";
+/// Audit entries kept (the leader prunes the oldest beyond this).
+pub const AUDIT_KEEP: usize = 10_000;
+
+/// The files `paddock certs init` writes into `[security] dir`.
+pub const CA_FILE: &str = "ca.pem";
+pub const HOST_CERT: &str = "host.pem";
+pub const HOST_KEY: &str = "host.key";
+
+/// The CA as the store keeps it.
+#[derive(Serialize, Deserialize)]
+struct StoredCa {
+    cert_pem: String,
+    key_pem: String,
+}
+
+/// An operator token as the store keeps it (never the token itself).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub name: String,
+    pub methods: Vec<String>,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+}
+
+/// One audited call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub at_ms: i64,
+    /// The certificate's CN, the token's name, `agent:<mac>`, or `-` (insecure mode).
+    pub who: String,
+    /// `certificate`, `token`, `agent` or `insecure`.
+    pub proof: String,
+    pub method: String,
+    /// The HTTP method and path: what the call was on.
+    pub target: String,
+    pub status: u16,
+    pub peer: String,
+}
+
+/// What the middleware and the boot path need.
+pub struct Security {
+    store: Arc<dyn Store>,
+    inspector: Option<Arc<paddock_inspector::service::Inspector>>,
+    pub tls: Option<TlsState>,
+}
+
+/// TLS is on: this host's material and the shared secrets.
+pub struct TlsState {
+    pub config: TlsConfig,
+    pub material: tls::Material,
+    pub ca: ca::Ca,
+    pub ca_fingerprint: String,
+    pub agent_key: AgentKey,
+}
+
+fn now_ms() -> i64 {
+    paddock_wire::unix_ms()
+}
+
+async fn read_ca(store: &dyn Store) -> anyhow::Result<Option<ca::Ca>> {
+    Ok(match store.get(CA_KEY).await? {
+        Some(kv) => {
+            let s: StoredCa =
+                serde_json::from_slice(&kv.value).context("the stored CA does not parse")?;
+            Some(ca::Ca {
+                cert_pem: s.cert_pem,
+                key_pem: s.key_pem,
+            })
+        }
+        None => None,
+    })
+}
+
+/// The shared CA: the store's, or a new one if there is none yet (created with a compare
+/// on absence, so two hosts initialising at once share the winner's).
+pub async fn ensure_ca(store: &dyn Store) -> anyhow::Result<(ca::Ca, bool)> {
+    if let Some(c) = read_ca(store).await? {
+        return Ok((c, false));
+    }
+    let new = ca::new_ca("paddock-ca", time::OffsetDateTime::now_utc(), 3650)?;
+    let body = serde_json::to_vec(&StoredCa {
+        cert_pem: new.cert_pem.clone(),
+        key_pem: new.key_pem.clone(),
+    })?;
+    if store.create(CA_KEY, body).await? {
+        Ok((new, true))
+    } else {
+        Ok((read_ca(store).await?.context("the CA vanished")?, false))
+    }
+}
+
+/// The shared agent-token key, created if absent.
+pub async fn ensure_agent_key(store: &dyn Store) -> anyhow::Result<AgentKey> {
+    if let Some(kv) = store.get(AGENT_KEY).await? {
+        return Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?);
+    }
+    let k = AgentKey::from_bytes(token::random::<32>());
+    if store.create(AGENT_KEY, k.to_hex().into_bytes()).await? {
+        return Ok(k);
+    }
+    let kv = store
+        .get(AGENT_KEY)
+        .await?
+        .context("the agent key vanished")?;
+    Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?)
+}
+
+/// Writes a file with `mode`, whole or not at all (temporary file, then rename).
+pub fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// What `paddock certs init` did.
+pub struct InitReport {
+    pub dir: PathBuf,
+    pub created_ca: bool,
+    pub ca_fingerprint: String,
+    pub sans: Vec<String>,
+    pub admin: Option<(PathBuf, PathBuf)>,
+}
+
+/// `paddock certs init`: the shared CA and agent key (created if this is the first host),
+/// and this host's key and certificate (the key is made here and never leaves), plus an
+/// admin operator certificate when asked.
+pub async fn init(
+    store: &dyn Store,
+    cfg: &Config,
+    extra_sans: &[String],
+    admin: Option<&str>,
+) -> anyhow::Result<InitReport> {
+    let SecurityConfig::Tls(t) = &cfg.security else {
+        bail!("[security] insecure = true: there is nothing to initialise");
+    };
+    let (authority, created_ca) = ensure_ca(store).await?;
+    ensure_agent_key(store).await?;
+    let mut sans = vec![
+        t.listen.ip().to_string(),
+        cfg.http_listen.ip().to_string(),
+        "127.0.0.1".into(),
+        "::1".into(),
+        "localhost".into(),
+    ];
+    if let Some(c) = &cfg.cluster {
+        sans.push(c.host.clone());
+    }
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        sans.push(h.trim().to_string());
+    }
+    for host in [&t.public_url, &cfg.public_url] {
+        if let Some(h) = url_host(host) {
+            sans.push(h);
+        }
+    }
+    sans.extend(extra_sans.iter().cloned());
+    sans.retain(|s| s != "0.0.0.0" && s != "::");
+    let mut seen = std::collections::BTreeSet::new();
+    sans.retain(|s| seen.insert(s.clone()));
+    let now = time::OffsetDateTime::now_utc();
+    let host_name = cfg
+        .cluster
+        .as_ref()
+        .map_or_else(|| "paddock".to_string(), |c| c.host.clone());
+    let host = ca::issue(
+        &authority,
+        &ca::Request {
+            name: host_name,
+            methods: vec!["*.*".into()],
+            groups: vec![],
+            sans: sans.clone(),
+            days: 825,
+        },
+        now,
+    )?;
+    std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;
+    write_file(&t.dir.join(CA_FILE), &authority.cert_pem, 0o644)?;
+    write_file(&t.dir.join(HOST_KEY), &host.key_pem, 0o600)?;
+    write_file(
+        &t.dir.join(HOST_CERT),
+        &format!("{}{}", host.cert_pem, authority.cert_pem),
+        0o644,
+    )?;
+    let admin = match admin {
+        Some(name) => {
+            let issued = ca::issue(
+                &authority,
+                &ca::Request {
+                    name: name.to_string(),
+                    methods: vec![access::ADMIN.into()],
+                    groups: vec![],
+                    sans: vec![],
+                    days: 825,
+                },
+                now,
+            )?;
+            let (c, k) = (
+                t.dir.join(format!("{name}.pem")),
+                t.dir.join(format!("{name}.key")),
+            );
+            write_file(&k, &issued.key_pem, 0o600)?;
+            write_file(&c, &issued.cert_pem, 0o644)?;
+            Some((c, k))
+        }
+        None => None,
+    };
+    let fp = tls::Material {
+        ca_pem: authority.cert_pem.clone(),
+        cert_pem: String::new(),
+        key_pem: String::new(),
+    }
+    .ca_fingerprint()
+    .map_err(anyhow::Error::msg)?;
+    Ok(InitReport {
+        dir: t.dir.clone(),
+        created_ca,
+        ca_fingerprint: fp,
+        sans,
+        admin,
+    })
+}
+
+fn url_host(u: &str) -> Option<String> {
+    let rest = u.split_once("://")?.1;
+    let hostport = rest.split('/').next()?;
+    let host = if let Some(h) = hostport.strip_prefix('[') {
+        h.split(']').next()?
+    } else {
+        hostport.rsplit_once(':').map_or(hostport, |(h, _)| h)
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+/// `paddock certs issue`: a certificate from the shared CA, with a new key, or for a
+/// request (the key stays with whoever made it).
+pub async fn issue(
+    store: &dyn Store,
+    req: &ca::Request,
+    csr_pem: Option<&str>,
+) -> anyhow::Result<ca::Issued> {
+    let authority = read_ca(store)
+        .await?
+        .context("no CA in the store: run `paddock certs init` first")?;
+    let now = time::OffsetDateTime::now_utc();
+    Ok(match csr_pem {
+        Some(csr) => ca::Issued {
+            cert_pem: ca::sign_request(&authority, csr, req, now)?,
+            key_pem: String::new(),
+        },
+        None => ca::issue(&authority, req, now)?,
+    })
+}
+
+/// `paddock certs token`: a new operator token; only its digest is stored.
+pub async fn create_token(
+    store: &dyn Store,
+    name: &str,
+    methods: &Permissions,
+    days: i64,
+) -> anyhow::Result<String> {
+    ca::check_name(name)?;
+    if !(1..=3650).contains(&days) {
+        bail!("--days: 1 to 3650");
+    }
+    let t = token::operator_token(token::random::<32>());
+    let digest = token::operator_digest(&t).context("a token we made does not parse")?;
+    let now = now_ms();
+    let rec = TokenRecord {
+        name: name.to_string(),
+        methods: methods.patterns().to_vec(),
+        created_ms: now,
+        expires_ms: now + days * 86_400_000,
+    };
+    store
+        .put(&format!("{TOKENS}{digest}"), serde_json::to_vec(&rec)?)
+        .await?;
+    Ok(t)
+}
+
+/// The CA's fingerprint and this host's certificate, for `paddock certs show`.
+pub fn host_material(dir: &Path) -> anyhow::Result<tls::Material> {
+    tls::Material::read(
+        &dir.join(CA_FILE),
+        &dir.join(HOST_CERT),
+        &dir.join(HOST_KEY),
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nTLS is on ([security] insecure is not set) and this host has no \
+                 certificates: run `paddock certs init` (or set [security] insecure = true \
+                 for a lab on an isolated network)"
+        )
+    })
+}
+
+impl Security {
+    /// At start: insecure (said loudly), or this host's material, checked against the CA
+    /// in the store (a host with another CA's certificates refuses to start).
+    pub async fn load(
+        store: Arc<dyn Store>,
+        cfg: &Config,
+        inspector: Option<Arc<paddock_inspector::service::Inspector>>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let t = match &cfg.security {
+            SecurityConfig::Insecure => {
+                tracing::warn!(
+                    "INSECURE MODE ([security] insecure = true): plain HTTP, no certificates, \
+                     every method open to anyone who reaches {}; use only on an isolated lab network",
+                    cfg.http_listen
+                );
+                return Ok(Arc::new(Security {
+                    store,
+                    inspector,
+                    tls: None,
+                }));
+            }
+            SecurityConfig::Tls(t) => t.clone(),
+        };
+        let material = host_material(&t.dir)?;
+        let ca = read_ca(store.as_ref()).await?.with_context(|| {
+            format!(
+                "no CA in the store, though {} holds certificates: run `paddock certs init` \
+                 against this store",
+                t.dir.display()
+            )
+        })?;
+        if ca.cert_pem.trim() != material.ca_pem.trim() {
+            bail!(
+                "{} is not the CA in the store: this host's certificates were made for \
+                 another appliance; run `paddock certs init` again",
+                t.dir.join(CA_FILE).display()
+            );
+        }
+        let agent_key = ensure_agent_key(store.as_ref()).await?;
+        let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
+        Ok(Arc::new(Security {
+            store,
+            inspector,
+            tls: Some(TlsState {
+                config: t,
+                material,
+                ca,
+                ca_fingerprint,
+                agent_key,
+            }),
+        }))
+    }
+
+    /// The rustls server configuration (TLS on).
+    pub fn server_config(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+        self.tls
+            .as_ref()
+            .map(|t| tls::server_config(&t.material, tls::ClientAuth::Optional))
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// The kernel command line the ramdisk gets for `mac` with TLS on: the CA's URL and
+    /// fingerprint and a fresh agent token.
+    pub fn agent_cmdline(&self, mac: &str, http_public_url: &str) -> Option<String> {
+        let t = self.tls.as_ref()?;
+        let expires = u64::try_from(now_ms()).unwrap_or(0)
+            + u64::try_from(t.config.agent_token_ttl.as_millis()).unwrap_or(u64::MAX / 2);
+        let tok = token::mint_agent(&t.agent_key, mac, expires, token::random::<8>())?;
+        Some(format!(
+            "paddock.ca_url={http_public_url}/boot/ca.pem paddock.ca_fingerprint={} paddock.token={tok}",
+            t.ca_fingerprint
+        ))
+    }
+
+    /// A certificate for a provisioned machine's subd: it may fetch objects; it answers for
+    /// `sans` (its address and name).
+    pub fn subd_trust(&self, name: &str, sans: &[String]) -> anyhow::Result<Option<ca::Issued>> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        let issued = ca::issue(
+            &t.ca,
+            &ca::Request {
+                name: name.to_string(),
+                methods: access::SUBD.split(',').map(str::to_string).collect(),
+                groups: vec![],
+                sans: sans.to_vec(),
+                days: 825,
+            },
+            time::OffsetDateTime::now_utc(),
+        )?;
+        Ok(Some(issued))
+    }
+
+    async fn operator_token(&self, tok: &str) -> Result<Identity, &'static str> {
+        let digest = token::operator_digest(tok).ok_or("malformed token")?;
+        let kv = self
+            .store
+            .get(&format!("{TOKENS}{digest}"))
+            .await
+            .map_err(|_| "the token store is unavailable")?
+            .ok_or("unknown token")?;
+        let rec: TokenRecord = serde_json::from_slice(&kv.value).map_err(|_| "unknown token")?;
+        if now_ms() >= rec.expires_ms {
+            return Err("token expired");
+        }
+        Ok(Identity {
+            user: rec.name,
+            methods: Permissions::new(&rec.methods).map_err(|_| "unknown token")?,
+            groups: vec![],
+            proof: Proof::Token,
+        })
+    }
+
+    /// The MACs of the node a path names (`/api/v1/agent/{node}/…`, `/api/v1/provision/{node}/…`).
+    async fn node_macs(&self, path: &str) -> Option<Vec<String>> {
+        let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let ident = match seg.as_slice() {
+            ["api", "v1", "agent", n, "next"] => *n,
+            ["api", "v1", "provision", n, ..] if *n != "next" => *n,
+            _ => return None,
+        };
+        let v = self.inspector.as_ref()?.find(ident).await.ok()??;
+        let mut macs: Vec<String> = v.node.macs.iter().map(|m| m.to_string()).collect();
+        if let Some(m) = v.node.pxe_mac {
+            macs.push(m.to_string());
+        }
+        Some(macs)
+    }
+
+    /// Records one audited call (errors are logged: the call has already happened).
+    async fn audit(&self, entry: AuditEntry) {
+        let key = format!(
+            "{AUDIT}{:013}-{}",
+            entry.at_ms,
+            hex::encode(token::random::<4>())
+        );
+        match serde_json::to_vec(&entry) {
+            Ok(v) => {
+                if let Err(e) = self.store.put(&key, v).await {
+                    tracing::error!(error = %e, ?entry, "audit: could not record a call");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "audit: could not encode"),
+        }
+    }
+
+    /// The newest `limit` entries, newest first.
+    pub async fn audit_log(&self, limit: usize) -> anyhow::Result<Vec<AuditEntry>> {
+        let mut kvs = self.store.range(AUDIT).await?;
+        kvs.sort_by(|a, b| b.key.cmp(&a.key));
+        Ok(kvs
+            .iter()
+            .take(limit)
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
+    }
+
+    /// Deletes all but the newest [`AUDIT_KEEP`] entries (the leader, now and then).
+    pub async fn prune_audit(&self) -> anyhow::Result<usize> {
+        let mut keys: Vec<String> = self
+            .store
+            .range(AUDIT)
+            .await?
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        if keys.len() <= AUDIT_KEEP {
+            return Ok(0);
+        }
+        keys.sort();
+        let old = keys.len() - AUDIT_KEEP;
+        for chunk in keys[..old].chunks(256) {
+            let txn = Txn {
+                success: chunk.iter().map(paddock_store::Op::delete).collect(),
+                ..Txn::default()
+            };
+            self.store.txn(txn).await?;
+        }
+        Ok(old)
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        && let Some(t) = v.strip_prefix("Bearer ")
+    {
+        return Some(t.trim().to_string());
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix("paddock_token="))
+        .map(str::to_string)
+        .next()
+}
+
+fn refuse(status: StatusCode, message: String, path: &str) -> Response {
+    // A person at the console without credentials is sent to the login page.
+    if status == StatusCode::UNAUTHORIZED && path.starts_with("/ui") {
+        return (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, "/ui/login")],
+            message,
+        )
+            .into_response();
+    }
+    paddock_wire::ApiError::new(status.as_u16(), message).into_response()
+}
+
+/// Applies [`access::decide`] to every request, then audits mutating calls.
+pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let http = req.method().as_str().to_string();
+    let acc = access::access(&http, &path);
+    let peer = req.extensions().get::<tls::Peer>().cloned();
+    let addr = peer
+        .as_ref()
+        .map(|p| p.addr)
+        .or_else(|| {
+            req.extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| c.0)
+        })
+        .map_or_else(|| "-".into(), |a| a.to_string());
+    let Some(t) = &sec.tls else {
+        // Insecure: everything allowed; mutating calls still audited, as `-`.
+        let resp = next.run(req).await;
+        if let Access::Method {
+            method,
+            mutates: true,
+        } = acc
+        {
+            sec.audit(AuditEntry {
+                at_ms: now_ms(),
+                who: "-".into(),
+                proof: "insecure".into(),
+                method: method.into(),
+                target: format!("{http} {path}"),
+                status: resp.status().as_u16(),
+                peer: addr,
+            })
+            .await;
+        }
+        return resp;
+    };
+    if acc == Access::Public {
+        return next.run(req).await;
+    }
+    if !peer.as_ref().is_some_and(|p| p.tls) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{http} {path}: only boot files are served on plain HTTP; use {}",
+                t.config.public_url
+            ),
+            "",
+        );
+    }
+    let peer = peer.expect("checked above");
+    // Who: a certificate, else a bearer token or the console's cookie.
+    let mut identity: Option<Identity> = peer.identity.as_deref().cloned();
+    let mut refused: Option<String> = peer.certificate_error.clone();
+    let mut agent_mac: Option<String> = None;
+    if identity.is_none()
+        && refused.is_none()
+        && let Some(tok) = bearer(req.headers())
+    {
+        if tok.starts_with("pa1.") {
+            match token::check_agent(&t.agent_key, &tok, u64::try_from(now_ms()).unwrap_or(0)) {
+                Ok(claim) => agent_mac = Some(claim.mac),
+                Err(e) => refused = Some(format!("agent token: {e}")),
+            }
+        } else {
+            match sec.operator_token(&tok).await {
+                Ok(id) => identity = Some(id),
+                Err(e) => refused = Some(format!("token: {e}")),
+            }
+        }
+    }
+    // An agent token only speaks for its own machine.
+    if let Some(mac) = &agent_mac
+        && matches!(acc, Access::Agent { .. })
+        && let Some(macs) = sec.node_macs(&path).await
+        && !macs
+            .iter()
+            .filter_map(|m| token::mac_key(m))
+            .any(|m| &m == mac)
+    {
+        refused = Some("agent token: issued for another machine".into());
+        agent_mac = None;
+    }
+    let caller = match (&identity, &agent_mac, &refused) {
+        (_, _, Some(why)) => Caller::Refused(why),
+        (Some(id), _, _) => Caller::Granted(&id.methods),
+        (None, Some(_), _) => Caller::AgentToken,
+        (None, None, None) => Caller::Anonymous,
+    };
+    let decision = access::decide(acc, caller, &path, t.config.inspector_noauth);
+    let (who, proof) = match (&identity, &agent_mac) {
+        (Some(id), _) => (
+            id.user.clone(),
+            match id.proof {
+                Proof::Certificate => "certificate",
+                Proof::Token => "token",
+                Proof::Agent => "agent",
+            },
+        ),
+        (None, Some(mac)) => (format!("agent:{mac}"), "agent"),
+        (None, None) => ("(anonymous)".to_string(), "none"),
+    };
+    let (method, mutates) = match acc {
+        Access::Method { method, mutates } => (method, mutates),
+        Access::Agent { method } => (method, false),
+        Access::Public => ("", false),
+    };
+    let status = match decision {
+        Decision::Allow => None,
+        Decision::Unauthenticated(m) => Some((StatusCode::UNAUTHORIZED, m)),
+        Decision::Denied(m) => Some((StatusCode::FORBIDDEN, format!("{m} to {who:?}"))),
+    };
+    if let Some((status, message)) = status {
+        tracing::info!(%who, %method, %path, peer = %addr, %message, "access denied");
+        if mutates && (identity.is_some() || agent_mac.is_some()) {
+            sec.audit(AuditEntry {
+                at_ms: now_ms(),
+                who,
+                proof: proof.into(),
+                method: method.into(),
+                target: format!("{http} {path}"),
+                status: status.as_u16(),
+                peer: addr,
+            })
+            .await;
+        }
+        return refuse(status, message, &path);
+    }
+    let resp = next.run(req).await;
+    if mutates {
+        sec.audit(AuditEntry {
+            at_ms: now_ms(),
+            who,
+            proof: proof.into(),
+            method: method.into(),
+            target: format!("{http} {path}"),
+            status: resp.status().as_u16(),
+            peer: addr,
+        })
+        .await;
+    }
+    resp
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    limit: Option<usize>,
+}
+
+async fn audit_list(
+    State(sec): State<Arc<Security>>,
+    Query(q): Query<AuditQuery>,
+) -> Result<axum::Json<Vec<AuditEntry>>, paddock_wire::ApiError> {
+    let limit = q.limit.unwrap_or(100).min(AUDIT_KEEP);
+    sec.audit_log(limit)
+        .await
+        .map(axum::Json)
+        .map_err(|e| paddock_wire::ApiError::internal(e.to_string()))
+}
+
+/// The CA's certificate (public: the agent fetches it over plain HTTP and checks it
+/// against the fingerprint on its command line).
+pub fn ca_pem(sec: &Security) -> Option<String> {
+    sec.tls.as_ref().map(|t| t.material.ca_pem.clone())
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login_page() -> Response {
+    let page = maud::html! {
+        (maud::DOCTYPE)
+        html { head { title { "Paddock: sign in" } } body {
+            h1 { "Paddock" }
+            p { "Paste an operator token (" code { "paddock certs token NAME --role read-only" } "), or use a client certificate." }
+            form method="post" action="/ui/login" {
+                input type="password" name="token" size="80" autocomplete="off";
+                button type="submit" { "Sign in" }
+            }
+        } }
+    };
+    axum::response::Html(page.into_string()).into_response()
+}
+
+async fn login(State(sec): State<Arc<Security>>, form: axum::Form<LoginForm>) -> Response {
+    let tok = form.0.token.trim().to_string();
+    match sec.operator_token(&tok).await {
+        Ok(_) => Response::builder()
+            .status(StatusCode::SEE_OTHER)
+            .header(header::LOCATION, "/ui")
+            .header(
+                header::SET_COOKIE,
+                format!("paddock_token={tok}; HttpOnly; Secure; SameSite=Strict; Path=/"),
+            )
+            .body(Body::empty())
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()),
+        Err(e) => (StatusCode::UNAUTHORIZED, format!("sign-in refused: {e}\n")).into_response(),
+    }
+}
+
+/// `/api/v1/audit`, `/ui/login`.
+pub fn router(sec: Arc<Security>) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/audit", axum::routing::get(audit_list))
+        .route("/ui/login", axum::routing::get(login_page).post(login))
+        .with_state(sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_urls() {
+        assert_eq!(
+            url_host("https://198.18.0.1:8443").as_deref(),
+            Some("198.18.0.1")
+        );
+        assert_eq!(
+            url_host("http://paddock.lab/").as_deref(),
+            Some("paddock.lab")
+        );
+        assert_eq!(url_host("http://[::1]:80").as_deref(), Some("::1"));
+        assert_eq!(url_host("nope"), None);
+    }
+
+    #[test]
+    fn bearer_from_header_or_cookie() {
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, "a=b; paddock_token=po1.x".parse().unwrap());
+        assert_eq!(bearer(&h).as_deref(), Some("po1.x"));
+        h.insert(header::AUTHORIZATION, "Bearer pa1.y".parse().unwrap());
+        assert_eq!(bearer(&h).as_deref(), Some("pa1.y"));
+    }
+}
