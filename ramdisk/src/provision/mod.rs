@@ -33,6 +33,15 @@ pub const FS2OBJECTCACHE_BIN: &str = "/bin/fs2objectcache";
 pub const INSTALLED_SUBD: &str = "/var/lib/paddock/paddock-subd";
 pub const SUBD_UNIT: &str = "/etc/systemd/system/paddock-subd.service";
 pub const SUBD_UNIT_LINK: &str = "/etc/systemd/system/multi-user.target.wants/paddock-subd.service";
+/// subd's trust material (`NextAnswer::subd_trust`), in the ramdisk and in the target: the
+/// directory (0700), the appliance's CA and subd's certificate (0644), subd's key (0600).
+pub const SUBD_TRUST_DIR: &str = "/etc/paddock/subd";
+pub const SUBD_CA: &str = "/etc/paddock/subd/ca.pem";
+pub const SUBD_CERT: &str = "/etc/paddock/subd/cert.pem";
+pub const SUBD_KEY: &str = "/etc/paddock/subd/key.pem";
+/// With trust material subd never scans it (so the dominator never deletes it), whatever
+/// the image's filter says.
+pub const SUBD_TRUST_EXCLUDE: &str = "/etc/paddock/subd(|/.*)$";
 /// subd's port when the appliance names none (Dominator's).
 pub const DEFAULT_SUBD_PORT: u16 = paddock_birther::protocol::SUBD_PORT;
 /// The `PATH` every command runs with (the kernel gives `/init` none): the ramdisk's tools,
@@ -55,6 +64,7 @@ pub fn parse_mode(s: &str) -> Option<Operation> {
 /// appliance: `provision/next`'s answer is this run's assignment.
 pub use paddock_birther::protocol::{
     NextAnswer as Assignment, NextRequest, RegisterRequest as Register, ReportRequest as Report,
+    SubdTrust,
 };
 
 /// subd's port: the appliance's, or Dominator's when it names none (0).
@@ -145,18 +155,36 @@ pub fn filter_lines(filter: &[String]) -> Vec<&str> {
         .collect()
 }
 
-/// subd in the ramdisk, keeping the target: plain HTTP on this machine's address, the
-/// image's filter as its exclusions, triggers and reboots turned into no-ops (nothing of the
-/// image runs in the ramdisk; the installed system starts its services itself) and the
-/// network and disk at full speed (nothing else runs on the machine).
-pub fn subd_argv(root: &str, address: &str, port: u16, filter: &[String]) -> Vec<String> {
-    let mut argv: Vec<String> = [
-        SUBD_BIN,
-        "--insecure",
+/// How subd serves: with trust material, TLS with the files [`trust_files`] writes (`--ca`,
+/// `--cert`, `--key`); without, `--insecure` (an insecure appliance, as before).
+pub fn security_args(trusted: bool) -> Vec<&'static str> {
+    if trusted {
+        vec!["--ca", SUBD_CA, "--cert", SUBD_CERT, "--key", SUBD_KEY]
+    } else {
+        vec!["--insecure"]
+    }
+}
+
+/// subd in the ramdisk, keeping the target: on this machine's address (TLS with the trust
+/// material, else plain HTTP), the image's filter as its exclusions, triggers and reboots
+/// turned into no-ops (nothing of the image runs in the ramdisk; the installed system starts
+/// its services itself) and the network and disk at full speed (nothing else runs on the
+/// machine).
+pub fn subd_argv(
+    root: &str,
+    address: &str,
+    port: u16,
+    filter: &[String],
+    trusted: bool,
+) -> Vec<String> {
+    let mut argv: Vec<&str> = vec![SUBD_BIN];
+    argv.extend(security_args(trusted));
+    let listen = listen_addr(address, port);
+    argv.extend([
         "--root",
         root,
         "--listen",
-        &listen_addr(address, port),
+        &listen,
         "--trigger-command",
         "/bin/busybox true",
         "--reboot-command",
@@ -167,22 +195,21 @@ pub fn subd_argv(root: &str, address: &str, port: u16, filter: &[String]) -> Vec
         "100",
         "--cpu-percent",
         "100",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    push_excludes(&mut argv, filter);
+    ]);
+    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    push_excludes(&mut argv, filter, trusted);
     argv
 }
 
-fn push_excludes(argv: &mut Vec<String>, filter: &[String]) {
+fn push_excludes(argv: &mut Vec<String>, filter: &[String], trusted: bool) {
     let lines = filter_lines(filter);
     if lines.is_empty() {
         // No filter: scan everything rather than Dominator's default exclusions, which the
         // image was not made with.
         argv.push("--no-default-exclusions".into());
     }
-    for l in lines {
+    let trust = trusted.then_some(SUBD_TRUST_EXCLUDE);
+    for l in lines.into_iter().chain(trust) {
         argv.push("--exclude".into());
         argv.push(l.to_string());
     }
@@ -217,26 +244,21 @@ pub fn systemd_quote(arg: &str) -> String {
 }
 
 /// The installed system's subd: the copy the birther leaves in `/var/lib/paddock`, on every
-/// address, with the image's filter.
-pub fn installed_subd_argv(port: u16, filter: &[String]) -> Vec<String> {
-    let mut argv: Vec<String> = [
-        INSTALLED_SUBD,
-        "--insecure",
-        "--root",
-        "/",
-        "--listen",
-        &format!("0.0.0.0:{port}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    push_excludes(&mut argv, filter);
+/// address, with the image's filter; TLS with the trust material the identity step installs,
+/// else `--insecure`.
+pub fn installed_subd_argv(port: u16, filter: &[String], trusted: bool) -> Vec<String> {
+    let listen = format!("0.0.0.0:{port}");
+    let mut argv: Vec<&str> = vec![INSTALLED_SUBD];
+    argv.extend(security_args(trusted));
+    argv.extend(["--root", "/", "--listen", &listen]);
+    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    push_excludes(&mut argv, filter, trusted);
     argv
 }
 
 /// `/etc/systemd/system/paddock-subd.service`.
-pub fn subd_unit(port: u16, filter: &[String]) -> String {
-    let exec: Vec<String> = installed_subd_argv(port, filter)
+pub fn subd_unit(port: u16, filter: &[String], trusted: bool) -> String {
+    let exec: Vec<String> = installed_subd_argv(port, filter, trusted)
         .iter()
         .map(|a| systemd_quote(a))
         .collect();
@@ -259,8 +281,14 @@ pub fn subd_unit(port: u16, filter: &[String]) -> String {
 }
 
 /// A file the identity step writes in the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum IdentityFile {
+    /// A directory, made (with its parents) and given `mode`.
+    Dir {
+        path: String,
+        mode: u32,
+    },
+    /// Created with `mode` (never readable by others first, even for a moment).
     File {
         path: String,
         contents: Vec<u8>,
@@ -278,10 +306,27 @@ pub enum IdentityFile {
     },
 }
 
+/// Never shows a file's contents (one is subd's private key).
+impl std::fmt::Debug for IdentityFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdentityFile::Dir { path, mode } => write!(f, "Dir({path}, {mode:o})"),
+            IdentityFile::File {
+                path,
+                contents,
+                mode,
+            } => write!(f, "File({path}, {} bytes, {mode:o})", contents.len()),
+            IdentityFile::Copy { path, from, mode } => write!(f, "Copy({path} ← {from}, {mode:o})"),
+            IdentityFile::Symlink { path, target } => write!(f, "Symlink({path} → {target})"),
+        }
+    }
+}
+
 impl IdentityFile {
     pub fn path(&self) -> &str {
         match self {
-            IdentityFile::File { path, .. }
+            IdentityFile::Dir { path, .. }
+            | IdentityFile::File { path, .. }
             | IdentityFile::Copy { path, .. }
             | IdentityFile::Symlink { path, .. } => path,
         }
@@ -320,15 +365,44 @@ pub fn machine_id(mut random: [u8; 16]) -> String {
     random.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// subd's trust material as files: the directory 0700, the CA and subd's certificate 0644,
+/// subd's key 0600. Written into the ramdisk's own `/etc/paddock/subd` before its subd starts,
+/// and into the target's by the identity step.
+pub fn trust_files(trust: &SubdTrust) -> Vec<IdentityFile> {
+    vec![
+        IdentityFile::Dir {
+            path: SUBD_TRUST_DIR.into(),
+            mode: 0o700,
+        },
+        IdentityFile::File {
+            path: SUBD_CA.into(),
+            contents: trust.ca_pem.clone().into_bytes(),
+            mode: 0o644,
+        },
+        IdentityFile::File {
+            path: SUBD_CERT.into(),
+            contents: trust.cert_pem.clone().into_bytes(),
+            mode: 0o644,
+        },
+        IdentityFile::File {
+            path: SUBD_KEY.into(),
+            contents: trust.key_pem.clone().into_bytes(),
+            mode: 0o600,
+        },
+    ]
+}
+
 /// The machine's identity, written in the target after the sync (paths the image's filter
-/// leaves alone): its host name, a fresh machine id, subd's binary and its enabled unit.
+/// leaves alone): its host name, a fresh machine id, subd's binary, its trust material (when
+/// the appliance gave some) and its enabled unit.
 pub fn identity_files(
     hostname: &str,
     machine_id: &str,
     port: u16,
     filter: &[String],
+    trust: Option<&SubdTrust>,
 ) -> Vec<IdentityFile> {
-    vec![
+    let mut files = vec![
         IdentityFile::File {
             path: "/etc/hostname".into(),
             contents: format!("{hostname}\n").into_bytes(),
@@ -344,16 +418,20 @@ pub fn identity_files(
             from: SUBD_BIN.into(),
             mode: 0o755,
         },
+    ];
+    files.extend(trust.map(trust_files).unwrap_or_default());
+    files.extend([
         IdentityFile::File {
             path: SUBD_UNIT.into(),
-            contents: subd_unit(port, filter).into_bytes(),
+            contents: subd_unit(port, filter, trust.is_some()).into_bytes(),
             mode: 0o644,
         },
         IdentityFile::Symlink {
             path: SUBD_UNIT_LINK.into(),
             target: "../paddock-subd.service".into(),
         },
-    ]
+    ]);
+    files
 }
 
 /// The firmware that booted the ramdisk: UEFI when the kernel shows `/sys/firmware/efi`.
@@ -618,7 +696,7 @@ mod tests {
 
     #[test]
     fn subd_in_the_ramdisk() {
-        let argv = subd_argv(TARGET, "198.18.0.20", 6969, &filter());
+        let argv = subd_argv(TARGET, "198.18.0.20", 6969, &filter(), false);
         assert_eq!(
             argv.join(" "),
             "/bin/paddock-subd --insecure --root /mnt/target --listen 198.18.0.20:6969 \
@@ -626,20 +704,64 @@ mod tests {
              --network-percent 100 --scan-percent 100 --cpu-percent 100 \
              --exclude /etc/hostname$ --exclude /var/lib/paddock(|/.*)$ --exclude /lost\\+found(|/.*)$"
         );
-        let none = subd_argv(TARGET, "fd00::5", 7000, &[]);
+        let none = subd_argv(TARGET, "fd00::5", 7000, &[], false);
         assert!(none.contains(&"[fd00::5]:7000".to_string()));
         assert_eq!(none.last().unwrap(), "--no-default-exclusions");
         // A filter given as one text with newlines is split.
-        let joined = subd_argv(TARGET, "10.0.0.1", 1, &["/a$\n# c\n/b$\n".into()]);
+        let joined = subd_argv(TARGET, "10.0.0.1", 1, &["/a$\n# c\n/b$\n".into()], false);
         assert_eq!(
             &joined[joined.len() - 4..],
             ["--exclude", "/a$", "--exclude", "/b$"]
         );
+        // With trust material: TLS with the three files instead of --insecure, and the
+        // trust directory never scanned.
+        let tls = subd_argv(TARGET, "198.18.0.20", 6969, &filter(), true);
+        assert_eq!(
+            tls.join(" "),
+            "/bin/paddock-subd --ca /etc/paddock/subd/ca.pem --cert /etc/paddock/subd/cert.pem \
+             --key /etc/paddock/subd/key.pem --root /mnt/target --listen 198.18.0.20:6969 \
+             --trigger-command /bin/busybox true --reboot-command /bin/busybox true \
+             --network-percent 100 --scan-percent 100 --cpu-percent 100 \
+             --exclude /etc/hostname$ --exclude /var/lib/paddock(|/.*)$ --exclude /lost\\+found(|/.*)$ \
+             --exclude /etc/paddock/subd(|/.*)$"
+        );
+        assert!(!tls.contains(&"--insecure".to_string()));
+        let bare = subd_argv(TARGET, "10.0.0.1", 1, &[], true);
+        assert_eq!(
+            &bare[bare.len() - 3..],
+            ["--no-default-exclusions", "--exclude", SUBD_TRUST_EXCLUDE]
+        );
+    }
+
+    #[test]
+    fn the_installed_subd() {
+        assert_eq!(
+            installed_subd_argv(6969, &[], false).join(" "),
+            "/var/lib/paddock/paddock-subd --insecure --root / --listen 0.0.0.0:6969 \
+             --no-default-exclusions"
+        );
+        assert_eq!(
+            installed_subd_argv(7000, &["/etc/hostname$".into()], true).join(" "),
+            "/var/lib/paddock/paddock-subd --ca /etc/paddock/subd/ca.pem \
+             --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root / \
+             --listen 0.0.0.0:7000 --exclude /etc/hostname$ --exclude /etc/paddock/subd(|/.*)$"
+        );
+        let unit = subd_unit(6969, &[], true);
+        assert!(
+            unit.contains(
+                "ExecStart=\"/var/lib/paddock/paddock-subd\" \"--ca\" \"/etc/paddock/subd/ca.pem\" \
+                 \"--cert\" \"/etc/paddock/subd/cert.pem\" \"--key\" \"/etc/paddock/subd/key.pem\" \
+                 \"--root\" \"/\" \"--listen\" \"0.0.0.0:6969\" \"--no-default-exclusions\" \
+                 \"--exclude\" \"/etc/paddock/subd(|/.*)$$\"\n"
+            ),
+            "{unit}"
+        );
+        assert!(!unit.contains("insecure"));
     }
 
     #[test]
     fn the_unit_file() {
-        let unit = subd_unit(6969, &filter());
+        let unit = subd_unit(6969, &filter(), false);
         assert_eq!(
             unit,
             "# Written by the Paddock birther: the subd that keeps this machine on its image.\n\
@@ -662,7 +784,7 @@ mod tests {
 
     #[test]
     fn identity() {
-        let files = identity_files("web-1", &machine_id([0xff; 16]), 6969, &filter());
+        let files = identity_files("web-1", &machine_id([0xff; 16]), 6969, &filter(), None);
         let paths: Vec<&str> = files.iter().map(IdentityFile::path).collect();
         assert_eq!(
             paths,
@@ -698,17 +820,100 @@ mod tests {
             }
         );
         assert_eq!(machine_id([0; 16]), "00000000000040008000000000000000");
+        match &files[3] {
+            IdentityFile::File { contents, .. } => {
+                assert!(String::from_utf8_lossy(contents).contains("\"--insecure\""))
+            }
+            f => panic!("{f:?}"),
+        }
+
+        // With trust material: the directory and the three files before the unit, which
+        // names them.
+        let trust = SubdTrust {
+            ca_pem: "CA PEM".into(),
+            cert_pem: "CERT PEM".into(),
+            key_pem: "KEY PEM".into(),
+        };
+        let tls = identity_files("web-1", "id", 6969, &filter(), Some(&trust));
+        let tls_paths: Vec<&str> = tls.iter().map(IdentityFile::path).collect();
+        assert_eq!(
+            tls_paths,
+            [
+                "/etc/hostname",
+                "/etc/machine-id",
+                INSTALLED_SUBD,
+                "/etc/paddock/subd",
+                "/etc/paddock/subd/ca.pem",
+                "/etc/paddock/subd/cert.pem",
+                "/etc/paddock/subd/key.pem",
+                SUBD_UNIT,
+                SUBD_UNIT_LINK
+            ]
+        );
+        assert_eq!(tls[3..7], trust_files(&trust)[..]);
+        let modes: Vec<(&str, u32)> = tls[3..7]
+            .iter()
+            .map(|f| match f {
+                IdentityFile::Dir { path, mode } => (path.as_str(), *mode),
+                IdentityFile::File {
+                    path,
+                    contents,
+                    mode,
+                } => {
+                    assert!(!contents.is_empty());
+                    (path.as_str(), *mode)
+                }
+                f => panic!("{f:?}"),
+            })
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                ("/etc/paddock/subd", 0o700),
+                ("/etc/paddock/subd/ca.pem", 0o644),
+                ("/etc/paddock/subd/cert.pem", 0o644),
+                ("/etc/paddock/subd/key.pem", 0o600),
+            ]
+        );
+        assert_eq!(
+            tls[6],
+            IdentityFile::File {
+                path: SUBD_KEY.into(),
+                contents: b"KEY PEM".to_vec(),
+                mode: 0o600
+            }
+        );
+        match &tls[7] {
+            IdentityFile::File { contents, .. } => {
+                let unit = String::from_utf8_lossy(contents);
+                assert!(
+                    unit.contains("\"--key\" \"/etc/paddock/subd/key.pem\""),
+                    "{unit}"
+                );
+                assert!(!unit.contains("insecure"), "{unit}");
+            }
+            f => panic!("{f:?}"),
+        }
+        // Debug never shows a file's contents (the key).
+        let shown = format!("{tls:?}");
+        assert!(!shown.contains("KEY PEM"), "{shown}");
+        assert!(
+            shown.contains("File(/etc/paddock/subd/key.pem, 7 bytes, 600)"),
+            "{shown}"
+        );
+
         // Every path the identity step writes is one the bootable images' filter leaves alone.
         let image_filter = [
             "/etc/hostname$",
             "/etc/machine-id$",
             "/var/lib/paddock(|/.*)$",
+            "/etc/paddock/subd(|/.*)$",
             "/etc/systemd/system/paddock-subd\\.service$",
             "/etc/systemd/system/multi-user\\.target\\.wants/paddock-subd\\.service$",
         ];
         let f =
             paddock_image::Filter::from_lines(image_filter.iter().map(|s| s.to_string())).unwrap();
-        for p in paths {
+        for p in paths.into_iter().chain(tls_paths) {
             assert!(f.matches(p), "{p} is not in the filter");
         }
     }

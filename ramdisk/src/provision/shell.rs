@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::mpsc;
@@ -24,7 +24,7 @@ use super::client::{self, CallError};
 use super::{
     Assignment, IdentityFile, PATH, SyncStatus, TARGET, by_uuid_links, check_hostname,
     clean_commands, discard_command, failure_message, firmware, hostname, identity_files,
-    machine_id, partitions_of, subd_argv, subd_port, sync_status, zero_ranges,
+    machine_id, partitions_of, subd_argv, subd_port, sync_status, trust_files, zero_ranges,
 };
 use crate::console::Console;
 use crate::http::{Client, Transport, Url};
@@ -345,18 +345,27 @@ impl<'a> Run<'a> {
         File::open("/dev/urandom")
             .and_then(|mut f| f.read_exact(&mut random))
             .or_else(|e| fail(Step::Identity, format!("reading /dev/urandom: {e}")))?;
+        let trust = self.assignment.subd_trust.as_ref();
         let files = identity_files(
             &hostname,
             &machine_id(random),
             subd_port(&self.assignment),
             &self.assignment.filter,
+            trust,
         );
         for f in &files {
             write_identity(TARGET, f).or_else(|e| fail(Step::Identity, e))?;
         }
         self.done(
             Step::Identity,
-            &format!(": host name {hostname}, paddock-subd enabled"),
+            &format!(
+                ": host name {hostname}, paddock-subd enabled ({})",
+                if trust.is_some() {
+                    "TLS, trusting only the appliance"
+                } else {
+                    "insecure"
+                }
+            ),
         )?;
 
         // hand_over
@@ -469,11 +478,17 @@ impl<'a> Run<'a> {
     }
 
     fn start_subd(&mut self) -> Result<(), StepError> {
+        // The ramdisk's own copy of subd's trust material, where the argument vector says.
+        let trust = self.assignment.subd_trust.as_ref();
+        for f in trust.map(trust_files).unwrap_or_default() {
+            write_identity("", &f).or_else(|e| fail(Step::StartSubd, e))?;
+        }
         let argv = subd_argv(
             TARGET,
             &self.address,
             subd_port(&self.assignment),
             &self.assignment.filter,
+            trust.is_some(),
         );
         let log = File::create(SUBD_LOG)
             .or_else(|e| fail(Step::StartSubd, format!("creating {SUBD_LOG}: {e}")))?;
@@ -601,13 +616,31 @@ impl<'a> Run<'a> {
     }
 
     /// What subd fetched, from its own Poll (for the console; the share of the image that
-    /// crossed the network).
+    /// crossed the network). With trust material over TLS, as subd's own certificate (it
+    /// answers only if the appliance gave that certificate `Subd.Poll`). Best effort.
     fn subd_fetched(&self) -> String {
         let listen = super::listen_addr(&self.address, subd_port(&self.assignment));
-        let poll = Url::parse(&format!("http://{listen}"))
+        let trust = self.assignment.subd_trust.as_ref();
+        let tls = match trust {
+            None => None,
+            Some(t) => match paddock_security::tls::ureq_tls(
+                &t.ca_pem,
+                Some((t.cert_pem.as_str(), t.key_pem.as_str())),
+            ) {
+                Ok(c) => Some(c),
+                Err(e) => return format!("subd's fetch statistics could not be read: {e}"),
+            },
+        };
+        let scheme = if trust.is_some() { "https" } else { "http" };
+        let poll = Url::parse(&format!("{scheme}://{listen}"))
             .ok()
             .and_then(|u| {
-                Client::with_hosts(vec![u], Duration::from_secs(5), Duration::from_secs(30))
+                Client::with_tls(
+                    vec![u],
+                    Duration::from_secs(5),
+                    Duration::from_secs(30),
+                    tls,
+                )
             })
             .and_then(|mut c| {
                 c.send(
@@ -876,9 +909,21 @@ fn write_identity(target: &str, f: &IdentityFile) -> Result<(), String> {
             .map_err(|e| format!("chmod {path}: {e}"))
     };
     match f {
+        IdentityFile::Dir { mode, .. } => {
+            std::fs::create_dir_all(&path).map_err(|e| format!("mkdir {path}: {e}"))?;
+            set_mode(*mode)
+        }
         IdentityFile::File { contents, mode, .. } => {
             let _ = std::fs::remove_file(&path);
-            std::fs::write(&path, contents).map_err(|e| format!("writing {path}: {e}"))?;
+            // Created with its mode (a key is never readable by others, even for a moment);
+            // set again after, as the umask may have taken bits away.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(*mode)
+                .open(&path)
+                .and_then(|mut w| w.write_all(contents))
+                .map_err(|e| format!("writing {path}: {e}"))?;
             set_mode(*mode)
         }
         IdentityFile::Copy { from, mode, .. } => {
@@ -960,7 +1005,14 @@ mod tests {
                 path: "/etc/systemd/system/multi-user.target.wants/paddock-subd.service".into(),
                 target: "../paddock-subd.service".into(),
             },
-        ];
+        ]
+        .into_iter()
+        .chain(trust_files(&super::super::SubdTrust {
+            ca_pem: "CA".into(),
+            cert_pem: "CERT".into(),
+            key_pem: "KEY".into(),
+        }))
+        .collect::<Vec<_>>();
         for _ in 0..2 {
             // Twice: a run started again overwrites what the first left.
             for f in &files {
@@ -985,6 +1037,26 @@ mod tests {
             .unwrap()
             .to_str(),
             Some("../paddock-subd.service")
+        );
+        let mode = |p: &str| {
+            std::fs::metadata(t.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(
+            [
+                mode("etc/paddock/subd"),
+                mode("etc/paddock/subd/ca.pem"),
+                mode("etc/paddock/subd/cert.pem"),
+                mode("etc/paddock/subd/key.pem")
+            ],
+            [0o700, 0o644, 0o644, 0o600]
+        );
+        assert_eq!(
+            std::fs::read(t.path().join("etc/paddock/subd/key.pem")).unwrap(),
+            b"KEY"
         );
     }
 
