@@ -194,6 +194,14 @@ pub enum Refusal {
     Taken,
 }
 
+/// An address chosen for an offer, not yet held ([`Leases::pick`], [`Leases::hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub ip: Ipv4Addr,
+    /// Where the never-used scan of a subnet goes on next time, if it found this address.
+    cursor: Option<(usize, u64)>,
+}
+
 /// The lease table of one server: subnets, reservations, leases and outstanding offers.
 #[derive(Debug)]
 pub struct Leases {
@@ -342,13 +350,38 @@ impl Leases {
         requested: Option<Ipv4Addr>,
         now: u64,
     ) -> Option<Ipv4Addr> {
+        let pick = self.pick(idx, mac, requested, now)?;
+        Some(self.hold(pick, mac, now))
+    }
+
+    /// Is `ip` already `mac`'s: its current or last address, its outstanding offer, or its
+    /// reservation? Giving a client anything else takes an address from the pool (what the
+    /// new-lease cap counts, `crate::ratelimit`).
+    pub fn is_theirs(&self, mac: MacAddr, ip: Ipv4Addr) -> bool {
+        self.by_mac.get(&mac) == Some(&ip)
+            || self.offered_to.get(&mac) == Some(&ip)
+            || self.reservations.get(&mac).is_some_and(|r| r.ip == ip)
+    }
+
+    /// The address [`Leases::offer`] would give, without holding it: the caller may still
+    /// decide not to (a rate limit), and then nothing has changed.
+    pub fn pick(
+        &self,
+        idx: usize,
+        mac: MacAddr,
+        requested: Option<Ipv4Addr>,
+        now: u64,
+    ) -> Option<Pick> {
         let reserved = self
             .reservations
             .get(&mac)
             .map(|r| r.ip)
             .filter(|ip| self.subnets[idx].network.contains(ip));
-        let ip = match reserved {
-            Some(ip) => Some(ip).filter(|ip| self.usable(idx, mac, *ip, now).is_ok()),
+        let plain = |ip: Ipv4Addr| Pick { ip, cursor: None };
+        match reserved {
+            Some(ip) => Some(ip)
+                .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
+                .map(plain),
             None => self
                 .by_mac
                 .get(&mac)
@@ -361,18 +394,27 @@ impl Leases {
                         .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
                 })
                 .or_else(|| requested.filter(|ip| self.usable(idx, mac, *ip, now).is_ok()))
+                .map(plain)
                 .or_else(|| self.scan(idx, mac, now)),
-        }?;
+        }
+    }
+
+    /// Holds a picked address for `mac` for [`OFFER_HOLD_SECS`].
+    pub fn hold(&mut self, pick: Pick, mac: MacAddr, now: u64) -> Ipv4Addr {
+        let Pick { ip, cursor } = pick;
+        if let Some((idx, next)) = cursor {
+            self.cursors[idx] = next;
+        }
         self.offers.insert(ip, (mac, now + OFFER_HOLD_SECS));
         if let Some(old) = self.offered_to.insert(mac, ip)
             && old != ip
         {
             self.offers.remove(&old);
         }
-        Some(ip)
+        ip
     }
 
-    fn scan(&mut self, idx: usize, mac: MacAddr, now: u64) -> Option<Ipv4Addr> {
+    fn scan(&self, idx: usize, mac: MacAddr, now: u64) -> Option<Pick> {
         let total = self.subnets[idx].pool_len();
         if total == 0 {
             return None;
@@ -383,8 +425,10 @@ impl Leases {
             let i = (start + step) % total;
             let ip = self.subnets[idx].nth(i);
             if !self.by_ip.contains_key(&ip) && self.usable(idx, mac, ip, now).is_ok() {
-                self.cursors[idx] = i + 1;
-                return Some(ip);
+                return Some(Pick {
+                    ip,
+                    cursor: Some((idx, i + 1)),
+                });
             }
         }
         // Second pass: addresses whose leases ended; the one that ended longest ago.
@@ -395,6 +439,7 @@ impl Leases {
             .min_by_key(|l| (l.expires, l.ip))
             .map(|l| l.ip)
             .filter(|ip| self.usable(idx, mac, *ip, now).is_ok())
+            .map(|ip| Pick { ip, cursor: None })
     }
 
     /// Binds `ip` to `mac` for a REQUEST; returns the lease to make durable before the ACK.
