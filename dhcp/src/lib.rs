@@ -9,10 +9,15 @@
 pub mod leases;
 pub mod packet;
 pub mod pxe;
+pub mod ratelimit;
 pub mod server;
 pub mod shell;
 
-pub use leases::{Lease, LeaseState, Leases, Pool, Relay, Reservation, Subnet, SubnetError};
+pub use leases::{Lease, LeaseState, Leases, Pick, Pool, Relay, Reservation, Subnet, SubnetError};
 pub use paddock_inventory::MacAddr;
 pub use pxe::{Arch, BootChoice, BootPolicy};
-pub use server::{Admission, AllowAll, ClientPolicy, LeaseChange, Outcome, Server, ServerConfig};
+pub use ratelimit::{RateLimitError, RateLimits};
+pub use server::{
+    Admission, AllowAll, ClientPolicy, LeaseChange, LimitKind, Limited, Outcome, Server,
+    ServerConfig,
+};

@@ -7,6 +7,7 @@ use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 
 use crate::leases::Binding;
 use crate::pxe::{BootChoice, NoBoot, PxeRequest, arch_name};
+use crate::ratelimit::{ClientLimiter, NewLeaseWindow, RateLimits, Verdict};
 use crate::{BootPolicy, Lease, Leases, MacAddr, Relay};
 
 /// Does this client get answers at all? The PXE filter plugs in here, so that relayed
@@ -56,6 +57,25 @@ pub struct Outcome {
     pub note: String,
     /// For PXE clients: the boot file or URL they were given.
     pub boot: Option<String>,
+    /// Dropped by a rate limit: no reply, nothing changed.
+    pub limited: Option<Limited>,
+}
+
+/// Which rate limit dropped a request ([`crate::ratelimit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitKind {
+    /// The client's own budget (`per_client_burst`, `per_client_per_sec`).
+    Client,
+    /// The cap on addresses newly taken from the pools (`new_leases_per_window`).
+    NewLeases,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limited {
+    pub kind: LimitKind,
+    /// A log line is due: this many requests were dropped by this limit (for this client,
+    /// with [`LimitKind::Client`]) since the last line. `None` between lines.
+    pub report: Option<u64>,
 }
 
 impl Outcome {
@@ -66,6 +86,17 @@ impl Outcome {
             change: None,
             note: note.into(),
             boot: None,
+            limited: None,
+        }
+    }
+
+    fn limited(kind: Option<MessageType>, limit: LimitKind, report: Option<u64>) -> Self {
+        Outcome {
+            limited: Some(Limited {
+                kind: limit,
+                report,
+            }),
+            ..Outcome::ignore(kind, "dropped by a rate limit")
         }
     }
 }
@@ -73,6 +104,9 @@ impl Outcome {
 pub struct Server {
     pub leases: Leases,
     config: ServerConfig,
+    limits: RateLimits,
+    clients: Option<ClientLimiter>,
+    new_leases: Option<NewLeaseWindow>,
 }
 
 fn pxe_request(msg: &Message) -> PxeRequest {
@@ -126,16 +160,41 @@ fn binding(msg: &Message) -> Binding {
 }
 
 impl Server {
+    /// A server without rate limits; see [`Server::with_limits`].
     pub fn new(leases: Leases, config: ServerConfig) -> Self {
-        Server { leases, config }
+        Server {
+            leases,
+            config,
+            limits: RateLimits::OFF,
+            clients: None,
+            new_leases: None,
+        }
+    }
+
+    /// The same server with `limits` (checked by the caller with [`RateLimits::validate`]);
+    /// the budgets start full.
+    pub fn with_limits(mut self, limits: RateLimits) -> Self {
+        self.limits = limits;
+        self.clients = ClientLimiter::new(&limits);
+        self.new_leases = NewLeaseWindow::new(&limits);
+        self
     }
 
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
 
+    pub fn limits(&self) -> &RateLimits {
+        &self.limits
+    }
+
+    /// Clients whose request budget is remembered (at most `max_tracked_clients`).
+    pub fn tracked_clients(&self) -> usize {
+        self.clients.as_ref().map_or(0, ClientLimiter::tracked)
+    }
+
     /// Decides the answer to `msg`, which arrived on the interface whose address is `local`,
-    /// at `now` (Unix seconds).
+    /// at `now` (Unix seconds). [`Server::handle_ms`] with the time in seconds.
     pub fn handle(
         &mut self,
         msg: &Message,
@@ -143,6 +202,20 @@ impl Server {
         now: u64,
         policy: &dyn ClientPolicy,
     ) -> Outcome {
+        self.handle_ms(msg, local, now.saturating_mul(1000), policy)
+    }
+
+    /// Decides the answer to `msg`, which arrived on the interface whose address is `local`,
+    /// at `now_ms` (Unix milliseconds: leases see the second, rate limits the millisecond).
+    /// A request over a rate limit gets [`Outcome::limited`] and changes nothing.
+    pub fn handle_ms(
+        &mut self,
+        msg: &Message,
+        local: Ipv4Addr,
+        now_ms: u64,
+        policy: &dyn ClientPolicy,
+    ) -> Outcome {
+        let now = now_ms / 1000;
         let kind = msg.opts().msg_type();
         let Some(mac) = MacAddr::from_chaddr(msg.chaddr()) else {
             return Outcome::ignore(kind, "chaddr shorter than 6 bytes");
@@ -158,14 +231,30 @@ impl Server {
         let Some(subnet) = self.leases.subnet_for(link) else {
             return Outcome::ignore(kind, format!("no subnet configured for link {link}"));
         };
+        // Only requests the server would act on are charged: a client ignored anyway costs
+        // nothing and takes no place in the table.
+        if let Some(clients) = &mut self.clients
+            && let Verdict::Drop { report } = clients.check(mac, now_ms)
+        {
+            return Outcome::limited(kind, LimitKind::Client, report);
+        }
         match kind {
             Some(MessageType::Discover) => {
-                let Some(ip) = self.leases.offer(subnet, mac, requested_ip(msg), now) else {
+                let Some(pick) = self.leases.pick(subnet, mac, requested_ip(msg), now) else {
                     return Outcome::ignore(kind, format!("pool exhausted on subnet {link}"));
                 };
+                let new = !self.leases.is_theirs(mac, pick.ip);
+                if new && let Some(report) = self.over_new_lease_cap(now_ms) {
+                    return Outcome::limited(kind, LimitKind::NewLeases, report);
+                }
+                let ip = self.leases.hold(pick, mac, now);
+                if new && let Some(w) = &mut self.new_leases {
+                    w.record(now_ms);
+                }
                 let (reply, note, boot) =
                     self.reply(msg, MessageType::Offer, ip, subnet, local, mac);
                 Outcome {
+                    limited: None,
                     kind,
                     reply: Some(reply),
                     change: None,
@@ -173,10 +262,11 @@ impl Server {
                     note: format!("offer {ip} to {mac}{note}"),
                 }
             }
-            Some(MessageType::Request) => self.request(msg, subnet, local, mac, now),
+            Some(MessageType::Request) => self.request(msg, subnet, local, mac, now_ms),
             Some(MessageType::Release) => {
                 let change = self.leases.release(mac, msg.ciaddr(), now);
                 Outcome {
+                    limited: None,
                     kind,
                     boot: None,
                     note: format!("{mac} released {}", msg.ciaddr()),
@@ -190,6 +280,7 @@ impl Server {
                 };
                 let change = self.leases.decline(subnet, mac, ip, now);
                 Outcome {
+                    limited: None,
                     kind,
                     boot: None,
                     note: format!("{mac} declined {ip}: quarantined"),
@@ -217,6 +308,7 @@ impl Server {
                     reply.0.opts_mut().remove(code);
                 }
                 Outcome {
+                    limited: None,
                     kind,
                     reply: Some(reply),
                     change: None,
@@ -228,14 +320,25 @@ impl Server {
         }
     }
 
+    /// The new-lease cap's check, before an address that is not the client's is offered or
+    /// ACKed: `Some(report)` when the request must be dropped. The caller records the lease
+    /// if it is taken.
+    fn over_new_lease_cap(&mut self, now_ms: u64) -> Option<Option<u64>> {
+        match self.new_leases.as_mut()?.check(now_ms) {
+            Verdict::Allow => None,
+            Verdict::Drop { report } => Some(report),
+        }
+    }
+
     fn request(
         &mut self,
         msg: &Message,
         subnet: usize,
         local: Ipv4Addr,
         mac: MacAddr,
-        now: u64,
+        now_ms: u64,
     ) -> Outcome {
+        let now = now_ms / 1000;
         let kind = Some(MessageType::Request);
         let server_id = match msg.opts().get(OptionCode::ServerIdentifier) {
             Some(DhcpOption::ServerIdentifier(id)) => Some(*id),
@@ -252,10 +355,18 @@ impl Server {
             (None, _, c) if !c.is_unspecified() => (c, "renewing"),
             _ => return Outcome::ignore(kind, "REQUEST with neither option 50 nor ciaddr"),
         };
+        let new = !self.leases.is_theirs(mac, ip);
+        if new && let Some(report) = self.over_new_lease_cap(now_ms) {
+            return Outcome::limited(kind, LimitKind::NewLeases, report);
+        }
         match self.leases.ack(subnet, mac, ip, binding(msg), now) {
             Ok(lease) => {
+                if new && let Some(w) = &mut self.new_leases {
+                    w.record(now_ms);
+                }
                 let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
                 Outcome {
+                    limited: None,
                     kind,
                     reply: Some(reply),
                     change: Some(LeaseChange::Put(lease)),
@@ -266,6 +377,7 @@ impl Server {
             Err(refusal) => {
                 let reply = self.nak(msg, local);
                 Outcome {
+                    limited: None,
                     kind,
                     reply: Some(reply),
                     change: None,
@@ -822,5 +934,177 @@ mod tests {
         assert_eq!(to, SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 77), 68));
         assert!(opt(&ack, OptionCode::AddressLeaseTime).is_none());
         assert!(out.change.is_none());
+    }
+
+    fn limited(out: &Outcome) -> Option<LimitKind> {
+        out.limited.map(|l| l.kind)
+    }
+
+    fn discover(s: &mut Server, mac: [u8; 6], at_ms: u64) -> Outcome {
+        s.handle_ms(
+            &msg(MessageType::Discover, mac, vec![]),
+            LOCAL,
+            at_ms,
+            &AllowAll,
+        )
+    }
+
+    /// DISCOVER then REQUEST of what was offered; the ACKed address.
+    fn dora(s: &mut Server, mac: [u8; 6], at_ms: u64) -> Option<Ipv4Addr> {
+        let (offer, _) = discover(s, mac, at_ms).reply?;
+        let req = msg(
+            MessageType::Request,
+            mac,
+            vec![
+                DhcpOption::ServerIdentifier(LOCAL),
+                DhcpOption::RequestedIpAddress(offer.yiaddr()),
+            ],
+        );
+        let (ack, _) = s.handle_ms(&req, LOCAL, at_ms, &AllowAll).reply?;
+        (ack.opts().msg_type() == Some(MessageType::Ack)).then_some(ack.yiaddr())
+    }
+
+    #[test]
+    fn a_hammering_client_is_dropped_while_others_are_served() {
+        let mut s = server().with_limits(RateLimits {
+            per_client_burst: 5,
+            per_client_per_sec: 1,
+            max_tracked_clients: 16,
+            ..RateLimits::OFF
+        });
+        let outs: Vec<Outcome> = (0..8).map(|_| discover(&mut s, MAC, 1000)).collect();
+        assert!(outs[..5].iter().all(|o| o.reply.is_some()));
+        for (i, o) in outs[5..].iter().enumerate() {
+            assert_eq!(limited(o), Some(LimitKind::Client));
+            assert!(o.reply.is_none() && o.change.is_none());
+            // Only the first drop asks for a log line.
+            assert_eq!(o.limited.unwrap().report, (i == 0).then_some(1));
+        }
+        assert!(
+            discover(&mut s, [2; 6], 1000).reply.is_some(),
+            "another client"
+        );
+        // A second later the hammering client has one request again.
+        assert!(discover(&mut s, MAC, 2000).reply.is_some());
+        assert_eq!(
+            limited(&discover(&mut s, MAC, 2000)),
+            Some(LimitKind::Client)
+        );
+        // Clients ignored anyway (the policy) take no budget and no place in the table.
+        let tracked = s.tracked_clients();
+        struct DenyAll;
+        impl ClientPolicy for DenyAll {
+            fn admit(&self, _: MacAddr) -> Admission {
+                Admission::Ignore
+            }
+        }
+        s.handle_ms(
+            &msg(MessageType::Discover, [7; 6], vec![]),
+            LOCAL,
+            3000,
+            &DenyAll,
+        );
+        assert_eq!(s.tracked_clients(), tracked);
+    }
+
+    #[test]
+    fn the_new_lease_cap_counts_only_addresses_newly_taken() {
+        let mut s = server().with_limits(RateLimits {
+            new_leases_per_window: 3,
+            new_lease_window_secs: 10,
+            ..RateLimits::OFF
+        });
+        // A full boot of one machine (PXE, then iPXE, then the ramdisk: three DORAs, and a
+        // renewal) takes one new address.
+        let ip = dora(&mut s, MAC, 0).unwrap();
+        assert_eq!(dora(&mut s, MAC, 10), Some(ip));
+        assert_eq!(dora(&mut s, MAC, 20), Some(ip));
+        let mut renew = msg(MessageType::Request, MAC, vec![]);
+        renew.set_ciaddr(ip);
+        assert!(s.handle_ms(&renew, LOCAL, 30, &AllowAll).change.is_some());
+        // A reservation takes nothing from the pool.
+        assert_eq!(
+            dora(&mut s, [0x52, 0x54, 0, 0, 0, 0x42], 40),
+            Some(Ipv4Addr::new(198, 18, 0, 42))
+        );
+        // Strangers: two more fit, then they are dropped and nothing is held for them.
+        assert!(discover(&mut s, [0x0a; 6], 50).reply.is_some());
+        let init_reboot = |mac: [u8; 6], last: u8| {
+            msg(
+                MessageType::Request,
+                mac,
+                vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(
+                    198, 18, 0, last,
+                ))],
+            )
+        };
+        let out = s.handle_ms(&init_reboot([0x0b; 6], 150), LOCAL, 60, &AllowAll);
+        assert!(
+            out.change.is_some(),
+            "an INIT-REBOOT for a free address is a new lease"
+        );
+        let out = discover(&mut s, [0x0c; 6], 70);
+        assert_eq!(limited(&out), Some(LimitKind::NewLeases));
+        assert_eq!(out.limited.unwrap().report, Some(1));
+        assert!(out.reply.is_none());
+        let out = s.handle_ms(&init_reboot([0x0d; 6], 160), LOCAL, 80, &AllowAll);
+        assert_eq!(limited(&out), Some(LimitKind::NewLeases));
+        assert!(out.change.is_none(), "nothing bound");
+        // Meanwhile every known client is served: the bound one, the one with an offer.
+        assert_eq!(dora(&mut s, MAC, 90), Some(ip));
+        assert!(dora(&mut s, [0x0a; 6], 100).is_some());
+        // A known client moving to another free address takes a new one: capped too.
+        let out = s.handle_ms(&init_reboot(MAC, 170), LOCAL, 110, &AllowAll);
+        assert_eq!(limited(&out), Some(LimitKind::NewLeases));
+        // Ten seconds after the first, a new address may be taken again.
+        assert!(discover(&mut s, [0x0c; 6], 10_000).reply.is_some());
+        assert_eq!(
+            limited(&discover(&mut s, [0x0e; 6], 10_001)),
+            Some(LimitKind::NewLeases)
+        );
+    }
+
+    #[test]
+    fn a_discover_decline_loop_is_capped() {
+        let mut s = server().with_limits(RateLimits {
+            new_leases_per_window: 4,
+            new_lease_window_secs: 60,
+            ..RateLimits::OFF
+        });
+        let mut quarantined = 0;
+        for t in 0..50 {
+            let Some((offer, _)) = discover(&mut s, MAC, t * 100).reply else {
+                continue;
+            };
+            let dec = msg(
+                MessageType::Decline,
+                MAC,
+                vec![DhcpOption::RequestedIpAddress(offer.yiaddr())],
+            );
+            if s.handle_ms(&dec, LOCAL, t * 100 + 1, &AllowAll)
+                .change
+                .is_some()
+            {
+                quarantined += 1;
+            }
+        }
+        assert_eq!(quarantined, 4, "one client cannot quarantine the pool");
+    }
+
+    #[test]
+    fn handle_in_seconds_is_handle_ms_at_the_second() {
+        let mut s = server().with_limits(RateLimits {
+            per_client_burst: 1,
+            per_client_per_sec: 1,
+            max_tracked_clients: 8,
+            ..RateLimits::OFF
+        });
+        let d = msg(MessageType::Discover, MAC, vec![]);
+        assert!(s.handle(&d, LOCAL, 5, &AllowAll).reply.is_some());
+        assert!(s.handle(&d, LOCAL, 5, &AllowAll).limited.is_some());
+        assert!(s.handle(&d, LOCAL, 6, &AllowAll).reply.is_some());
+        // Without limits (Server::new), nothing is ever limited.
+        let mut s = server();
+        assert!((0..1000).all(|_| s.handle(&d, LOCAL, 0, &AllowAll).limited.is_none()));
     }
 }

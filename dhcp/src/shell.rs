@@ -11,7 +11,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
 use crate::packet::{decode_request, encode};
-use crate::server::{ClientPolicy, LeaseChange};
+use crate::server::{ClientPolicy, LeaseChange, LimitKind};
 use crate::{Lease, MacAddr, Server};
 use dhcproto::v4::MessageType;
 
@@ -37,6 +37,12 @@ pub struct Stats {
     pub acks: AtomicU64,
     pub naks: AtomicU64,
     pub persist_errors: AtomicU64,
+    /// Requests dropped because their client was over its budget (`per_client_burst`,
+    /// `per_client_per_sec`). Not counted in `ignored`.
+    pub limited_client: AtomicU64,
+    /// Requests dropped because they would have taken a new address beyond
+    /// `new_leases_per_window`. Not counted in `ignored`.
+    pub limited_new_leases: AtomicU64,
 }
 
 /// Told about every PXE client answered (for the per-node timeline). Called on the packet
@@ -79,6 +85,14 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Unix milliseconds (0 before 1970).
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
 
@@ -218,8 +232,13 @@ impl DhcpService {
         };
         let outcome = {
             let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
-            server.handle(&msg, local, unix_now(), self.policy.as_ref())
+            server.handle_ms(&msg, local, unix_now_ms(), self.policy.as_ref())
         };
+        if let Some(limited) = outcome.limited {
+            // Counted per packet, logged at most once per client (or window) per report.
+            self.limited(&msg, limited.kind, limited.report);
+            return;
+        }
         tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
         let change = outcome.change.and_then(|c| {
             let LeaseChange::Put(lease) = c;
@@ -260,6 +279,37 @@ impl DhcpService {
                 next.ops.push(op);
                 next.replies.push((bytes, to));
             }
+        }
+    }
+}
+
+impl DhcpService {
+    fn limited(&self, msg: &dhcproto::v4::Message, kind: LimitKind, report: Option<u64>) {
+        let counter = match kind {
+            LimitKind::Client => &self.stats.limited_client,
+            LimitKind::NewLeases => &self.stats.limited_new_leases,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let Some(dropped) = report else { return };
+        let limits = *self
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .limits();
+        match (kind, MacAddr::from_chaddr(msg.chaddr())) {
+            (LimitKind::Client, Some(mac)) => tracing::warn!(
+                %mac,
+                dropped,
+                burst = limits.per_client_burst,
+                per_sec = limits.per_client_per_sec,
+                "dhcp: client over its request budget; its requests are dropped (logged at most once a minute per client)"
+            ),
+            _ => tracing::warn!(
+                dropped,
+                limit = limits.new_leases_per_window,
+                window_secs = limits.new_lease_window_secs,
+                "dhcp: new-lease cap reached; requests that would take a new address are dropped (known clients are still served; logged at most once per window)"
+            ),
         }
     }
 }
