@@ -7,6 +7,11 @@
 //! poisoning the cache), then renamed into place. Reading is paced by the shared limiter
 //! ([`crate::ratelimit::Throttle`], counting bytes): `max(configured, requested)` percent of
 //! the link speed, unlimited at 100 % or when the speed is unknown.
+//!
+//! With TLS material ([`ObjectClient::new`]) an `https://` object server is verified against
+//! the CA and subd authenticates with its own certificate (which must grant
+//! `ObjectServer.GetObjects`); a bare `host:port` then means `https://`. Without it (subd's
+//! `--insecure`) a bare `host:port` means plain `http://`.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -78,20 +83,52 @@ pub fn link_speed(sys_class_net: &Path) -> Option<u64> {
     best
 }
 
-/// `host:port` or a URL → the URL of `ObjectServer.GetObjects`.
-pub fn objects_url(server: &str) -> String {
+/// `host:port` or a URL → the URL of `ObjectServer.GetObjects` (a bare `host:port` over
+/// `https` when `tls`).
+pub fn objects_url(server: &str, tls: bool) -> String {
     let s = server.trim().trim_end_matches('/');
     if s.contains("://") {
         format!("{s}/rpc/ObjectServer.GetObjects")
     } else {
-        format!("http://{s}/rpc/ObjectServer.GetObjects")
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{s}/rpc/ObjectServer.GetObjects")
+    }
+}
+
+/// How subd reaches object servers: an agent whose errors are answers, not transport
+/// failures, that times out connecting but not reading (a throttled fetch of a large object
+/// takes long); with `tls`, servers verified against the CA and subd's own certificate
+/// presented ([`paddock_security::tls::ureq_tls`]).
+pub struct ObjectClient {
+    agent: ureq::Agent,
+    tls: bool,
+}
+
+impl ObjectClient {
+    pub fn new(tls: Option<ureq::tls::TlsConfig>) -> Self {
+        let with_tls = tls.is_some();
+        let mut b = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)));
+        if let Some(t) = tls {
+            b = b.tls_config(t);
+        }
+        ObjectClient {
+            agent: b.build().into(),
+            tls: with_tls,
+        }
+    }
+
+    /// The URL of `server`'s `ObjectServer.GetObjects`.
+    pub fn url(&self, server: &str) -> String {
+        objects_url(server, self.tls)
     }
 }
 
 /// Fetches `objects` from `server` into the cache directory `cache` (`xx/yy/<rest>`).
 /// `progress` is told the bytes written so far.
 pub fn fetch(
-    agent: &ureq::Agent,
+    client: &ObjectClient,
     server: &str,
     objects: &[ObjectId],
     cache: &Path,
@@ -106,13 +143,14 @@ pub fn fetch(
     if objects.is_empty() {
         return Ok(stats);
     }
-    let url = objects_url(server);
+    let url = client.url(server);
     let server_err = |message: String| FetchError::Server {
         server: server.to_string(),
         message,
     };
     let body = serde_json::json!({ "objects": objects });
-    let resp = agent
+    let resp = client
+        .agent
         .post(&url)
         .send_json(&body)
         .map_err(|e| server_err(e.to_string()))?;
@@ -206,16 +244,6 @@ fn tilde(p: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// An agent for object servers: errors are answers, not transport failures; connecting
-/// times out, reading does not (a throttled fetch of a large object takes long).
-pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(Duration::from_secs(10)))
-        .build()
-        .into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,11 +256,15 @@ mod tests {
         assert_eq!(fetch_rate(None, 10.0, 5.0), None);
         assert_eq!(fetch_rate(Some(0), 10.0, 5.0), None);
         assert_eq!(
-            objects_url("img:6971"),
+            objects_url("img:6971", false),
             "http://img:6971/rpc/ObjectServer.GetObjects"
         );
         assert_eq!(
-            objects_url("http://img:6971/"),
+            objects_url("img:6971", true),
+            "https://img:6971/rpc/ObjectServer.GetObjects"
+        );
+        assert_eq!(
+            objects_url("http://img:6971/", true),
             "http://img:6971/rpc/ObjectServer.GetObjects"
         );
     }

@@ -1,7 +1,14 @@
 //! subd's RPC: one HTTP route per `Service.Method` under `/rpc/` (as the image server's), so
-//! that certificates can later grant methods by glob. TLS and certificate permissions come
-//! with the security work; until then the binary serves plain HTTP only when told
-//! `--insecure`.
+//! that certificates grant methods by glob (Dominator's model).
+//!
+//! [`serve`] runs over mutual TLS ([`paddock_security::tls::serve`]): the caller's
+//! certificate must chain to the CA (else the handshake fails), and [`authorize`], one layer
+//! in front of every route, maps `/rpc/Subd.<Method>` to the method `Subd.<Method>` and lets
+//! the call through only if the certificate's permitted methods match it (a dominator's
+//! `Subd.*`); a denied call is a 403 whose message names the method and the caller
+//! (`access to method Subd.Update denied to "alice"`). `/healthz` is open to every verified
+//! client. With `--insecure` (Dominator's insecure mode) it serves plain HTTP and every
+//! method is open to anyone who reaches the port.
 //!
 //! | route | body | answer |
 //! |---|---|---|
@@ -15,23 +22,26 @@
 //! | `POST /rpc/Subd.BoostScanLimit` | — | lifts the scan limits until the next scan ends |
 //! | `GET /healthz` | — | 200 once the first scan is done, else 503 |
 //!
-//! The caller's identity for the client lock is the `x-paddock-client` header, else its IP
-//! address (certificates will name it). Errors are `{"error": {"message"}}`: 400 for a bad
-//! request, 409 for the lock or another Fetch/Update/Cleanup in progress, 503 before the
-//! first scan, 502 when the object server failed.
+//! The caller's identity for the client lock is the `x-paddock-client` header, else its
+//! certificate's user, else its IP address. Errors are `{"error": {"message"}}`: 400 for a
+//! bad request, 403 for a method the certificate does not grant, 409 for the lock or another
+//! Fetch/Update/Cleanup in progress, 503 before the first scan, 502 when the object server
+//! failed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use paddock_image::UpdateRequest;
+use paddock_security::tls::{self, Peer};
 use paddock_wire::frames;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -46,7 +56,7 @@ pub const MAX_BODY: usize = 1 << 30;
 
 pub use poll_binary::POLL_MEDIA_TYPE;
 
-/// The caller's identity (header, else IP address).
+/// The caller's identity for the client lock (header, else certificate, else IP address).
 pub struct Client(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Client {
@@ -60,6 +70,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
             .filter(|v| !v.trim().is_empty())
         {
             return Ok(Client(v.trim().chars().take(200).collect()));
+        }
+        if let Some(id) = parts
+            .extensions
+            .get::<Peer>()
+            .and_then(|p| p.identity.as_ref())
+        {
+            return Ok(Client(id.user.clone()));
         }
         Ok(Client(
             parts
@@ -134,13 +151,58 @@ pub fn router(subd: Arc<Subd>) -> Router {
         .with_state(subd)
 }
 
-/// Serves the router on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, subd: Arc<Subd>) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(subd).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await
+/// Serves the router on `listener` until the task is dropped: over TLS with every method
+/// checked against the caller's certificate ([`authorize`]), or, without `config`
+/// (`--insecure`), plain HTTP with every method open.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    subd: Arc<Subd>,
+    config: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<()> {
+    let app = match config {
+        Some(_) => router(subd).layer(middleware::from_fn(authorize)),
+        None => router(subd),
+    };
+    tls::serve(listener, config, app, tls::Limits::default()).await
+}
+
+/// The method a request's path names: `/rpc/Subd.Update` → `Subd.Update`; other paths
+/// (`/healthz`) name none.
+pub fn method_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/rpc/")
+}
+
+/// Whether `peer` may call `method`; the refusal (403) names the method and the caller.
+pub fn permit(peer: Option<&Peer>, method: &str) -> Result<(), ApiError> {
+    let deny = |who: &str| {
+        let named: String = method.chars().take(100).collect();
+        ApiError::new(403, format!("access to method {named} denied to {who}"))
+    };
+    let Some(peer) = peer else {
+        return Err(deny("an unknown caller"));
+    };
+    if let Some(e) = &peer.certificate_error {
+        return Err(deny(&format!("a certificate that does not parse ({e})")));
+    }
+    match &peer.identity {
+        Some(id) if id.may(method) => Ok(()),
+        Some(id) => Err(deny(&format!("{:?}", id.user))),
+        None => Err(deny("a caller without a certificate")),
+    }
+}
+
+/// The layer in front of every route over TLS: a `/rpc/` call goes through only if the
+/// caller's certificate grants its method; other paths (`/healthz`) are open to every
+/// verified client.
+pub async fn authorize(req: Request, next: Next) -> Response {
+    if let Some(method) = method_of(req.uri().path())
+        && let Err(e) = permit(req.extensions().get::<Peer>(), method)
+    {
+        let who = req.extensions().get::<Peer>().map(|p| p.addr);
+        tracing::warn!(peer = ?who, "{}", e.message);
+        return e.into_response();
+    }
+    next.run(req).await
 }
 
 async fn poll(
@@ -787,5 +849,49 @@ mod tests {
         assert!(with(&format!("application/json;q=0.5, {POLL_MEDIA_TYPE}")));
         assert!(with(&POLL_MEDIA_TYPE.to_uppercase()));
         assert!(!with(&format!("{POLL_MEDIA_TYPE}; q=0")));
+    }
+
+    #[test]
+    fn a_method_goes_through_only_if_the_certificate_grants_it() {
+        use paddock_security::{Identity, Permissions, Proof};
+
+        use super::{Peer, method_of, permit};
+        assert_eq!(method_of("/rpc/Subd.Update"), Some("Subd.Update"));
+        assert_eq!(method_of("/healthz"), None);
+        let peer = |methods: &[&str], error: Option<&str>| Peer {
+            addr: "192.0.2.1:1".parse().unwrap(),
+            tls: true,
+            identity: Some(std::sync::Arc::new(Identity {
+                user: "alice".into(),
+                methods: Permissions::new(methods).unwrap(),
+                groups: Vec::new(),
+                proof: Proof::Certificate,
+            })),
+            certificate_error: error.map(String::from),
+        };
+        let denied = |p: Option<&Peer>, m: &str| permit(p, m).unwrap_err().message;
+        let dominator = peer(&["Subd.*"], None);
+        assert!(permit(Some(&dominator), "Subd.Update").is_ok());
+        let watcher = peer(&["Subd.Poll"], None);
+        assert!(permit(Some(&watcher), "Subd.Poll").is_ok());
+        let e = permit(Some(&watcher), "Subd.Update").unwrap_err();
+        assert_eq!(e.status, 403);
+        assert_eq!(
+            e.message,
+            r#"access to method Subd.Update denied to "alice""#
+        );
+        // A prefix of a longer name is not the name.
+        assert!(permit(Some(&watcher), "Subd.PollX").is_err());
+        let broken = peer(&["Subd.*"], Some("bad extension"));
+        assert!(denied(Some(&broken), "Subd.Poll").contains("does not parse (bad extension)"));
+        let anonymous = Peer {
+            identity: None,
+            ..watcher.clone()
+        };
+        assert!(denied(Some(&anonymous), "Subd.Poll").ends_with("a caller without a certificate"));
+        assert!(denied(None, "Subd.Poll").ends_with("an unknown caller"));
+        // The message names at most 100 characters of a long name; the check sees all of it.
+        let long = format!("Subd.{}", "x".repeat(300));
+        assert!(denied(Some(&watcher), &long).len() < 150);
     }
 }

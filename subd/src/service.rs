@@ -71,6 +71,8 @@ pub struct SubdConfig {
     pub link_bytes_per_sec: Option<u64>,
     /// Sleep after each update operation (test hook).
     pub step_delay: Duration,
+    /// TLS for object servers (the CA, subd's certificate and key); `None`: plain HTTP.
+    pub object_tls: Option<ureq::tls::TlsConfig>,
 }
 
 impl SubdConfig {
@@ -86,6 +88,7 @@ impl SubdConfig {
             command_timeout: Duration::from_secs(300),
             link_bytes_per_sec: None,
             step_delay: Duration::ZERO,
+            object_tls: None,
         }
     }
 }
@@ -324,7 +327,7 @@ pub struct Subd {
     state: Mutex<State>,
     origin: Instant,
     start_time_ms: i64,
-    agent: ureq::Agent,
+    objects: fetch::ObjectClient,
     fetch_bytes: AtomicU64,
     link_speed: Option<u64>,
 }
@@ -382,7 +385,7 @@ impl Subd {
             state: Mutex::new(state),
             origin: Instant::now(),
             start_time_ms: unix_ms(),
-            agent: fetch::agent(),
+            objects: fetch::ObjectClient::new(config.object_tls.clone()),
             fetch_bytes: AtomicU64::new(0),
             link_speed,
             config,
@@ -504,7 +507,7 @@ impl Subd {
         let me = self.clone();
         let job = move || -> Result<FetchReply, SubdError> {
             let r = fetch::fetch(
-                &me.agent,
+                &me.objects,
                 &req.server,
                 &req.objects,
                 &me.root.join(OBJECTS_DIR),

@@ -1,18 +1,14 @@
 //! The `paddock-subd` binary: `kill -9` in the middle of an update's change window, a
-//! restart, a fresh scan, plan and fetch, and a second update that converges on the image;
-//! and the refusal to serve plain HTTP without `--insecure`.
+//! restart, a fresh scan, plan and fetch, and a second update that converges on the image
+//! (the refusal to start without TLS or `--insecure` is in `tls.rs`).
 
 mod support;
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use paddock_image::Image;
-use paddock_image::plan::{missing_objects, plan};
 use paddock_subd::service::UpdateReport;
-use serde_json::json;
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_paddock-subd");
@@ -40,32 +36,11 @@ fn start(root: &Path, dir: &Path, trigger: &Path, step_delay_ms: Option<u64>, n:
     if let Some(ms) = step_delay_ms {
         cmd.env("PADDOCK_SUBD_TEST_STEP_DELAY_MS", ms.to_string());
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("paddock-subd: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let (child, addr) = spawn_listening(&mut cmd);
     Running {
         child,
         url: format!("http://{addr}"),
     }
-}
-
-/// Poll, plan, fetch the missing objects, plan again with them in the cache.
-fn plan_with_fetch(c: &Client, image: &Image, server: &str) -> paddock_image::UpdateRequest {
-    let p = c.fresh_scan();
-    let (fs_, cache) = (p.file_system.unwrap(), p.object_cache.unwrap());
-    let missing = missing_objects(&fs_, &cache, image);
-    c.ok(
-        "Subd.Fetch",
-        &json!({"server": server, "objects": missing, "speed_percent": 100}),
-    );
-    let p = c.poll(0);
-    plan(&p.file_system.unwrap(), &p.object_cache.unwrap(), image)
 }
 
 #[test]
@@ -188,24 +163,4 @@ fn kill_9_during_an_update_then_a_restart_converges() {
     );
     second.child.kill().unwrap();
     second.child.wait().unwrap();
-}
-
-#[test]
-fn refuses_plain_http_without_insecure() {
-    let d = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "--root",
-            d.path().to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--insecure") && err.contains("TLS"), "{err}");
-    let out = Command::new(BIN).arg("--bogus").output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown argument --bogus"));
 }

@@ -17,13 +17,6 @@ use paddock_subd::service::{PollResponse, UpdateReport};
 use serde_json::{Value, json};
 use support::*;
 
-fn message(v: &Value) -> String {
-    v["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// Fetch, Update and Cleanup are each refused (409) with `why`.
 fn assert_all_busy(c: &Client, server: &str, why: &str) {
     for (method, body) in [

@@ -2,13 +2,20 @@
 //! objects, applies updates, runs triggers and the health check (see `paddock_subd::rpc`).
 //!
 //! ```text
+//! paddock-subd --ca FILE --cert FILE --key FILE [options]
 //! paddock-subd --insecure [options]
+//!   --ca FILE               the CA (PEM) the callers' certificates (the dominator's) and
+//!                           the object servers' must chain to
+//!   --cert FILE             this machine's certificate (PEM): served to callers, and
+//!                           presented to object servers (it needs ObjectServer.GetObjects)
+//!   --key FILE              its private key (PEM)
 //!   --root DIR              the root it keeps in compliance (default /)
 //!   --bind-root             work through a private bind mount of the root, so what is
 //!                           mounted on it (/proc, /run …) is not in the way (default for /)
 //!   --no-bind-root          work on the root as it is
 //!   --listen ADDR           host:port (default 0.0.0.0:6969; port 0 picks one)
-//!   --insecure              serve plain HTTP (required: TLS is not built yet)
+//!   --insecure              serve plain HTTP, every method open to anyone who reaches
+//!                           the port (Dominator's insecure mode; a lab only)
 //!   --trigger-command CMD   run as `CMD SERVICE stop|start|reload|restart` (default service)
 //!   --reboot-command CMD    after a rebooting update's triggers succeed (default reboot)
 //!   --health-command CMD    run after every update; its result is in the next Poll
@@ -23,6 +30,12 @@
 //!   --no-default-exclusions scan everything (unless --exclude)
 //!   --min-cycle-ms N        shortest scan cycle (default 1000)
 //! ```
+//! Over TLS a caller must present a certificate from the CA (else the handshake fails) and
+//! may call `Subd.<Method>` only if its permitted methods match it (`Subd.*` for a
+//! dominator); a denied call is a 403 naming the method and the caller
+//! (`paddock_subd::rpc::authorize`). subd refuses to start without all three of `--ca`,
+//! `--cert`, `--key` unless `--insecure`, which it then says loudly.
+//!
 //! Prints `paddock-subd: listening on ADDR` once it serves. Logs go to standard error
 //! (`PADDOCK_LOG`, default `info`). `PADDOCK_SUBD_TEST_STEP_DELAY_MS` (tests only) sleeps
 //! after each update operation, so a test can kill subd in the middle of an update.
@@ -36,28 +49,38 @@ use anyhow::{Context, Result, bail};
 use paddock_subd::triggers::split_command;
 use paddock_subd::{Subd, SubdConfig};
 
-const USAGE: &str = "usage: paddock-subd --insecure [--root DIR] [--bind-root|--no-bind-root] [--listen ADDR] \
+const USAGE: &str = "usage: paddock-subd (--ca FILE --cert FILE --key FILE | --insecure) [--root DIR] [--bind-root|--no-bind-root] [--listen ADDR] \
 [--trigger-command CMD] [--reboot-command CMD] [--health-command CMD] [--command-timeout S] \
 [--link-speed B] [--network-percent P] [--scan-percent P] [--cpu-percent P] [--device-speed B] \
 [--fsbench-dir DIR] [--exclude REGEX]... [--no-default-exclusions] [--min-cycle-ms N]";
 
-const INSECURE: &str = "paddock-subd: refusing to start without --insecure. TLS and \
-certificate permissions are not built yet, so subd can only serve plain HTTP, where anyone \
-who reaches the port can rewrite this machine. Pass --insecure to accept that (on a \
-trusted, isolated network only).";
+const INSECURE: &str = "refusing to start without TLS: pass --ca FILE --cert FILE --key FILE \
+(the CA that signs the dominator's certificate, and this machine's certificate and key), or \
+--insecure to serve plain HTTP, where anyone who reaches the port can rewrite this machine \
+(on a trusted, isolated lab network only)";
+
+const WARNING: &str = "paddock-subd: WARNING: --insecure: serving plain HTTP with every \
+method open; anyone who can reach this port can rewrite this machine";
+
+/// How subd is reached.
+enum Security {
+    Tls(paddock_security::tls::Material),
+    Insecure,
+}
 
 struct Args {
     config: SubdConfig,
     /// Work through [`paddock_subd::bind_root::private_view`].
     bind_root: bool,
     listen: String,
-    insecure: bool,
+    security: Security,
 }
 
 fn parse() -> Result<Args> {
     let mut root = PathBuf::from("/");
     let mut listen = "0.0.0.0:6969".to_string();
     let mut insecure = false;
+    let (mut ca, mut cert, mut key) = (None, None, None);
     let mut bind_root = None;
     let mut trigger = None;
     let mut reboot = None;
@@ -79,6 +102,9 @@ fn parse() -> Result<Args> {
             "--root" => root = val("--root")?.into(),
             "--listen" => listen = val("--listen")?,
             "--insecure" => insecure = true,
+            "--ca" => ca = Some(PathBuf::from(val("--ca")?)),
+            "--cert" => cert = Some(PathBuf::from(val("--cert")?)),
+            "--key" => key = Some(PathBuf::from(val("--key")?)),
             "--bind-root" => bind_root = Some(true),
             "--no-bind-root" => bind_root = Some(false),
             "--trigger-command" => trigger = Some(val("--trigger-command")?),
@@ -101,6 +127,15 @@ fn parse() -> Result<Args> {
             s => bail!("unknown argument {s}\n{USAGE}"),
         }
     }
+    let security = match (ca, cert, key, insecure) {
+        (None, None, None, true) => Security::Insecure,
+        (None, None, None, false) => bail!("{INSECURE}"),
+        (Some(ca), Some(cert), Some(key), false) => Security::Tls(
+            paddock_security::tls::Material::read(&ca, &cert, &key).map_err(anyhow::Error::msg)?,
+        ),
+        (_, _, _, true) => bail!("--insecure and --ca/--cert/--key exclude each other"),
+        _ => bail!("TLS needs all three of --ca, --cert and --key"),
+    };
     let bind_root = bind_root.unwrap_or(root == std::path::Path::new("/"));
     let mut c = SubdConfig::new(root);
     if let Some(t) = trigger {
@@ -140,20 +175,33 @@ fn parse() -> Result<Args> {
         c.step_delay =
             Duration::from_millis(ms.parse().context("PADDOCK_SUBD_TEST_STEP_DELAY_MS")?);
     }
+    if let Security::Tls(m) = &security {
+        c.object_tls = Some(
+            paddock_security::tls::ureq_tls(&m.ca_pem, Some((&m.cert_pem, &m.key_pem)))
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
     c.configuration.check()?;
     Ok(Args {
         config: c,
         bind_root,
         listen,
-        insecure,
+        security,
     })
 }
 
 fn run() -> Result<()> {
     let mut args = parse()?;
-    if !args.insecure {
-        bail!("{INSECURE}");
-    }
+    let tls = match &args.security {
+        Security::Tls(m) => Some(
+            paddock_security::tls::server_config(m, paddock_security::tls::ClientAuth::Required)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        Security::Insecure => {
+            eprintln!("{WARNING}");
+            None
+        }
+    };
     // Before any thread: only threads started afterwards share the new mount namespace.
     if args.bind_root {
         let at = std::path::Path::new(paddock_subd::bind_root::DEFAULT_AT);
@@ -177,12 +225,15 @@ fn run() -> Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
-        tracing::warn!(%addr, root = %root, "serving plain HTTP (--insecure)");
+        match tls {
+            Some(_) => tracing::info!(%addr, root = %root, "serving over TLS"),
+            None => tracing::warn!(%addr, root = %root, "INSECURE: serving plain HTTP, every method open (--insecure)"),
+        }
         println!("paddock-subd: listening on {addr}");
         std::io::stdout().flush()?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            r = paddock_subd::rpc::serve(listener, subd) => r.context("serving")?,
+            r = paddock_subd::rpc::serve(listener, subd, tls) => r.context("serving")?,
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
             _ = term.recv() => tracing::info!("terminated"),
         }

@@ -275,6 +275,8 @@ pub struct ObjectServerControl {
     pub corrupt: AtomicBool,
     /// Requests answered.
     pub requests: AtomicU64,
+    /// The users of the certificates requests came with (over TLS).
+    pub callers: std::sync::Mutex<Vec<String>>,
 }
 
 #[derive(Clone)]
@@ -283,8 +285,15 @@ struct ObjState {
     control: Arc<ObjectServerControl>,
 }
 
-async fn get_objects(State(s): State<ObjState>, body: Bytes) -> Response {
+async fn get_objects(
+    State(s): State<ObjState>,
+    peer: Option<axum::Extension<paddock_security::tls::Peer>>,
+    body: Bytes,
+) -> Response {
     s.control.requests.fetch_add(1, Ordering::Relaxed);
+    if let Some(id) = peer.and_then(|p| p.0.identity) {
+        s.control.callers.lock().unwrap().push(id.user.clone());
+    }
     let req: Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<ObjectId> = serde_json::from_value(req["objects"].clone()).unwrap();
     for id in &ids {
@@ -328,6 +337,16 @@ pub fn object_server(
     rt: &tokio::runtime::Runtime,
     dir: &Path,
 ) -> (String, Arc<ObjectServerControl>) {
+    object_server_with(rt, dir, None)
+}
+
+/// [`object_server`], over TLS with `tls`: callers need a certificate from its CA that
+/// grants `ObjectServer.GetObjects` (checked by subd's own layer, as the appliance does).
+pub fn object_server_with(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (String, Arc<ObjectServerControl>) {
     let control = Arc::new(ObjectServerControl::default());
     let state = ObjState {
         dir: dir.to_path_buf(),
@@ -339,11 +358,16 @@ pub fn object_server(
             axum::routing::post(get_objects),
         )
         .with_state(state);
+    let app = match tls {
+        Some(_) => app.layer(axum::middleware::from_fn(paddock_subd::rpc::authorize)),
+        None => app,
+    };
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    rt.spawn(async move { axum::serve(listener, app).await });
+    let limits = paddock_security::tls::Limits::default();
+    rt.spawn(paddock_security::tls::serve(listener, tls, app, limits));
     (addr.to_string(), control)
 }
 
@@ -364,6 +388,14 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// The message of an error answer (`{"error": {"message"}}`), else empty.
+pub fn message(v: &Value) -> String {
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Talks to a subd at `url` as `client`.
 #[derive(Clone)]
 pub struct Client {
@@ -374,10 +406,15 @@ pub struct Client {
 
 impl Client {
     pub fn new(url: &str, name: &str) -> Self {
+        Self::with_agent(url, name, agent())
+    }
+
+    /// A client through `agent` (TLS settings of its own).
+    pub fn with_agent(url: &str, name: &str, agent: ureq::Agent) -> Self {
         Client {
             url: url.into(),
             name: name.into(),
-            agent: agent(),
+            agent,
         }
     }
 
@@ -458,7 +495,7 @@ impl TestSubd {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        rt.spawn(paddock_subd::rpc::serve(listener, subd.clone()));
+        rt.spawn(paddock_subd::rpc::serve(listener, subd.clone(), None));
         TestSubd { rt, subd, url }
     }
 
@@ -600,4 +637,34 @@ fn set_mtime_nofollow(p: &Path, sec: i64) {
         UtimensatFlags::NoFollowSymlink,
     )
     .unwrap();
+}
+
+/// Poll, plan, fetch the missing objects from `server`, plan again with them in the cache.
+pub fn plan_with_fetch(c: &Client, image: &Image, server: &str) -> paddock_image::UpdateRequest {
+    let p = c.fresh_scan();
+    let (fs_, cache) = (p.file_system.unwrap(), p.object_cache.unwrap());
+    let missing = paddock_image::plan::missing_objects(&fs_, &cache, image);
+    c.ok(
+        "Subd.Fetch",
+        &json!({"server": server, "objects": missing, "speed_percent": 100}),
+    );
+    let p = c.poll(0);
+    paddock_image::plan::plan(&p.file_system.unwrap(), &p.object_cache.unwrap(), image)
+}
+
+/// Spawns the `paddock-subd` of `cmd` (its standard output is taken) and waits for
+/// `paddock-subd: listening on ADDR`; the child and ADDR.
+pub fn spawn_listening(cmd: &mut std::process::Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("paddock-subd: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, addr)
 }
