@@ -6,8 +6,18 @@
 //! polled every few seconds; a new TCP connection per poll cost more than the poll, and
 //! left thousands of sockets in TIME_WAIT). The herd's slots bound how many calls run at
 //! once; the connections live as long as their sub is called within [`IDLE_TIMEOUT`].
+//!
+//! Over TLS ([`HttpSubRpc::with_tls`]) the calls go to `https://ADDR/rpc/Subd.<Method>`:
+//! the sub is verified against the CA under its address (an IP address SAN in its
+//! certificate) and the dominator presents its own certificate, whose permitted methods
+//! subd checks (`Subd.*`). Without it ([`HttpSubRpc::new`], for subs run `--insecure`) they
+//! are plain `http://`. A client never mixes the two: an address naming the other scheme
+//! is refused.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,8 +26,8 @@ use hyper::body::Bytes;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Uri};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use paddock_image::{ObjectId, UpdateRequest};
 use paddock_subd::rpc::{POLL_MEDIA_TYPE, poll_binary};
 use paddock_subd::service::{
@@ -25,7 +35,10 @@ use paddock_subd::service::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::Service;
 
 use crate::herd::{Polled, RpcError, SubRpc};
 
@@ -42,18 +55,41 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Clone)]
 pub struct HttpSubRpc {
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: Client<Connector, Full<Bytes>>,
     /// How this controller names itself to subd's client lock.
     client: HeaderValue,
+    /// Over TLS (`https://`), else plain `http://`.
+    tls: bool,
 }
 
 impl HttpSubRpc {
-    /// `timeout` bounds connecting; each call has its own bound ([`call_timeout`]).
+    /// Plain HTTP, for subs run `--insecure`. `timeout` bounds connecting; each call has
+    /// its own bound ([`call_timeout`]).
     pub fn new(client: &str, timeout: Duration) -> Self {
+        Self::build(client, timeout, None)
+    }
+
+    /// Over TLS with `tls`, the dominator's client configuration
+    /// (`paddock_security::tls::client_config(ca, Some((cert, key)))`): each sub verified
+    /// against the CA under its address, the dominator's certificate presented. `timeout`
+    /// bounds connecting and, separately, the TLS handshake.
+    pub fn with_tls(client: &str, timeout: Duration, tls: Arc<rustls::ClientConfig>) -> Self {
+        Self::build(client, timeout, Some(tls))
+    }
+
+    fn build(client: &str, timeout: Duration, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
         raise_open_file_limit();
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(timeout));
+        tcp.set_nodelay(true);
+        // The scheme is ours to check (Connector), not the TCP connector's.
+        tcp.enforce_http(false);
+        let with_tls = tls.is_some();
+        let connector = Connector {
+            tcp,
+            tls: tls.map(tokio_rustls::TlsConnector::from),
+            handshake_timeout: timeout,
+        };
         let http = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -68,6 +104,7 @@ impl HttpSubRpc {
             http,
             client: HeaderValue::from_str(client)
                 .unwrap_or_else(|_| HeaderValue::from_static("paddock-dominator")),
+            tls: with_tls,
         }
     }
 
@@ -82,7 +119,7 @@ impl HttpSubRpc {
         accept: &'static str,
         gate: Option<&Arc<Semaphore>>,
     ) -> Result<Answer, RpcError> {
-        let url = subd_url(address, method);
+        let url = subd_url(address, method, self.tls);
         let fail = |what: String| RpcError(format!("Subd.{method} at {url}: {what}"));
         let uri: Uri = url.parse().map_err(|e| fail(format!("a bad URL: {e}")))?;
         let json = serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?;
@@ -198,13 +235,142 @@ pub fn call_timeout(method: &str) -> Duration {
     }
 }
 
-/// `host:port` or a URL → the URL of `Subd.<method>`.
-pub fn subd_url(address: &str, method: &str) -> String {
+/// `host:port` or a URL → the URL of `Subd.<method>` (a bare `host:port` over `https`
+/// when `tls`).
+pub fn subd_url(address: &str, method: &str, tls: bool) -> String {
     let a = address.trim().trim_end_matches('/');
     if a.contains("://") {
         format!("{a}/rpc/Subd.{method}")
     } else {
-        format!("http://{a}/rpc/Subd.{method}")
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{a}/rpc/Subd.{method}")
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Connects to a sub: TCP, then, for `https`, TLS verified under the URL's host (an IP
+/// address or a DNS name). A client with TLS refuses `http` and one without refuses
+/// `https`, so an address never downgrades a TLS dominator.
+#[derive(Clone)]
+struct Connector {
+    tcp: HttpConnector,
+    tls: Option<tokio_rustls::TlsConnector>,
+    handshake_timeout: Duration,
+}
+
+impl Service<Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.tcp.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let https = uri.scheme_str() == Some("https");
+        let tls = match (https, &self.tls) {
+            (true, Some(tls)) => Some(tls.clone()),
+            (false, None) => None,
+            (true, None) => {
+                return Box::pin(async { Err("https:// needs the TLS client (with_tls)".into()) });
+            }
+            (false, Some(_)) => {
+                return Box::pin(async {
+                    Err("plain http:// refused: this dominator calls subs over TLS".into())
+                });
+            }
+        };
+        let host = uri
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let handshake_timeout = self.handshake_timeout;
+        let connecting = self.tcp.call(uri);
+        Box::pin(async move {
+            let tcp = connecting.await?.into_inner();
+            let io: Pin<Box<dyn Io>> = match tls {
+                None => Box::pin(tcp),
+                Some(tls) => {
+                    let name = rustls::pki_types::ServerName::try_from(host)?;
+                    let s = tokio::time::timeout(handshake_timeout, tls.connect(name, tcp))
+                        .await
+                        .map_err(|_| "no TLS handshake within the connect timeout")??;
+                    Box::pin(s)
+                }
+            };
+            Ok(TokioIo::new(Stream { io }))
+        })
+    }
+}
+
+/// A connection to a sub: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Send {
+    fn connected(&self) -> Connected;
+}
+
+impl Io for TcpStream {
+    fn connected(&self) -> Connected {
+        Connection::connected(self)
+    }
+}
+
+impl Io for tokio_rustls::client::TlsStream<TcpStream> {
+    fn connected(&self) -> Connected {
+        Connection::connected(self.get_ref().0)
+    }
+}
+
+struct Stream {
+    io: Pin<Box<dyn Io>>,
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.io.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.io.as_mut().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_shutdown(cx)
     }
 }
 
@@ -273,11 +439,15 @@ mod tests {
     #[test]
     fn urls() {
         assert_eq!(
-            subd_url("198.18.0.9:6969", "Poll"),
+            subd_url("198.18.0.9:6969", "Poll", false),
             "http://198.18.0.9:6969/rpc/Subd.Poll"
         );
         assert_eq!(
-            subd_url("https://m1:6969/", "Update"),
+            subd_url("198.18.0.9:6969", "Poll", true),
+            "https://198.18.0.9:6969/rpc/Subd.Poll"
+        );
+        assert_eq!(
+            subd_url("https://m1:6969/", "Update", false),
             "https://m1:6969/rpc/Subd.Update"
         );
     }

@@ -1,0 +1,207 @@
+//! The dominator's subd client over mutual TLS (issue 18), against a real subd serving
+//! `paddock_subd::rpc` over TLS on a temporary root, with certificates from a CA made here:
+//! a dominator certificate (`Subd.*`) polls and updates over one kept-alive connection; one
+//! with only `Subd.Poll` has its Update refused with a 403 naming the method and the user,
+//! and the tree stays as it was; a dominator that does not trust the sub's CA, or speaks
+//! the other scheme, gets nothing.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use paddock_dominator::HttpSubRpc;
+use paddock_dominator::herd::SubRpc;
+use paddock_image::{FileSystem, Filter, Image, Inode, Triggers};
+use paddock_security::ca::{self, Ca};
+use paddock_security::tls;
+use paddock_subd::service::{PollRequest, PollResponse};
+use paddock_subd::{Subd, SubdConfig};
+use time::OffsetDateTime;
+
+fn leaf(authority: &Ca, name: &str, methods: &[&str]) -> (String, String) {
+    let req = ca::Request {
+        name: name.into(),
+        methods: methods.iter().map(|m| m.to_string()).collect(),
+        sans: vec!["127.0.0.1".into()],
+        days: 2,
+        ..Default::default()
+    };
+    let issued = ca::issue(authority, &req, OffsetDateTime::now_utc()).unwrap();
+    (issued.cert_pem, issued.key_pem)
+}
+
+/// A dominator's client trusting `ca_pem` with `cert`.
+fn rpc(ca_pem: &str, cert: &(String, String)) -> HttpSubRpc {
+    let config = tls::client_config(ca_pem, Some((&cert.0, &cert.1))).unwrap();
+    HttpSubRpc::with_tls("paddock-test", Duration::from_secs(5), config)
+}
+
+/// subd on `root` over TLS at most one connection at a time (so a call that opened a
+/// second connection instead of reusing the first would fail); its address.
+async fn serve(root: &Path, authority: &Ca) -> SocketAddr {
+    let mut c = SubdConfig::new(root);
+    c.configuration.scan_exclusions = Vec::new();
+    c.scanner.device_speed = Some(1 << 30);
+    c.scanner.fsbench_dir = root.join(".subd/fsbench-unused");
+    c.scanner.min_cycle = Duration::from_millis(20);
+    c.link_bytes_per_sec = Some(1 << 30);
+    let subd = Subd::start(c).unwrap();
+    let (cert_pem, key_pem) = leaf(authority, "subd-m1", &["ObjectServer.GetObjects"]);
+    let material = tls::Material {
+        ca_pem: authority.cert_pem.clone(),
+        cert_pem,
+        key_pem,
+    };
+    let config = tls::server_config(&material, tls::ClientAuth::Required).unwrap();
+    let app = paddock_subd::rpc::router(subd)
+        .layer(axum::middleware::from_fn(paddock_subd::rpc::authorize));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = tls::Limits {
+        max_connections: 1,
+        ..tls::Limits::default()
+    };
+    tokio::spawn(tls::serve(listener, Some(config), app, limits));
+    addr
+}
+
+/// Polls until a complete scan is in; the full answer.
+async fn scanned(rpc: &HttpSubRpc, addr: &str) -> PollResponse {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = rpc.poll(addr, PollRequest::default()).await.unwrap();
+        if p.scan_count > 0 && p.file_system.is_some() {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no scan");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A first poll from a new client: retried until the sub has noticed the previous
+/// client's connection closed (it takes one at a time).
+async fn first_poll(rpc: &HttpSubRpc, addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = rpc.poll(addr, PollRequest::default()).await {
+        assert!(Instant::now() < deadline, "{}", e.0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The sub's tree with a new directory `/made-by-update`.
+fn image_with_new_dir(sub: &FileSystem) -> Image {
+    let mut fs = sub.clone();
+    let Some(Inode::Directory { uid, gid, .. }) = fs.get("/").cloned() else {
+        panic!("no root directory");
+    };
+    fs.insert(
+        "/made-by-update",
+        Inode::Directory {
+            mode: 0o750,
+            uid,
+            gid,
+        },
+    )
+    .unwrap();
+    Image {
+        name: "with-dir".into(),
+        fs,
+        filter: Some(Filter::empty()),
+        triggers: Triggers::default(),
+        created_on_ms: 0,
+        created_by: String::new(),
+        expires_at_ms: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_certificate_granting_subd_update_updates() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("motd"), b"hello\n").unwrap();
+    let now = OffsetDateTime::now_utc();
+    let authority = ca::new_ca("paddock-test-ca", now, 10).unwrap();
+    let addr = serve(d.path(), &authority).await.to_string();
+
+    let dominator = rpc(
+        &authority.cert_pem,
+        &leaf(&authority, "dominator", &["Subd.*"]),
+    );
+    let p = scanned(&dominator, &addr).await;
+    let image = image_with_new_dir(p.file_system.as_ref().unwrap());
+    let req = paddock_image::plan::plan(
+        p.file_system.as_ref().unwrap(),
+        p.object_cache.as_ref().unwrap(),
+        &image,
+    );
+
+    // A certificate with Subd.Poll alone polls (over its own connection, once the
+    // dominator's idle one is gone: the sub takes one at a time) and cannot update.
+    drop(dominator);
+    let watcher = rpc(
+        &authority.cert_pem,
+        &leaf(&authority, "alice", &["Subd.Poll"]),
+    );
+    first_poll(&watcher, &addr).await;
+    let e = watcher.update(&addr, req.clone()).await.unwrap_err();
+    assert_eq!(
+        e.0,
+        r#"Subd.Update: 403: access to method Subd.Update denied to "alice""#
+    );
+    let e = watcher.cleanup(&addr, Vec::new()).await.unwrap_err();
+    assert!(
+        e.0.contains("access to method Subd.Cleanup denied"),
+        "{}",
+        e.0
+    );
+    assert!(!d.path().join("made-by-update").exists());
+    drop(watcher);
+
+    // The dominator updates, then polls many times over the one connection the sub allows.
+    let dominator = rpc(
+        &authority.cert_pem,
+        &leaf(&authority, "dominator", &["Subd.*"]),
+    );
+    first_poll(&dominator, &addr).await;
+    let report = dominator.update(&addr, req).await.unwrap();
+    assert_eq!(report.error, None);
+    assert!(d.path().join("made-by-update").is_dir());
+    for _ in 0..5 {
+        dominator.poll(&addr, PollRequest::default()).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_from_another_ca_or_the_wrong_scheme_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let now = OffsetDateTime::now_utc();
+    let authority = ca::new_ca("paddock-test-ca", now, 10).unwrap();
+    let addr = serve(d.path(), &authority).await.to_string();
+    let cert = leaf(&authority, "dominator", &["Subd.*"]);
+
+    // The dominator trusts another CA: the sub's certificate is refused.
+    let other = ca::new_ca("paddock-test-ca", now, 10).unwrap();
+    let e = rpc(&other.cert_pem, &cert)
+        .poll(&addr, PollRequest::default())
+        .await
+        .unwrap_err();
+    assert!(e.0.contains("certificate"), "{}", e.0);
+
+    // A TLS dominator never speaks plain HTTP, and a plain one cannot speak TLS.
+    let tls_rpc = rpc(&authority.cert_pem, &cert);
+    let e = tls_rpc
+        .poll(&format!("http://{addr}"), PollRequest::default())
+        .await
+        .unwrap_err();
+    assert!(e.0.contains("plain http:// refused"), "{}", e.0);
+    let plain = HttpSubRpc::new("paddock-test", Duration::from_secs(5));
+    let e = plain
+        .poll(&format!("https://{addr}"), PollRequest::default())
+        .await
+        .unwrap_err();
+    assert!(e.0.contains("https:// needs"), "{}", e.0);
+    // Plain HTTP to the TLS port gets no answer.
+    assert!(plain.poll(&addr, PollRequest::default()).await.is_err());
+
+    // The right CA and certificate work.
+    tls_rpc.poll(&addr, PollRequest::default()).await.unwrap();
+}
