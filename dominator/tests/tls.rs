@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use paddock_dominator::HttpSubRpc;
@@ -36,9 +37,12 @@ fn rpc(ca_pem: &str, cert: &(String, String)) -> HttpSubRpc {
     HttpSubRpc::with_tls("paddock-test", Duration::from_secs(5), config)
 }
 
-/// subd on `root` over TLS at most one connection at a time (so a call that opened a
-/// second connection instead of reusing the first would fail); its address.
-async fn serve(root: &Path, authority: &Ca) -> SocketAddr {
+/// The client ports of the connections calls came over, in order.
+type Connections = Arc<Mutex<Vec<u16>>>;
+
+/// subd on `root` over TLS (subd's router and authorize layer, as `rpc::serve` has them),
+/// noting each call's connection; its address.
+async fn serve(root: &Path, authority: &Ca) -> (SocketAddr, Connections) {
     let mut c = SubdConfig::new(root);
     c.configuration.scan_exclusions = Vec::new();
     c.scanner.device_speed = Some(1 << 30);
@@ -53,16 +57,26 @@ async fn serve(root: &Path, authority: &Ca) -> SocketAddr {
         key_pem,
     };
     let config = tls::server_config(&material, tls::ClientAuth::Required).unwrap();
+    let connections = Connections::default();
+    let noted = connections.clone();
     let app = paddock_subd::rpc::router(subd)
-        .layer(axum::middleware::from_fn(paddock_subd::rpc::authorize));
+        .layer(axum::middleware::from_fn(paddock_subd::rpc::authorize))
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let peer = req.extensions().get::<tls::Peer>().map(|p| p.addr.port());
+                noted.lock().unwrap().extend(peer);
+                next.run(req)
+            },
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let limits = tls::Limits {
-        max_connections: 1,
-        ..tls::Limits::default()
-    };
-    tokio::spawn(tls::serve(listener, Some(config), app, limits));
-    addr
+    tokio::spawn(tls::serve(
+        listener,
+        Some(config),
+        app,
+        tls::Limits::default(),
+    ));
+    (addr, connections)
 }
 
 /// Polls until a complete scan is in; the full answer.
@@ -74,16 +88,6 @@ async fn scanned(rpc: &HttpSubRpc, addr: &str) -> PollResponse {
             return p;
         }
         assert!(Instant::now() < deadline, "no scan");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A first poll from a new client: retried until the sub has noticed the previous
-/// client's connection closed (it takes one at a time).
-async fn first_poll(rpc: &HttpSubRpc, addr: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(e) = rpc.poll(addr, PollRequest::default()).await {
-        assert!(Instant::now() < deadline, "{}", e.0);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -120,7 +124,8 @@ async fn only_a_certificate_granting_subd_update_updates() {
     std::fs::write(d.path().join("motd"), b"hello\n").unwrap();
     let now = OffsetDateTime::now_utc();
     let authority = ca::new_ca("paddock-test-ca", now, 10).unwrap();
-    let addr = serve(d.path(), &authority).await.to_string();
+    let (addr, connections) = serve(d.path(), &authority).await;
+    let addr = addr.to_string();
 
     let dominator = rpc(
         &authority.cert_pem,
@@ -134,14 +139,12 @@ async fn only_a_certificate_granting_subd_update_updates() {
         &image,
     );
 
-    // A certificate with Subd.Poll alone polls (over its own connection, once the
-    // dominator's idle one is gone: the sub takes one at a time) and cannot update.
-    drop(dominator);
+    // A certificate with Subd.Poll alone polls and cannot update.
     let watcher = rpc(
         &authority.cert_pem,
         &leaf(&authority, "alice", &["Subd.Poll"]),
     );
-    first_poll(&watcher, &addr).await;
+    watcher.poll(&addr, PollRequest::default()).await.unwrap();
     let e = watcher.update(&addr, req.clone()).await.unwrap_err();
     assert_eq!(
         e.0,
@@ -154,20 +157,27 @@ async fn only_a_certificate_granting_subd_update_updates() {
         e.0
     );
     assert!(!d.path().join("made-by-update").exists());
-    drop(watcher);
 
-    // The dominator updates, then polls many times over the one connection the sub allows.
-    let dominator = rpc(
-        &authority.cert_pem,
-        &leaf(&authority, "dominator", &["Subd.*"]),
-    );
-    first_poll(&dominator, &addr).await;
+    // The dominator updates.
     let report = dominator.update(&addr, req).await.unwrap();
     assert_eq!(report.error, None);
     assert!(d.path().join("made-by-update").is_dir());
-    for _ in 0..5 {
+
+    // Its polls keep their connection (a TLS handshake per poll would cost more than the
+    // poll): twenty in a row come over at most a few.
+    let before = connections.lock().unwrap().len();
+    for _ in 0..20 {
         dominator.poll(&addr, PollRequest::default()).await.unwrap();
     }
+    let ports: std::collections::BTreeSet<u16> = connections.lock().unwrap()[before..]
+        .iter()
+        .copied()
+        .collect();
+    assert!(
+        ports.len() <= 3,
+        "20 polls over {} connections",
+        ports.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +185,7 @@ async fn a_sub_from_another_ca_or_the_wrong_scheme_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let now = OffsetDateTime::now_utc();
     let authority = ca::new_ca("paddock-test-ca", now, 10).unwrap();
-    let addr = serve(d.path(), &authority).await.to_string();
+    let addr = serve(d.path(), &authority).await.0.to_string();
     let cert = leaf(&authority, "dominator", &["Subd.*"]);
 
     // The dominator trusts another CA: the sub's certificate is refused.

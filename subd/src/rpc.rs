@@ -34,7 +34,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Request, State};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONNECTION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -193,14 +193,21 @@ pub fn permit(peer: Option<&Peer>, method: &str) -> Result<(), ApiError> {
 
 /// The layer in front of every route over TLS: a `/rpc/` call goes through only if the
 /// caller's certificate grants its method; other paths (`/healthz`) are open to every
-/// verified client.
+/// verified client. A denied call is answered before its body is read, and its connection
+/// closed.
 pub async fn authorize(req: Request, next: Next) -> Response {
     if let Some(method) = method_of(req.uri().path())
         && let Err(e) = permit(req.extensions().get::<Peer>(), method)
     {
         let who = req.extensions().get::<Peer>().map(|p| p.addr);
         tracing::warn!(peer = ?who, "{}", e.message);
-        return e.into_response();
+        // The body is left unread, so the connection cannot carry another call: saying so
+        // keeps the client from sending its next one on a connection being closed.
+        let mut denied = e.into_response();
+        denied
+            .headers_mut()
+            .insert(CONNECTION, axum::http::HeaderValue::from_static("close"));
+        return denied;
     }
     next.run(req).await
 }
