@@ -30,7 +30,9 @@ pub const IMAGE_CREATOR: &str =
 /// What the dominator needs on a sub.
 pub const DOMINATOR: &str = "Subd.*,ImageServer.GetImage,ObjectServer.GetObjects";
 /// What a sub needs on the appliance: its objects.
-pub const SUBD: &str = "ObjectServer.GetObjects";
+/// What a sub needs: its objects from the appliance, and (for the ramdisk's progress line)
+/// Poll on its own subd.
+pub const SUBD: &str = "ObjectServer.GetObjects,Subd.Poll";
 /// What an agent token grants (and a certificate for an agent would carry).
 pub const AGENT: &str = "Introspection.Continue,Agent.*,Provision.*";
 

@@ -329,6 +329,8 @@ fn render_metrics(
             ("received", &st.received),
             ("malformed", &st.malformed),
             ("ignored", &st.ignored),
+            ("limited_client", &st.limited_client),
+            ("limited_new_lease", &st.limited_new_leases),
             ("offer", &st.offers),
             ("ack", &st.acks),
             ("nak", &st.naks),

@@ -198,6 +198,7 @@ pub fn next_answer(
             .map(|f| f.lines().to_vec())
             .unwrap_or_default(),
         appliance_url: appliance_url.to_string(),
+        subd_trust: None,
     }
 }
 
@@ -306,6 +307,8 @@ pub struct Provisioner {
     pub subd_port: u16,
     /// How long a run may go without a report (`[provisioning]`).
     pub timeouts: Timeouts,
+    /// Issues subd's certificate for the machines it provisions (TLS on).
+    pub security: Option<Arc<crate::security::Security>>,
     /// Reboots a node with a BMC into the ramdisk when an operator starts a run.
     pub power: Option<Arc<crate::power::Power>>,
 }
@@ -518,6 +521,47 @@ impl Provisioner {
     }
 
     /// `provision/next`: the node with any of `macs`, and what its agent must do.
+    /// `provision/next` for the machine at `peer`: with TLS on, a run that starts subd gets
+    /// subd's certificate (for the machine's name and address) and the CA.
+    pub async fn next_for(
+        &self,
+        req: &NextRequest,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<NextAnswer> {
+        let mut answer = self.next(req).await?;
+        let runs_subd = matches!(answer.mode, Some(Operation::Birth | Operation::Rebirth));
+        if let (true, Some(sec)) = (runs_subd, &self.security) {
+            let name = if crate::security::valid_cert_name(&answer.hostname) {
+                answer.hostname.clone()
+            } else {
+                answer.node.clone().unwrap_or_else(|| "sub".into())
+            };
+            let mut sans = vec![answer.hostname.clone()];
+            sans.extend(peer.map(|ip| ip.to_string()));
+            sans.retain(|s| crate::security::valid_san(s));
+            match sec.subd_trust(&name, &sans) {
+                Ok(Some(issued)) => {
+                    answer.subd_trust = Some(paddock_birther::protocol::SubdTrust {
+                        ca_pem: sec
+                            .tls
+                            .as_ref()
+                            .map(|t| t.material.ca_pem.clone())
+                            .unwrap_or_default(),
+                        cert_pem: issued.cert_pem,
+                        key_pem: issued.key_pem,
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(ProvisionError::Internal(format!(
+                        "issuing subd's certificate for {name}: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(answer)
+    }
+
     pub async fn next(&self, req: &NextRequest) -> Result<NextAnswer> {
         let mut node = None;
         for text in &req.macs {
@@ -864,9 +908,30 @@ async fn show(
     Ok(Json(p.record(&node).await?.0))
 }
 
-async fn next(State(p): Api, b: Bytes) -> std::result::Result<Json<NextAnswer>, ApiError> {
+async fn next(
+    State(p): Api,
+    peer: Option<axum::Extension<paddock_security::tls::Peer>>,
+    agent: Option<axum::Extension<crate::security::AgentMac>>,
+    b: Bytes,
+) -> std::result::Result<Json<NextAnswer>, ApiError> {
     let req: NextRequest = body(&b)?;
-    Ok(Json(p.next(&req).await?))
+    // An agent token speaks only for the machine it was minted for.
+    if let Some(axum::Extension(mac)) = agent
+        && !req
+            .macs
+            .iter()
+            .filter_map(|m| paddock_security::token::mac_key(m))
+            .any(|m| m == mac.0)
+    {
+        return Err(ApiError::new(
+            401,
+            "agent token: issued for another machine (its MAC is not among the request's)",
+        ));
+    }
+    Ok(Json(
+        p.next_for(&req, peer.map(|axum::Extension(p)| p.addr.ip()))
+            .await?,
+    ))
 }
 
 async fn report(

@@ -67,6 +67,25 @@ pub struct AuditEntry {
     pub peer: String,
 }
 
+/// The MAC a verified agent token was minted for (12 lowercase hex digits), in the
+/// request's extensions for handlers whose body names the machine.
+#[derive(Debug, Clone)]
+pub struct AgentMac(pub String);
+
+/// Whether `name` may be a certificate's CN.
+pub fn valid_cert_name(name: &str) -> bool {
+    ca::check_name(name).is_ok()
+}
+
+/// Whether `s` may be a certificate's subject alternative name.
+pub fn valid_san(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+        || (!s.is_empty()
+            && s.len() <= 253
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-')))
+}
+
 /// What the middleware and the boot path need.
 pub struct Security {
     store: Arc<dyn Store>,
@@ -674,6 +693,33 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
         }
         return refuse(status, message, &path);
     }
+    let mut req = req;
+    if let Some(mac) = &agent_mac
+        && identity.is_none()
+    {
+        req.extensions_mut().insert(AgentMac(mac.clone()));
+        if path == "/v1/continue" {
+            // The inventory names the machine: it must be the token's.
+            let (parts, body) = req.into_parts();
+            let bytes = match axum::body::to_bytes(body, MAX_AGENT_BODY).await {
+                Ok(b) => b,
+                Err(e) => {
+                    return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("body: {e}"), &path);
+                }
+            };
+            if let Some(macs) = inventory_macs(&bytes)
+                && !macs.iter().any(|m| m == mac)
+            {
+                return refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "agent token: issued for another machine (its MAC is not in the inventory)"
+                        .into(),
+                    &path,
+                );
+            }
+            req = Request::from_parts(parts, Body::from(bytes));
+        }
+    }
     let resp = next.run(req).await;
     if mutates {
         sec.audit(AuditEntry {
@@ -688,6 +734,28 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
         .await;
     }
     resp
+}
+
+/// The largest agent body the token check reads (Inspector's own limit applies after).
+const MAX_AGENT_BODY: usize = 64 << 20;
+
+/// The MACs an introspection body names (`inventory.interfaces[].mac_address`,
+/// `boot_interface`), normalised; `None` when it is not JSON (the handler says why).
+fn inventory_macs(body: &[u8]) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut macs: Vec<String> = v["inventory"]["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["mac_address"].as_str())
+        .filter_map(token::mac_key)
+        .collect();
+    if let Some(b) = v["boot_interface"].as_str() {
+        // pxelinux's `01-aa-bb-…` form, or a bare MAC.
+        let b = b.strip_prefix("01-").unwrap_or(b);
+        macs.extend(token::mac_key(b));
+    }
+    Some(macs)
 }
 
 #[derive(Deserialize)]
@@ -772,6 +840,17 @@ mod tests {
         );
         assert_eq!(url_host("http://[::1]:80").as_deref(), Some("::1"));
         assert_eq!(url_host("nope"), None);
+    }
+
+    #[test]
+    fn inventory_macs_are_read_from_the_body() {
+        let body = br#"{"inventory":{"interfaces":[{"mac_address":"52:54:00:AA:00:01"}]},"boot_interface":"01-52-54-00-aa-00-02"}"#;
+        assert_eq!(
+            inventory_macs(body).unwrap(),
+            vec!["525400aa0001".to_string(), "525400aa0002".to_string()]
+        );
+        assert_eq!(inventory_macs(b"not json"), None);
+        assert_eq!(inventory_macs(b"{}").unwrap(), Vec::<String>::new());
     }
 
     #[test]

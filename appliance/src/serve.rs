@@ -239,6 +239,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .as_ref()
             .map_or(paddock_birther::protocol::SUBD_PORT, |d| d.subd_port),
         timeouts: cfg.provisioning.timeouts,
+        security: Some(security.clone()),
         power: Some(power.clone()),
     });
     observers.push(Arc::new(crate::provisioning::RuleWishes(
@@ -299,7 +300,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     client_port: d.client_port,
                     relay_port: d.relay_port,
                 },
-            );
+            )
+            .with_limits(d.rate_limits);
             let policy = Arc::new(Admit {
                 deny: d.deny_macs.clone(),
                 filter: filter.clone(),

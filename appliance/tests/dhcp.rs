@@ -323,6 +323,7 @@ fn acked_leases_survive_sigkill_at_random_moments() {
     let scratch = Scratch::new(&link.tag);
     // A /16 pool: every exchange of every round takes a new address.
     let config = base_config(&link, &scratch, "[tftp]\nenabled = false\n")
+        .replace("[dhcp]\n", "[dhcp]\nnew_leases_per_window = 0\n")
         .replace("198.18.0.0/24", "198.18.0.0/16")
         .replace("198.18.0.100-198.18.0.199", "198.18.1.0-198.18.255.254");
     let mut app = Appliance::start(&link.server, &scratch, &config);
@@ -677,7 +678,8 @@ fn malformed_packets_never_stop_the_server() {
     let app = Appliance::start(
         &link.server,
         &scratch,
-        &base_config(&link, &scratch, "[tftp]\nenabled = false\n"),
+        &base_config(&link, &scratch, "[tftp]\nenabled = false\n")
+            .replace("[dhcp]\n", "[dhcp]\nper_client_burst = 0\n"),
     );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/dhcp_corpus.py");
     let out = link

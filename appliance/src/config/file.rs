@@ -193,6 +193,17 @@ pub struct DhcpFile {
     pub deny_macs: Vec<String>,
     pub subnets: Vec<SubnetFile>,
     pub reservations: Vec<ReservationFile>,
+    /// Requests one client (by MAC) may send at once; 0 turns the per-client limit off
+    /// (default: `paddock_dhcp::RateLimits::default()`, 20).
+    pub per_client_burst: Option<u32>,
+    /// Requests per second a client's budget refills by (default 2).
+    pub per_client_per_sec: Option<u32>,
+    /// Clients whose budget is remembered (default 10,000).
+    pub max_tracked_clients: Option<u32>,
+    /// Addresses newly handed out across all clients per window; 0: no cap (default 1,024).
+    pub new_leases_per_window: Option<u32>,
+    /// That window, in seconds (default 60).
+    pub new_lease_window_secs: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -145,6 +145,8 @@ pub struct DhcpConfig {
     pub deny_macs: BTreeSet<MacAddr>,
     pub subnets: Vec<Subnet>,
     pub reservations: Vec<Reservation>,
+    /// Per-client and new-lease rate limits.
+    pub rate_limits: paddock_dhcp::RateLimits,
 }
 
 #[derive(Clone, Debug)]

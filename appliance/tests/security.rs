@@ -1,0 +1,733 @@
+//! Issue 18's access matrix against a running appliance with TLS on: every route of every
+//! service, called with curl (a real TLS client) by every kind of caller, allowed or denied
+//! exactly as the table below says. Also: the agent's boot-path material (CA fingerprint,
+//! token), an agent token scoped to its own machine, the audit log through the CLI, and a
+//! host that refuses to start without certificates.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::*;
+
+const HTTPS: &str = "https://198.18.0.1:8443";
+
+/// Who calls. The letters are the table's columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    /// `a`: the admin certificate `paddock certs init` writes (`*.*`).
+    Admin,
+    /// `r`: a read-only certificate (`--role read-only`).
+    ReadOnly,
+    /// `t`: a read-only operator token (bearer).
+    ReadOnlyToken,
+    /// `i`: an image creator certificate.
+    ImageCreator,
+    /// `d`: a dominator certificate.
+    Dominator,
+    /// `s`: a provisioned machine's subd certificate.
+    Subd,
+    /// `g`: the ramdisk agent with the token its boot script carried.
+    AgentToken,
+    /// `n`: the agent without its token; any caller with no certificate and no token.
+    Anonymous,
+    /// A certificate from another CA: the handshake fails.
+    OtherCa,
+    /// An expired certificate from our CA: the handshake fails.
+    Expired,
+    /// A forged operator token.
+    ForgedToken,
+    /// Plain HTTP on the boot port: only boot files.
+    PlainHttp,
+}
+
+const EVERYONE: [Who; 12] = [
+    Who::Admin,
+    Who::ReadOnly,
+    Who::ReadOnlyToken,
+    Who::ImageCreator,
+    Who::Dominator,
+    Who::Subd,
+    Who::AgentToken,
+    Who::Anonymous,
+    Who::OtherCa,
+    Who::Expired,
+    Who::ForgedToken,
+    Who::PlainHttp,
+];
+
+impl Who {
+    fn letter(self) -> Option<char> {
+        Some(match self {
+            Who::Admin => 'a',
+            Who::ReadOnly => 'r',
+            Who::ReadOnlyToken => 't',
+            Who::ImageCreator => 'i',
+            Who::Dominator => 'd',
+            Who::Subd => 's',
+            Who::AgentToken => 'g',
+            Who::Anonymous => 'n',
+            _ => return None,
+        })
+    }
+}
+
+/// (HTTP method, path, the Service.Method it is, who may call it). `*` = public: anyone,
+/// on either listener. Otherwise letters from [`Who::letter`]; the admin is always allowed.
+const TABLE: &[(&str, &str, &str, &str)] = &[
+    // Public.
+    ("GET", "/healthz", "", "*"),
+    ("GET", "/boot/ca.pem", "", "*"),
+    ("GET", "/boot/52-54-00-5e-c0-01.ipxe", "", "*"),
+    ("GET", "/", "", "*"),
+    ("GET", "/v1", "", "*"),
+    ("GET", "/ui/login", "", "*"),
+    ("GET", "/ui/assets/console.js", "", "*"),
+    // Paddock's API.
+    ("GET", "/metrics", "Metrics.Get", "rt"),
+    ("GET", "/api/v1/leases", "Leases.List", "rt"),
+    ("GET", "/api/v1/firewall", "Firewall.Get", "rt"),
+    ("GET", "/api/v1/cluster", "Cluster.Get", "rt"),
+    ("GET", "/api/v1/audit", "Audit.List", "rt"),
+    ("GET", "/api/v1/nodes", "Nodes.List", "rt"),
+    ("POST", "/api/v1/nodes", "Nodes.Create", ""),
+    ("GET", "/api/v1/nodes/ghost", "Nodes.Get", "rt"),
+    ("PATCH", "/api/v1/nodes/ghost", "Nodes.Patch", ""),
+    (
+        "POST",
+        "/api/v1/nodes/ghost/provision",
+        "Provisioning.Provision",
+        "",
+    ),
+    (
+        "POST",
+        "/api/v1/nodes/ghost/reimage",
+        "Provisioning.Reimage",
+        "",
+    ),
+    (
+        "POST",
+        "/api/v1/nodes/ghost/clean",
+        "Provisioning.Clean",
+        "",
+    ),
+    (
+        "GET",
+        "/api/v1/nodes/ghost/provisioning",
+        "Provisioning.Get",
+        "rt",
+    ),
+    ("GET", "/api/v1/nodes/ghost/power", "Power.Get", "rt"),
+    ("POST", "/api/v1/nodes/ghost/power", "Power.Act", ""),
+    ("GET", "/api/v1/power", "Power.GetThrottle", "rt"),
+    ("GET", "/api/v1/spec", "Spec.Get", "rt"),
+    ("POST", "/api/v1/spec", "Spec.Apply", ""),
+    ("POST", "/api/v1/spec/plan", "Spec.Plan", "rt"),
+    ("GET", "/api/v1/spec/rounds", "Spec.ListRounds", "rt"),
+    ("GET", "/api/v1/census", "Census.List", "rt"),
+    ("POST", "/api/v1/census/register", "Census.Register", ""),
+    ("POST", "/api/v1/census/keepalive", "Census.KeepAlive", ""),
+    ("POST", "/api/v1/census/revoke", "Census.Revoke", ""),
+    // Ironic Inspector v1.
+    ("GET", "/v1/introspection", "Introspection.List", "rt"),
+    ("GET", "/v1/introspection/ghost", "Introspection.Get", "rt"),
+    ("POST", "/v1/introspection/ghost", "Introspection.Start", ""),
+    (
+        "POST",
+        "/v1/introspection/ghost/abort",
+        "Introspection.Abort",
+        "",
+    ),
+    (
+        "GET",
+        "/v1/introspection/ghost/data",
+        "Introspection.GetData",
+        "rt",
+    ),
+    (
+        "GET",
+        "/v1/introspection/ghost/data/unprocessed",
+        "Introspection.GetData",
+        "rt",
+    ),
+    (
+        "POST",
+        "/v1/introspection/ghost/data/unprocessed",
+        "Introspection.Reapply",
+        "",
+    ),
+    ("GET", "/v1/rules", "Rules.List", "rt"),
+    ("POST", "/v1/rules", "Rules.Create", ""),
+    ("DELETE", "/v1/rules", "Rules.DeleteAll", ""),
+    ("GET", "/v1/rules/ghost", "Rules.Get", "rt"),
+    ("DELETE", "/v1/rules/ghost", "Rules.Delete", ""),
+    // The ramdisk agent.
+    ("POST", "/v1/continue", "Introspection.Continue", "g"),
+    ("POST", "/api/v1/agent/events", "Agent.Event", "g"),
+    ("GET", "/api/v1/agent/ghost/next", "Agent.Next", "g"),
+    ("POST", "/api/v1/provision/next", "Provision.Next", "g"),
+    ("GET", "/api/v1/provision/ghost", "Provision.Show", "grt"),
+    (
+        "POST",
+        "/api/v1/provision/ghost/report",
+        "Provision.Report",
+        "g",
+    ),
+    (
+        "POST",
+        "/api/v1/provision/ghost/register",
+        "Provision.Register",
+        "g",
+    ),
+    // Dominator's services.
+    (
+        "POST",
+        "/rpc/ImageServer.AddImage",
+        "ImageServer.AddImage",
+        "i",
+    ),
+    (
+        "GET",
+        "/rpc/ImageServer.ListImages",
+        "ImageServer.ListImages",
+        "rti",
+    ),
+    (
+        "GET",
+        "/rpc/ImageServer.GetImage",
+        "ImageServer.GetImage",
+        "rtd",
+    ),
+    (
+        "GET",
+        "/rpc/ImageServer.ShowImage",
+        "ImageServer.ShowImage",
+        "rt",
+    ),
+    (
+        "POST",
+        "/rpc/ImageServer.DeleteImage",
+        "ImageServer.DeleteImage",
+        "",
+    ),
+    (
+        "POST",
+        "/rpc/ImageServer.ChangeImageExpiration",
+        "ImageServer.ChangeImageExpiration",
+        "",
+    ),
+    (
+        "POST",
+        "/rpc/ImageServer.CheckImage",
+        "ImageServer.CheckImage",
+        "i",
+    ),
+    (
+        "POST",
+        "/rpc/ImageServer.DeleteUnreferencedObjects",
+        "ImageServer.DeleteUnreferencedObjects",
+        "",
+    ),
+    (
+        "POST",
+        "/rpc/ObjectServer.CheckObjects",
+        "ObjectServer.CheckObjects",
+        "i",
+    ),
+    (
+        "POST",
+        "/rpc/ObjectServer.GetObjects",
+        "ObjectServer.GetObjects",
+        "rtds",
+    ),
+    ("GET", "/rpc/Mdb.GetMdb", "Mdb.GetMdb", "rt"),
+    ("GET", "/rpc/Mdb.ListMachines", "Mdb.ListMachines", "rt"),
+    ("POST", "/rpc/Mdb.SetMachine", "Mdb.SetMachine", ""),
+    ("POST", "/rpc/Mdb.DeleteMachine", "Mdb.DeleteMachine", ""),
+    ("GET", "/rpc/Dominator.ListSubs", "Dominator.ListSubs", "rt"),
+    ("GET", "/rpc/Dominator.GetSub", "Dominator.GetSub", "rt"),
+    ("GET", "/rpc/Dominator.Status", "Dominator.Status", "rt"),
+    ("POST", "/rpc/Dominator.Pause", "Dominator.Pause", ""),
+    ("POST", "/rpc/Dominator.Resume", "Dominator.Resume", ""),
+    ("POST", "/rpc/Dominator.PauseSub", "Dominator.PauseSub", ""),
+    (
+        "POST",
+        "/rpc/Dominator.ResumeSub",
+        "Dominator.ResumeSub",
+        "",
+    ),
+    (
+        "POST",
+        "/rpc/Dominator.ClearSafety",
+        "Dominator.ClearSafety",
+        "",
+    ),
+    (
+        "POST",
+        "/rpc/Dominator.UpdateSub",
+        "Dominator.UpdateSub",
+        "",
+    ),
+    ("POST", "/rpc/Nope.Nope", "Http.Unlisted", ""),
+    // The console: pages are Console.View, forms the methods they perform.
+    ("GET", "/ui", "Console.View", "rt"),
+    ("GET", "/ui/nodes/ghost", "Console.View", "rt"),
+    ("GET", "/ui/dashboard", "Console.View", "rt"),
+    ("GET", "/ui/rules", "Console.View", "rt"),
+    ("GET", "/ui/images", "Console.View", "rt"),
+    ("GET", "/ui/subs", "Console.View", "rt"),
+    ("GET", "/ui/roles", "Console.View", "rt"),
+    ("GET", "/ui/leases", "Console.View", "rt"),
+    ("GET", "/ui/mdb", "Console.View", "rt"),
+    (
+        "POST",
+        "/ui/nodes/ghost/provision",
+        "Provisioning.Provision",
+        "",
+    ),
+    (
+        "POST",
+        "/ui/nodes/ghost/reimage",
+        "Provisioning.Reimage",
+        "",
+    ),
+    ("POST", "/ui/nodes/ghost/clean", "Provisioning.Clean", ""),
+    ("POST", "/ui/nodes/ghost/power", "Power.Act", ""),
+    (
+        "POST",
+        "/ui/nodes/ghost/introspect",
+        "Introspection.Start",
+        "",
+    ),
+    ("POST", "/ui/nodes/ghost/abort", "Introspection.Abort", ""),
+    ("POST", "/ui/rules", "Rules.Create", ""),
+    ("POST", "/ui/rules/ghost/delete", "Rules.Delete", ""),
+    ("POST", "/ui/images", "ImageServer.AddImage", "i"),
+    ("POST", "/ui/images/ghost", "ImageServer.DeleteImage", ""),
+    ("POST", "/ui/subs", "Dominator.Pause", ""),
+    ("POST", "/ui/subs/ghost/pause", "Dominator.PauseSub", ""),
+    ("POST", "/ui/subs/ghost/image", "Mdb.SetMachine", ""),
+];
+
+fn allowed(who: Who, grants: &str) -> bool {
+    grants == "*" || who == Who::Admin || who.letter().is_some_and(|c| grants.contains(c))
+}
+
+struct Setup {
+    link: Link,
+    scratch: Scratch,
+    app: Appliance,
+    /// `--cacert`, `--cert`, `--key`, `-H` arguments per caller.
+    args: BTreeMap<&'static str, String>,
+    agent_token: String,
+}
+
+fn cli(link: &Link, config: &std::path::Path, args: &str) -> String {
+    link.server.sh_ok(&format!(
+        "{} certs --config {} {args}",
+        env!("CARGO_BIN_EXE_paddock"),
+        config.display()
+    ))
+}
+
+fn setup() -> Setup {
+    require(&["curl", "openssl"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let config = format!(
+        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n[dhcp]\nenabled = false\n[tftp]\nenabled = false\n\
+         [boot.discovery]\nkernel = \"{PUBLIC_URL}/boot/assets/vmlinuz\"\ninitrd = \"{PUBLIC_URL}/boot/assets/initrd.img\"\n\
+         [inspector]\nauto_enrol = true\n",
+        scratch.path("data").display()
+    );
+    let path = scratch.path("paddock.toml");
+    std::fs::write(&path, &config).unwrap();
+    let certs = scratch.path("data/certs");
+    let init = cli(&link, &path, "init");
+    assert!(init.contains("created the CA"), "{init}");
+    // Starting again joins the same CA and writes a new host certificate.
+    assert!(cli(&link, &path, "init").contains("joined the CA"));
+    let out = scratch.path("issued");
+    for (name, role) in [
+        ("reader", "read-only"),
+        ("builder", "image-creator"),
+        ("dominator", "dominator"),
+        ("web-1", "subd"),
+    ] {
+        cli(
+            &link,
+            &path,
+            &format!("issue {name} --role {role} --out {}", out.display()),
+        );
+    }
+    let ro_token = cli(&link, &path, "token viewer --role read-only")
+        .trim()
+        .to_string();
+    assert!(ro_token.starts_with("po1."), "{ro_token}");
+    let app = Appliance::start_secure(&link.server, &scratch, &config);
+
+    // An expired certificate from our own CA (read from the store), and one from another CA.
+    let store = paddock_store::SqliteStore::open(scratch.path("data/store.db")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let kv = rt
+        .block_on(paddock_store::Store::get(&store, "security/ca"))
+        .unwrap()
+        .expect("the CA is in the store");
+    let stored: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+    let ours = paddock_security::ca::Ca {
+        cert_pem: stored["cert_pem"].as_str().unwrap().into(),
+        key_pem: stored["key_pem"].as_str().unwrap().into(),
+    };
+    let admin_req = |name: &str| paddock_security::ca::Request {
+        name: name.into(),
+        methods: vec!["*.*".into()],
+        days: 1,
+        ..Default::default()
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let expired =
+        paddock_security::ca::issue(&ours, &admin_req("old"), now - time::Duration::days(10))
+            .unwrap();
+    let other_ca = paddock_security::ca::new_ca("evil-ca", now, 10).unwrap();
+    let other = paddock_security::ca::issue(&other_ca, &admin_req("mallory"), now).unwrap();
+    for (name, c) in [("old", &expired), ("mallory", &other)] {
+        std::fs::write(out.join(format!("{name}.pem")), &c.cert_pem).unwrap();
+        std::fs::write(out.join(format!("{name}.key")), &c.key_pem).unwrap();
+    }
+
+    // The agent's material, from the boot script served over plain HTTP.
+    let script = link.server.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/boot/52-54-00-5e-c0-01.ipxe"
+    ));
+    let arg = |key: &str| {
+        script
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("paddock.{key}=")))
+            .unwrap_or_else(|| panic!("no paddock.{key} in\n{script}"))
+            .to_string()
+    };
+    assert_eq!(arg("url"), HTTPS, "the agent calls the HTTPS listener");
+    assert_eq!(arg("ca_url"), format!("{PUBLIC_URL}/boot/ca.pem"));
+    let fp = link.server.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/boot/ca.pem | openssl x509 -outform der | sha256sum | cut -d' ' -f1"
+    ));
+    assert_eq!(
+        arg("ca_fingerprint"),
+        fp.trim(),
+        "the fingerprint pins the served CA"
+    );
+    let agent_token = arg("token");
+    assert!(
+        agent_token.starts_with("pa1.525400 5ec001".replace(' ', "").as_str()),
+        "{agent_token}"
+    );
+
+    let ca = format!("--cacert {}", certs.join("ca.pem").display());
+    let cert = |name: &str, dir: &std::path::Path| {
+        format!(
+            "{ca} --cert {} --key {}",
+            dir.join(format!("{name}.pem")).display(),
+            dir.join(format!("{name}.key")).display()
+        )
+    };
+    let mut args = BTreeMap::new();
+    args.insert("admin", cert("admin", &certs));
+    args.insert("reader", cert("reader", &out));
+    args.insert(
+        "viewer",
+        format!("{ca} -H 'Authorization: Bearer {ro_token}'"),
+    );
+    args.insert("builder", cert("builder", &out));
+    args.insert("dominator", cert("dominator", &out));
+    args.insert("web-1", cert("web-1", &out));
+    args.insert(
+        "agent",
+        format!("{ca} -H 'Authorization: Bearer {agent_token}'"),
+    );
+    args.insert("anonymous", ca.clone());
+    args.insert("mallory", cert("mallory", &out));
+    args.insert("old", cert("old", &out));
+    args.insert(
+        "forged",
+        format!("{ca} -H 'Authorization: Bearer po1.{}'", "ab".repeat(32)),
+    );
+    Setup {
+        link,
+        scratch,
+        app,
+        args,
+        agent_token,
+    }
+}
+
+fn key(who: Who) -> &'static str {
+    match who {
+        Who::Admin => "admin",
+        Who::ReadOnly => "reader",
+        Who::ReadOnlyToken => "viewer",
+        Who::ImageCreator => "builder",
+        Who::Dominator => "dominator",
+        Who::Subd => "web-1",
+        Who::AgentToken => "agent",
+        Who::Anonymous => "anonymous",
+        Who::OtherCa => "mallory",
+        Who::Expired => "old",
+        Who::ForgedToken => "forged",
+        Who::PlainHttp => "anonymous",
+    }
+}
+
+/// Every route for one caller, in one shell: (status, curl's exit code, body) per row.
+fn call_all(s: &Setup, who: Who) -> Vec<(u16, i32, String)> {
+    let dir = s.scratch.path(&format!("matrix-{}", key(who)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = if who == Who::PlainHttp {
+        PUBLIC_URL
+    } else {
+        HTTPS
+    };
+    let auth = if who == Who::PlainHttp {
+        ""
+    } else {
+        &s.args[key(who)]
+    };
+    let mut script = String::new();
+    for (i, (method, path, _, _)) in TABLE.iter().enumerate() {
+        let body = if *method == "GET" || *method == "DELETE" {
+            String::new()
+        } else {
+            // Bodies no handler accepts, so an allowed call changes nothing.
+            "-H 'Content-Type: application/json' -H 'Origin: https://198.18.0.1:8443' --data-binary 'not json'".into()
+        };
+        script.push_str(&format!(
+            "code=$(curl -s -m 10 -o {dir}/{i}.body -w '%{{http_code}} %{{redirect_url}}' -X {method} {auth} {body} '{base}{path}'); echo \"{i} $? $code\"\n",
+            dir = dir.display()
+        ));
+    }
+    let f = dir.join("calls.sh");
+    std::fs::write(&f, script).unwrap();
+    let out = s.link.server.sh(&format!("sh {}", f.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows = vec![(0u16, -1i32, String::new()); TABLE.len()];
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let (Some(i), Some(exit), Some(code)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let i: usize = i.parse().unwrap();
+        let redirect = w.next().unwrap_or("").to_string();
+        let body = std::fs::read_to_string(dir.join(format!("{i}.body"))).unwrap_or_default();
+        rows[i] = (
+            code.parse().unwrap_or(0),
+            exit.parse().unwrap(),
+            format!("{redirect} {body}"),
+        );
+    }
+    rows
+}
+
+/// Whether the appliance refused the call (not whether the handler liked it).
+fn refused(status: u16, exit: i32, body: &str) -> bool {
+    exit != 0 && status == 0 // no TLS session, no answer
+        || (status == 401 || status == 403)
+            && (body.contains("access to method")
+                || body.contains("needs a client certificate")
+                || body.contains("token")
+                || body.contains("only boot files"))
+        || status == 303 && body.contains("/ui/login")
+}
+
+#[test]
+fn every_method_for_every_caller_is_allowed_or_denied_as_the_table_says() {
+    let s = setup();
+    let (mut denied, mut unauthorised, mut allowed_ok, mut authorised) = (0, 0, 0, 0);
+    let mut wrong = Vec::new();
+    for who in EVERYONE {
+        let rows = call_all(&s, who);
+        for ((method, path, name, grants), (status, exit, body)) in TABLE.iter().zip(rows) {
+            let mut may = allowed(who, grants);
+            // Over a failed handshake nothing is served, public or not.
+            if matches!(who, Who::OtherCa | Who::Expired) {
+                may = false;
+                if *grants == "*" {
+                    assert!(
+                        refused(status, exit, &body),
+                        "{who:?} {method} {path}: a handshake should fail"
+                    );
+                    continue;
+                }
+            }
+            // A forged token and the agent without one are anonymous callers.
+            if who == Who::ForgedToken && *grants != "*" {
+                may = false;
+            }
+            let was_refused = refused(status, exit, &body);
+            if may {
+                authorised += 1;
+                if was_refused {
+                    wrong.push(format!(
+                        "{who:?} {method} {path}: refused ({status} {body:.200})"
+                    ));
+                } else {
+                    allowed_ok += 1;
+                }
+            } else {
+                unauthorised += 1;
+                if was_refused {
+                    denied += 1;
+                    // A caller the appliance knows is told which method it may not call.
+                    if status == 403
+                        && matches!(
+                            who,
+                            Who::ReadOnly
+                                | Who::ReadOnlyToken
+                                | Who::ImageCreator
+                                | Who::Dominator
+                                | Who::Subd
+                        )
+                        && !body.contains(&format!("access to method {name} denied"))
+                    {
+                        wrong.push(format!(
+                            "{who:?} {method} {path}: the 403 does not name {name}: {body:.200}"
+                        ));
+                    }
+                } else {
+                    wrong.push(format!(
+                        "{who:?} {method} {path}: allowed ({status} {exit} {body:.200})"
+                    ));
+                }
+            }
+        }
+    }
+    println!("denied {denied} of {unauthorised} unauthorised calls");
+    println!("allowed {allowed_ok} of {authorised} authorised calls");
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert_eq!(denied, unauthorised);
+    assert!(
+        unauthorised > 500,
+        "the matrix is smaller than expected: {unauthorised}"
+    );
+    drop(s.app);
+}
+
+#[test]
+fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_what() {
+    let s = setup();
+    let admin = &s.args["admin"];
+    let call = |auth: &str, method: &str, path: &str, body: &str| {
+        let f = s.scratch.path(&format!("b-{}", path.replace('/', "_")));
+        std::fs::write(&f, body).unwrap();
+        curl(
+            &s.link.server,
+            &format!(
+                "curl -s -i -X {method} {auth} -H 'Content-Type: application/json' --data-binary @{} '{HTTPS}{path}'",
+                f.display()
+            ),
+        )
+    };
+    // Two nodes; the agent's token was minted for 52:54:00:5e:c0:01.
+    let mine = call(
+        admin,
+        "POST",
+        "/api/v1/nodes",
+        r#"{"name":"mine","macs":["52:54:00:5e:c0:01"]}"#,
+    );
+    assert!(mine.status < 300, "{} {}", mine.status, mine.body);
+    let theirs = call(
+        admin,
+        "POST",
+        "/api/v1/nodes",
+        r#"{"name":"theirs","macs":["52:54:00:5e:c0:02"]}"#,
+    );
+    assert!(theirs.status < 300, "{} {}", theirs.status, theirs.body);
+    let agent = &s.args["agent"];
+    let own = call(agent, "GET", "/api/v1/agent/mine/next", "");
+    assert!(
+        own.status != 401 && own.status != 403,
+        "{} {}",
+        own.status,
+        own.body
+    );
+    let other = call(agent, "GET", "/api/v1/agent/theirs/next", "");
+    assert_eq!(other.status, 401, "{}", other.body);
+    assert!(other.body.contains("another machine"), "{}", other.body);
+    // A token is not a certificate: it opens nothing else.
+    assert_eq!(call(agent, "GET", "/api/v1/nodes", "").status, 403);
+    // A tampered token is refused.
+    let tampered = s.agent_token.replacen("525400", "525401", 1);
+    let t = call(
+        &format!(
+            "{} -H 'Authorization: Bearer {tampered}'",
+            s.args["anonymous"]
+        ),
+        "POST",
+        "/v1/continue",
+        "{}",
+    );
+    assert_eq!(t.status, 401, "{}", t.body);
+
+    // The audit log: the admin's node creations, the reader's refused deletion.
+    let denied = call(&s.args["reader"], "DELETE", "/v1/rules", "");
+    assert_eq!(denied.status, 403);
+    let out = s.link.server.sh_ok(&format!(
+        "{} audit --api {HTTPS} --ca {} --cert {} --key {} --json",
+        env!("CARGO_BIN_EXE_paddock"),
+        s.scratch.path("data/certs/ca.pem").display(),
+        s.scratch.path("data/certs/admin.pem").display(),
+        s.scratch.path("data/certs/admin.key").display(),
+    ));
+    let log: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let has = |who: &str, method: &str, status: u64| {
+        log.iter()
+            .any(|e| e["who"] == who && e["method"] == method && e["status"] == status)
+    };
+    assert!(
+        has("admin", "Nodes.Create", 201) || has("admin", "Nodes.Create", 200),
+        "{out}"
+    );
+    assert!(has("reader", "Rules.DeleteAll", 403), "{out}");
+    assert!(log.iter().all(|e| e["proof"] != "insecure"), "{out}");
+    // The table view, with a read-only token: it may read the log.
+    let table = s.link.server.sh_ok(&format!(
+        "PADDOCK_TOKEN=$(cat /dev/null){} {} audit --api {HTTPS} --ca {} --token {}",
+        "",
+        env!("CARGO_BIN_EXE_paddock"),
+        s.scratch.path("data/certs/ca.pem").display(),
+        s.args["viewer"]
+            .rsplit("Bearer ")
+            .next()
+            .unwrap()
+            .trim_end_matches('\''),
+    ));
+    assert!(
+        table.contains("Rules.DeleteAll") && table.contains("reader"),
+        "{table}"
+    );
+    drop(s.app);
+}
+
+#[test]
+fn without_certificates_tls_mode_refuses_to_start_and_says_how_to_fix_it() {
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let config = format!(
+        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n[dhcp]\nenabled = false\n[tftp]\nenabled = false\n",
+        scratch.path("data").display()
+    );
+    let path = scratch.path("paddock.toml");
+    std::fs::write(&path, &config).unwrap();
+    let out = link.server.sh(&format!(
+        "timeout 20 {} serve --config {}",
+        env!("CARGO_BIN_EXE_paddock"),
+        path.display()
+    ));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("paddock certs init"), "{err}");
+    assert!(err.contains("insecure"), "{err}");
+}
