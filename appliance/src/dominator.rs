@@ -177,6 +177,9 @@ pub struct Wiring {
     pub host: String,
     /// For the machines' timelines.
     pub inspector: Arc<Inspector>,
+    /// TLS to the subs: this host's certificate (the dominator's identity, `Subd.*`) and
+    /// the CA they are checked against; `None`: plain HTTP (insecure mode).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
@@ -194,6 +197,7 @@ pub fn spawn(
         image_server_url,
         host,
         inspector,
+        tls,
     } = w;
     let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(async move {
@@ -220,10 +224,10 @@ pub fn spawn(
         fetch_speed_percent: cfg.fetch_speed_percent,
         high_impact_share: cfg.high_impact_share,
     };
-    let rpc = Arc::new(HttpSubRpc::new(
-        &format!("paddock-{host}"),
-        Duration::from_secs(5),
-    ));
+    let rpc = Arc::new(match tls {
+        Some(tls) => HttpSubRpc::with_tls(&format!("paddock-{host}"), Duration::from_secs(5), tls),
+        None => HttpSubRpc::new(&format!("paddock-{host}"), Duration::from_secs(5)),
+    });
     let images = Arc::new(ImageIndex(images));
     let c = census.clone();
     tasks.spawn(async move {

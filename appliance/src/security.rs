@@ -406,6 +406,34 @@ impl Security {
         }))
     }
 
+    /// This host as a client of its peers and subs (TLS on): the CA, its certificate.
+    pub fn host_client_config(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
+        self.tls
+            .as_ref()
+            .map(|t| {
+                tls::client_config(
+                    &t.material.ca_pem,
+                    Some((&t.material.cert_pem, &t.material.key_pem)),
+                )
+            })
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// The same for ureq clients (image replication).
+    pub fn host_ureq_tls(&self) -> anyhow::Result<Option<ureq::tls::TlsConfig>> {
+        self.tls
+            .as_ref()
+            .map(|t| {
+                tls::ureq_tls(
+                    &t.material.ca_pem,
+                    Some((&t.material.cert_pem, &t.material.key_pem)),
+                )
+            })
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    }
+
     /// The rustls server configuration (TLS on).
     pub fn server_config(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
         self.tls
@@ -563,7 +591,12 @@ fn refuse(status: StatusCode, message: String, path: &str) -> Response {
         )
             .into_response();
     }
-    paddock_wire::ApiError::new(status.as_u16(), message).into_response()
+    // The body of a refused call is never read: close, so a kept-alive client does not send
+    // its next call on a connection hyper is about to drop.
+    let mut resp = paddock_wire::ApiError::new(status.as_u16(), message).into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    resp
 }
 
 /// Applies [`access::decide`] to every request, then audits mutating calls.

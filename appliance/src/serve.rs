@@ -105,11 +105,31 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
                 .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
             Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?)
         }
-        Some(c) => Arc::new(
-            paddock_store::EtcdStore::connect(&c.etcd_endpoints, std::time::Duration::from_secs(5))
+        Some(c) => {
+            let tls = match &c.etcd_tls {
+                Some((ca, cert, key)) => {
+                    let read = |p: &std::path::PathBuf| {
+                        std::fs::read_to_string(p)
+                            .with_context(|| format!("reading {}", p.display()))
+                    };
+                    Some(paddock_store::EtcdTls {
+                        ca_pem: read(ca)?,
+                        cert_pem: read(cert)?,
+                        key_pem: read(key)?,
+                    })
+                }
+                None => None,
+            };
+            Arc::new(
+                paddock_store::EtcdStore::connect_with(
+                    &c.etcd_endpoints,
+                    std::time::Duration::from_secs(5),
+                    tls.as_ref(),
+                )
                 .await
                 .context("connecting to the etcd cluster")?,
-        ),
+            )
+        }
     })
 }
 
@@ -150,15 +170,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mdb = paddock_imageserver::mdb::MdbService::new(store.clone(), cfg.images.mdb_file.clone());
     // Several hosts: each keeps every image's objects, fetched from the others, so any
     // leader's image server serves every image.
-    let image_peers: Vec<String> = cfg
-        .discovery
-        .agent_urls
+    let (peer_urls, own_url) = match &cfg.security {
+        crate::config::SecurityConfig::Tls(t) => (&t.agent_urls, &t.public_url),
+        crate::config::SecurityConfig::Insecure => (&cfg.discovery.agent_urls, &cfg.public_url),
+    };
+    let image_peers: Vec<String> = peer_urls
         .iter()
-        .filter(|u| **u != cfg.public_url)
+        .filter(|u| *u != own_url)
         .cloned()
         .collect();
     if !image_peers.is_empty() {
-        let r = paddock_imageserver::replicate::Replicator::new(images.clone(), image_peers);
+        let r = paddock_imageserver::replicate::Replicator::with_tls(
+            images.clone(),
+            image_peers,
+            security.host_ureq_tls()?,
+        );
         tokio::spawn(r.run(store.clone()));
     }
     let mut observers: Vec<Arc<dyn paddock_inspector::service::NodeObserver>> = Vec::new();
@@ -376,6 +402,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     .as_ref()
                     .map_or_else(|| "paddock".to_string(), |c| c.host.clone()),
                 inspector: inspector.clone(),
+                tls: security.host_client_config()?,
             },
         ),
         None => paddock_dominator::Census::default(),

@@ -62,11 +62,23 @@ pub struct Replicator {
 
 impl Replicator {
     pub fn new(images: Arc<ImageServer>, peers: Vec<String>) -> Self {
-        let agent = ureq::Agent::config_builder()
+        Self::with_tls(images, peers, None)
+    }
+
+    /// Over TLS to the peers (`https://` URLs) when `tls` is given: the CA as the only root,
+    /// this host's certificate presented (it needs `ObjectServer.GetObjects`).
+    pub fn with_tls(
+        images: Arc<ImageServer>,
+        peers: Vec<String>,
+        tls: Option<ureq::tls::TlsConfig>,
+    ) -> Self {
+        let mut b = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(5)))
-            .build()
-            .into();
+            .timeout_connect(Some(Duration::from_secs(5)));
+        if let Some(t) = tls {
+            b = b.tls_config(t);
+        }
+        let agent = b.build().into();
         Replicator {
             images,
             peers,

@@ -39,14 +39,45 @@ fn convert(kv: &etcd_client::KeyValue) -> KeyValue {
     }
 }
 
+/// TLS to the etcd members: their CA, and this host's client certificate and key (PEM).
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls").finish_non_exhaustive()
+    }
+}
+
 impl EtcdStore {
     /// Connects to the cluster (any of `endpoints`, e.g. `http://198.18.0.1:2379`). Requests
     /// time out after `timeout`, so a partitioned member fails calls instead of hanging.
     pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
-        let opts = ConnectOptions::new()
+        Self::connect_with(endpoints, timeout, None).await
+    }
+
+    /// Like [`connect`](Self::connect), over TLS when `tls` is given: the members are checked
+    /// against its CA and this host authenticates with its certificate (`https://` endpoints).
+    pub async fn connect_with(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Self, StoreError> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout);
+        if let Some(t) = tls {
+            opts = opts.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem))
+                    .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem)),
+            );
+        }
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(|e| StoreError::Etcd(format!("connecting to etcd at {endpoints:?}: {e}")))?;

@@ -14,7 +14,7 @@ mod sqlite;
 use std::time::Duration;
 
 use async_trait::async_trait;
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdStore, EtcdTls};
 pub use sqlite::SqliteStore;
 
 /// A store revision: increases by one for every transaction that changed something.

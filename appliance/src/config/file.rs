@@ -81,6 +81,11 @@ pub struct ClusterFile {
     pub lease_ttl_secs: Option<u64>,
     /// Every host's public URL; the discovery ramdisk is given all of them and fails over.
     pub peers: Vec<String>,
+    /// TLS to etcd (`https://` endpoints): the members' CA, this host's client certificate
+    /// and key, PEM files; all three or none.
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -104,6 +104,8 @@ pub struct TimelineConfig {
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     pub etcd_endpoints: Vec<String>,
+    /// `(ca, cert, key)` files for TLS to etcd.
+    pub etcd_tls: Option<(PathBuf, PathBuf, PathBuf)>,
     pub host: String,
     pub lease_ttl: Duration,
 }

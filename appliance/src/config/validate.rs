@@ -500,7 +500,16 @@ fn cluster(f: &ClusterFile, p: &mut Problems) -> Option<ClusterConfig> {
                     .map(|h| h.trim().to_string())
                     .unwrap_or_else(|_| defaults::CLUSTER_HOST.into())
             });
+            let etcd_tls = match (&f.etcd_ca_file, &f.etcd_cert_file, &f.etcd_key_file) {
+                (Some(c), Some(r), Some(k)) => Some((c.clone(), r.clone(), k.clone())),
+                (None, None, None) => None,
+                _ => {
+                    p.push("cluster.etcd_ca_file, etcd_cert_file, etcd_key_file: give all three (TLS to etcd) or none".into());
+                    None
+                }
+            };
             Some(ClusterConfig {
+                etcd_tls,
                 etcd_endpoints: f.etcd_endpoints.clone(),
                 host,
                 lease_ttl: Duration::from_secs(ttl.clamp(2, 60)),
