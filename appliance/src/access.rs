@@ -148,6 +148,7 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "census", "revoke"] if post => write("Census.Revoke"),
 
         // The console: pages are Console.View, forms are the methods they perform.
+        ["ui", "audit"] if get => read("Audit.List"),
         ["ui", ..] if get => read("Console.View"),
         ["ui", "nodes", _, "provision"] if post => write("Provisioning.Provision"),
         ["ui", "nodes", _, "reimage"] if post => write("Provisioning.Reimage"),

@@ -114,7 +114,7 @@ form.inline{display:inline} .columns{display:flex;flex-wrap:wrap;gap:2rem} h3{fo
 .banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
 .synced{color:#070} .queued{color:#666} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
 
-fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
+pub(crate) fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
     page_with(title, refresh, None, body)
 }
 
@@ -157,6 +157,7 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                         a href="/ui/mdb" { "MDB" }
                         a href="/ui/subs" { "Subs" }
                         a href="/ui/roles" { "Roles" }
+                        a href="/ui/audit" { "Audit" }
                         a href="/metrics" { "Metrics" }
                         @if live.is_some() { span #live-status role="status" {} }
                     }

@@ -594,8 +594,10 @@ fn refuse(status: StatusCode, message: String, path: &str) -> Response {
     // The body of a refused call is never read: close, so a kept-alive client does not send
     // its next call on a connection hyper is about to drop.
     let mut resp = paddock_wire::ApiError::new(status.as_u16(), message).into_response();
-    resp.headers_mut()
-        .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
     resp
 }
 
@@ -849,10 +851,38 @@ async fn login(State(sec): State<Arc<Security>>, form: axum::Form<LoginForm>) ->
     }
 }
 
-/// `/api/v1/audit`, `/ui/login`.
+/// `/ui/audit`: the newest entries, who did what to what, and the result.
+async fn audit_page(State(sec): State<Arc<Security>>) -> Response {
+    let entries = match sec.audit_log(200).await {
+        Ok(e) => e,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let body = maud::html! {
+        p { "Every mutating call (and every refused one by a known caller), newest first; "
+            code { "paddock audit" } " shows the same." }
+        table #audit {
+            tr { th { "When (UTC)" } th { "Who" } th { "Proof" } th { "Method" } th { "On" } th { "Status" } th { "From" } }
+            @for e in &entries {
+                tr {
+                    td { (httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(e.at_ms).unwrap_or(0)))) }
+                    td { (e.who) }
+                    td { (e.proof) }
+                    td { code { (e.method) } }
+                    td { code { (e.target) } }
+                    td { (e.status) }
+                    td { (e.peer) }
+                }
+            }
+        }
+    };
+    crate::console::page("Audit log", false, body).into_response()
+}
+
+/// `/api/v1/audit`, `/ui/audit`, `/ui/login`.
 pub fn router(sec: Arc<Security>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/audit", axum::routing::get(audit_list))
+        .route("/ui/audit", axum::routing::get(audit_page))
         .route("/ui/login", axum::routing::get(login_page).post(login))
         .with_state(sec)
 }

@@ -279,6 +279,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("GET", "/ui/roles", "Console.View", "rt"),
     ("GET", "/ui/leases", "Console.View", "rt"),
     ("GET", "/ui/mdb", "Console.View", "rt"),
+    ("GET", "/ui/audit", "Audit.List", "rt"),
     (
         "POST",
         "/ui/nodes/ghost/provision",
@@ -692,17 +693,56 @@ fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_w
     );
     assert!(has("reader", "Rules.DeleteAll", 403), "{out}");
     assert!(log.iter().all(|e| e["proof"] != "insecure"), "{out}");
+    // The console: a token signs in (a cookie), and the audit page shows the reader's refusal.
+    let viewer_token = s.args["viewer"]
+        .rsplit("Bearer ")
+        .next()
+        .unwrap()
+        .trim_end_matches('\'')
+        .to_string();
+    let login = curl(
+        &s.link.server,
+        &format!(
+            "curl -s -i {} -X POST --data-urlencode token={viewer_token} '{HTTPS}/ui/login'",
+            s.args["anonymous"]
+        ),
+    );
+    assert_eq!(login.status, 303, "{}", login.body);
+    let cookie = login
+        .header("set-cookie")
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(cookie.starts_with("paddock_token=po1."), "{cookie}");
+    let page = curl(
+        &s.link.server,
+        &format!(
+            "curl -s -i {} -H 'Cookie: {cookie}' '{HTTPS}/ui/audit'",
+            s.args["anonymous"]
+        ),
+    );
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("Rules.DeleteAll") && page.body.contains("reader"),
+        "{}",
+        page.body
+    );
+    let bad = curl(
+        &s.link.server,
+        &format!(
+            "curl -s -i {} -X POST --data-urlencode token=po1.{} '{HTTPS}/ui/login'",
+            s.args["anonymous"],
+            "cd".repeat(32)
+        ),
+    );
+    assert_eq!(bad.status, 401);
     // The table view, with a read-only token: it may read the log.
     let table = s.link.server.sh_ok(&format!(
-        "PADDOCK_TOKEN=$(cat /dev/null){} {} audit --api {HTTPS} --ca {} --token {}",
-        "",
+        "{} audit --api {HTTPS} --ca {} --token {viewer_token}",
         env!("CARGO_BIN_EXE_paddock"),
         s.scratch.path("data/certs/ca.pem").display(),
-        s.args["viewer"]
-            .rsplit("Bearer ")
-            .next()
-            .unwrap()
-            .trim_end_matches('\''),
     ));
     assert!(
         table.contains("Rules.DeleteAll") && table.contains("reader"),
