@@ -133,6 +133,7 @@ bootable_filter() {
 /etc/machine-id$
 # paddock-subd: its binary, configuration and trust material, and its unit (enabled).
 /var/lib/paddock(|/.*)$
+/etc/paddock/subd(|/.*)$
 /etc/systemd/system/paddock-subd\.service$
 /etc/systemd/system/multi-user\.target\.wants/paddock-subd\.service$
 # The boot loader: grub-install and update-grub on the machine (grub.cfg names its root's UUID);
