@@ -4,6 +4,13 @@
 //! bound to it, and QEMU VMs (`-accel tcg`) whose NICs are taps on that bridge. VMs boot real
 //! firmware: SeaBIOS with QEMU's iPXE option ROM, or OVMF (UEFI PXE → `snponly.efi` over our
 //! TFTP → iPXE). Everything lives inside the namespace and is removed on drop.
+//!
+//! TLS is on, as an operator runs it: before `paddock serve` the lab runs `paddock certs
+//! init` (the CA in the store, the host's certificate and an admin certificate in
+//! `<data>/certs`), and every call the harness makes to the API, the console, `/rpc` and a
+//! subd goes over HTTPS with that admin certificate ([`Creds`]). Only the boot path (DHCP,
+//! TFTP, the boot scripts and assets on `http://…:8080`) is plain, as firmware needs.
+//! [`Lab::start_insecure`] is the explicit opt-out.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -15,7 +22,10 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 pub const SERVER_IP: &str = "198.18.0.1";
-pub const URL: &str = "http://198.18.0.1:8080";
+/// The boot path on plain HTTP: boot scripts, `/boot/assets`, `/boot/ca.pem`, `/healthz`.
+pub const BOOT_URL: &str = "http://198.18.0.1:8080";
+/// The API, console, `/v1` and `/rpc` (HTTPS; [`BOOT_URL`] when the lab runs insecure).
+pub const API_URL: &str = "https://198.18.0.1:8443";
 
 pub mod bmc;
 pub mod ha;
@@ -151,10 +161,103 @@ pub fn sh_ok(cmd: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// An HTTP request with curl from inside namespace `ns`: (status, body); status 0 when
-/// nothing answered within `timeout_secs`.
+/// Who a client is to the appliance (or to a subd): the CA it checks the server against,
+/// and a client certificate or a bearer token. [`Creds::none`]: plain HTTP, anonymous.
+#[derive(Clone, Debug, Default)]
+pub struct Creds {
+    /// The CA (PEM) the server's certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// A client certificate and its key (PEM).
+    pub cert: Option<(PathBuf, PathBuf)>,
+    /// An operator or agent token, sent as `Authorization: Bearer`.
+    pub token: Option<String>,
+}
+
+impl Creds {
+    /// Nothing: plain HTTP, or HTTPS without a client identity.
+    pub fn none() -> Self {
+        Creds::default()
+    }
+
+    /// `<dir>/ca.pem` and the certificate `<dir>/<name>.pem` with its key `<dir>/<name>.key`
+    /// (what `paddock certs init` and `paddock certs issue NAME --out DIR` write).
+    pub fn cert_in(dir: &Path, name: &str) -> Self {
+        Creds {
+            ca: Some(dir.join("ca.pem")),
+            cert: Some((
+                dir.join(format!("{name}.pem")),
+                dir.join(format!("{name}.key")),
+            )),
+            token: None,
+        }
+    }
+
+    /// The CA of `dir` and a bearer token.
+    pub fn token_in(dir: &Path, token: &str) -> Self {
+        Creds {
+            ca: Some(dir.join("ca.pem")),
+            cert: None,
+            token: Some(token.to_string()),
+        }
+    }
+
+    /// curl's options for these credentials.
+    pub fn curl_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(ca) = &self.ca {
+            a.extend(["--cacert".to_string(), ca.display().to_string()]);
+        }
+        if let Some((cert, key)) = &self.cert {
+            a.extend([
+                "--cert".to_string(),
+                cert.display().to_string(),
+                "--key".to_string(),
+                key.display().to_string(),
+            ]);
+        }
+        if let Some(t) = &self.token {
+            a.extend(["-H".to_string(), format!("Authorization: Bearer {t}")]);
+        }
+        a
+    }
+
+    /// The CLI's environment for these credentials and `api` (`VAR=value` words for `env`;
+    /// test-made paths without spaces).
+    pub fn cli_env(&self, api: &str) -> String {
+        let mut e = format!("PADDOCK_API={api}");
+        if let Some(ca) = &self.ca {
+            e.push_str(&format!(" PADDOCK_CA={}", ca.display()));
+        }
+        if let Some((cert, key)) = &self.cert {
+            e.push_str(&format!(
+                " PADDOCK_CERT={} PADDOCK_KEY={}",
+                cert.display(),
+                key.display()
+            ));
+        }
+        if let Some(t) = &self.token {
+            e.push_str(&format!(" PADDOCK_TOKEN={t}"));
+        }
+        e
+    }
+}
+
+/// An HTTP request with curl from inside namespace `ns`, anonymous: (status, body); status 0
+/// when nothing answered within `timeout_secs`.
 pub fn curl_in(
     ns: &str,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    timeout_secs: u32,
+) -> anyhow::Result<(u16, String)> {
+    curl_as(ns, &Creds::none(), method, url, body, timeout_secs)
+}
+
+/// [`curl_in`] with `creds` (HTTPS with a client certificate or token).
+pub fn curl_as(
+    ns: &str,
+    creds: &Creds,
     method: &str,
     url: &str,
     body: Option<&str>,
@@ -175,6 +278,7 @@ pub fn curl_in(
         "-X",
         method,
     ]);
+    cmd.args(creds.curl_args());
     if let Some(b) = body {
         cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
     }
@@ -183,6 +287,16 @@ pub fn curl_in(
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// Runs `paddock certs --config CONFIG ARGS` in namespace `ns` (the store the configuration
+/// names; etcd is reached from there); its standard output.
+pub fn certs(ns: &str, paddock: &Path, config: &Path, args: &str) -> anyhow::Result<String> {
+    sh_ok(&format!(
+        "ip netns exec {ns} env -u PADDOCK_INSECURE {} certs --config {} {args}",
+        paddock.display(),
+        config.display()
+    ))
 }
 
 /// A fresh namespace `ns` holding a bridge `br0` that has address `ip`/24 (a stale one of
@@ -464,23 +578,47 @@ pub struct Lab {
     pub dir: PathBuf,
     pub tag: String,
     pub vms: Vec<Vm>,
+    /// The appliance's configuration file.
+    pub config: PathBuf,
+    /// Where `paddock certs init` put the CA, the host's and the admin certificate (`None`:
+    /// the lab runs insecure).
+    pub certs: Option<PathBuf>,
+    /// What the harness calls the API with: the admin certificate (nothing when insecure).
+    pub creds: Creds,
     appliance: Option<Child>,
     artifacts: Artifacts,
     keep: bool,
 }
 
 impl Lab {
-    /// Starts a lab; `extra` is appended to the appliance's configuration.
+    /// Starts a lab with TLS on; `extra` is appended to the appliance's configuration.
     pub fn start(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
         Self::start_with(name, artifacts, "console=ttyS0", extra)
     }
 
-    /// Starts a lab whose discovery ramdisk gets `cmdline`.
+    /// Starts a lab (TLS on) whose discovery ramdisk gets `cmdline`.
     pub fn start_with(
         name: &str,
         artifacts: &Artifacts,
         cmdline: &str,
         extra: &str,
+    ) -> anyhow::Result<Lab> {
+        Self::launch(name, artifacts, cmdline, extra, true)
+    }
+
+    /// Starts a lab in insecure mode (`[security] insecure = true`: plain HTTP, every call
+    /// open): the explicit opt-out, for a scenario about insecure mode itself. No scenario
+    /// needs it today.
+    pub fn start_insecure(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
+        Self::launch(name, artifacts, "console=ttyS0", extra, false)
+    }
+
+    fn launch(
+        name: &str,
+        artifacts: &Artifacts,
+        cmdline: &str,
+        extra: &str,
+        tls: bool,
     ) -> anyhow::Result<Lab> {
         let tag = unique_tag("pdkv");
         let ns = format!("{tag}-{name}");
@@ -488,17 +626,29 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         bridge_namespace(&ns, SERVER_IP)?;
+        let data = dir.join("data");
+        let certs_dir = tls.then(|| data.join("certs"));
         let mut lab = Lab {
             ns,
+            config: dir.join("paddock.toml"),
             dir,
             tag,
             vms: Vec::new(),
+            creds: certs_dir
+                .as_deref()
+                .map_or_else(Creds::none, |c| Creds::cert_in(c, "admin")),
+            certs: certs_dir,
             appliance: None,
             artifacts: artifacts.clone(),
             keep: false,
         };
+        let extra = if tls {
+            extra.to_string()
+        } else {
+            format!("{extra}\n[security]\ninsecure = true\n")
+        };
         let config = appliance_config(
-            &lab.dir.join("data"),
+            &data,
             artifacts,
             &ApplianceSite {
                 ip: SERVER_IP,
@@ -506,17 +656,20 @@ impl Lab {
                 pool: (100, 250),
                 cmdline,
             },
-            extra,
+            &extra,
         );
-        let config_path = lab.dir.join("paddock.toml");
-        std::fs::write(&config_path, config)?;
+        std::fs::write(&lab.config, config)?;
+        if tls {
+            let out = certs(&lab.ns, &artifacts.paddock, &lab.config, "init")?;
+            std::fs::write(lab.dir.join("certs-init.log"), out)?;
+        }
         let log = std::fs::File::create(lab.dir.join("paddock.log"))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &lab.ns])
             .arg(&artifacts.paddock)
-            .env("PADDOCK_INSECURE", "true")
+            .env_remove("PADDOCK_INSECURE")
             .args(["serve", "--config"])
-            .arg(&config_path)
+            .arg(&lab.config)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -524,6 +677,11 @@ impl Lab {
         lab.appliance = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while lab.api("GET", "/healthz", None).map(|(s, _)| s).ok() != Some(200) {
+            if let Some(c) = lab.appliance.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                bail!("paddock exited with {status}:\n{}", lab.appliance_log());
+            }
             if Instant::now() > deadline {
                 bail!("paddock did not start:\n{}", lab.appliance_log());
             }
@@ -541,14 +699,73 @@ impl Lab {
         std::fs::read_to_string(self.dir.join("paddock.log")).unwrap_or_default()
     }
 
-    /// Calls the appliance's HTTP API from inside the namespace: (status, body).
+    /// The API's base URL: [`API_URL`], or [`BOOT_URL`] when the lab runs insecure.
+    pub fn api_url(&self) -> &'static str {
+        if self.certs.is_some() {
+            API_URL
+        } else {
+            BOOT_URL
+        }
+    }
+
+    /// An operator token for `name` with `role` (`paddock certs token`); `None` when insecure.
+    pub fn token(&self, name: &str, role: &str) -> anyhow::Result<Option<String>> {
+        if self.certs.is_none() {
+            return Ok(None);
+        }
+        let out = certs(
+            &self.ns,
+            &self.artifacts.paddock,
+            &self.config,
+            &format!("token {name} --role {role}"),
+        )?;
+        Ok(Some(out.trim().to_string()))
+    }
+
+    /// Issues a certificate `name` with `args` (`--role …`, `--san …`) into
+    /// `<lab>/issued`; its credentials (with the lab's CA). Insecure: [`Creds::none`].
+    pub fn issue(&self, name: &str, args: &str) -> anyhow::Result<Creds> {
+        let Some(certs_dir) = &self.certs else {
+            return Ok(Creds::none());
+        };
+        let out = self.dir.join("issued");
+        certs(
+            &self.ns,
+            &self.artifacts.paddock,
+            &self.config,
+            &format!("issue {name} {args} --out {}", out.display()),
+        )?;
+        std::fs::copy(certs_dir.join("ca.pem"), out.join("ca.pem"))?;
+        Ok(Creds::cert_in(&out, name))
+    }
+
+    /// Calls the appliance's API from inside the namespace (HTTPS with the admin
+    /// certificate): (status, body).
     pub fn api(
         &self,
         method: &str,
         path: &str,
         body: Option<&str>,
     ) -> anyhow::Result<(u16, String)> {
-        curl_in(&self.ns, method, &format!("{URL}{path}"), body, 10)
+        self.api_as(&self.creds, method, path, body)
+    }
+
+    /// [`Lab::api`] as someone else (`Creds::none()`: anonymous).
+    pub fn api_as(
+        &self,
+        creds: &Creds,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        curl_as(
+            &self.ns,
+            creds,
+            method,
+            &format!("{}{path}", self.api_url()),
+            body,
+            10,
+        )
     }
 
     pub fn api_json(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<Value> {
@@ -603,8 +820,9 @@ impl Lab {
     /// standard output. `args` are test-made words.
     pub fn cli(&self, args: &str) -> anyhow::Result<String> {
         sh_ok(&format!(
-            "ip netns exec {} env PADDOCK_API={URL} {} {args}",
+            "ip netns exec {} env {} {} {args}",
             self.ns,
+            self.creds.cli_env(self.api_url()),
             self.artifacts.paddock.display()
         ))
     }

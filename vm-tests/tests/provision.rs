@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use paddock_vm_tests::{
-    Artifacts, Firmware, Lab, VmSpec, curl_in, sh, subd_fetched_bytes, tail, wait_for,
+    Artifacts, Firmware, Lab, VmSpec, curl_as, sh, subd_fetched_bytes, tail, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -151,14 +151,23 @@ impl Installed {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let address = sub["address"].as_str().unwrap_or("").to_string();
         let host = address.split(':').next().unwrap_or("").to_string();
+        // subd speaks mutual TLS with the certificate the birther installed: the harness
+        // calls it with the lab's admin certificate (`*.*`).
+        let scheme = if self.lab.certs.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let subd = format!("{scheme}://{host}:6969");
         wait_for(
             "the installed subd to answer Poll",
             Duration::from_secs(300),
             || {
-                let (status, body) = curl_in(
+                let (status, body) = curl_as(
                     &self.lab.ns,
+                    &self.lab.creds,
                     "POST",
-                    &format!("http://{host}:6969/rpc/Subd.Poll"),
+                    &format!("{subd}/rpc/Subd.Poll"),
                     Some(r#"{"short_poll_only": true}"#),
                     10,
                 )
@@ -167,6 +176,35 @@ impl Installed {
             },
             || tail(&self.console(), 3000).to_string(),
         );
+        if self.lab.certs.is_some() {
+            // A certificate from the same CA that may only poll: subd answers its Poll and
+            // refuses its Update, naming the method.
+            let poller = self
+                .lab
+                .issue("poller", "--methods Subd.Poll")
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let call = |method: &str, body: &str| {
+                curl_as(
+                    &self.lab.ns,
+                    &poller,
+                    "POST",
+                    &format!("{subd}/rpc/Subd.{method}"),
+                    Some(body),
+                    10,
+                )
+                .unwrap_or_else(|e| panic!("{e:#}"))
+            };
+            let (status, body) = call("Poll", r#"{"short_poll_only": true}"#);
+            assert_eq!(status, 200, "Poll with Subd.Poll: {body}");
+            let (status, body) = call("Update", "{}");
+            assert_eq!(status, 403, "Update without Subd.Update: {body}");
+            assert!(body.contains("Subd.Update"), "{body}");
+            println!(
+                "{}: subd refused an Update from a certificate without Subd.Update: {}",
+                self.name(),
+                body.trim()
+            );
+        }
         let synced = wait_for(
             "the dominator to find the installed system synced",
             Duration::from_secs(600),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use paddock_vm_tests::{Artifacts, Firmware, Lab, VmSpec};
+use paddock_vm_tests::{Artifacts, BOOT_URL, Creds, Firmware, Lab, VmSpec, curl_in};
 use serde_json::Value;
 
 const MIB: u64 = 1024 * 1024;
@@ -119,6 +119,31 @@ fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
     // And then the ramdisk powers the VM off.
     lab.wait_powered_off(vm, Duration::from_secs(120))
         .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_tls_only(&lab);
+}
+
+/// TLS is on: the API is not served on plain HTTP, and HTTPS without a certificate or token
+/// is refused; the boot path stays plain.
+fn assert_tls_only(lab: &Lab) {
+    let ca = lab.certs.as_ref().expect("the lab runs with TLS").join("ca.pem");
+    let (status, body) = curl_in(&lab.ns, "GET", &format!("{BOOT_URL}/api/v1/nodes"), None, 10)
+        .expect("curl");
+    assert_eq!(status, 403, "the API on plain HTTP: {body}");
+    let (status, body) = lab
+        .api_as(
+            &Creds {
+                ca: Some(ca),
+                ..Creds::none()
+            },
+            "GET",
+            "/api/v1/nodes",
+            None,
+        )
+        .expect("curl");
+    assert_eq!(status, 401, "the API without a certificate: {body}");
+    let (status, _) = curl_in(&lab.ns, "GET", &format!("{BOOT_URL}/boot/ca.pem"), None, 10)
+        .expect("curl");
+    assert_eq!(status, 200, "the CA on the boot path");
 }
 
 #[test]

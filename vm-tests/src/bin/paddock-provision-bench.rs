@@ -154,7 +154,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Baseline.
-    let url = "http://198.18.0.1:8080";
+    let url = paddock_vm_tests::BOOT_URL;
     let vm = lab.boot(spec(
         "baseline",
         "52:54:00:16:ba:01",
