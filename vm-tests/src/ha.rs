@@ -5,6 +5,13 @@
 //! Hosts can be killed (`SIGKILL`), restarted, and cut off (their veth taken down, so
 //! neither VMs nor the other etcd members reach them). A [`Sampler`] reads every host's
 //! `pass` chain every 100 ms and remembers the most hosts it ever saw holding a pass rule.
+//!
+//! TLS throughout: etcd serves clients and peers over TLS and requires client certificates
+//! (its own CA, made here with `paddock_security::ca` in `<dir>/etcd-pki`: one certificate per
+//! member for its client and peer ports, one client certificate per appliance host and one
+//! for the harness's `etcdctl`); every appliance host runs `paddock certs init` before its
+//! first start (host 1 creates the appliance's CA in etcd, the others join it) and serves
+//! HTTPS on `:8443`; the harness calls them with host 1's admin certificate ([`HaLab::admin`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,7 +22,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::{Artifacts, Vm, VmSpec, bridge_namespace, curl_in, sh, sh_ok, start_vm, unique_tag};
+use crate::{
+    Artifacts, Creds, Vm, VmSpec, bridge_namespace, curl_as, sh, sh_ok, start_vm, unique_tag,
+};
 
 /// The fabric namespace's own address on the bridge, for clients that are not VMs.
 pub const CLIENT_IP: &str = "198.18.0.2";
@@ -33,8 +42,24 @@ pub struct Host {
 }
 
 impl Host {
+    /// The API's base URL (HTTPS).
     pub fn url(&self) -> String {
+        format!("https://{}:8443", self.ip)
+    }
+
+    /// The boot path's base URL (plain HTTP: boot scripts, assets, the CA).
+    pub fn boot_url(&self) -> String {
         format!("http://{}:8080", self.ip)
+    }
+
+    /// Where `paddock certs init` put this host's certificates (and an admin certificate).
+    pub fn certs(&self) -> PathBuf {
+        self.dir.join("data").join("certs")
+    }
+
+    /// The configuration file [`HaLab::start_appliance`] writes.
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("paddock.toml")
     }
 
     pub fn log(&self) -> String {
@@ -57,6 +82,43 @@ pub struct HaLab {
 
 fn ip_of(i: usize) -> String {
     format!("198.18.0.{}", 11 + i)
+}
+
+/// etcd's own CA and certificates, in `dir`: `ca.pem`; `h<i>.pem`/`.key` for member `i` (its
+/// client and peer ports, and as a client of the others: SANs its address and 127.0.0.1);
+/// `paddock-h<i>` for appliance host `i`'s etcd client; `etcdctl` for the harness.
+fn etcd_pki(dir: &std::path::Path, hosts: usize) -> anyhow::Result<()> {
+    use paddock_security::ca;
+    std::fs::create_dir_all(dir)?;
+    let now = time::OffsetDateTime::now_utc();
+    let authority = ca::new_ca("paddock-lab-etcd", now, 30)?;
+    std::fs::write(dir.join("ca.pem"), &authority.cert_pem)?;
+    let mut names: Vec<(String, Vec<String>)> = (0..hosts)
+        .map(|i| {
+            (
+                format!("h{}", i + 1),
+                vec![ip_of(i), "127.0.0.1".to_string()],
+            )
+        })
+        .collect();
+    names.extend((0..hosts).map(|i| (format!("paddock-h{}", i + 1), Vec::new())));
+    names.push(("etcdctl".to_string(), Vec::new()));
+    for (name, sans) in names {
+        let issued = ca::issue(
+            &authority,
+            &ca::Request {
+                name: name.clone(),
+                methods: Vec::new(),
+                groups: Vec::new(),
+                sans,
+                days: 30,
+            },
+            now,
+        )?;
+        std::fs::write(dir.join(format!("{name}.pem")), &issued.cert_pem)?;
+        std::fs::write(dir.join(format!("{name}.key")), &issued.key_pem)?;
+    }
+    Ok(())
 }
 
 /// A host holds the pass rule when its `leader` set has a live element (several hosts) or
@@ -125,6 +187,7 @@ impl HaLab {
                 pool: None,
             });
         }
+        etcd_pki(&lab.etcd_pki(), hosts)?;
         for i in 0..hosts {
             lab.start_etcd(i)?;
         }
@@ -132,15 +195,22 @@ impl HaLab {
         let endpoints: Vec<String> = lab
             .hosts
             .iter()
-            .map(|h| format!("http://{}:2379", h.ip))
+            .map(|h| format!("https://{}:2379", h.ip))
             .collect();
+        let pki = lab.etcd_pki();
+        let etcdctl = format!(
+            "env ETCDCTL_API=3 etcdctl --endpoints {} --cacert {} --cert {} --key {}",
+            endpoints.join(","),
+            pki.join("ca.pem").display(),
+            pki.join("etcdctl.pem").display(),
+            pki.join("etcdctl.key").display()
+        );
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ok = sh(&format!(
-                "ip netns exec {ns} env ETCDCTL_API=3 etcdctl --endpoints {eps} endpoint health && \
-                 ip netns exec {ns} env ETCDCTL_API=3 etcdctl --endpoints {eps} put lab/ready 1",
+                "ip netns exec {ns} {etcdctl} endpoint health && \
+                 ip netns exec {ns} {etcdctl} put lab/ready 1",
                 ns = lab.hosts[0].ns,
-                eps = endpoints.join(",")
             ))?
             .status
             .success();
@@ -155,16 +225,33 @@ impl HaLab {
         Ok(lab)
     }
 
+    /// etcd's CA and certificates (see [`etcd_pki`]).
+    pub fn etcd_pki(&self) -> PathBuf {
+        self.dir.join("etcd-pki")
+    }
+
+    /// The harness's credentials for every host's API: host 1's admin certificate (every
+    /// host shares the CA).
+    pub fn admin(&self) -> Creds {
+        Creds::cert_in(&self.hosts[0].certs(), "admin")
+    }
+
     fn cluster_spec(&self) -> String {
         (0..self.hosts.len())
-            .map(|i| format!("h{}=http://{}:2380", i + 1, ip_of(i)))
+            .map(|i| format!("h{}=https://{}:2380", i + 1, ip_of(i)))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     pub fn start_etcd(&mut self, i: usize) -> anyhow::Result<()> {
         let cluster = self.cluster_spec();
+        let pki = self.etcd_pki();
         let h = &mut self.hosts[i];
+        let (ca, cert, key) = (
+            pki.join("ca.pem"),
+            pki.join(format!("{}.pem", h.name)),
+            pki.join(format!("{}.key", h.name)),
+        );
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -180,15 +267,30 @@ impl HaLab {
                 "--data-dir",
             ])
             .arg(h.dir.join("etcd"))
+            // Clients and peers over TLS, each side with a certificate from etcd's CA.
+            .arg("--cert-file")
+            .arg(&cert)
+            .arg("--key-file")
+            .arg(&key)
+            .arg("--trusted-ca-file")
+            .arg(&ca)
+            .arg("--client-cert-auth")
+            .arg("--peer-cert-file")
+            .arg(&cert)
+            .arg("--peer-key-file")
+            .arg(&key)
+            .arg("--peer-trusted-ca-file")
+            .arg(&ca)
+            .arg("--peer-client-cert-auth")
             .args([
                 "--listen-client-urls",
-                &format!("http://{}:2379", h.ip),
+                &format!("https://{}:2379", h.ip),
                 "--advertise-client-urls",
-                &format!("http://{}:2379", h.ip),
+                &format!("https://{}:2379", h.ip),
                 "--listen-peer-urls",
-                &format!("http://{}:2380", h.ip),
+                &format!("https://{}:2380", h.ip),
                 "--initial-advertise-peer-urls",
-                &format!("http://{}:2380", h.ip),
+                &format!("https://{}:2380", h.ip),
                 "--initial-cluster",
                 &cluster,
                 "--initial-cluster-state",
@@ -209,12 +311,14 @@ impl HaLab {
     }
 
     /// Writes host `i`'s configuration and starts `paddock serve` there (again, after a
-    /// kill); returns when its API answers.
+    /// kill); returns when its API answers. Before its first start the host runs `paddock
+    /// certs init` (the first host to do so creates the CA in etcd, the others join it).
     pub fn start_appliance(&mut self, i: usize) -> anyhow::Result<()> {
         let endpoints: Vec<String> = std::iter::once(i)
             .chain((0..self.hosts.len()).filter(|j| *j != i))
-            .map(|j| format!("\"http://{}:2379\"", ip_of(j)))
+            .map(|j| format!("\"https://{}:2379\"", ip_of(j)))
             .collect();
+        let pki = self.etcd_pki();
         let peers: Vec<String> = (0..self.hosts.len())
             .map(|j| format!("\"http://{}:8080\"", ip_of(j)))
             .collect();
@@ -229,10 +333,14 @@ reconcile_secs = 2
 [cluster]
 store = "etcd"
 etcd_endpoints = [{endpoints}]
+etcd_ca_file = "{pki}/ca.pem"
+etcd_cert_file = "{pki}/paddock-{name}.pem"
+etcd_key_file = "{pki}/paddock-{name}.key"
 host = "{name}"
 lease_ttl_secs = 3
 peers = [{peers}]
 "#,
+            pki = pki.display(),
             name = h.name,
             endpoints = endpoints.join(", "),
             peers = peers.join(", "),
@@ -248,14 +356,18 @@ peers = [{peers}]
             },
             &extra,
         );
-        let path = h.dir.join("paddock.toml");
+        let path = h.config();
         std::fs::write(&path, config)?;
+        if !h.certs().join("host.pem").exists() {
+            let out = crate::certs(&h.ns, &a.paddock, &path, "init")?;
+            std::fs::write(h.dir.join("certs-init.log"), out)?;
+        }
         h.starts += 1;
         let log = std::fs::File::create(h.dir.join(format!("paddock.{}.log", h.starts)))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &h.ns])
             .arg(&a.paddock)
-            .env("PADDOCK_INSECURE", "true")
+            .env_remove("PADDOCK_INSECURE")
             .args(["serve", "--config"])
             .arg(&path)
             .env("PADDOCK_LOG", "info,paddock=debug")
@@ -353,7 +465,8 @@ peers = [{peers}]
         }
     }
 
-    /// Calls host `i`'s API from inside its namespace: (status, body).
+    /// Calls host `i`'s API from inside its namespace (HTTPS, as [`HaLab::admin`]):
+    /// (status, body).
     pub fn api(
         &self,
         i: usize,
@@ -362,7 +475,14 @@ peers = [{peers}]
         body: Option<&str>,
     ) -> anyhow::Result<(u16, String)> {
         let h = &self.hosts[i];
-        curl_in(&h.ns, method, &format!("{}{path}", h.url()), body, 5)
+        curl_as(
+            &h.ns,
+            &self.admin(),
+            method,
+            &format!("{}{path}", h.url()),
+            body,
+            5,
+        )
     }
 
     /// The API of the first host that answers (any host serves the whole API).
@@ -389,9 +509,16 @@ peers = [{peers}]
     }
 
     /// An HTTP request from the fabric (a client on the provisioning network, like a
-    /// ramdisk agent): (status, body); status 0 when the host could not be reached.
-    pub fn client(&self, url: &str, method: &str, body: Option<&str>) -> (u16, String) {
-        curl_in(&self.net, method, url, body, 5).unwrap_or((0, String::new()))
+    /// ramdisk agent) with `creds`: (status, body); status 0 when the host could not be
+    /// reached.
+    pub fn client(
+        &self,
+        creds: &Creds,
+        url: &str,
+        method: &str,
+        body: Option<&str>,
+    ) -> (u16, String) {
+        curl_as(&self.net, creds, method, url, body, 5).unwrap_or((0, String::new()))
     }
 
     /// Powers a VM on, on the provisioning bridge.

@@ -1,11 +1,12 @@
 //! Three appliance hosts on one etcd cluster (one member per host), on one provisioning
 //! bridge. A sampler reads every host's pass chain every 100 ms throughout and must never
-//! see two pass rules.
+//! see two pass rules. TLS on: etcd with client certificates, every host's API over HTTPS,
+//! agents with the tokens their boot scripts carry, subds over mutual TLS.
 
 use std::time::{Duration, Instant};
 
 use paddock_vm_tests::ha::HaLab;
-use paddock_vm_tests::{Artifacts, VmSpec};
+use paddock_vm_tests::{Artifacts, Creds, VmSpec};
 use serde_json::{Value, json};
 
 fn artifacts() -> Artifacts {
@@ -148,6 +149,24 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
             .ok();
         uuids.push(uuid);
     }
+    // Each agent's token, as its ramdisk gets it: on the kernel command line of the boot
+    // script a host serves on plain HTTP (any host's token is good on every host: they share
+    // the agent key through the store).
+    let ca = lab.hosts[0].certs();
+    let agents: Vec<Creds> = macs
+        .iter()
+        .enumerate()
+        .map(|(i, mac)| {
+            let url = format!("{}/boot/{mac}.ipxe", lab.hosts[i % 3].boot_url());
+            let (status, script) = lab.client(&Creds::none(), &url, "GET", None);
+            assert_eq!(status, 200, "{url}: {script}");
+            let token = script
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("paddock.token="))
+                .unwrap_or_else(|| panic!("no paddock.token in the boot script:\n{script}"));
+            Creds::token_in(&ca, token)
+        })
+        .collect();
     // Twenty agents post their inventories, each to the hosts in turn (as the ramdisk does
     // when a host cannot be reached), while the leader is killed part-way through.
     // The leader dies: the harshest case (its DHCP and its pass rule go too).
@@ -157,8 +176,9 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
     let results: Vec<(String, u16)> = std::thread::scope(|s| {
         let handles: Vec<_> = macs
             .iter()
+            .zip(&agents)
             .enumerate()
-            .map(|(i, mac)| {
+            .map(|(i, (mac, agent))| {
                 let urls = urls.clone();
                 s.spawn(move || {
                     std::thread::sleep(Duration::from_millis(50 * i as u64));
@@ -166,8 +186,12 @@ fn killing_a_host_during_twenty_introspections_loses_none() {
                     let mut k = i;
                     for _ in 0..60 {
                         let url = &urls[k % urls.len()];
-                        let (status, _) =
-                            lab_ref.client(&format!("{url}/v1/continue"), "POST", Some(&body));
+                        let (status, _) = lab_ref.client(
+                            agent,
+                            &format!("{url}/v1/continue"),
+                            "POST",
+                            Some(&body),
+                        );
                         match status {
                             200 => return (mac.clone(), 200),
                             0 | 500..=599 | 409 => {
@@ -323,9 +347,9 @@ fn files(root: &std::path::Path) -> std::collections::BTreeMap<String, (u32, Vec
 /// `paddock` on host `i`'s namespace against its API.
 fn cli(lab: &HaLab, i: usize, args: &str) -> String {
     let out = paddock_vm_tests::sh(&format!(
-        "ip netns exec {} env PADDOCK_API={} {} {args}",
+        "ip netns exec {} env {} {} {args}",
         lab.hosts[i].ns,
-        lab.hosts[i].url(),
+        lab.admin().cli_env(&lab.hosts[i].url()),
         artifacts().paddock.display()
     ))
     .unwrap();
@@ -454,6 +478,22 @@ fn the_dominator_carries_on_under_a_new_leader() {
     let subs: Vec<(String, String)> = (0..2)
         .map(|i| (format!("sub{i}"), format!("198.18.0.{}", 3 + i)))
         .collect();
+    // Each sub's certificate (role subd: it may fetch objects), issued on host 1 and
+    // answering for its address, as the birther installs one on a machine it provisions.
+    let sub_certs = lab.dir.join("subs");
+    for (host, ip) in &subs {
+        paddock_vm_tests::certs(
+            &lab.hosts[0].ns,
+            &artifacts().paddock,
+            &lab.hosts[0].config(),
+            &format!(
+                "issue {host} --role subd --san {ip} --out {}",
+                sub_certs.display()
+            ),
+        )
+        .unwrap();
+    }
+    let ca_pem = lab.hosts[0].certs().join("ca.pem");
     for (host, ip) in &subs {
         let root = roots.join(host);
         paddock_vm_tests::sh_ok(&format!(
@@ -466,12 +506,14 @@ fn the_dominator_carries_on_under_a_new_leader() {
         let excludes: String = FILTER.iter().map(|f| format!(" --exclude '{f}'")).collect();
         let log = lab.dir.join(format!("{host}.log"));
         paddock_vm_tests::sh_ok(&format!(
-            "ip netns exec {net} env PADDOCK_LOG=info {subd} --insecure --root {root} \
-             --listen {ip}:6969 --trigger-command /bin/true --reboot-command /bin/true \
+            "ip netns exec {net} env PADDOCK_LOG=info {subd} --ca {ca} --cert {certs}/{host}.pem \
+             --key {certs}/{host}.key --root {root} --listen {ip}:6969 --trigger-command /bin/true --reboot-command /bin/true \
              --device-speed 1073741824 --link-speed 500000 --min-cycle-ms 100 \
              --scan-percent 100 --cpu-percent 100{excludes} >{log} 2>&1 &",
             net = lab.net,
             subd = subd.display(),
+            ca = ca_pem.display(),
+            certs = sub_certs.display(),
             root = root.display(),
             log = log.display()
         ))
@@ -499,7 +541,8 @@ fn the_dominator_carries_on_under_a_new_leader() {
     loop {
         let fetching = subs.iter().any(|(_, ip)| {
             let (_, body) = lab.client(
-                &format!("http://{ip}:6969/rpc/Subd.Poll"),
+                &lab.admin(),
+                &format!("https://{ip}:6969/rpc/Subd.Poll"),
                 "POST",
                 Some(r#"{"have_generation": 0, "short_poll_only": true}"#),
             );
