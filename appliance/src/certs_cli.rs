@@ -65,6 +65,10 @@ pub enum CertsCmd {
         #[arg(long, default_value_t = 30)]
         days: i64,
     },
+    /// The operator tokens: name, methods, expiry (never the tokens).
+    Tokens,
+    /// Revoke every operator token named NAME.
+    Revoke { name: String },
     /// This host's certificates and the CA's fingerprint.
     Show,
 }
@@ -206,6 +210,28 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             let perms = permissions(methods.as_deref(), role.as_deref())?;
             let t = security::create_token(store.as_ref(), &name, &perms, days).await?;
             println!("{t}");
+        }
+        CertsCmd::Tokens => {
+            for t in security::list_tokens(store.as_ref()).await? {
+                println!(
+                    "{:<24} expires {}  {}",
+                    t.name,
+                    httpdate::fmt_http_date(
+                        std::time::UNIX_EPOCH
+                            + std::time::Duration::from_millis(
+                                u64::try_from(t.expires_ms).unwrap_or(0)
+                            )
+                    ),
+                    t.methods.join(",")
+                );
+            }
+        }
+        CertsCmd::Revoke { name } => {
+            let n = security::revoke_tokens(store.as_ref(), &name).await?;
+            if n == 0 {
+                bail!("no token named {name:?}");
+            }
+            println!("revoked {n} token(s) named {name}");
         }
         CertsCmd::Request { .. } | CertsCmd::Show => unreachable!("handled above"),
     }

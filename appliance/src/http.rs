@@ -133,11 +133,14 @@ async fn boot_script(
         Some(n) => s.provisioning.serve(n.uuid).await?,
         None => None,
     };
-    // With TLS the agent calls the HTTPS URLs, pins the CA and carries a fresh token.
+    // With TLS the agent calls the HTTPS URLs, pins the CA (fetched from this host or, when
+    // it is gone, a peer) and carries a fresh token.
+    let http_urls: Vec<&str> = std::iter::once(s.config.public_url.as_str())
+        .chain(s.config.discovery.agent_urls.iter().map(String::as_str))
+        .collect();
     let discovery = match (
         &s.config.security,
-        s.security
-            .agent_cmdline(&mac.to_string(), &s.config.public_url),
+        s.security.agent_cmdline(&mac.to_string(), &http_urls),
     ) {
         (crate::config::SecurityConfig::Tls(t), Some(extra)) => {
             let mut d = s.config.discovery.clone();

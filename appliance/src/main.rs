@@ -397,6 +397,17 @@ fn main() -> ExitCode {
                 println!("{}: ok", file.display());
                 println!("  data_dir   {}", c.data_dir.display());
                 println!("  http       {} (public {})", c.http_listen, c.public_url);
+                match &c.security {
+                    paddock::config::SecurityConfig::Tls(t) => println!(
+                        "  https      {} (public {}), certificates in {}",
+                        t.listen,
+                        t.public_url,
+                        t.dir.display()
+                    ),
+                    paddock::config::SecurityConfig::Insecure => {
+                        println!("  security   INSECURE: plain HTTP, every method open to anyone")
+                    }
+                }
                 match &c.dhcp {
                     Some(d) => println!(
                         "  dhcp       on {} port {}: {} subnet(s), {} reservation(s)",

@@ -337,6 +337,28 @@ pub async fn create_token(
     Ok(t)
 }
 
+/// Every operator token's record (never the token: only its digest is stored).
+pub async fn list_tokens(store: &dyn Store) -> anyhow::Result<Vec<TokenRecord>> {
+    Ok(store
+        .range(TOKENS)
+        .await?
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect())
+}
+
+/// Deletes every operator token named `name`; how many there were.
+pub async fn revoke_tokens(store: &dyn Store, name: &str) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for kv in store.range(TOKENS).await? {
+        if serde_json::from_slice::<TokenRecord>(&kv.value).is_ok_and(|t| t.name == name) {
+            store.delete(&kv.key).await?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The CA's fingerprint and this host's certificate, for `paddock certs show`.
 pub fn host_material(dir: &Path) -> anyhow::Result<tls::Material> {
     tls::Material::read(
@@ -443,15 +465,25 @@ impl Security {
             .map_err(anyhow::Error::msg)
     }
 
-    /// The kernel command line the ramdisk gets for `mac` with TLS on: the CA's URL and
-    /// fingerprint and a fresh agent token.
-    pub fn agent_cmdline(&self, mac: &str, http_public_url: &str) -> Option<String> {
+    /// The kernel command line the ramdisk gets for `mac` with TLS on: the CA's URLs (on
+    /// each of `http_urls`, the plain-HTTP base URLs of this host first and then its peers',
+    /// so that the agent still finds the CA when the host that served the script is gone),
+    /// its fingerprint and a fresh agent token.
+    pub fn agent_cmdline(&self, mac: &str, http_urls: &[&str]) -> Option<String> {
         let t = self.tls.as_ref()?;
         let expires = u64::try_from(now_ms()).unwrap_or(0)
             + u64::try_from(t.config.agent_token_ttl.as_millis()).unwrap_or(u64::MAX / 2);
         let tok = token::mint_agent(&t.agent_key, mac, expires, token::random::<8>())?;
+        let mut ca_urls: Vec<String> = Vec::new();
+        for u in http_urls.iter().filter(|u| u.starts_with("http://")) {
+            let u = format!("{}/boot/ca.pem", u.trim_end_matches('/'));
+            if !ca_urls.contains(&u) {
+                ca_urls.push(u);
+            }
+        }
         Some(format!(
-            "paddock.ca_url={http_public_url}/boot/ca.pem paddock.ca_fingerprint={} paddock.token={tok}",
+            "paddock.ca_url={} paddock.ca_fingerprint={} paddock.token={tok}",
+            ca_urls.join(","),
             t.ca_fingerprint
         ))
     }

@@ -748,6 +748,21 @@ fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_w
         table.contains("Rules.DeleteAll") && table.contains("reader"),
         "{table}"
     );
+    // Revoked, the token opens nothing.
+    let config = s.scratch.path("paddock.toml");
+    assert!(cli(&s.link, &config, "tokens").contains("viewer"));
+    assert!(cli(&s.link, &config, "revoke viewer").contains("revoked 1"));
+    let after = call(
+        &format!(
+            "{} -H 'Authorization: Bearer {viewer_token}'",
+            s.args["anonymous"]
+        ),
+        "GET",
+        "/api/v1/nodes",
+        "",
+    );
+    assert_eq!(after.status, 401, "{}", after.body);
+    assert!(after.body.contains("unknown token"), "{}", after.body);
     drop(s.app);
 }
 
