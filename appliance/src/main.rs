@@ -377,6 +377,29 @@ enum ConfigCmd {
     Check { file: PathBuf },
 }
 
+/// The file (or none) with the flags and environment laid over it, validated; every problem
+/// is printed and the exit code returned.
+fn load_config(
+    config: Option<&std::path::Path>,
+    overrides: &Overrides,
+) -> Result<paddock::config::Config, ExitCode> {
+    let file = match config {
+        Some(path) => FileConfig::load(path),
+        None => Ok(FileConfig::default()),
+    };
+    file.and_then(|mut f| {
+        f.apply(overrides);
+        f.validate()
+    })
+    .map_err(|e| {
+        eprintln!("paddock: invalid configuration");
+        for p in e.problems {
+            eprintln!("  - {p}");
+        }
+        ExitCode::from(2)
+    })
+}
+
 fn report(res: anyhow::Result<()>) -> ExitCode {
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -689,22 +712,9 @@ fn main() -> ExitCode {
             overrides,
             cmd,
         } => {
-            let file = match &config {
-                Some(path) => FileConfig::load(path),
-                None => Ok(FileConfig::default()),
-            };
-            let cfg = match file.and_then(|mut f| {
-                f.apply(&overrides);
-                f.validate()
-            }) {
+            let cfg = match load_config(config.as_deref(), &overrides) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("paddock: invalid configuration");
-                    for p in e.problems {
-                        eprintln!("  - {p}");
-                    }
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -720,23 +730,9 @@ fn main() -> ExitCode {
                 .and_then(|url| paddock::cli::audit(url, limit, json).map_err(Into::into)),
         ),
         Cmd::Serve { config, overrides } => {
-            let file = match &config {
-                Some(path) => FileConfig::load(path),
-                None => Ok(FileConfig::default()),
-            };
-            let validated = file.and_then(|mut f| {
-                f.apply(&overrides);
-                f.validate()
-            });
-            let cfg = match validated {
+            let cfg = match load_config(config.as_deref(), &overrides) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("paddock: invalid configuration");
-                    for p in e.problems {
-                        eprintln!("  - {p}");
-                    }
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             serve::init_logging(cfg.log_format);
             let rt = match tokio::runtime::Runtime::new() {

@@ -430,24 +430,22 @@ impl Security {
 
     /// This host as a client of its peers and subs (TLS on): the CA, its certificate.
     pub fn host_client_config(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
-        self.tls
-            .as_ref()
-            .map(|t| {
-                tls::client_config(
-                    &t.material.ca_pem,
-                    Some((&t.material.cert_pem, &t.material.key_pem)),
-                )
-            })
-            .transpose()
-            .map_err(anyhow::Error::msg)
+        self.as_host(tls::client_config)
     }
 
     /// The same for ureq clients (image replication).
     pub fn host_ureq_tls(&self) -> anyhow::Result<Option<ureq::tls::TlsConfig>> {
+        self.as_host(tls::ureq_tls)
+    }
+
+    fn as_host<T>(
+        &self,
+        make: impl Fn(&str, Option<(&str, &str)>) -> Result<T, String>,
+    ) -> anyhow::Result<Option<T>> {
         self.tls
             .as_ref()
             .map(|t| {
-                tls::ureq_tls(
+                make(
                     &t.material.ca_pem,
                     Some((&t.material.cert_pem, &t.material.key_pem)),
                 )
