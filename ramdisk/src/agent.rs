@@ -404,18 +404,22 @@ impl Agent<'_> {
         if !trust::needs_tls(urls) {
             return Ok(None);
         }
-        let (ca_url, want) = trust::pinned(&self.cmd)?;
+        // Every host's copy, tried in turn: the boot script's host may be gone (HA).
+        let (ca_urls, want) = trust::pinned(&self.cmd)?;
+        let shown = ca_urls
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
         self.say(&format!(
-            "fetching the appliance's CA from {ca_url} (pinned SHA-256 {want})"
+            "fetching the appliance's CA from {shown} (pinned SHA-256 {want})"
         ));
         let console = self.console;
-        let mut fetcher = Client::with_hosts(
-            vec![ca_url.clone()],
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-        )
-        .ok_or(AgentError::NoNetwork)?;
-        let tls = trust::fetch(&mut fetcher, &ca_url, &want, 0, &mut |d, why| {
+        let first = ca_urls.first().cloned().ok_or(AgentError::NoNetwork)?;
+        let mut fetcher =
+            Client::with_hosts(ca_urls, Duration::from_secs(5), Duration::from_secs(30))
+                .ok_or(AgentError::NoNetwork)?;
+        let tls = trust::fetch(&mut fetcher, &first, &want, 0, &mut |d, why| {
             console.say(&format!(
                 "cannot fetch the appliance's CA ({why}); trying again in {} s",
                 d.as_secs()

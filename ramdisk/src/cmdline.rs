@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `BOOTIF=01-aa-bb-cc-dd-ee-ff` | the NIC the machine PXE-booted from (pxelinux form; plain MACs accepted) |
 //! | `paddock.url=http[s]://host:port[,http[s]://host2:port…]` | the appliance's base URL (required); several hosts of an HA appliance, comma-separated, tried in turn; `https://` needs the two `paddock.ca_*` below |
-//! | `paddock.ca_url=http://host:port/boot/ca.pem` | where the appliance's CA certificate (PEM) is, over plain HTTP: fetched at start when a `paddock.url` is `https://` |
+//! | `paddock.ca_url=http://host:port/boot/ca.pem[,http://host2:port/boot/ca.pem…]` | where the appliance's CA certificate (PEM) is, over plain HTTP: fetched at start when a `paddock.url` is `https://`; several hosts of an HA appliance, comma-separated, tried in turn (any host's copy does: it is checked against the fingerprint) |
 //! | `paddock.ca_fingerprint=<64 hex digits>` | the SHA-256 of that CA certificate's DER: a CA that does not match is refused (the agent stops; it never goes on unverified) |
 //! | `paddock.token=<agent token>` | sent as `Authorization: Bearer <token>` on every call to the appliance (at most 160 of `a-z`, `0-9`, `.`) |
 //! | `paddock.collectors=default[,pci-devices][,lldp]` | collectors to run (`default` when absent) |
@@ -38,7 +38,8 @@ pub struct Cmdline {
     /// BOOTIF as a MAC, `aa:bb:cc:dd:ee:ff`.
     pub boot_mac: Option<String>,
     pub url: Option<String>,
-    /// `paddock.ca_url=`: the appliance's CA (PEM), plain `http://`.
+    /// `paddock.ca_url=`: the appliance's CA (PEM), plain `http://`; several hosts'
+    /// copies comma-separated.
     pub ca_url: Option<String>,
     /// `paddock.ca_fingerprint=`: the CA certificate's SHA-256, 64 lowercase hex digits.
     pub ca_fingerprint: Option<String>,
@@ -124,12 +125,20 @@ pub fn parse(s: &str) -> Cmdline {
                     .push(format!("BOOTIF={v} is not a MAC; trying every NIC")),
             },
             "paddock.url" => c.url = Some(v.trim_end_matches('/').to_string()),
-            "paddock.ca_url" => match crate::http::Url::parse(v) {
-                Ok(u) if !u.tls => c.ca_url = Some(v.to_string()),
-                _ => c.warnings.push(format!(
-                    "paddock.ca_url={v} is not an http:// URL (the CA is fetched in the clear and checked by its fingerprint); ignoring it"
-                )),
-            },
+            "paddock.ca_url" => {
+                let mut ok = Vec::new();
+                for u in v.split(',').filter(|u| !u.is_empty()) {
+                    match crate::http::Url::parse(u) {
+                        Ok(parsed) if !parsed.tls => ok.push(u),
+                        _ => c.warnings.push(format!(
+                            "paddock.ca_url={u} is not an http:// URL (the CA is fetched in the clear and checked by its fingerprint); ignoring it"
+                        )),
+                    }
+                }
+                if !ok.is_empty() {
+                    c.ca_url = Some(ok.join(","));
+                }
+            }
             "paddock.ca_fingerprint" => match fingerprint(v) {
                 Some(f) => c.ca_fingerprint = Some(f),
                 None => c.warnings.push(format!(

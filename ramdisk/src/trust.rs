@@ -48,9 +48,10 @@ pub fn needs_tls(urls: &[Url]) -> bool {
     urls.iter().any(|u| u.tls)
 }
 
-/// Where the CA is and the fingerprint it must have, from the command line.
-pub fn pinned(cmd: &Cmdline) -> Result<(Url, String), TrustError> {
-    let url = cmd
+/// Where the CA is (every host's copy, the boot script's host first) and the fingerprint
+/// it must have, from the command line.
+pub fn pinned(cmd: &Cmdline) -> Result<(Vec<Url>, String), TrustError> {
+    let urls = cmd
         .ca_url
         .as_deref()
         .ok_or(TrustError::Missing("paddock.ca_url"))?;
@@ -58,7 +59,11 @@ pub fn pinned(cmd: &Cmdline) -> Result<(Url, String), TrustError> {
         .ca_fingerprint
         .clone()
         .ok_or(TrustError::Missing("paddock.ca_fingerprint"))?;
-    Ok((Url::parse(url)?, want))
+    let urls = urls
+        .split(',')
+        .map(Url::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((urls, want))
 }
 
 /// Checks a fetched CA against the pinned fingerprint (that of its first certificate, DER);
@@ -197,9 +202,19 @@ pub(crate) mod tests {
         ));
         let (u, f) = pinned(&ok).unwrap();
         assert_eq!(
-            (u.to_string(), f),
-            ("http://a:8080/boot/ca.pem".into(), fp.clone())
+            (u.iter().map(ToString::to_string).collect::<Vec<_>>(), f),
+            (vec!["http://a:8080/boot/ca.pem".to_string()], fp.clone())
         );
+        // Several hosts: every copy, in order; one that is not http:// is left out.
+        let ha = cmdline::parse(&format!(
+            "paddock.url=https://a:8443,https://b:8443 paddock.ca_url=http://a:8080/boot/ca.pem,https://x/ca.pem,http://b:8080/boot/ca.pem paddock.ca_fingerprint={fp}"
+        ));
+        let (u, _) = pinned(&ha).unwrap();
+        assert_eq!(
+            u.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["http://a:8080/boot/ca.pem", "http://b:8080/boot/ca.pem"]
+        );
+        assert_eq!(ha.warnings.len(), 1, "{:?}", ha.warnings);
         let no_url = cmdline::parse(&format!("paddock.ca_fingerprint={fp}"));
         assert_eq!(
             pinned(&no_url).unwrap_err(),
