@@ -585,6 +585,10 @@ pub struct Lab {
     pub certs: Option<PathBuf>,
     /// What the harness calls the API with: the admin certificate (nothing when insecure).
     pub creds: Creds,
+    /// An operator token `lab` with the admin role, for the console's sign-in page
+    /// (`/ui/login`). Minted before `serve` starts: `paddock certs token` writes the store,
+    /// and a running single-host appliance owns its SQLite store alone.
+    pub token: Option<String>,
     appliance: Option<Child>,
     artifacts: Artifacts,
     keep: bool,
@@ -638,6 +642,7 @@ impl Lab {
                 .as_deref()
                 .map_or_else(Creds::none, |c| Creds::cert_in(c, "admin")),
             certs: certs_dir,
+            token: None,
             appliance: None,
             artifacts: artifacts.clone(),
             keep: false,
@@ -662,6 +667,13 @@ impl Lab {
         if tls {
             let out = certs(&lab.ns, &artifacts.paddock, &lab.config, "init")?;
             std::fs::write(lab.dir.join("certs-init.log"), out)?;
+            let token = certs(
+                &lab.ns,
+                &artifacts.paddock,
+                &lab.config,
+                "token lab --role admin",
+            )?;
+            lab.token = Some(token.trim().to_string());
         }
         let log = std::fs::File::create(lab.dir.join("paddock.log"))?;
         let child = Command::new("ip")
@@ -708,22 +720,9 @@ impl Lab {
         }
     }
 
-    /// An operator token for `name` with `role` (`paddock certs token`); `None` when insecure.
-    pub fn token(&self, name: &str, role: &str) -> anyhow::Result<Option<String>> {
-        if self.certs.is_none() {
-            return Ok(None);
-        }
-        let out = certs(
-            &self.ns,
-            &self.artifacts.paddock,
-            &self.config,
-            &format!("token {name} --role {role}"),
-        )?;
-        Ok(Some(out.trim().to_string()))
-    }
-
     /// Issues a certificate `name` with `args` (`--role …`, `--san …`) into
     /// `<lab>/issued`; its credentials (with the lab's CA). Insecure: [`Creds::none`].
+    /// (`paddock certs issue` only reads the store, so it may run beside `serve`.)
     pub fn issue(&self, name: &str, args: &str) -> anyhow::Result<Creds> {
         let Some(certs_dir) = &self.certs else {
             return Ok(Creds::none());

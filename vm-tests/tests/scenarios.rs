@@ -125,9 +125,19 @@ fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
 /// TLS is on: the API is not served on plain HTTP, and HTTPS without a certificate or token
 /// is refused; the boot path stays plain.
 fn assert_tls_only(lab: &Lab) {
-    let ca = lab.certs.as_ref().expect("the lab runs with TLS").join("ca.pem");
-    let (status, body) = curl_in(&lab.ns, "GET", &format!("{BOOT_URL}/api/v1/nodes"), None, 10)
-        .expect("curl");
+    let ca = lab
+        .certs
+        .as_ref()
+        .expect("the lab runs with TLS")
+        .join("ca.pem");
+    let (status, body) = curl_in(
+        &lab.ns,
+        "GET",
+        &format!("{BOOT_URL}/api/v1/nodes"),
+        None,
+        10,
+    )
+    .expect("curl");
     assert_eq!(status, 403, "the API on plain HTTP: {body}");
     let (status, body) = lab
         .api_as(
@@ -141,8 +151,8 @@ fn assert_tls_only(lab: &Lab) {
         )
         .expect("curl");
     assert_eq!(status, 401, "the API without a certificate: {body}");
-    let (status, _) = curl_in(&lab.ns, "GET", &format!("{BOOT_URL}/boot/ca.pem"), None, 10)
-        .expect("curl");
+    let (status, _) =
+        curl_in(&lab.ns, "GET", &format!("{BOOT_URL}/boot/ca.pem"), None, 10).expect("curl");
     assert_eq!(status, 200, "the CA on the boot path");
 }
 

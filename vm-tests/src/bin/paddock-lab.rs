@@ -2,8 +2,13 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi] [--port 8080] [--provision IMAGE.tar [--filter F]]`, after
+//! `paddock-lab [--vms N] [--uefi] [--port 8443] [--provision IMAGE.tar [--filter F]]`, after
 //! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
+//!
+//! TLS is on: the forwarder passes `https://127.0.0.1:PORT` through to the appliance's HTTPS
+//! listener (its certificate names 127.0.0.1 too). The lab prints the CA's file, an admin
+//! login token for the console's sign-in page (`paddock certs token lab --role admin`) and
+//! the CLI's environment (the admin certificate `paddock certs init` made).
 //!
 //! With `--provision`, the tarball becomes image `lab/<name>`, an inspection rule assigns it
 //! to every new machine, and each VM is installed in the boot that inspects it; where the
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use nix::sys::signal::{SigSet, Signal};
-use paddock_vm_tests::{Artifacts, Firmware, Lab, VmSpec};
+use paddock_vm_tests::{API_URL, Artifacts, BOOT_URL, Firmware, Lab, SERVER_IP, VmSpec};
 
 struct Forwarder(Child);
 
@@ -36,7 +41,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut vms = 1;
     let mut firmware = Firmware::Bios;
-    let mut port = 8080u16;
+    let mut port = 8443u16;
     let mut once = false;
     let mut provision: Option<PathBuf> = None;
     let mut filter: Option<PathBuf> = None;
@@ -69,7 +74,10 @@ fn main() -> anyhow::Result<()> {
             "--filter" => filter = Some(it.next().context("--filter needs a file")?.into()),
             "-h" | "--help" => {
                 println!(
-                    "paddock-lab [--vms N] [--uefi] [--port 8080] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                    "paddock-lab [--vms N] [--uefi] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                );
+                println!(
+                    "  --port: where https://127.0.0.1:PORT reaches the console and API (default 8443)"
                 );
                 println!(
                     "  --once: exit when every VM has enrolled (finished or error), printing the times;"
@@ -120,19 +128,42 @@ fn main() -> anyhow::Result<()> {
         Command::new("socat")
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
             .arg(format!(
-                "EXEC:ip netns exec {} socat STDIO TCP\\:198.18.0.1\\:8080",
+                "EXEC:ip netns exec {} socat STDIO TCP\\:{SERVER_IP}\\:8443",
                 lab.ns
             ))
             .stdin(Stdio::null())
             .spawn()
             .context("starting socat (apt-get install socat)")?,
     );
+    let base = format!("https://127.0.0.1:{port}");
     println!(
-        "Paddock lab: namespace {}, appliance at http://198.18.0.1:8080 inside it",
+        "Paddock lab: namespace {}, appliance at {API_URL} (boot files {BOOT_URL}) inside it",
         lab.ns
     );
-    println!("Console:     http://127.0.0.1:{port}/ui   (API: http://127.0.0.1:{port}/v1)");
     println!("Logs:        {}", lab.dir.display());
+    if let Some(certs) = &lab.certs {
+        let token = lab.token.clone().unwrap_or_default();
+        let ca = certs.join("ca.pem");
+        println!("Console:     {base}/ui  (sign in at {base}/ui/login with the token below)");
+        println!("Token:       {token}");
+        println!(
+            "CA:          {}  (the console's certificate chains to it; trust it in the browser or accept the warning)",
+            ca.display()
+        );
+        println!(
+            "CLI:         export PADDOCK_API={base} PADDOCK_CA={} PADDOCK_CERT={} PADDOCK_KEY={}",
+            ca.display(),
+            certs.join("admin.pem").display(),
+            certs.join("admin.key").display()
+        );
+        println!("             then e.g. `target/release/paddock node list`");
+        println!(
+            "curl:        curl --cacert {} --cert {} --key {} {base}/api/v1/nodes",
+            ca.display(),
+            certs.join("admin.pem").display(),
+            certs.join("admin.key").display()
+        );
+    }
     if let (Some(tar), Some(name)) = (&provision, &image) {
         let started = Instant::now();
         match &filter {
@@ -189,7 +220,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 if last.get(&name) != Some(&state) {
                     println!(
-                        "[{:>6.1}s] node {name} {}: {state}   http://127.0.0.1:{port}/ui/nodes/{}",
+                        "[{:>6.1}s] node {name} {}: {state}   https://127.0.0.1:{port}/ui/nodes/{}",
                         started.elapsed().as_secs_f64(),
                         n["uuid"].as_str().unwrap_or(""),
                         n["uuid"].as_str().unwrap_or("")
