@@ -25,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data)
         && text.len() <= 256
     {
-        let (a, b) = text.split_at(text.len() / 2);
+        let mid = (0..=text.len() / 2)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        let (a, b) = text.split_at(mid);
         let _ = glob_match(a, b);
         let _ = paddock_security::methods::check_pattern(text);
     }
