@@ -95,6 +95,73 @@ fn permissions(methods: Option<&str>, role: Option<&str>) -> anyhow::Result<Perm
     Ok(Permissions::parse_list(&list.join(","))?)
 }
 
+/// `certs token|tokens|revoke` against the running appliance on this host.
+fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
+    let url = match &cfg.security {
+        SecurityConfig::Tls(t) => {
+            let read = |name: &str| {
+                let p = t.dir.join(name);
+                std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+            };
+            crate::cli::set_credentials(crate::cli::Credentials {
+                ca_pem: Some(read(security::CA_FILE)?),
+                identity: Some((read("admin.pem")?, read("admin.key")?)),
+                token: None,
+            })?;
+            t.public_url.clone()
+        }
+        SecurityConfig::Insecure => cfg.public_url.clone(),
+    };
+    match cmd {
+        CertsCmd::Token {
+            name,
+            methods,
+            role,
+            days,
+        } => {
+            let perms = permissions(methods.as_deref(), role.as_deref())?;
+            let t: security::CreatedToken = crate::cli::post_json(
+                &url,
+                "/api/v1/tokens",
+                &security::NewToken {
+                    name,
+                    methods: perms.patterns().join(","),
+                    days,
+                },
+            )?;
+            println!("{}", t.token);
+        }
+        CertsCmd::Tokens => {
+            let list: Vec<security::TokenRecord> = crate::cli::get_json(&url, "/api/v1/tokens")?;
+            print_tokens(&list);
+        }
+        CertsCmd::Revoke { name } => {
+            let r: security::Revoked = crate::cli::post_json(
+                &url,
+                "/api/v1/tokens/revoke",
+                &security::RevokeTokens { name: name.clone() },
+            )?;
+            println!("revoked {} token(s) named {name}", r.revoked);
+        }
+        _ => bail!("only token commands go through the API"),
+    }
+    Ok(())
+}
+
+fn print_tokens(list: &[security::TokenRecord]) {
+    for t in list {
+        println!(
+            "{:<24} expires {}  {}",
+            t.name,
+            httpdate::fmt_http_date(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_millis(u64::try_from(t.expires_ms).unwrap_or(0))
+            ),
+            t.methods.join(",")
+        );
+    }
+}
+
 fn split(list: Option<&str>) -> Vec<String> {
     list.map(|l| {
         l.split(',')
@@ -155,6 +222,15 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
         }
         _ => {}
     }
+    // A single-host store has one writer: while `paddock serve` holds it, token commands go
+    // through its API (with the admin certificate `certs init` wrote).
+    let writes_tokens = matches!(
+        cmd,
+        CertsCmd::Token { .. } | CertsCmd::Tokens | CertsCmd::Revoke { .. }
+    );
+    if writes_tokens && cfg.cluster.is_none() && crate::serve::store_lock(cfg)?.is_none() {
+        return tokens_via_api(cfg, cmd);
+    }
     let store = crate::serve::open_store(cfg).await?;
     match cmd {
         CertsCmd::Init { sans, admin } => {
@@ -211,21 +287,7 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             let t = security::create_token(store.as_ref(), &name, &perms, days).await?;
             println!("{t}");
         }
-        CertsCmd::Tokens => {
-            for t in security::list_tokens(store.as_ref()).await? {
-                println!(
-                    "{:<24} expires {}  {}",
-                    t.name,
-                    httpdate::fmt_http_date(
-                        std::time::UNIX_EPOCH
-                            + std::time::Duration::from_millis(
-                                u64::try_from(t.expires_ms).unwrap_or(0)
-                            )
-                    ),
-                    t.methods.join(",")
-                );
-            }
-        }
+        CertsCmd::Tokens => print_tokens(&security::list_tokens(store.as_ref()).await?),
         CertsCmd::Revoke { name } => {
             let n = security::revoke_tokens(store.as_ref(), &name).await?;
             if n == 0 {

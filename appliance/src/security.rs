@@ -908,11 +908,75 @@ async fn audit_page(State(sec): State<Arc<Security>>) -> Response {
     crate::console::page("Audit log", false, body).into_response()
 }
 
-/// `/api/v1/audit`, `/ui/audit`, `/ui/login`.
+/// `POST /api/v1/tokens`: what a new operator token is for.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NewToken {
+    pub name: String,
+    /// Comma-separated `Service.Method` patterns.
+    pub methods: String,
+    pub days: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CreatedToken {
+    pub token: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RevokeTokens {
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Revoked {
+    pub revoked: usize,
+}
+
+async fn tokens_create(
+    State(sec): State<Arc<Security>>,
+    axum::Json(req): axum::Json<NewToken>,
+) -> Result<(StatusCode, axum::Json<CreatedToken>), paddock_wire::ApiError> {
+    let perms = Permissions::parse_list(&req.methods)
+        .map_err(|e| paddock_wire::ApiError::bad_request(format!("methods: {e}")))?;
+    let token = create_token(sec.store.as_ref(), &req.name, &perms, req.days)
+        .await
+        .map_err(|e| paddock_wire::ApiError::bad_request(e.to_string()))?;
+    Ok((StatusCode::CREATED, axum::Json(CreatedToken { token })))
+}
+
+async fn tokens_list(
+    State(sec): State<Arc<Security>>,
+) -> Result<axum::Json<Vec<TokenRecord>>, paddock_wire::ApiError> {
+    list_tokens(sec.store.as_ref())
+        .await
+        .map(axum::Json)
+        .map_err(|e| paddock_wire::ApiError::internal(e.to_string()))
+}
+
+async fn tokens_revoke(
+    State(sec): State<Arc<Security>>,
+    axum::Json(req): axum::Json<RevokeTokens>,
+) -> Result<axum::Json<Revoked>, paddock_wire::ApiError> {
+    match revoke_tokens(sec.store.as_ref(), &req.name).await {
+        Ok(0) => Err(paddock_wire::ApiError::not_found(format!(
+            "no token named {:?}",
+            req.name
+        ))),
+        Ok(revoked) => Ok(axum::Json(Revoked { revoked })),
+        Err(e) => Err(paddock_wire::ApiError::internal(e.to_string())),
+    }
+}
+
+/// `/api/v1/audit`, `/api/v1/tokens`, `/ui/audit`, `/ui/login`.
 pub fn router(sec: Arc<Security>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/audit", axum::routing::get(audit_list))
         .route("/ui/audit", axum::routing::get(audit_page))
+        .route(
+            "/api/v1/tokens",
+            axum::routing::get(tokens_list).post(tokens_create),
+        )
+        .route("/api/v1/tokens/revoke", axum::routing::post(tokens_revoke))
         .route("/ui/login", axum::routing::get(login_page).post(login))
         .with_state(sec)
 }

@@ -98,6 +98,31 @@ fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Ad
 }
 
 /// The store the configuration names: SQLite under `data_dir`, or the etcd cluster.
+/// The lock `paddock serve` holds on a single-host store for as long as it runs: the SQLite
+/// store has one writer (its revisions are counted in that process), so other commands that
+/// write (`paddock certs token` …) go through the running appliance's API instead.
+pub fn store_lock(cfg: &Config) -> anyhow::Result<Option<std::fs::File>> {
+    if cfg.cluster.is_some() {
+        return Ok(None);
+    }
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let path = cfg.data_dir.join("store.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 pub async fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match &cfg.cluster {
         None => {
@@ -134,6 +159,14 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let _store_lock = match (store_lock(&cfg)?, &cfg.cluster) {
+        (Some(l), _) => Some(l),
+        (None, None) => bail!(
+            "another process holds {}: one paddock serve per data_dir",
+            cfg.data_dir.join("store.lock").display()
+        ),
+        (None, Some(_)) => None,
+    };
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let store = open_store(&cfg).await?;

@@ -89,6 +89,9 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("GET", "/api/v1/firewall", "Firewall.Get", "rt"),
     ("GET", "/api/v1/cluster", "Cluster.Get", "rt"),
     ("GET", "/api/v1/audit", "Audit.List", "rt"),
+    ("GET", "/api/v1/tokens", "Tokens.List", "rt"),
+    ("POST", "/api/v1/tokens", "Tokens.Create", ""),
+    ("POST", "/api/v1/tokens/revoke", "Tokens.Revoke", ""),
     ("GET", "/api/v1/nodes", "Nodes.List", "rt"),
     ("POST", "/api/v1/nodes", "Nodes.Create", ""),
     ("GET", "/api/v1/nodes/ghost", "Nodes.Get", "rt"),
@@ -763,7 +766,31 @@ fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_w
     );
     assert_eq!(after.status, 401, "{}", after.body);
     assert!(after.body.contains("unknown token"), "{}", after.body);
+    // Minted while the appliance runs (through its API: one writer per SQLite store), a
+    // token works, and the store still takes writes afterwards.
+    let fresh = cli(&s.link, &config, "token operator --role admin --days 1")
+        .trim()
+        .to_string();
+    let with_fresh = format!("{} -H 'Authorization: Bearer {fresh}'", s.args["anonymous"]);
+    let made = call(&with_fresh, "POST", "/api/v1/nodes", r#"{"name":"later","macs":["52:54:00:5e:c0:03"]}"#);
+    assert!(made.status < 300, "{} {}", made.status, made.body);
+    let err = link_sh_err(
+        &s,
+        &format!(
+            "{} serve --config {}",
+            env!("CARGO_BIN_EXE_paddock"),
+            config.display()
+        ),
+    );
+    assert!(err.contains("one paddock serve per data_dir"), "{err}");
     drop(s.app);
+}
+
+/// A command that must fail inside the server's namespace: its standard error.
+fn link_sh_err(s: &Setup, cmd: &str) -> String {
+    let out = s.link.server.sh(&format!("timeout 20 {cmd}"));
+    assert!(!out.status.success(), "{cmd} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
