@@ -772,7 +772,12 @@ fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_w
         .trim()
         .to_string();
     let with_fresh = format!("{} -H 'Authorization: Bearer {fresh}'", s.args["anonymous"]);
-    let made = call(&with_fresh, "POST", "/api/v1/nodes", r#"{"name":"later","macs":["52:54:00:5e:c0:03"]}"#);
+    let made = call(
+        &with_fresh,
+        "POST",
+        "/api/v1/nodes",
+        r#"{"name":"later","macs":["52:54:00:5e:c0:03"]}"#,
+    );
     assert!(made.status < 300, "{} {}", made.status, made.body);
     let err = link_sh_err(
         &s,
