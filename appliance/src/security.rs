@@ -86,6 +86,29 @@ pub fn valid_san(s: &str) -> bool {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-')))
 }
 
+impl AuditEntry {
+    /// An entry for a call that happened just now.
+    fn now(
+        who: &str,
+        proof: &str,
+        method: &str,
+        http: &str,
+        path: &str,
+        status: u16,
+        peer: String,
+    ) -> Self {
+        AuditEntry {
+            at_ms: now_ms(),
+            who: who.into(),
+            proof: proof.into(),
+            method: method.into(),
+            target: format!("{http} {path}"),
+            status,
+            peer,
+        }
+    }
+}
+
 /// What the middleware and the boot path need.
 pub struct Security {
     store: Arc<dyn Store>,
@@ -654,15 +677,15 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
             mutates: true,
         } = acc
         {
-            sec.audit(AuditEntry {
-                at_ms: now_ms(),
-                who: "-".into(),
-                proof: "insecure".into(),
-                method: method.into(),
-                target: format!("{http} {path}"),
-                status: resp.status().as_u16(),
-                peer: addr,
-            })
+            sec.audit(AuditEntry::now(
+                "-",
+                "insecure",
+                method,
+                &http,
+                &path,
+                resp.status().as_u16(),
+                addr,
+            ))
             .await;
         }
         return resp;
@@ -745,15 +768,15 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
     if let Some((status, message)) = status {
         tracing::info!(%who, %method, %path, peer = %addr, %message, "access denied");
         if mutates && (identity.is_some() || agent_mac.is_some()) {
-            sec.audit(AuditEntry {
-                at_ms: now_ms(),
-                who,
-                proof: proof.into(),
-                method: method.into(),
-                target: format!("{http} {path}"),
-                status: status.as_u16(),
-                peer: addr,
-            })
+            sec.audit(AuditEntry::now(
+                &who,
+                proof,
+                method,
+                &http,
+                &path,
+                status.as_u16(),
+                addr,
+            ))
             .await;
         }
         return refuse(status, message, &path);
@@ -787,15 +810,15 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
     }
     let resp = next.run(req).await;
     if mutates {
-        sec.audit(AuditEntry {
-            at_ms: now_ms(),
-            who,
-            proof: proof.into(),
-            method: method.into(),
-            target: format!("{http} {path}"),
-            status: resp.status().as_u16(),
-            peer: addr,
-        })
+        sec.audit(AuditEntry::now(
+            &who,
+            proof,
+            method,
+            &http,
+            &path,
+            resp.status().as_u16(),
+            addr,
+        ))
         .await;
     }
     resp
