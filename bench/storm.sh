@@ -58,7 +58,9 @@ root = \"$TROOT\"
 [boot.discovery]
 kernel = \"http://$SRV_IP:8080/boot/assets/vmlinuz\"
 initrd = \"http://$SRV_IP:8080/boot/assets/initrd.img\"
-cmdline = \"console=ttyS0\"" "assets_dir = \"$WWW\""
+cmdline = \"console=ttyS0\"" "assets_dir = \"$WWW\"
+# A thousand machines from one namespace share one address: on a real network each has its own.
+max_connections_per_source = 0"
     start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 69
 }

@@ -113,6 +113,12 @@ pub fn script(
                     } else {
                         discovery.agent_urls.join(",")
                     };
+                    // IPA posts to one URL: this host's agent URL (HTTPS when TLS is on,
+                    // where /v1/continue is served).
+                    let callback = discovery
+                        .agent_urls
+                        .first()
+                        .map_or(public_url, String::as_str);
                     let extra = if discovery.cmdline.is_empty() {
                         String::new()
                     } else {
@@ -128,7 +134,7 @@ pub fn script(
                     format!(
                         "#!ipxe\n\
                          echo Paddock: {mac} is {why}: booting {what}\n\
-                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info{mode_arg} ipa-inspection-callback-url={public_url}/v1/continue{extra} || goto retry\n\
+                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info{mode_arg} ipa-inspection-callback-url={callback}/v1/continue{extra} || goto retry\n\
                          initrd --name initrd {initrd} || goto retry\n\
                          boot || goto retry\n\
                          :retry\n\
@@ -195,6 +201,16 @@ mod tests {
         assert!(s.contains(" paddock.url=http://a,http://b "), "{s}");
         assert!(
             s.contains("ipa-inspection-callback-url=http://a/v1/continue"),
+            "{s}"
+        );
+        // With TLS the agent's URLs are the HTTPS ones, and so is IPA's callback.
+        let tls = Discovery {
+            agent_urls: vec!["https://a:8443".into()],
+            ..discovery()
+        };
+        let s = script(MAC, None, None, &tls, "http://a");
+        assert!(
+            s.contains("ipa-inspection-callback-url=https://a:8443/v1/continue"),
             "{s}"
         );
     }

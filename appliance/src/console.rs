@@ -1263,22 +1263,10 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SameOrigin {
     }
 }
 
-/// A form post from another site is refused: the console has no session to steal yet, but
-/// a page elsewhere must not be able to re-image machines through an operator's browser.
-fn same_origin(headers: &axum::http::HeaderMap) -> bool {
-    let get = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
-    if let Some(site) = get("sec-fetch-site")
-        && !matches!(site, "same-origin" | "none")
-    {
-        return false;
-    }
-    match (get("origin"), get("host")) {
-        (Some(origin), Some(host)) => origin
-            .split_once("://")
-            .is_some_and(|(_, rest)| rest.trim_end_matches('/') == host),
-        (Some(_), None) => false,
-        (None, _) => true,
-    }
+/// A form post from another site is refused: a page elsewhere must not be able to re-image
+/// machines through an operator's browser.
+pub(crate) fn same_origin(headers: &axum::http::HeaderMap) -> bool {
+    crate::browser::same_origin(headers)
 }
 
 /// `POST /ui/subs/{hostname}/image` (`image=NAME`): the sub's RequiredImage, then back to

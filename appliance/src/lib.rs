@@ -3,7 +3,9 @@
 
 pub mod access;
 pub mod assets;
+pub mod at_rest;
 pub mod boot;
+pub mod browser;
 pub mod census;
 pub mod certs_cli;
 pub mod cli;

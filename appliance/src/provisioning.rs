@@ -60,6 +60,7 @@ use paddock_birther::{
 use paddock_image::Machine;
 use paddock_imageserver::images::{ImageRecord, ImageServer};
 use paddock_imageserver::mdb::{MdbService, Source};
+use paddock_inspector::api::Speaker;
 use paddock_inspector::node::Node;
 use paddock_inspector::service::{Inspector, NodeObserver, Subject, timeline_op};
 use paddock_inventory::MacAddr;
@@ -900,33 +901,38 @@ async fn clean(
     request(&p, &ident, Event::CleanRequested).await
 }
 
+/// The node a path names: for an agent, only if its token speaks for that node.
+async fn path_node(
+    p: &Provisioner,
+    ident: &str,
+    speaker: Option<axum::Extension<Speaker>>,
+) -> std::result::Result<Node, ApiError> {
+    match speaker {
+        Some(axum::Extension(s)) => s.node(&p.inspector, ident).await,
+        None => Ok(p.node(ident).await?),
+    }
+}
+
 async fn show(
     State(p): Api,
+    speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
-    let node = p.node(&ident).await?;
+    let node = path_node(&p, &ident, speaker).await?;
     Ok(Json(p.record(&node).await?.0))
 }
 
 async fn next(
     State(p): Api,
     peer: Option<axum::Extension<paddock_security::tls::Peer>>,
-    agent: Option<axum::Extension<crate::security::AgentMac>>,
+    speaker: Option<axum::Extension<Speaker>>,
     b: Bytes,
 ) -> std::result::Result<Json<NextAnswer>, ApiError> {
-    let req: NextRequest = body(&b)?;
-    // An agent token speaks only for the machine it was minted for.
-    if let Some(axum::Extension(mac)) = agent
-        && !req
-            .macs
-            .iter()
-            .filter_map(|m| paddock_security::token::mac_key(m))
-            .any(|m| m == mac.0)
-    {
-        return Err(ApiError::new(
-            401,
-            "agent token: issued for another machine (its MAC is not among the request's)",
-        ));
+    let mut req: NextRequest = body(&b)?;
+    // An agent token speaks for its own machine alone: the node is looked up by the
+    // token's MAC, whatever list the body sends.
+    if let Some(axum::Extension(Speaker(mac))) = speaker {
+        req.macs = vec![mac.to_string()];
     }
     Ok(Json(
         p.next_for(&req, peer.map(|axum::Extension(p)| p.addr.ip()))
@@ -936,9 +942,12 @@ async fn next(
 
 async fn report(
     State(p): Api,
+    speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
     b: Bytes,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
+    // Whom the caller may speak for is settled before its body is read.
+    let node = path_node(&p, &ident, speaker).await?;
     let req: ReportRequest = body(&b)?;
     if !req.agent_may_send() {
         return Err(ApiError::bad_request(format!(
@@ -946,17 +955,17 @@ async fn report(
             req.event.name()
         )));
     }
-    let node = p.node(&ident).await?;
     Ok(Json(p.apply(&node, &req.event, false).await?.record))
 }
 
 async fn register(
     State(p): Api,
+    speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
     b: Bytes,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let node = path_node(&p, &ident, speaker).await?;
     let req: RegisterRequest = body(&b)?;
-    let node = p.node(&ident).await?;
     Ok(Json(p.register(&node, &req.address).await?.record))
 }
 

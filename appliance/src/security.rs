@@ -16,6 +16,8 @@ use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use paddock_inspector::api::Speaker;
+use paddock_inventory::MacAddr;
 use paddock_security::token::{self, AgentKey};
 use paddock_security::{Identity, Permissions, Proof, ca, tls};
 use paddock_store::{Store, Txn};
@@ -67,11 +69,6 @@ pub struct AuditEntry {
     pub peer: String,
 }
 
-/// The MAC a verified agent token was minted for (12 lowercase hex digits), in the
-/// request's extensions for handlers whose body names the machine.
-#[derive(Debug, Clone)]
-pub struct AgentMac(pub String);
-
 /// Whether `name` may be a certificate's CN.
 pub fn valid_cert_name(name: &str) -> bool {
     ca::check_name(name).is_ok()
@@ -112,7 +109,6 @@ impl AuditEntry {
 /// What the middleware and the boot path need.
 pub struct Security {
     store: Arc<dyn Store>,
-    inspector: Option<Arc<paddock_inspector::service::Inspector>>,
     pub tls: Option<TlsState>,
 }
 
@@ -256,7 +252,7 @@ pub async fn init(
         },
         now,
     )?;
-    std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;
+    crate::at_rest::private_dir(&t.dir)?;
     write_file(&t.dir.join(CA_FILE), &authority.cert_pem, 0o644)?;
     write_file(&t.dir.join(HOST_KEY), &host.key_pem, 0o600)?;
     write_file(
@@ -401,11 +397,7 @@ pub fn host_material(dir: &Path) -> anyhow::Result<tls::Material> {
 impl Security {
     /// At start: insecure (said loudly), or this host's material, checked against the CA
     /// in the store (a host with another CA's certificates refuses to start).
-    pub async fn load(
-        store: Arc<dyn Store>,
-        cfg: &Config,
-        inspector: Option<Arc<paddock_inspector::service::Inspector>>,
-    ) -> anyhow::Result<Arc<Self>> {
+    pub async fn load(store: Arc<dyn Store>, cfg: &Config) -> anyhow::Result<Arc<Self>> {
         let t = match &cfg.security {
             SecurityConfig::Insecure => {
                 tracing::warn!(
@@ -413,15 +405,12 @@ impl Security {
                      every method open to anyone who reaches {}; use only on an isolated lab network",
                     cfg.http_listen
                 );
-                return Ok(Arc::new(Security {
-                    store,
-                    inspector,
-                    tls: None,
-                }));
+                return Ok(Arc::new(Security { store, tls: None }));
             }
             SecurityConfig::Tls(t) => t.clone(),
         };
         let material = host_material(&t.dir)?;
+        crate::at_rest::check_key(&t.dir.join(HOST_KEY))?;
         let ca = read_ca(store.as_ref()).await?.with_context(|| {
             format!(
                 "no CA in the store, though {} holds certificates: run `paddock certs init` \
@@ -440,7 +429,6 @@ impl Security {
         let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
         Ok(Arc::new(Security {
             store,
-            inspector,
             tls: Some(TlsState {
                 config: t,
                 material,
@@ -547,22 +535,6 @@ impl Security {
         })
     }
 
-    /// The MACs of the node a path names (`/api/v1/agent/{node}/…`, `/api/v1/provision/{node}/…`).
-    async fn node_macs(&self, path: &str) -> Option<Vec<String>> {
-        let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let ident = match seg.as_slice() {
-            ["api", "v1", "agent", n, "next"] => *n,
-            ["api", "v1", "provision", n, ..] if *n != "next" => *n,
-            _ => return None,
-        };
-        let v = self.inspector.as_ref()?.find(ident).await.ok()??;
-        let mut macs: Vec<String> = v.node.macs.iter().map(|m| m.to_string()).collect();
-        if let Some(m) = v.node.pxe_mac {
-            macs.push(m.to_string());
-        }
-        Some(macs)
-    }
-
     /// Records one audited call (errors are logged: the call has already happened).
     async fn audit(&self, entry: AuditEntry) {
         let key = format!(
@@ -616,13 +588,29 @@ impl Security {
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Option<String> {
+/// Where a token came from: the `Authorization` header (sent on purpose by a client), or
+/// the console's cookie (attached by the browser to any request, whoever started it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Bearer {
+    Header(String),
+    Cookie(String),
+}
+
+impl Bearer {
+    fn token(&self) -> &str {
+        match self {
+            Bearer::Header(t) | Bearer::Cookie(t) => t,
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<Bearer> {
     if let Some(v) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         && let Some(t) = v.strip_prefix("Bearer ")
     {
-        return Some(t.trim().to_string());
+        return Some(Bearer::Header(t.trim().to_string()));
     }
     headers
         .get_all(header::COOKIE)
@@ -630,7 +618,7 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().strip_prefix("paddock_token="))
-        .map(str::to_string)
+        .map(|t| Bearer::Cookie(t.to_string()))
         .next()
 }
 
@@ -654,8 +642,24 @@ fn refuse(status: StatusCode, message: String, path: &str) -> Response {
     resp
 }
 
-/// Applies [`access::decide`] to every request, then audits mutating calls.
+/// Applies [`access::decide`] to every request, then audits mutating calls; every answer
+/// carries [`crate::browser::HARDENING`].
 pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Next) -> Response {
+    let mut resp = decide_and_run(&sec, req, next).await;
+    for (k, v) in crate::browser::HARDENING {
+        resp.headers_mut()
+            .insert(k, header::HeaderValue::from_static(v));
+    }
+    resp
+}
+
+/// Only these are served on plain HTTP when TLS is on: what a PXE client fetches before it
+/// has the CA, and a health probe. A sign-in or an API call there would travel in clear.
+fn plain_http_serves(http: &str, path: &str) -> bool {
+    matches!(http, "GET" | "HEAD") && (path.starts_with("/boot/") || path == "/healthz")
+}
+
+async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let http = req.method().as_str().to_string();
     let acc = access::access(&http, &path);
@@ -690,10 +694,19 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
         }
         return resp;
     };
-    if acc == Access::Public {
+    let over_tls = peer.as_ref().is_some_and(|p| p.tls);
+    if acc == Access::Public && (over_tls || plain_http_serves(&http, &path)) {
+        // The sign-in form is a browser's post: only from our own pages.
+        if path == "/ui/login" && http == "POST" && !crate::browser::same_origin(req.headers()) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "POST /ui/login: a sign-in from another site is refused".into(),
+                "",
+            );
+        }
         return next.run(req).await;
     }
-    if !peer.as_ref().is_some_and(|p| p.tls) {
+    if !over_tls {
         return refuse(
             StatusCode::FORBIDDEN,
             format!(
@@ -707,34 +720,37 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
     // Who: a certificate, else a bearer token or the console's cookie.
     let mut identity: Option<Identity> = peer.identity.as_deref().cloned();
     let mut refused: Option<String> = peer.certificate_error.clone();
-    let mut agent_mac: Option<String> = None;
+    let mut agent_mac: Option<MacAddr> = None;
+    let bearer = bearer(req.headers());
+    // A credential the browser attaches by itself: the cookie, or a client certificate
+    // when no Authorization header says the client meant to call.
+    let ambient = match &bearer {
+        Some(Bearer::Cookie(_)) => true,
+        Some(Bearer::Header(_)) => false,
+        None => identity.is_some(),
+    };
     if identity.is_none()
         && refused.is_none()
-        && let Some(tok) = bearer(req.headers())
+        && let Some(tok) = bearer.as_ref().map(Bearer::token)
     {
         if tok.starts_with("pa1.") {
-            match token::check_agent(&t.agent_key, &tok, u64::try_from(now_ms()).unwrap_or(0)) {
-                Ok(claim) => agent_mac = Some(claim.mac),
+            match token::check_agent(&t.agent_key, tok, u64::try_from(now_ms()).unwrap_or(0)) {
+                Ok(claim) => match claim.mac.parse() {
+                    Ok(mac) => agent_mac = Some(mac),
+                    Err(_) => refused = Some("agent token: malformed MAC".into()),
+                },
                 Err(e) => refused = Some(format!("agent token: {e}")),
             }
         } else {
-            match sec.operator_token(&tok).await {
+            match sec.operator_token(tok).await {
                 Ok(id) => identity = Some(id),
                 Err(e) => refused = Some(format!("token: {e}")),
             }
         }
     }
-    // An agent token only speaks for its own machine.
-    if let Some(mac) = &agent_mac
-        && matches!(acc, Access::Agent { .. })
-        && let Some(macs) = sec.node_macs(&path).await
-        && !macs
-            .iter()
-            .filter_map(|m| token::mac_key(m))
-            .any(|m| &m == mac)
-    {
-        refused = Some("agent token: issued for another machine".into());
-        agent_mac = None;
+    if ambient && let Err(why) = crate::browser::check_ambient(req.method(), &path, req.headers()) {
+        tracing::info!(peer = %addr, %why, "cross-site request refused");
+        return refuse(StatusCode::FORBIDDEN, why, "");
     }
     let caller = match (&identity, &agent_mac, &refused) {
         (_, _, Some(why)) => Caller::Refused(why),
@@ -782,31 +798,12 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
         return refuse(status, message, &path);
     }
     let mut req = req;
-    if let Some(mac) = &agent_mac
+    // Every agent route acts for this MAC alone (the handlers check the node a path names
+    // after decoding it, and look nodes up by this MAC rather than by what a body lists).
+    if let Some(mac) = agent_mac
         && identity.is_none()
     {
-        req.extensions_mut().insert(AgentMac(mac.clone()));
-        if path == "/v1/continue" {
-            // The inventory names the machine: it must be the token's.
-            let (parts, body) = req.into_parts();
-            let bytes = match axum::body::to_bytes(body, MAX_AGENT_BODY).await {
-                Ok(b) => b,
-                Err(e) => {
-                    return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("body: {e}"), &path);
-                }
-            };
-            if let Some(macs) = inventory_macs(&bytes)
-                && !macs.iter().any(|m| m == mac)
-            {
-                return refuse(
-                    StatusCode::UNAUTHORIZED,
-                    "agent token: issued for another machine (its MAC is not in the inventory)"
-                        .into(),
-                    &path,
-                );
-            }
-            req = Request::from_parts(parts, Body::from(bytes));
-        }
+        req.extensions_mut().insert(Speaker(mac));
     }
     let resp = next.run(req).await;
     if mutates {
@@ -822,28 +819,6 @@ pub async fn authorize(State(sec): State<Arc<Security>>, req: Request, next: Nex
         .await;
     }
     resp
-}
-
-/// The largest agent body the token check reads (Inspector's own limit applies after).
-const MAX_AGENT_BODY: usize = 64 << 20;
-
-/// The MACs an introspection body names (`inventory.interfaces[].mac_address`,
-/// `boot_interface`), normalised; `None` when it is not JSON (the handler says why).
-fn inventory_macs(body: &[u8]) -> Option<Vec<String>> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut macs: Vec<String> = v["inventory"]["interfaces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i["mac_address"].as_str())
-        .filter_map(token::mac_key)
-        .collect();
-    if let Some(b) = v["boot_interface"].as_str() {
-        // pxelinux's `01-aa-bb-…` form, or a bare MAC.
-        let b = b.strip_prefix("01-").unwrap_or(b);
-        macs.extend(token::mac_key(b));
-    }
-    Some(macs)
 }
 
 #[derive(Deserialize)]
@@ -1023,22 +998,11 @@ mod tests {
     }
 
     #[test]
-    fn inventory_macs_are_read_from_the_body() {
-        let body = br#"{"inventory":{"interfaces":[{"mac_address":"52:54:00:AA:00:01"}]},"boot_interface":"01-52-54-00-aa-00-02"}"#;
-        assert_eq!(
-            inventory_macs(body).unwrap(),
-            vec!["525400aa0001".to_string(), "525400aa0002".to_string()]
-        );
-        assert_eq!(inventory_macs(b"not json"), None);
-        assert_eq!(inventory_macs(b"{}").unwrap(), Vec::<String>::new());
-    }
-
-    #[test]
     fn bearer_from_header_or_cookie() {
         let mut h = HeaderMap::new();
         h.insert(header::COOKIE, "a=b; paddock_token=po1.x".parse().unwrap());
-        assert_eq!(bearer(&h).as_deref(), Some("po1.x"));
+        assert_eq!(bearer(&h), Some(Bearer::Cookie("po1.x".into())));
         h.insert(header::AUTHORIZATION, "Bearer pa1.y".parse().unwrap());
-        assert_eq!(bearer(&h).as_deref(), Some("pa1.y"));
+        assert_eq!(bearer(&h), Some(Bearer::Header("pa1.y".into())));
     }
 }

@@ -105,8 +105,7 @@ pub fn store_lock(cfg: &Config) -> anyhow::Result<Option<std::fs::File>> {
     if cfg.cluster.is_some() {
         return Ok(None);
     }
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    crate::at_rest::private_dir(&cfg.data_dir)?;
     let path = cfg.data_dir.join("store.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -126,13 +125,13 @@ pub fn store_lock(cfg: &Config) -> anyhow::Result<Option<std::fs::File>> {
 pub async fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match &cfg.cluster {
         None => {
-            std::fs::create_dir_all(&cfg.data_dir)
-                .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+            crate::at_rest::private_dir(&cfg.data_dir)?;
             Arc::new(SqliteStore::open(cfg.data_dir.join("store.db")).context("opening the store")?)
         }
         Some(c) => {
             let tls = match &c.etcd_tls {
                 Some((ca, cert, key)) => {
+                    crate::at_rest::check_key(key)?;
                     let read = |p: &std::path::PathBuf| {
                         std::fs::read_to_string(p)
                             .with_context(|| format!("reading {}", p.display()))
@@ -167,8 +166,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         ),
         (None, Some(_)) => None,
     };
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    crate::at_rest::private_dir(&cfg.data_dir)?;
     let store = open_store(&cfg).await?;
     let cfg = Arc::new(cfg);
     let mut tasks = tokio::task::JoinSet::new();
@@ -193,8 +191,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     });
     let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
     // Certificates and tokens first: with TLS on and no certificates, nothing starts.
-    let security =
-        crate::security::Security::load(store.clone(), &cfg, Some(inspector.clone())).await?;
+    let security = crate::security::Security::load(store.clone(), &cfg).await?;
     let objects = Arc::new(
         paddock_imageserver::objects::ObjectStore::open(&cfg.images.dir)
             .with_context(|| format!("opening the object store at {}", cfg.images.dir.display()))?,
@@ -491,14 +488,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP on {}", cfg.http_listen))?;
     tracing::info!(listen = %cfg.http_listen, public_url = %cfg.public_url, "http: listening");
     let app = router(state);
-    let limits = match &cfg.security {
-        crate::config::SecurityConfig::Tls(t) => paddock_security::tls::Limits {
-            max_connections: t.max_connections,
-            handshake_timeout: t.header_timeout,
-            header_read_timeout: t.header_timeout,
-        },
-        crate::config::SecurityConfig::Insecure => paddock_security::tls::Limits::default(),
-    };
+    let limits = cfg.listener_limits();
     {
         let app = app.clone();
         tasks.spawn(async move {

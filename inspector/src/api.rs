@@ -42,6 +42,33 @@ fn status_of(kind: ErrorKind) -> u16 {
         ErrorKind::Conflict => 409,
         ErrorKind::Store => 500,
         ErrorKind::NotLeader => 503,
+        ErrorKind::Forbidden => 403,
+    }
+}
+
+/// The machine an agent's credential speaks for, when the caller is an agent: the
+/// appliance's access layer puts it in the request's extensions. The agent routes then act
+/// for that MAC alone, whatever the body names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speaker(pub MacAddr);
+
+impl Speaker {
+    /// The node `ident` names (decoded, as the handler's own `Path` gave it), if this
+    /// speaker owns one of its MACs. An unknown node refuses like another machine's, so a
+    /// token learns nothing about which names exist; a store failure refuses too.
+    pub async fn node(&self, api: &Inspector, ident: &str) -> Result<Node, ApiError> {
+        match api.find(ident).await? {
+            Some(v) if v.node.macs.contains(&self.0) || v.node.pxe_mac == Some(self.0) => {
+                Ok(v.node)
+            }
+            _ => Err(err(
+                403,
+                format!(
+                    "agent token: issued for another machine (node {ident:?} is not {}'s)",
+                    self.0
+                ),
+            )),
+        }
     }
 }
 
@@ -326,6 +353,7 @@ async fn reapply(
 
 async fn continue_(
     State(api): State<Api>,
+    speaker: Option<axum::Extension<Speaker>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body.map_err(|e| {
@@ -342,7 +370,8 @@ async fn continue_(
             err(status, e.body_text())
         }
     })?;
-    let uuid = api.process(&body, now_secs()).await?;
+    let speaker = speaker.map(|axum::Extension(s)| s.0);
+    let uuid = api.process_as(&body, now_secs(), speaker).await?;
     Ok(Json(json!({"uuid": uuid})))
 }
 
@@ -427,7 +456,11 @@ struct AgentEvent {
     level: Option<String>,
 }
 
-async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, ApiError> {
+async fn agent_event(
+    State(api): State<Api>,
+    speaker: Option<axum::Extension<Speaker>>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
     let ev: AgentEvent =
         serde_json::from_slice(&body).map_err(|e| err(400, format!("Invalid agent event: {e}")))?;
     let mac: MacAddr = ev
@@ -439,6 +472,14 @@ async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, 
                 .and_then(|m| m.parse().map_err(|_| ()))
         })
         .map_err(|_| err(400, format!("Invalid MAC {:?}", ev.mac)))?;
+    if let Some(axum::Extension(Speaker(own))) = speaker
+        && own != mac
+    {
+        return Err(err(
+            403,
+            format!("agent token: issued for {own}, not for {mac}"),
+        ));
+    }
     let error = ev.level.as_deref() == Some("error");
     let step: String = ev.step.chars().take(64).collect();
     let msg: String = ev.message.chars().take(2000).collect();
@@ -449,8 +490,12 @@ async fn agent_event(State(api): State<Api>, body: Bytes) -> Result<StatusCode, 
 
 async fn agent_next(
     State(api): State<Api>,
+    speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    if let Some(axum::Extension(s)) = speaker {
+        s.node(&api, &ident).await?;
+    }
     let action = api.next_action(&ident).await?;
     Ok(Json(json!({"action": action})))
 }

@@ -79,6 +79,9 @@ pub struct Input<'a> {
     pub enrolled: bool,
     /// A failure known before processing (the ramdisk's error, unusable interfaces).
     pub pre_failure: Option<&'a ProcessingError>,
+    /// The data came with an agent's token: it speaks for the machine that owns this MAC
+    /// alone, and adds no MAC to the node (an inventory can name any MAC it likes).
+    pub speaker: Option<MacAddr>,
 }
 
 /// One timeline entry of the node's processing.
@@ -202,12 +205,15 @@ fn run_hooks(input: Input<'_>, state: State, node: &mut Node) -> Result<Value, P
             .map_err(|e| rules::unexpected(&e))?;
         node.properties.insert("capabilities".into(), json!(merged));
     }
-    for m in &ifaces.all_macs {
-        if !node.macs.contains(m) {
-            node.macs.push(*m);
+    if input.speaker.is_none() {
+        for m in &ifaces.all_macs {
+            if !node.macs.contains(m) {
+                node.macs.push(*m);
+            }
         }
     }
-    node.pxe_mac = ifaces.pxe_mac.or(node.pxe_mac);
+    // The token's MAC is the one that PXE-booted: its boot script carried the token.
+    node.pxe_mac = input.speaker.or(ifaces.pxe_mac).or(node.pxe_mac);
     if node.bmc_address.is_none() {
         node.bmc_address = ifaces.bmc.clone();
     }
@@ -427,6 +433,7 @@ mod tests {
                 body: &body,
                 enrolled: case.enrolled,
                 pre_failure: pre.as_ref(),
+                speaker: None,
             };
             let out = process(input, case.node, &case.rules).conclude(NOW);
             let name = case.name;
@@ -470,8 +477,43 @@ mod tests {
             body: &body,
             enrolled: false,
             pre_failure: None,
+            speaker: None,
         };
         process(input, node(Some(State::Waiting)), rules)
+    }
+
+    #[test]
+    fn an_agents_data_adds_no_mac_to_the_node() {
+        let body = json!({
+            "inventory": {
+                "interfaces": [
+                    {"name": "eth0", "mac_address": "52:54:00:00:00:01"},
+                    {"name": "eth1", "mac_address": "52:54:00:00:00:99"}
+                ],
+                "disks": [{"name": "/dev/vda", "size": 21_474_836_480_u64}],
+                "memory": {"physical_mb": 2048},
+                "cpu": {"count": 2, "architecture": "x86_64"}
+            },
+            "boot_interface": "52:54:00:00:00:99",
+        });
+        let raw = serde_json::to_vec(&body).unwrap();
+        let data = IntrospectionData::parse(&raw).unwrap();
+        let own: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        for (speaker, want_macs) in [(Some(own), 1), (None, 2)] {
+            let input = Input {
+                data: &data,
+                body: &raw,
+                enrolled: false,
+                pre_failure: None,
+                speaker,
+            };
+            let out = process(input, node(Some(State::Waiting)), &[]).conclude(NOW);
+            assert!(out.result.is_ok(), "{:?}", out.result);
+            assert_eq!(out.node.macs.len(), want_macs, "speaker {speaker:?}");
+            if speaker.is_some() {
+                assert_eq!(out.node.pxe_mac, Some(own), "the token's MAC booted");
+            }
+        }
     }
 
     #[test]

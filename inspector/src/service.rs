@@ -86,6 +86,9 @@ pub enum ErrorKind {
     Conflict,
     /// This host is no longer the leader; the new leader does this work.
     NotLeader,
+    /// The caller's credential does not speak for this machine (an agent token for
+    /// another MAC).
+    Forbidden,
     /// The store failed, or a record in it is unreadable.
     Store,
 }

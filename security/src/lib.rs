@@ -1,13 +1,15 @@
-//! Paddock's security model (issue 18): Dominator's mutual TLS with per-method certificate
+//! Paddock's security model: Dominator's mutual TLS with per-method certificate
 //! permissions, plus the agent's per-boot tokens and operator tokens.
 //!
 //! Pure cores: [`methods`] (the extension's DER, method globs), [`token`] (agent and operator
 //! tokens), [`identity`] (a verified certificate → who and what it may call). Shells:
 //! [`ca`] (rcgen: the CA, issuing, signing requests), [`tls`] (the rustls listener every
-//! service uses and the clients' configurations).
+//! service uses and the clients' configurations), [`limits`] (what one client may hold of
+//! a listener).
 
 pub mod ca;
 pub mod identity;
+pub mod limits;
 pub mod methods;
 pub mod tls;
 pub mod token;

@@ -2,7 +2,8 @@
 //! verified against the CA), the accept loop that hands each request its verified [`Peer`]
 //! (neither axum nor axum-server exposes the peer's certificate), and the clients'
 //! configurations. The same loop serves plain connections, so both listeners share the
-//! limits: a cap on connections, a handshake timeout and a header read timeout.
+//! [`Limits`]: connections per listener and per source, a deadline from accept to the end of
+//! the headers, and a minimum body rate.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -185,26 +186,8 @@ pub struct Peer {
     pub certificate_error: Option<String>,
 }
 
-/// Limits on every connection, authenticated or not.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Connections at once; more are closed at accept.
-    pub max_connections: usize,
-    /// Time for a TLS handshake.
-    pub handshake_timeout: Duration,
-    /// Time for a request's headers to arrive.
-    pub header_read_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_connections: 1024,
-            handshake_timeout: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::limits::Limits;
+use crate::limits::{MinRate, SourceSlots};
 
 /// Serves `app` on `listener`: over TLS when `tls` is given, else plain. Runs until the
 /// listener fails.
@@ -216,6 +199,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let sources = Arc::new(SourceSlots::default());
     loop {
         let (tcp, addr) = match listener.accept().await {
             Ok(c) => c,
@@ -226,6 +210,11 @@ pub async fn serve(
                 continue;
             }
         };
+        let Some(source) = sources.take(addr.ip(), limits.max_per_source) else {
+            tracing::debug!(%addr, "connection refused: this source holds its share");
+            drop(tcp);
+            continue;
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%addr, "connection refused: at the connection limit");
             drop(tcp);
@@ -235,7 +224,10 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, source);
+            // From accept to the end of the first request's headers, handshake included:
+            // hyper's own header timer starts only with the first byte.
+            let deadline = tokio::time::Instant::now() + limits.header_read_timeout;
             match acceptor {
                 Some(acceptor) => {
                     let tls =
@@ -262,7 +254,7 @@ pub async fn serve(
                         identity,
                         certificate_error,
                     };
-                    connection(TokioIo::new(tls), peer, app, limits).await;
+                    connection(TokioIo::new(tls), peer, app, limits, deadline).await;
                 }
                 None => {
                     let peer = Peer {
@@ -271,32 +263,55 @@ pub async fn serve(
                         identity: None,
                         certificate_error: None,
                     };
-                    connection(TokioIo::new(tcp), peer, app, limits).await;
+                    connection(TokioIo::new(tcp), peer, app, limits, deadline).await;
                 }
             }
         });
     }
 }
 
-async fn connection<I>(io: I, peer: Peer, app: Router, limits: Limits)
-where
+async fn connection<I>(
+    io: I,
+    peer: Peer,
+    app: Router,
+    limits: Limits,
+    deadline: tokio::time::Instant,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let addr = peer.addr;
-    let service = app.map_request(
-        move |mut req: axum::extract::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(ConnectInfo(addr));
-            req.extensions_mut().insert(peer.clone());
-            req
-        },
-    );
+    let first = Arc::new(tokio::sync::Notify::new());
+    let headers_in = first.clone();
+    let service = app.map_request(move |req: axum::extract::Request<hyper::body::Incoming>| {
+        headers_in.notify_one();
+        let mut req = req.map(|b| {
+            axum::body::Body::new(MinRate::new(
+                b,
+                limits.min_body_rate,
+                limits.header_read_timeout,
+            ))
+        });
+        req.extensions_mut().insert(ConnectInfo(addr));
+        req.extensions_mut().insert(peer.clone());
+        req
+    });
     let service = hyper_util::service::TowerToHyperService::new(service);
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let b = b.http1_only();
-    if let Err(e) = b.serve_connection_with_upgrades(io, service).await {
+    let conn = b.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = first.notified() => conn.await,
+        () = tokio::time::sleep_until(deadline) => {
+            tracing::debug!(%addr, "connection closed: no request headers in time");
+            return;
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(%addr, error = %e, "connection ended with an error");
     }
 }

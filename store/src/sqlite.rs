@@ -74,6 +74,37 @@ CREATE TABLE IF NOT EXISTS meta (
 INSERT OR IGNORE INTO meta(name, value) VALUES ('revision', 0), ('compacted', 0);
 ";
 
+/// The store holds secrets (keys, token digests): the file is created readable by its owner
+/// alone, and an existing one (and its WAL files, which SQLite creates with the database's
+/// mode) is brought down to that.
+fn owner_only(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let failed = |source: std::io::Error| StoreError::Open {
+        path: path.display().to_string(),
+        source: rusqlite::Error::ToSqlConversionFailure(Box::new(source)),
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(failed)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(failed)?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(failed(e)),
+        }
+    }
+    Ok(())
+}
+
 fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|source| StoreError::Open {
         path: path.display().to_string(),
@@ -91,6 +122,7 @@ impl SqliteStore {
     /// lease sweeper.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref();
+        owner_only(path)?;
         let writer_conn = open_conn(path)?;
         writer_conn.execute_batch(SCHEMA)?;
         let reader = open_conn(path)?;
@@ -751,6 +783,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = SqliteStore::open(dir.path().join("store.db")).unwrap();
         (dir, s)
+    }
+
+    #[tokio::test]
+    async fn the_store_files_are_readable_by_their_owner_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let mode = |p: &str| {
+            std::fs::metadata(dir.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            s.put("k", b"v".to_vec()).await.unwrap();
+            assert_eq!(mode("store.db"), 0o600);
+            assert_eq!(
+                mode("store.db-wal"),
+                0o600,
+                "SQLite copies the database's mode"
+            );
+        }
+        // A store left world-readable by an older version is brought down to 0600.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(mode("store.db"), 0o600);
+        assert_eq!(s.get("k").await.unwrap().unwrap().value, b"v");
     }
 
     #[tokio::test]

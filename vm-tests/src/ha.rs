@@ -116,7 +116,10 @@ fn etcd_pki(dir: &std::path::Path, hosts: usize) -> anyhow::Result<()> {
             now,
         )?;
         std::fs::write(dir.join(format!("{name}.pem")), &issued.cert_pem)?;
-        std::fs::write(dir.join(format!("{name}.key")), &issued.key_pem)?;
+        let key = dir.join(format!("{name}.key"));
+        std::fs::write(&key, &issued.key_pem)?;
+        // The appliance refuses a private key that others may read.
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     }
     Ok(())
 }

@@ -80,3 +80,7 @@ pub const SECURITY_INSPECTOR_NOAUTH: bool = false;
 pub const SECURITY_AGENT_TOKEN_TTL_SECS: u64 = 6 * 3600;
 pub const SECURITY_MAX_CONNECTIONS: usize = 1024;
 pub const SECURITY_HEADER_TIMEOUT_SECS: u64 = 10;
+/// A machine fetching its boot files holds a few connections; 128 leaves room for a NAT.
+pub const HTTP_MAX_CONNECTIONS_PER_SOURCE: usize = 128;
+/// 1 KiB/s: a ten-second stall after the grace is cut; any real upload is far faster.
+pub const HTTP_MIN_BODY_RATE: u64 = 1024;

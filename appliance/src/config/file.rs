@@ -185,6 +185,12 @@ pub struct HttpFile {
     pub listen: Option<String>,
     pub public_url: Option<String>,
     pub assets_dir: Option<PathBuf>,
+    /// Connections at once from one source address, per listener (0: no cap;
+    /// [`super::defaults::HTTP_MAX_CONNECTIONS_PER_SOURCE`]).
+    pub max_connections_per_source: Option<usize>,
+    /// Bytes per second a request body must keep up once its grace (the header timeout)
+    /// is spent (0: no minimum; [`super::defaults::HTTP_MIN_BODY_RATE`]).
+    pub min_body_rate: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -33,6 +33,10 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub public_url: String,
     pub assets_dir: Option<PathBuf>,
+    /// `[http] max_connections_per_source` (0: no cap).
+    pub http_max_per_source: usize,
+    /// `[http] min_body_rate`, bytes per second (0: no minimum).
+    pub http_min_body_rate: u64,
     pub dhcp: Option<DhcpConfig>,
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
@@ -78,6 +82,21 @@ pub struct TlsConfig {
 }
 
 impl Config {
+    /// What one client may hold of either listener.
+    pub fn listener_limits(&self) -> paddock_security::limits::Limits {
+        let mut l = paddock_security::limits::Limits {
+            max_per_source: self.http_max_per_source,
+            min_body_rate: self.http_min_body_rate,
+            ..Default::default()
+        };
+        if let SecurityConfig::Tls(t) = &self.security {
+            l.max_connections = t.max_connections;
+            l.handshake_timeout = t.header_timeout;
+            l.header_read_timeout = t.header_timeout;
+        }
+        l
+    }
+
     /// The base URL the agent, subs and hooks call: HTTPS when TLS is on.
     pub fn api_url(&self) -> &str {
         match &self.security {

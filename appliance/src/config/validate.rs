@@ -71,6 +71,14 @@ impl FileConfig {
             http_listen,
             public_url,
             assets_dir: self.http.assets_dir,
+            http_max_per_source: self
+                .http
+                .max_connections_per_source
+                .unwrap_or(defaults::HTTP_MAX_CONNECTIONS_PER_SOURCE),
+            http_min_body_rate: self
+                .http
+                .min_body_rate
+                .unwrap_or(defaults::HTTP_MIN_BODY_RATE),
             dhcp,
             tftp,
             boot,

@@ -102,7 +102,19 @@ impl Inspector {
 
     /// `POST /v1/continue`: returns the node's UUID.
     pub async fn process(&self, body: &[u8], now: i64) -> Result<Uuid> {
-        let res = self.process_inner(body, now).await;
+        self.process_as(body, now, None).await
+    }
+
+    /// `POST /v1/continue` from an agent whose token speaks for `speaker`: the node is the
+    /// one that owns that MAC (or a new one that owns it alone), never one the inventory's
+    /// other MACs or BMC address name, and the data adds no MAC to it.
+    pub async fn process_as(
+        &self,
+        body: &[u8],
+        now: i64,
+        speaker: Option<MacAddr>,
+    ) -> Result<Uuid> {
+        let res = self.process_inner(body, now, speaker).await;
         // A failure may have marked a node we cannot name here: look at every node.
         match &res {
             Ok(uuid) => self.changed(&[*uuid]).await,
@@ -111,7 +123,7 @@ impl Inspector {
         res
     }
 
-    async fn process_inner(&self, body: &[u8], now: i64) -> Result<Uuid> {
+    async fn process_inner(&self, body: &[u8], now: i64, speaker: Option<MacAddr>) -> Result<Uuid> {
         let data =
             IntrospectionData::parse(body).map_err(|e| InspectorError::invalid(e.to_string()))?;
         let ramdisk_error = hooks::ramdisk_error(&data).err().map(ProcessingError::from);
@@ -121,7 +133,7 @@ impl Inspector {
             .and_then(|inv| Ok(hooks::validate_interfaces(&data, inv)?));
         // Lookup attributes: every MAC and the BMC address (or just the PXE MAC when the
         // inventory is unusable, so the node can still be marked as failed).
-        let (macs, bmcs): (Vec<MacAddr>, Vec<String>) = match &interfaces {
+        let (mut macs, mut bmcs): (Vec<MacAddr>, Vec<String>) = match &interfaces {
             Ok(i) => (i.all_macs.clone(), i.bmc.iter().cloned().collect()),
             Err(_) => (
                 data.boot_interface
@@ -133,6 +145,18 @@ impl Inspector {
                 Vec::new(),
             ),
         };
+        if let Some(own) = speaker {
+            // The token's machine must be the one reporting, and it is looked up by its
+            // token's MAC alone.
+            if !macs.contains(&own) {
+                return Err(InspectorError::of(
+                    ErrorKind::Forbidden,
+                    format!("agent token: issued for {own}, which the inventory does not list"),
+                ));
+            }
+            macs = vec![own];
+            bmcs.clear();
+        }
         if macs.is_empty() && bmcs.is_empty() {
             // Inspector runs its `ramdisk_error` hook first: what the ramdisk said is the
             // cause the operator needs, not the inventory it could therefore not send.
@@ -235,6 +259,7 @@ impl Inspector {
                 body,
                 enrolled,
                 pre_failure: pre_failure.as_ref(),
+                speaker,
             };
             match self.record_processing(input, node, rev, now).await? {
                 Recorded::Finished(uuid) => return Ok(uuid),
@@ -357,6 +382,7 @@ impl Inspector {
             body: &raw,
             enrolled: false,
             pre_failure: pre.as_ref(),
+            speaker: None,
         };
         let res = match self.record_processing(input, node, v.rev, now).await? {
             Recorded::Raced => Err(InspectorError::conflict(

@@ -1,0 +1,466 @@
+//! The boot network is untrusted: whoever can PXE-boot and reach the boot port may speak
+//! for one machine (the MAC its boot script's token was minted for) and nothing else, and
+//! cannot hold the listeners or a browser's credentials. Each test plays that attacker
+//! against the real `paddock serve` with TLS on, with curl and raw sockets in namespaces.
+
+mod support;
+
+use std::time::Instant;
+
+use support::*;
+
+const HTTPS: &str = "https://198.18.0.1:8443";
+/// The attacker's machine: it fetched a boot script, so it holds a token for this MAC.
+const MINE: &str = "52:54:00:77:00:01";
+/// Another machine, enrolled by the operator.
+const VICTIM: &str = "52:54:00:77:00:02";
+/// A machine whose node is named `next`, like the route `provision/next`.
+const NEXT: &str = "52:54:00:77:00:03";
+
+struct Lab {
+    link: Link,
+    scratch: Scratch,
+    app: Appliance,
+    /// curl's arguments for the admin certificate.
+    admin: String,
+    /// curl's arguments for the CA alone.
+    anonymous: String,
+}
+
+fn lab(extra: &str) -> Lab {
+    require(&["curl", "python3"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let config = format!(
+        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n[dhcp]\nenabled = false\n\
+         [tftp]\nenabled = false\n[boot.discovery]\nkernel = \"{PUBLIC_URL}/boot/assets/vmlinuz\"\n\
+         initrd = \"{PUBLIC_URL}/boot/assets/initrd.img\"\n[inspector]\nauto_enrol = true\n{extra}",
+        scratch.path("data").display()
+    );
+    let path = scratch.path("paddock.toml");
+    std::fs::write(&path, &config).unwrap();
+    link.server.sh_ok(&format!(
+        "{} certs --config {} init",
+        env!("CARGO_BIN_EXE_paddock"),
+        path.display()
+    ));
+    let app = Appliance::start_secure(&link.server, &scratch, &config);
+    let certs = scratch.path("data/certs");
+    let anonymous = format!("--cacert {}", certs.join("ca.pem").display());
+    let admin = format!(
+        "{anonymous} --cert {} --key {}",
+        certs.join("admin.pem").display(),
+        certs.join("admin.key").display()
+    );
+    Lab {
+        link,
+        scratch,
+        app,
+        admin,
+        anonymous,
+    }
+}
+
+impl Lab {
+    /// `curl -i` over HTTPS from the server's namespace; `args` carries the credentials,
+    /// headers and body.
+    fn call(&self, method: &str, path: &str, args: &str) -> Resp {
+        curl(
+            &self.link.server,
+            &format!("curl -s -i -m 20 -X {method} {args} '{HTTPS}{path}'"),
+        )
+    }
+
+    /// A JSON call with `auth`.
+    fn json(&self, auth: &str, method: &str, path: &str, body: &str) -> Resp {
+        let f = self.scratch.path(&format!("body-{}", rand_name()));
+        std::fs::write(&f, body).unwrap();
+        self.call(
+            method,
+            path,
+            &format!(
+                "{auth} -H 'Content-Type: application/json' --data-binary @{}",
+                f.display()
+            ),
+        )
+    }
+
+    /// The token the boot script for `mac` carries, as a curl argument.
+    fn token_for(&self, mac: &str) -> String {
+        let script = self.link.server.sh_ok(&format!(
+            "curl -sf {PUBLIC_URL}/boot/{}.ipxe",
+            mac.replace(':', "-")
+        ));
+        let token = script
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("paddock.token="))
+            .unwrap_or_else(|| panic!("no token in\n{script}"));
+        format!("{} -H 'Authorization: Bearer {token}'", self.anonymous)
+    }
+
+    fn node(&self, name: &str) -> serde_json::Value {
+        let r = self.call("GET", &format!("/api/v1/nodes/{name}"), &self.admin);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    }
+
+    fn create_node(&self, name: &str, mac: &str) -> String {
+        let r = self.json(
+            &self.admin,
+            "POST",
+            "/api/v1/nodes",
+            &format!(r#"{{"name":"{name}","macs":["{mac}"]}}"#),
+        );
+        assert!(r.status < 300, "{} {}", r.status, r.body);
+        r.json()["uuid"].as_str().unwrap().to_string()
+    }
+}
+
+fn rand_name() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::SeqCst).to_string()
+}
+
+#[test]
+fn a_token_speaks_for_its_own_machine_alone() {
+    let lab = lab("");
+    let victim = lab.create_node("victim", VICTIM);
+    lab.create_node("next", NEXT);
+    let mine = lab.token_for(MINE);
+    let refused = |r: &Resp, what: &str| {
+        assert_eq!(r.status, 403, "{what}: {}", r.body);
+        assert!(r.body.contains("agent token"), "{what}: {}", r.body);
+    };
+
+    // provision/next answers for the token's MAC only, whatever list the body sends: the
+    // victim's answer (and with it a subd certificate) is out of reach.
+    let next = lab.json(
+        &mine,
+        "POST",
+        "/api/v1/provision/next",
+        &format!(r#"{{"macs":["{VICTIM}","{MINE}"]}}"#),
+    );
+    assert_eq!(next.status, 200, "{}", next.body);
+    assert!(next.json()["node"].is_null(), "{}", next.body);
+    assert!(!next.body.contains(&victim) && !next.body.contains("subd_trust"));
+
+    // A node's routes, by name, encoded name, UUID, or a node named like a route.
+    let report = r#"{"event":{"event":"clean_done"}}"#;
+    for path in [
+        "/api/v1/provision/victim/report",
+        "/api/v1/provision/%76ictim/report",
+        "/api/v1/provision/next/report",
+        &format!("/api/v1/provision/{victim}/report"),
+    ] {
+        refused(&lab.json(&mine, "POST", path, report), path);
+    }
+    let register = r#"{"address":"198.18.0.66"}"#;
+    for path in [
+        "/api/v1/provision/%76ictim/register",
+        "/api/v1/provision/next/register",
+    ] {
+        refused(&lab.json(&mine, "POST", path, register), path);
+    }
+    for path in [
+        "/api/v1/provision/%76ictim",
+        "/api/v1/agent/%76ictim/next",
+        "/api/v1/agent/next/next",
+        "/api/v1/agent/nobody/next",
+    ] {
+        refused(&lab.call("GET", path, &mine), path);
+    }
+    // A timeline entry for another machine.
+    let event = |mac: &str| format!(r#"{{"mac":"{mac}","step":"x","message":"hello"}}"#);
+    refused(
+        &lab.json(&mine, "POST", "/api/v1/agent/events", &event(VICTIM)),
+        "events",
+    );
+    assert_eq!(
+        lab.json(&mine, "POST", "/api/v1/agent/events", &event(MINE))
+            .status,
+        204
+    );
+
+    // /v1/continue: the victim is under introspection; an inventory listing the victim's
+    // MAC beside the token's enrols the token's machine on its own, and takes nothing.
+    let start = lab.call(
+        "POST",
+        "/v1/introspection/victim?manage_boot=false",
+        &lab.admin,
+    );
+    assert_eq!(start.status, 202, "{}", start.body);
+    let inv = |macs: &[&str]| inventory(macs, 2, 2048, &[20]).to_string();
+    let took = lab.json(&mine, "POST", "/v1/continue", &inv(&[MINE, VICTIM]));
+    assert_eq!(took.status, 200, "{}", took.body);
+    let mine_uuid = took.json()["uuid"].as_str().unwrap().to_string();
+    assert_ne!(mine_uuid, victim, "the victim's node was taken over");
+    let v = lab.node("victim");
+    assert_eq!(v["macs"], serde_json::json!([VICTIM]), "{v}");
+    assert_eq!(
+        lab.node(&mine_uuid)["macs"],
+        serde_json::json!([MINE]),
+        "agent data adds no MAC but the token's"
+    );
+    // An inventory that does not list the token's MAC at all.
+    refused(
+        &lab.json(&mine, "POST", "/v1/continue", &inv(&[VICTIM])),
+        "continue without the token's MAC",
+    );
+    // The victim's boot script is still the victim's: nothing moved to MINE.
+    let script = lab.link.server.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/boot/52-54-00-77-00-01.ipxe"
+    ));
+    assert!(!script.contains("victim"), "{script}");
+    drop(lab.app);
+}
+
+#[test]
+fn a_browser_cannot_be_made_to_call_for_its_operator() {
+    let lab = lab("");
+    lab.create_node("victim", VICTIM);
+    let state = || {
+        lab.call("GET", "/api/v1/nodes/victim/provisioning", &lab.admin)
+            .body
+    };
+    let before = state();
+    // A page on another site posts a form through a browser that holds the admin
+    // certificate: refused, nothing done.
+    let evil = "-H 'Origin: https://evil.example'";
+    for (what, args) in [
+        ("a form", format!("{evil} --data-urlencode x=1")),
+        (
+            "JSON from another site",
+            format!("{evil} -H 'Content-Type: application/json' -d '{{}}'"),
+        ),
+        (
+            "JSON, Sec-Fetch-Site cross-site",
+            "-H 'Sec-Fetch-Site: cross-site' -H 'Content-Type: application/json' -d '{}'".into(),
+        ),
+        (
+            "text/plain from our own origin",
+            "-H 'Content-Type: text/plain' -d '{}'".into(),
+        ),
+    ] {
+        let r = lab.call(
+            "POST",
+            "/api/v1/nodes/victim/clean",
+            &format!("{} {args}", lab.admin),
+        );
+        assert_eq!(r.status, 403, "{what}: {}", r.body);
+    }
+    assert_eq!(state(), before, "a refused call changed the node");
+    // Every answer forbids framing and sniffing.
+    let page = lab.call("GET", "/ui", &lab.admin);
+    assert_eq!(
+        page.header("content-security-policy"),
+        Some("frame-ancestors 'none'")
+    );
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+
+    // The console's cookie: the same.
+    let config = lab.scratch.path("paddock.toml");
+    let token = lab
+        .link
+        .server
+        .sh_ok(&format!(
+            "{} certs --config {} token ops --role admin --days 1",
+            env!("CARGO_BIN_EXE_paddock"),
+            config.display()
+        ))
+        .trim()
+        .to_string();
+    let login = |args: &str, url: &str| {
+        curl(
+            &lab.link.server,
+            &format!(
+                "curl -s -i -m 10 {} {args} -X POST --data-urlencode token={token} '{url}/ui/login'",
+                lab.anonymous
+            ),
+        )
+    };
+    assert_eq!(
+        login(evil, HTTPS).status,
+        403,
+        "a sign-in from another site"
+    );
+    assert_eq!(
+        login("", PUBLIC_URL).status,
+        403,
+        "a sign-in on plain HTTP would send the token in clear"
+    );
+    let ok = login("-H 'Origin: https://198.18.0.1:8443'", HTTPS);
+    assert_eq!(ok.status, 303, "{}", ok.body);
+    let cookie = ok
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let rules = || lab.call("GET", "/v1/rules", &lab.admin).body;
+    let rules_before = rules();
+    let rule = r#"{"description":"x","conditions":[],"actions":[{"action":"fail","message":"x"}]}"#;
+    let with_cookie = |ct: &str| {
+        let f = lab.scratch.path("rule.json");
+        std::fs::write(&f, rule).unwrap();
+        lab.call(
+            "POST",
+            "/v1/rules",
+            &format!(
+                "{} -H 'Cookie: {cookie}' -H 'Content-Type: {ct}' --data-binary @{}",
+                lab.anonymous,
+                f.display()
+            ),
+        )
+    };
+    let r = with_cookie("text/plain");
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(rules(), rules_before, "a text/plain post created a rule");
+    // The same token sent on purpose (an Authorization header) is no browser's doing.
+    let r = lab.call(
+        "POST",
+        "/v1/rules",
+        &format!(
+            "{} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d '{rule}'",
+            lab.anonymous
+        ),
+    );
+    assert!(r.status < 300, "{} {}", r.status, r.body);
+    drop(lab.app);
+}
+
+/// Holds `count` TCP connections to the boot port from `ns` without sending a byte; prints
+/// how many the server had closed after `hold` seconds.
+const HOLDER: &str = r#"
+import socket, sys, time
+count, hold = int(sys.argv[1]), float(sys.argv[2])
+socks = []
+for _ in range(count):
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect(("198.18.0.1", 8080))
+        socks.append(s)
+    except OSError:
+        pass
+print("connected", len(socks), flush=True)
+time.sleep(hold)
+closed = 0
+for s in socks:
+    s.setblocking(False)
+    try:
+        if s.recv(1) == b"":
+            closed += 1
+    except BlockingIOError:
+        pass
+    except OSError:
+        closed += 1
+print("closed", closed, flush=True)
+"#;
+
+/// Sends a body of 1 MB at one byte a second over HTTPS; prints the seconds until the
+/// server answered or closed.
+const SLOW_BODY: &str = r#"
+import socket, ssl, sys, time
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+s = ctx.wrap_socket(socket.create_connection(("198.18.0.1", 8443)), server_hostname="198.18.0.1")
+s.sendall(b"POST /ui/login HTTP/1.1\r\nHost: 198.18.0.1:8443\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000000\r\n\r\n")
+t0 = time.time()
+s.settimeout(1)
+while time.time() - t0 < 60:
+    try:
+        s.sendall(b"t")
+    except OSError:
+        break
+    try:
+        if s.recv(4096) is not None:
+            break
+    except socket.timeout:
+        pass
+    except OSError:
+        break
+print("cut_after", round(time.time() - t0, 1), flush=True)
+"#;
+
+#[test]
+fn one_source_cannot_hold_the_listeners() {
+    let lab = lab("[security]\nheader_timeout_secs = 2\n");
+    lab.link.give_client_static_address();
+    let holder = lab.scratch.path("holder.py");
+    std::fs::write(&holder, HOLDER).unwrap();
+    let log = lab.scratch.path("holder.log");
+    let mut held = lab
+        .link
+        .client
+        .spawn(&format!("python3 {} 2000 4", holder.display()), &log);
+    wait_for("2,000 connections opened", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("connected"))
+    });
+    // Another source's boot script while one source holds (or tried to hold) 2,000.
+    let t0 = Instant::now();
+    let out = lab.link.server.sh_ok(&format!(
+        "curl -sf -m 5 -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/52-54-00-77-00-09.ipxe"
+    ));
+    let took = t0.elapsed();
+    assert_eq!(out.trim(), "200");
+    println!("another source's boot script: {took:?} with 2,000 connections held by one");
+    assert!(took.as_secs_f64() < 1.0, "served in {took:?}");
+    let _ = held.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    println!("{}", text.trim());
+    let num = |key: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|n| n.trim().parse().unwrap())
+            .unwrap_or_else(|| panic!("no {key} in {text}"))
+    };
+    // Every one is closed: beyond the source's share at accept, the rest when no
+    // headers came within the header timeout.
+    assert_eq!(num("closed"), num("connected"), "{text}");
+
+    // A body trickled at a byte a second is cut soon after its grace.
+    let slow = lab.scratch.path("slow.py");
+    std::fs::write(&slow, SLOW_BODY).unwrap();
+    let out = lab.link.client.sh_ok(&format!(
+        "python3 {} {}",
+        slow.display(),
+        lab.scratch.path("data/certs/ca.pem").display()
+    ));
+    let secs: f64 = out
+        .trim()
+        .strip_prefix("cut_after ")
+        .unwrap_or_else(|| panic!("{out}"))
+        .parse()
+        .unwrap();
+    println!("a body at 1 byte/s was cut after {secs} s");
+    assert!(secs < 10.0, "held for {secs} s");
+    drop(lab.app);
+}
+
+#[test]
+fn secrets_at_rest_are_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut lab = lab("");
+    let mode = |p: &str| {
+        std::fs::metadata(lab.scratch.path(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("data"), 0o700);
+    assert_eq!(mode("data/store.db"), 0o600);
+    assert_eq!(mode("data/certs/host.key"), 0o600);
+    lab.app.stop();
+    let key = lab.scratch.path("data/certs/host.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = lab.link.server.sh(&format!(
+        "timeout 20 {} serve --config {}",
+        env!("CARGO_BIN_EXE_paddock"),
+        lab.scratch.path("paddock.toml").display()
+    ));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chmod 600"), "{err}");
+}
