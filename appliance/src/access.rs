@@ -16,8 +16,26 @@ pub enum Access {
     /// A caller who may call `method`; `mutates` calls are audited.
     Method { method: &'static str, mutates: bool },
     /// The ramdisk agent's routes: a caller who may call `method`, or the agent's per-boot
-    /// token; `node` is the path's node when it names one.
-    Agent { method: &'static str },
+    /// token (which speaks for its own machine alone); `mutates` calls are audited.
+    Agent { method: &'static str, mutates: bool },
+}
+
+impl Access {
+    /// The `Service.Method` (empty for public routes).
+    pub fn method(self) -> &'static str {
+        match self {
+            Access::Method { method, .. } | Access::Agent { method, .. } => method,
+            Access::Public => "",
+        }
+    }
+
+    /// Whether a call changes something (and is audited).
+    pub fn mutates(self) -> bool {
+        match self {
+            Access::Method { mutates, .. } | Access::Agent { mutates, .. } => mutates,
+            Access::Public => false,
+        }
+    }
 }
 
 /// The read-only operator role.
@@ -56,6 +74,10 @@ const fn read(method: &'static str) -> Access {
     }
 }
 
+const fn agent(method: &'static str, mutates: bool) -> Access {
+    Access::Agent { method, mutates }
+}
+
 const fn write(method: &'static str) -> Access {
     Access::Method {
         method,
@@ -86,27 +108,14 @@ pub fn access(http: &str, path: &str) -> Access {
         },
 
         // The ramdisk agent.
-        ["v1", "continue"] if post => Access::Agent {
-            method: "Introspection.Continue",
-        },
-        ["api", "v1", "agent", "events"] if post => Access::Agent {
-            method: "Agent.Event",
-        },
-        ["api", "v1", "agent", _, "next"] if get => Access::Agent {
-            method: "Agent.Next",
-        },
-        ["api", "v1", "provision", "next"] if post => Access::Agent {
-            method: "Provision.Next",
-        },
-        ["api", "v1", "provision", _] if get => Access::Agent {
-            method: "Provision.Show",
-        },
-        ["api", "v1", "provision", _, "report"] if post => Access::Agent {
-            method: "Provision.Report",
-        },
-        ["api", "v1", "provision", _, "register"] if post => Access::Agent {
-            method: "Provision.Register",
-        },
+        ["v1", "continue"] if post => agent("Introspection.Continue", true),
+        ["api", "v1", "agent", "events"] if post => agent("Agent.Event", false),
+        ["api", "v1", "agent", _, "next"] if get => agent("Agent.Next", false),
+        // It may start a run and issue the machine's subd certificate.
+        ["api", "v1", "provision", "next"] if post => agent("Provision.Next", true),
+        ["api", "v1", "provision", _] if get => agent("Provision.Show", false),
+        ["api", "v1", "provision", _, "report"] if post => agent("Provision.Report", true),
+        ["api", "v1", "provision", _, "register"] if post => agent("Provision.Register", true),
 
         // Ironic Inspector v1.
         ["v1", "introspection"] if get => read("Introspection.List"),
@@ -241,7 +250,7 @@ pub enum Decision {
 pub fn decide(access: Access, caller: Caller<'_>, path: &str, noauth_inspector: bool) -> Decision {
     let method = match access {
         Access::Public => return Decision::Allow,
-        Access::Method { method, .. } | Access::Agent { method } => method,
+        Access::Method { method, .. } | Access::Agent { method, .. } => method,
     };
     match caller {
         Caller::Insecure => Decision::Allow,
@@ -303,9 +312,7 @@ mod tests {
             (
                 "POST",
                 "/v1/continue",
-                Access::Agent {
-                    method: "Introspection.Continue",
-                },
+                agent("Introspection.Continue", true),
             ),
         ] {
             assert_eq!(access(http, path), want, "{http} {path}");

@@ -233,7 +233,7 @@ fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
 /// `paddock audit`: the newest entries of the audit log.
 pub fn audit(api: &str, limit: usize, json: bool) -> Result<(), CallError> {
     let limit = limit.to_string();
-    let entries: Vec<crate::security::AuditEntry> = Call::new(api, "GET", "/api/v1/audit")
+    let entries: Vec<crate::audit::AuditEntry> = Call::new(api, "GET", "/api/v1/audit")
         .query("limit", &limit)
         .send()?;
     if json {
@@ -252,9 +252,15 @@ pub fn audit(api: &str, limit: usize, json: bool) -> Result<(), CallError> {
             std::time::UNIX_EPOCH
                 + std::time::Duration::from_millis(u64::try_from(e.at_ms).unwrap_or(0)),
         );
+        // Refusals are counted per minute: `403×1000`.
+        let status = if e.count > 1 {
+            format!("{}×{}", e.status, e.count)
+        } else {
+            e.status.to_string()
+        };
         println!(
             "{:<24} {:<20} {:<28} {:>6}  {}",
-            when, e.who, e.method, e.status, e.target
+            when, e.who, e.method, status, e.target
         );
     }
     Ok(())

@@ -4,6 +4,7 @@
 pub mod access;
 pub mod assets;
 pub mod at_rest;
+pub mod audit;
 pub mod boot;
 pub mod browser;
 pub mod census;

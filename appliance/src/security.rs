@@ -20,18 +20,16 @@ use paddock_inspector::api::Speaker;
 use paddock_inventory::MacAddr;
 use paddock_security::token::{self, AgentKey};
 use paddock_security::{Identity, Permissions, Proof, ca, tls};
-use paddock_store::{Store, Txn};
+use paddock_store::Store;
 use serde::{Deserialize, Serialize};
 
 use crate::access::{self, Access, Caller, Decision};
+use crate::audit::{Audit, AuditEntry, Kind};
 use crate::config::{Config, SecurityConfig, TlsConfig};
 
 pub const CA_KEY: &str = "security/ca";
 pub const AGENT_KEY: &str = "security/agent-key";
 pub const TOKENS: &str = "security/tokens/";
-pub const AUDIT: &str = "audit/";
-/// Audit entries kept (the leader prunes the oldest beyond this).
-pub const AUDIT_KEEP: usize = 10_000;
 
 /// The files `paddock certs init` writes into `[security] dir`.
 pub const CA_FILE: &str = "ca.pem";
@@ -54,21 +52,6 @@ pub struct TokenRecord {
     pub expires_ms: i64,
 }
 
-/// One audited call.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct AuditEntry {
-    pub at_ms: i64,
-    /// The certificate's CN, the token's name, `agent:<mac>`, or `-` (insecure mode).
-    pub who: String,
-    /// `certificate`, `token`, `agent` or `insecure`.
-    pub proof: String,
-    pub method: String,
-    /// The HTTP method and path: what the call was on.
-    pub target: String,
-    pub status: u16,
-    pub peer: String,
-}
-
 /// Whether `name` may be a certificate's CN.
 pub fn valid_cert_name(name: &str) -> bool {
     ca::check_name(name).is_ok()
@@ -83,32 +66,11 @@ pub fn valid_san(s: &str) -> bool {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-')))
 }
 
-impl AuditEntry {
-    /// An entry for a call that happened just now.
-    fn now(
-        who: &str,
-        proof: &str,
-        method: &str,
-        http: &str,
-        path: &str,
-        status: u16,
-        peer: String,
-    ) -> Self {
-        AuditEntry {
-            at_ms: now_ms(),
-            who: who.into(),
-            proof: proof.into(),
-            method: method.into(),
-            target: format!("{http} {path}"),
-            status,
-            peer,
-        }
-    }
-}
-
 /// What the middleware and the boot path need.
 pub struct Security {
     store: Arc<dyn Store>,
+    /// Who changed what, and who was refused.
+    pub audit: Arc<Audit>,
     pub tls: Option<TlsState>,
 }
 
@@ -405,7 +367,11 @@ impl Security {
                      every method open to anyone who reaches {}; use only on an isolated lab network",
                     cfg.http_listen
                 );
-                return Ok(Arc::new(Security { store, tls: None }));
+                return Ok(Arc::new(Security {
+                    audit: Arc::new(Audit::new(store.clone())),
+                    store,
+                    tls: None,
+                }));
             }
             SecurityConfig::Tls(t) => t.clone(),
         };
@@ -428,6 +394,7 @@ impl Security {
         let agent_key = ensure_agent_key(store.as_ref()).await?;
         let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
         Ok(Arc::new(Security {
+            audit: Arc::new(Audit::new(store.clone())),
             store,
             tls: Some(TlsState {
                 config: t,
@@ -534,58 +501,6 @@ impl Security {
             proof: Proof::Token,
         })
     }
-
-    /// Records one audited call (errors are logged: the call has already happened).
-    async fn audit(&self, entry: AuditEntry) {
-        let key = format!(
-            "{AUDIT}{:013}-{}",
-            entry.at_ms,
-            hex::encode(token::random::<4>())
-        );
-        match serde_json::to_vec(&entry) {
-            Ok(v) => {
-                if let Err(e) = self.store.put(&key, v).await {
-                    tracing::error!(error = %e, ?entry, "audit: could not record a call");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "audit: could not encode"),
-        }
-    }
-
-    /// The newest `limit` entries, newest first.
-    pub async fn audit_log(&self, limit: usize) -> anyhow::Result<Vec<AuditEntry>> {
-        let mut kvs = self.store.range(AUDIT).await?;
-        kvs.sort_by(|a, b| b.key.cmp(&a.key));
-        Ok(kvs
-            .iter()
-            .take(limit)
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-            .collect())
-    }
-
-    /// Deletes all but the newest [`AUDIT_KEEP`] entries (the leader, now and then).
-    pub async fn prune_audit(&self) -> anyhow::Result<usize> {
-        let mut keys: Vec<String> = self
-            .store
-            .range(AUDIT)
-            .await?
-            .into_iter()
-            .map(|kv| kv.key)
-            .collect();
-        if keys.len() <= AUDIT_KEEP {
-            return Ok(0);
-        }
-        keys.sort();
-        let old = keys.len() - AUDIT_KEEP;
-        for chunk in keys[..old].chunks(256) {
-            let txn = Txn {
-                success: chunk.iter().map(paddock_store::Op::delete).collect(),
-                ..Txn::default()
-            };
-            self.store.txn(txn).await?;
-        }
-        Ok(old)
-    }
 }
 
 /// Where a token came from: the `Authorization` header (sent on purpose by a client), or
@@ -673,24 +588,15 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
                 .map(|c| c.0)
         })
         .map_or_else(|| "-".into(), |a| a.to_string());
+    let entry = |who: &str, proof: &str, method: &str, status: StatusCode| {
+        AuditEntry::now(who, proof, method, &http, &path, status.as_u16(), &addr)
+    };
     let Some(t) = &sec.tls else {
         // Insecure: everything allowed; mutating calls still audited, as `-`.
         let resp = next.run(req).await;
-        if let Access::Method {
-            method,
-            mutates: true,
-        } = acc
-        {
-            sec.audit(AuditEntry::now(
-                "-",
-                "insecure",
-                method,
-                &http,
-                &path,
-                resp.status().as_u16(),
-                addr,
-            ))
-            .await;
+        if acc.mutates() {
+            let e = entry("-", "insecure", acc.method(), resp.status());
+            sec.audit.record(Kind::Operator, e).await;
         }
         return resp;
     };
@@ -698,8 +604,11 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
     if acc == Access::Public && (over_tls || plain_http_serves(&http, &path)) {
         // The sign-in form is a browser's post: only from our own pages.
         if path == "/ui/login" && http == "POST" && !crate::browser::same_origin(req.headers()) {
+            let status = StatusCode::FORBIDDEN;
+            let e = entry("(anonymous)", "none", "Console.Login", status);
+            sec.audit.record(Kind::Refused, e).await;
             return refuse(
-                StatusCode::FORBIDDEN,
+                status,
                 "POST /ui/login: a sign-in from another site is refused".into(),
                 "",
             );
@@ -748,17 +657,6 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
             }
         }
     }
-    if ambient && let Err(why) = crate::browser::check_ambient(req.method(), &path, req.headers()) {
-        tracing::info!(peer = %addr, %why, "cross-site request refused");
-        return refuse(StatusCode::FORBIDDEN, why, "");
-    }
-    let caller = match (&identity, &agent_mac, &refused) {
-        (_, _, Some(why)) => Caller::Refused(why),
-        (Some(id), _, _) => Caller::Granted(&id.methods),
-        (None, Some(_), _) => Caller::AgentToken,
-        (None, None, None) => Caller::Anonymous,
-    };
-    let decision = access::decide(acc, caller, &path, t.config.inspector_noauth);
     let (who, proof) = match (&identity, &agent_mac) {
         (Some(id), _) => (
             id.user.clone(),
@@ -771,52 +669,54 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
         (None, Some(mac)) => (format!("agent:{mac}"), "agent"),
         (None, None) => ("(anonymous)".to_string(), "none"),
     };
-    let (method, mutates) = match acc {
-        Access::Method { method, mutates } => (method, mutates),
-        Access::Agent { method } => (method, false),
-        Access::Public => ("", false),
+    let method = acc.method();
+    if ambient && let Err(why) = crate::browser::check_ambient(req.method(), &path, req.headers()) {
+        tracing::info!(peer = %addr, %why, "cross-site request refused");
+        let status = StatusCode::FORBIDDEN;
+        sec.audit
+            .record(Kind::Refused, entry(&who, proof, method, status))
+            .await;
+        return refuse(status, why, "");
+    }
+    let caller = match (&identity, &agent_mac, &refused) {
+        (_, _, Some(why)) => Caller::Refused(why),
+        (Some(id), _, _) => Caller::Granted(&id.methods),
+        (None, Some(_), _) => Caller::AgentToken,
+        (None, None, None) => Caller::Anonymous,
     };
-    let status = match decision {
+    let status = match access::decide(acc, caller, &path, t.config.inspector_noauth) {
         Decision::Allow => None,
         Decision::Unauthenticated(m) => Some((StatusCode::UNAUTHORIZED, m)),
         Decision::Denied(m) => Some((StatusCode::FORBIDDEN, format!("{m} to {who:?}"))),
     };
     if let Some((status, message)) = status {
         tracing::info!(%who, %method, %path, peer = %addr, %message, "access denied");
-        if mutates && (identity.is_some() || agent_mac.is_some()) {
-            sec.audit(AuditEntry::now(
-                &who,
-                proof,
-                method,
-                &http,
-                &path,
-                status.as_u16(),
-                addr,
-            ))
+        sec.audit
+            .record(Kind::Refused, entry(&who, proof, method, status))
             .await;
-        }
         return refuse(status, message, &path);
     }
     let mut req = req;
     // Every agent route acts for this MAC alone (the handlers check the node a path names
     // after decoding it, and look nodes up by this MAC rather than by what a body lists).
-    if let Some(mac) = agent_mac
-        && identity.is_none()
-    {
-        req.extensions_mut().insert(Speaker(mac));
-    }
+    let kind = match agent_mac {
+        Some(mac) if identity.is_none() => {
+            req.extensions_mut().insert(Speaker(mac));
+            Kind::Agent
+        }
+        _ => Kind::Operator,
+    };
     let resp = next.run(req).await;
-    if mutates {
-        sec.audit(AuditEntry::now(
-            &who,
-            proof,
-            method,
-            &http,
-            &path,
-            resp.status().as_u16(),
-            addr,
-        ))
-        .await;
+    if acc.mutates() {
+        // A refusal by the handler (an agent speaking for another node) counts as one.
+        let kind = if matches!(resp.status().as_u16(), 401 | 403) {
+            Kind::Refused
+        } else {
+            kind
+        };
+        sec.audit
+            .record(kind, entry(&who, proof, method, resp.status()))
+            .await;
     }
     resp
 }
@@ -830,8 +730,9 @@ async fn audit_list(
     State(sec): State<Arc<Security>>,
     Query(q): Query<AuditQuery>,
 ) -> Result<axum::Json<Vec<AuditEntry>>, paddock_wire::ApiError> {
-    let limit = q.limit.unwrap_or(100).min(AUDIT_KEEP);
-    sec.audit_log(limit)
+    let limit = q.limit.unwrap_or(100).min(crate::audit::KEEP);
+    sec.audit
+        .log(limit)
         .await
         .map(axum::Json)
         .map_err(|e| paddock_wire::ApiError::internal(e.to_string()))
@@ -881,7 +782,7 @@ async fn login(State(sec): State<Arc<Security>>, form: axum::Form<LoginForm>) ->
 
 /// `/ui/audit`: the newest entries, who did what to what, and the result.
 async fn audit_page(State(sec): State<Arc<Security>>) -> Response {
-    let entries = match sec.audit_log(200).await {
+    let entries = match sec.audit.log(200).await {
         Ok(e) => e,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };

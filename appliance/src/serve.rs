@@ -520,7 +520,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             move |_fence| {
                 let security = security.clone();
                 async move {
-                    match security.prune_audit().await {
+                    match security.audit.prune().await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(deleted = n, "audit: pruned"),
                         Err(e) => tracing::error!(error = %e, "audit: pruning failed"),
@@ -528,6 +528,18 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 }
             },
         );
+    }
+
+    {
+        // Refusals are counted in memory and written every few seconds, on every host.
+        let audit = security.audit.clone();
+        tasks.spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                audit.flush(paddock_wire::unix_ms()).await;
+            }
+        });
     }
 
     let mut term = signal(SignalKind::terminate())?;

@@ -98,6 +98,19 @@ impl Lab {
         format!("{} -H 'Authorization: Bearer {token}'", self.anonymous)
     }
 
+    /// A new operator token (through the running appliance's API).
+    fn operator_token(&self, name: &str, role: &str) -> String {
+        self.link
+            .server
+            .sh_ok(&format!(
+                "{} certs --config {} token {name} --role {role} --days 1",
+                env!("CARGO_BIN_EXE_paddock"),
+                self.scratch.path("paddock.toml").display()
+            ))
+            .trim()
+            .to_string()
+    }
+
     fn node(&self, name: &str) -> serde_json::Value {
         let r = self.call("GET", &format!("/api/v1/nodes/{name}"), &self.admin);
         assert_eq!(r.status, 200, "{}", r.body);
@@ -259,17 +272,7 @@ fn a_browser_cannot_be_made_to_call_for_its_operator() {
     assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
 
     // The console's cookie: the same.
-    let config = lab.scratch.path("paddock.toml");
-    let token = lab
-        .link
-        .server
-        .sh_ok(&format!(
-            "{} certs --config {} token ops --role admin --days 1",
-            env!("CARGO_BIN_EXE_paddock"),
-            config.display()
-        ))
-        .trim()
-        .to_string();
+    let token = lab.operator_token("ops", "admin");
     let login = |args: &str, url: &str| {
         curl(
             &lab.link.server,
@@ -335,7 +338,7 @@ fn a_browser_cannot_be_made_to_call_for_its_operator() {
 const HOLDER: &str = r#"
 import socket, sys, time
 count, hold = int(sys.argv[1]), float(sys.argv[2])
-socks = []
+socks, failed, t0 = [], 0, time.time()
 for _ in range(count):
     s = socket.socket()
     s.settimeout(5)
@@ -343,7 +346,10 @@ for _ in range(count):
         s.connect(("198.18.0.1", 8080))
         socks.append(s)
     except OSError:
-        pass
+        failed += 1
+    if len(socks) == 1100:
+        print("opened 1100", flush=True)
+print("failed", failed, "in", round(time.time() - t0, 1), "s", flush=True)
 print("connected", len(socks), flush=True)
 time.sleep(hold)
 closed = 0
@@ -385,7 +391,8 @@ print("cut_after", round(time.time() - t0, 1), flush=True)
 
 #[test]
 fn one_source_cannot_hold_the_listeners() {
-    let lab = lab("[security]\nheader_timeout_secs = 2\n");
+    // The default header timeout (10 s): a silent connection is held that long.
+    let lab = lab("");
     lab.link.give_client_static_address();
     let holder = lab.scratch.path("holder.py");
     std::fs::write(&holder, HOLDER).unwrap();
@@ -393,11 +400,18 @@ fn one_source_cannot_hold_the_listeners() {
     let mut held = lab
         .link
         .client
-        .spawn(&format!("python3 {} 2000 4", holder.display()), &log);
-    wait_for("2,000 connections opened", || {
-        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("connected"))
-    });
-    // Another source's boot script while one source holds (or tried to hold) 2,000.
+        .spawn(&format!("python3 {} 2000 12", holder.display()), &log);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("opened 1100")) {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "1,100 connections not opened in 60 s: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Another source's boot script while one source opens more than the listener's 1,024
+    // (it holds its share of 128; the rest are closed at accept).
     let t0 = Instant::now();
     let out = lab.link.server.sh_ok(&format!(
         "curl -sf -m 5 -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/52-54-00-77-00-09.ipxe"
@@ -416,7 +430,7 @@ fn one_source_cannot_hold_the_listeners() {
             .unwrap_or_else(|| panic!("no {key} in {text}"))
     };
     // Every one is closed: beyond the source's share at accept, the rest when no
-    // headers came within the header timeout.
+    // headers came within the header timeout (hyper's own timer never starts for them).
     assert_eq!(num("closed"), num("connected"), "{text}");
 
     // A body trickled at a byte a second is cut soon after its grace.
@@ -434,7 +448,8 @@ fn one_source_cannot_hold_the_listeners() {
         .parse()
         .unwrap();
     println!("a body at 1 byte/s was cut after {secs} s");
-    assert!(secs < 10.0, "held for {secs} s");
+    // The grace is the header timeout (10 s); a byte a second earns almost nothing more.
+    assert!(secs < 15.0, "held for {secs} s");
     drop(lab.app);
 }
 
@@ -463,4 +478,55 @@ fn secrets_at_rest_are_the_owners_alone() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("chmod 600"), "{err}");
+}
+
+#[test]
+fn a_flood_of_refusals_cannot_push_out_the_operators_history() {
+    let lab = lab("");
+    lab.create_node("kept", VICTIM);
+    let viewer = lab.operator_token("viewer", "read-only");
+    // An agent's write is audited as the agent's.
+    let mine = lab.token_for(MINE);
+    let inv = inventory(&[MINE], 2, 2048, &[20]).to_string();
+    assert_eq!(
+        lab.json(&mine, "POST", "/v1/continue", &inv).status,
+        200,
+        "enrolment"
+    );
+    // A thousand refused calls by a known caller, as fast as curl makes them.
+    let t0 = Instant::now();
+    lab.link.server.sh_ok(&format!(
+        "curl -s -o /dev/null {} -H 'Authorization: Bearer {viewer}' -X DELETE '{HTTPS}/v1/rules?[1-1000]'",
+        lab.anonymous
+    ));
+    println!("1,000 refused calls in {:?}", t0.elapsed());
+    let log = lab
+        .call("GET", "/api/v1/audit?limit=10000", &lab.admin)
+        .json();
+    let entries = log.as_array().unwrap();
+    let refusals: Vec<_> = entries
+        .iter()
+        .filter(|e| e["who"] == "viewer" && e["method"] == "Rules.DeleteAll")
+        .collect();
+    let counted: u64 = refusals.iter().map(|e| e["count"].as_u64().unwrap()).sum();
+    println!(
+        "audit: {} entries in all; the refusals are {} entries counting {counted}",
+        entries.len(),
+        refusals.len()
+    );
+    assert_eq!(counted, 1000, "{refusals:?}");
+    assert!(refusals.len() <= 2, "one entry a minute: {refusals:?}");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["who"] == "admin" && e["method"] == "Nodes.Create"),
+        "the operator's entry is gone"
+    );
+    assert!(
+        entries.iter().any(|e| e["who"] == format!("agent:{MINE}")
+            && e["method"] == "Introspection.Continue"
+            && e["status"] == 200),
+        "the agent's write is not audited: {entries:?}"
+    );
+    drop(lab.app);
 }
