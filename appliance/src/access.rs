@@ -38,8 +38,16 @@ impl Access {
     }
 }
 
-/// The read-only operator role.
-pub const READ_ONLY: &str = "*.Get*,*.List*,*.Show*,*.Status,Console.View,Spec.Plan";
+/// The read-only operator role: every read, named one by one, and never file contents
+/// (`ObjectServer.GetObjects`, subd's `GetFiles`), an image's file tree
+/// (`ImageServer.GetImage`) or a secret. A new read route is not readable until it is
+/// added here.
+pub const READ_ONLY: &str = "Metrics.Get,Leases.List,Firewall.Get,Cluster.Get,Audit.List,\
+Tokens.List,Nodes.List,Nodes.Get,Provisioning.Get,Provision.Show,Power.Get,Power.GetThrottle,\
+Spec.Get,Spec.Plan,Spec.ListRounds,Census.List,Introspection.List,Introspection.Get,\
+Introspection.GetData,Rules.List,Rules.Get,Console.View,ImageServer.ListImages,\
+ImageServer.ShowImage,Mdb.GetMdb,Mdb.ListMachines,Dominator.ListSubs,Dominator.GetSub,\
+Dominator.Status";
 /// The admin role: everything.
 pub const ADMIN: &str = "*.*";
 /// Dominator's image-creator role, in our names.

@@ -532,30 +532,15 @@ impl Provisioner {
         let mut answer = self.next(req).await?;
         let runs_subd = matches!(answer.mode, Some(Operation::Birth | Operation::Rebirth));
         if let (true, Some(sec)) = (runs_subd, &self.security) {
-            let name = if crate::security::valid_cert_name(&answer.hostname) {
-                answer.hostname.clone()
-            } else {
-                answer.node.clone().unwrap_or_else(|| "sub".into())
-            };
+            let node = answer.node.clone().unwrap_or_else(|| "sub".into());
             let mut sans = vec![answer.hostname.clone()];
             sans.extend(peer.map(|ip| ip.to_string()));
             sans.retain(|s| crate::security::valid_san(s));
-            match sec.subd_trust(&name, &sans) {
-                Ok(Some(issued)) => {
-                    answer.subd_trust = Some(paddock_birther::protocol::SubdTrust {
-                        ca_pem: sec
-                            .tls
-                            .as_ref()
-                            .map(|t| t.material.ca_pem.clone())
-                            .unwrap_or_default(),
-                        cert_pem: issued.cert_pem,
-                        key_pem: issued.key_pem,
-                    })
-                }
-                Ok(None) => {}
+            match sec.subd_trust(&[&answer.hostname, &node], &sans) {
+                Ok(trust) => answer.subd_trust = trust,
                 Err(e) => {
                     return Err(ProvisionError::Internal(format!(
-                        "issuing subd's certificate for {name}: {e}"
+                        "issuing subd's certificate for {node}: {e}"
                     )));
                 }
             }

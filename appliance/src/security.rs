@@ -28,6 +28,8 @@ use crate::audit::{Audit, AuditEntry, Kind};
 use crate::config::{Config, SecurityConfig, TlsConfig};
 
 pub const CA_KEY: &str = "security/ca";
+/// The CA that signs provisioned machines' subd certificates, and nothing else.
+pub const SUBD_CA_KEY: &str = "security/subd-ca";
 pub const AGENT_KEY: &str = "security/agent-key";
 pub const TOKENS: &str = "security/tokens/";
 
@@ -79,6 +81,11 @@ pub struct TlsState {
     pub config: TlsConfig,
     pub material: tls::Material,
     pub ca: ca::Ca,
+    /// Signs subd certificates; trusted for clients and for subs, never for appliances.
+    pub subd_ca: ca::Ca,
+    /// The names and addresses this appliance answers for (its certificate's, its peers'):
+    /// never put in a subd certificate.
+    pub appliance_names: Vec<String>,
     pub ca_fingerprint: String,
     pub agent_key: AgentKey,
 }
@@ -87,8 +94,52 @@ fn now_ms() -> i64 {
     paddock_wire::unix_ms()
 }
 
+impl TlsState {
+    /// Whom clients may be: holders of certificates from the CA or the subd CA.
+    pub fn client_roots(&self) -> String {
+        format!("{}{}", self.material.ca_pem, self.subd_ca.cert_pem)
+    }
+}
+
+/// A subd certificate's name and SANs, by the rules in [`Security::subd_trust`]: the first
+/// of `names` that is a certificate name, does not read as an address and is not the
+/// appliance's; the SANs less the appliance's names and addresses, and less any name that
+/// reads as an address.
+pub fn subd_names(
+    names: &[&str],
+    sans: &[String],
+    appliance: &[String],
+) -> anyhow::Result<(String, Vec<String>)> {
+    let ours = |s: &str| {
+        appliance.iter().any(|a| a.eq_ignore_ascii_case(s))
+            || s.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+            || s.eq_ignore_ascii_case("localhost")
+    };
+    let name = names
+        .iter()
+        .find(|n| valid_cert_name(n) && !ca::looks_like_address(n) && !ours(n))
+        .with_context(|| {
+            format!(
+                "none of {names:?} may name a subd certificate (an address, or this appliance's)"
+            )
+        })?;
+    let sans = sans
+        .iter()
+        .filter(|s| !ours(s))
+        // An address goes in as an address; a name that only reads as one, not at all.
+        .filter(|s| s.parse::<std::net::IpAddr>().is_ok() || !ca::looks_like_address(s))
+        .cloned()
+        .collect();
+    Ok((name.to_string(), sans))
+}
+
 async fn read_ca(store: &dyn Store) -> anyhow::Result<Option<ca::Ca>> {
-    Ok(match store.get(CA_KEY).await? {
+    read_ca_at(store, CA_KEY).await
+}
+
+async fn read_ca_at(store: &dyn Store, key: &str) -> anyhow::Result<Option<ca::Ca>> {
+    Ok(match store.get(key).await? {
         Some(kv) => {
             let s: StoredCa =
                 serde_json::from_slice(&kv.value).context("the stored CA does not parse")?;
@@ -116,6 +167,34 @@ pub async fn ensure_ca(store: &dyn Store) -> anyhow::Result<(ca::Ca, bool)> {
         Ok((new, true))
     } else {
         Ok((read_ca(store).await?.context("the CA vanished")?, false))
+    }
+}
+
+/// The shared subd CA: the store's, or a new one (created with a compare on absence) whose
+/// name constraints exclude `appliance_names`.
+pub async fn ensure_subd_ca(
+    store: &dyn Store,
+    appliance_names: &[String],
+) -> anyhow::Result<ca::Ca> {
+    if let Some(c) = read_ca_at(store, SUBD_CA_KEY).await? {
+        return Ok(c);
+    }
+    let new = ca::new_subd_ca(
+        "paddock-subd-ca",
+        time::OffsetDateTime::now_utc(),
+        3650,
+        appliance_names,
+    )?;
+    let body = serde_json::to_vec(&StoredCa {
+        cert_pem: new.cert_pem.clone(),
+        key_pem: new.key_pem.clone(),
+    })?;
+    if store.create(SUBD_CA_KEY, body).await? {
+        Ok(new)
+    } else {
+        read_ca_at(store, SUBD_CA_KEY)
+            .await?
+            .context("the subd CA vanished")
     }
 }
 
@@ -393,6 +472,23 @@ impl Security {
         }
         let agent_key = ensure_agent_key(store.as_ref()).await?;
         let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
+        let mut appliance_names = Vec::new();
+        if let Some(der) = paddock_security::identity::pem_certificates(&material.cert_pem)
+            .map_err(anyhow::Error::msg)?
+            .first()
+        {
+            appliance_names.extend(paddock_security::identity::subject_alt_names(der)?);
+        }
+        for u in std::iter::once(&t.public_url)
+            .chain(&t.agent_urls)
+            .chain(std::iter::once(&cfg.public_url))
+            .chain(&cfg.discovery.agent_urls)
+        {
+            appliance_names.extend(url_host(u));
+        }
+        appliance_names.sort();
+        appliance_names.dedup();
+        let subd_ca = ensure_subd_ca(store.as_ref(), &appliance_names).await?;
         Ok(Arc::new(Security {
             audit: Arc::new(Audit::new(store.clone())),
             store,
@@ -400,15 +496,24 @@ impl Security {
                 config: t,
                 material,
                 ca,
+                subd_ca,
+                appliance_names,
                 ca_fingerprint,
                 agent_key,
             }),
         }))
     }
 
-    /// This host as a client of its peers and subs (TLS on): the CA, its certificate.
-    pub fn host_client_config(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
-        self.as_host(tls::client_config)
+    /// This host as a client of its subs (TLS on): subs' certificates come from the subd CA
+    /// (or, for machines provisioned before there was one, the CA); ours, the host's.
+    pub fn sub_client_config(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        tls::client_config(
+            &t.client_roots(),
+            Some((&t.material.cert_pem, &t.material.key_pem)),
+        )
+        .map(Some)
+        .map_err(anyhow::Error::msg)
     }
 
     /// The same for ureq clients (image replication).
@@ -436,7 +541,13 @@ impl Security {
     pub fn server_config(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
         self.tls
             .as_ref()
-            .map(|t| tls::server_config(&t.material, tls::ClientAuth::Optional))
+            .map(|t| {
+                tls::server_config_for_clients(
+                    &t.material,
+                    tls::ClientAuth::Optional,
+                    &t.client_roots(),
+                )
+            })
             .transpose()
             .map_err(anyhow::Error::msg)
     }
@@ -464,22 +575,34 @@ impl Security {
         ))
     }
 
-    /// A certificate for a provisioned machine's subd: it may fetch objects; it answers for
-    /// `sans` (its address and name).
-    pub fn subd_trust(&self, name: &str, sans: &[String]) -> anyhow::Result<Option<ca::Issued>> {
+    /// A certificate for a provisioned machine's subd, from the subd CA: it may fetch
+    /// objects and poll itself; it is named by the first usable of `names` and answers for
+    /// `sans` (its host name and address). Nothing that reads as an address goes in as a
+    /// name, and no name or address of this appliance goes in at all.
+    pub fn subd_trust(
+        &self,
+        names: &[&str],
+        sans: &[String],
+    ) -> anyhow::Result<Option<paddock_birther::protocol::SubdTrust>> {
         let Some(t) = &self.tls else { return Ok(None) };
+        let (name, sans) = subd_names(names, sans, &t.appliance_names)?;
         let issued = ca::issue(
-            &t.ca,
+            &t.subd_ca,
             &ca::Request {
-                name: name.to_string(),
+                name,
                 methods: access::SUBD.split(',').map(str::to_string).collect(),
                 groups: vec![],
-                sans: sans.to_vec(),
+                sans,
                 days: 825,
             },
             time::OffsetDateTime::now_utc(),
         )?;
-        Ok(Some(issued))
+        Ok(Some(paddock_birther::protocol::SubdTrust {
+            ca_pem: t.material.ca_pem.clone(),
+            client_ca_pem: t.client_roots(),
+            cert_pem: issued.cert_pem,
+            key_pem: issued.key_pem,
+        }))
     }
 
     async fn operator_token(&self, tok: &str) -> Result<Identity, &'static str> {
@@ -706,6 +829,10 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
         }
         _ => Kind::Operator,
     };
+    // What the caller holds, for handlers that hand out credentials.
+    if let Some(id) = &identity {
+        req.extensions_mut().insert(Issuer(id.methods.clone()));
+    }
     let resp = next.run(req).await;
     if acc.mutates() {
         // A refusal by the handler (an agent speaking for another node) counts as one.
@@ -807,6 +934,11 @@ async fn audit_page(State(sec): State<Arc<Security>>) -> Response {
     crate::console::page("Audit log", false, body).into_response()
 }
 
+/// The methods of the operator behind a request (TLS on): a token or certificate it
+/// issues may carry no more.
+#[derive(Debug, Clone)]
+pub struct Issuer(pub Permissions);
+
 /// `POST /api/v1/tokens`: what a new operator token is for.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct NewToken {
@@ -833,10 +965,19 @@ pub struct Revoked {
 
 async fn tokens_create(
     State(sec): State<Arc<Security>>,
+    issuer: Option<axum::Extension<Issuer>>,
     axum::Json(req): axum::Json<NewToken>,
 ) -> Result<(StatusCode, axum::Json<CreatedToken>), paddock_wire::ApiError> {
     let perms = Permissions::parse_list(&req.methods)
         .map_err(|e| paddock_wire::ApiError::bad_request(format!("methods: {e}")))?;
+    if let Some(axum::Extension(Issuer(own))) = issuer
+        && let Some(more) = perms.patterns().iter().find(|p| !own.covers(p))
+    {
+        return Err(paddock_wire::ApiError::new(
+            403,
+            format!("a token cannot carry more than its issuer: {more} is not among your methods"),
+        ));
+    }
     let token = create_token(sec.store.as_ref(), &req.name, &perms, req.days)
         .await
         .map_err(|e| paddock_wire::ApiError::bad_request(e.to_string()))?;
@@ -896,6 +1037,37 @@ mod tests {
         );
         assert_eq!(url_host("http://[::1]:80").as_deref(), Some("::1"));
         assert_eq!(url_host("nope"), None);
+    }
+
+    #[test]
+    fn subd_certificates_never_name_the_appliance() {
+        let appliance = vec!["198.18.0.1".to_string(), "paddock.lab".to_string()];
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (name, sans) = subd_names(
+            &["web-1", "uuid"],
+            &s(&[
+                "web-1",
+                "198.18.0.66",
+                "198.18.0.1",
+                "127.0.0.1",
+                "PADDOCK.lab",
+            ]),
+            &appliance,
+        )
+        .unwrap();
+        assert_eq!(
+            (name.as_str(), sans),
+            ("web-1", s(&["web-1", "198.18.0.66"]))
+        );
+        // A host name that reads as an address is neither the name nor a SAN.
+        let (name, sans) = subd_names(
+            &["127.0.0.1", "5f0c-node"],
+            &s(&["127.0.0.1", "10.1", "198.18.0.66"]),
+            &appliance,
+        )
+        .unwrap();
+        assert_eq!((name.as_str(), sans), ("5f0c-node", s(&["198.18.0.66"])));
+        assert!(subd_names(&["paddock.lab", "1.2.3.4"], &[], &appliance).is_err());
     }
 
     #[test]

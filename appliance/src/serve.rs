@@ -432,7 +432,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     .as_ref()
                     .map_or_else(|| "paddock".to_string(), |c| c.host.clone()),
                 inspector: inspector.clone(),
-                tls: security.host_client_config()?,
+                tls: security.sub_client_config()?,
             },
         ),
         None => paddock_dominator::Census::default(),

@@ -530,3 +530,113 @@ fn a_flood_of_refusals_cannot_push_out_the_operators_history() {
     );
     drop(lab.app);
 }
+
+#[test]
+fn a_subd_certificate_cannot_stand_in_for_the_appliance() {
+    require(&["openssl", "tar"]);
+    let lab = lab("");
+    lab.link.give_client_static_address();
+    let certs = lab.scratch.path("data/certs");
+    let cli = |args: &str| {
+        lab.link.server.sh(&format!(
+            "PADDOCK_API={HTTPS} PADDOCK_CA={c}/ca.pem PADDOCK_CERT={c}/admin.pem \
+             PADDOCK_KEY={c}/admin.key {} {args}",
+            env!("CARGO_BIN_EXE_paddock"),
+            c = certs.display()
+        ))
+    };
+    // A tiny image, and a machine whose node is named like the appliance's own address (a
+    // naming rule fed by what machines report could do that).
+    let root = lab.scratch.path("root");
+    sh_ok(&format!(
+        "mkdir -p {r}/etc {r}/tmp && echo hi > {r}/etc/motd && tar -C {r} -cf {r}.tar etc tmp",
+        r = root.display()
+    ));
+    let add = cli(&format!("image add test/a {}.tar", root.display()));
+    assert!(add.status.success(), "{add:?}");
+    lab.create_node("127.0.0.1", MINE);
+    let p = lab.json(
+        &lab.admin,
+        "POST",
+        "/api/v1/nodes/127.0.0.1/provision",
+        r#"{"image":"test/a"}"#,
+    );
+    assert_eq!(p.status, 200, "{}", p.body);
+    // The machine's ramdisk asks what to do, from its own address, 198.18.0.50.
+    let token = lab.token_for(MINE);
+    let body = lab.scratch.path("next.json");
+    std::fs::write(&body, format!(r#"{{"macs":["{MINE}"]}}"#)).unwrap();
+    let next = curl(
+        &lab.link.client,
+        &format!(
+            "curl -s -i -m 20 {token} -H 'Content-Type: application/json' --data-binary @{} \
+             -X POST '{HTTPS}/api/v1/provision/next'",
+            body.display()
+        ),
+    );
+    assert_eq!(next.status, 200, "{}", next.body);
+    let trust = &next.json()["subd_trust"];
+    let file = |name: &str, key: &str| {
+        let p = lab.scratch.path(name);
+        std::fs::write(&p, trust[key].as_str().unwrap()).unwrap();
+        p
+    };
+    let (cert, key, clients) = (
+        file("subd.pem", "cert_pem"),
+        file("subd.key", "key_pem"),
+        file("clients.pem", "client_ca_pem"),
+    );
+    let text = sh_ok(&format!("openssl x509 -noout -text -in {}", cert.display()));
+    assert!(text.contains("IP Address:198.18.0.50"), "{text}");
+    assert!(
+        !text.contains("127.0.0.1")
+            && !text.contains("198.18.0.1,")
+            && !text.contains("198.18.0.1\n"),
+        "the certificate names the appliance:\n{text}"
+    );
+    // The machine serves with it on its address: a client of the appliance refuses it.
+    let server_log = lab.scratch.path("s_server.log");
+    let mut server = lab.link.client.spawn(
+        &format!(
+            "openssl s_server -accept 198.18.0.50:9443 -cert {} -key {} -www -naccept 10",
+            cert.display(),
+            key.display()
+        ),
+        &server_log,
+    );
+    let url = "https://198.18.0.50:9443";
+    wait_for("the impostor to listen", || {
+        lab.link
+            .server
+            .sh(&format!("curl -s -k -o /dev/null {url}"))
+            .status
+            .success()
+    });
+    // It is a working TLS server for whoever trusts the subd CA (the dominator) ...
+    lab.link.server.sh_ok(&format!(
+        "curl -sf -o /dev/null --cacert {} {url}",
+        clients.display()
+    ));
+    // ... and not the appliance for curl with the appliance's CA, nor for the CLI.
+    let c = lab.link.server.sh(&format!(
+        "curl -s -o /dev/null --cacert {}/ca.pem {url}",
+        certs.display()
+    ));
+    assert_eq!(
+        c.status.code(),
+        Some(60),
+        "curl accepted a subd certificate"
+    );
+    let out = lab.link.server.sh(&format!(
+        "PADDOCK_API={url} PADDOCK_CA={c}/ca.pem PADDOCK_CERT={c}/admin.pem \
+         PADDOCK_KEY={c}/admin.key {} audit",
+        env!("CARGO_BIN_EXE_paddock"),
+        c = certs.display()
+    ));
+    assert!(!out.status.success(), "the CLI accepted a subd certificate");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    let _ = server.kill();
+    let _ = server.wait();
+    drop(lab.app);
+}

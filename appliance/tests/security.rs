@@ -200,7 +200,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
         "GET",
         "/rpc/ImageServer.GetImage",
         "ImageServer.GetImage",
-        "rtd",
+        "d",
     ),
     (
         "GET",
@@ -242,7 +242,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
         "POST",
         "/rpc/ObjectServer.GetObjects",
         "ObjectServer.GetObjects",
-        "rtds",
+        "ds",
     ),
     ("GET", "/rpc/Mdb.GetMdb", "Mdb.GetMdb", "rt"),
     ("GET", "/rpc/Mdb.ListMachines", "Mdb.ListMachines", "rt"),

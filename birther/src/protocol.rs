@@ -70,7 +70,13 @@ pub struct NextAnswer {
 /// own certificate and key, PEM (`--ca`, `--cert`, `--key`). Its `Debug` never shows the key.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubdTrust {
+    /// The appliance's CA: subd calls only servers with a certificate from it.
     pub ca_pem: String,
+    /// Whom subd takes calls from: the CA and the subd CA (the dominator, and the ramdisk
+    /// polling its own subd with subd's certificate). Empty from an appliance that has no
+    /// subd CA: then the CA alone.
+    #[serde(default)]
+    pub client_ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
 }
@@ -179,6 +185,7 @@ mod tests {
         let trusted = NextAnswer {
             subd_trust: Some(SubdTrust {
                 ca_pem: "CA".into(),
+                client_ca_pem: "CA".into(),
                 cert_pem: "CERT".into(),
                 key_pem: "-----BEGIN PRIVATE KEY-----\nsecret".into(),
             }),
@@ -187,10 +194,15 @@ mod tests {
         let v = serde_json::to_value(&trusted).unwrap();
         assert_eq!(
             v["subd_trust"],
-            json!({"ca_pem": "CA", "cert_pem": "CERT",
+            json!({"ca_pem": "CA", "client_ca_pem": "CA", "cert_pem": "CERT",
                    "key_pem": "-----BEGIN PRIVATE KEY-----\nsecret"})
         );
         assert_eq!(serde_json::from_value::<NextAnswer>(v).unwrap(), trusted);
+        // An older appliance's answer, without client_ca_pem, still reads.
+        let old: SubdTrust =
+            serde_json::from_value(json!({"ca_pem": "CA", "cert_pem": "CERT", "key_pem": "KEY"}))
+                .unwrap();
+        assert_eq!(old.client_ca_pem, "");
         let shown = format!("{trusted:?}");
         assert!(
             !shown.contains("secret") && shown.contains("<redacted>"),

@@ -5,9 +5,9 @@
 use std::net::IpAddr;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CustomExtension,
-    DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CidrSubnet,
+    CustomExtension, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -112,6 +112,69 @@ pub fn new_ca(name: &str, now: OffsetDateTime, days: i64) -> Result<Ca, CaError>
     })
 }
 
+/// A CA that signs only subd certificates: a root of its own (so that clients of the
+/// appliance, which trust the host CA alone, never accept a subd certificate as an
+/// appliance), whose name constraints exclude `excluded` (the appliance's addresses and
+/// names) and loopback, for verifiers that check them.
+pub fn new_subd_ca(
+    name: &str,
+    now: OffsetDateTime,
+    days: i64,
+    excluded: &[String],
+) -> Result<Ca, CaError> {
+    let mut p = base_params(name, now, days)?;
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let mut out = vec![
+        GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix([127, 0, 0, 0].into(), 8)),
+        GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix(
+            std::net::Ipv6Addr::LOCALHOST.into(),
+            128,
+        )),
+        GeneralSubtree::DnsName("localhost".into()),
+    ];
+    for e in excluded {
+        match e.parse::<IpAddr>() {
+            Ok(ip) if !ip.is_unspecified() => {
+                let prefix = if ip.is_ipv4() { 32 } else { 128 };
+                out.push(GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix(
+                    ip, prefix,
+                )));
+            }
+            Ok(_) => {}
+            Err(_) => out.push(GeneralSubtree::DnsName(e.clone())),
+        }
+    }
+    p.name_constraints = Some(NameConstraints {
+        permitted_subtrees: Vec::new(),
+        excluded_subtrees: out,
+    });
+    let key = KeyPair::generate()?;
+    let cert = p.self_signed(&key)?;
+    Ok(Ca {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Whether `name` reads as an address (`10.0.0.1`, `::1`, `0x7f.1`, `2130706433`): such a
+/// name is never put in a certificate as a DNS name, where some clients would take it for
+/// the address.
+pub fn looks_like_address(name: &str) -> bool {
+    let n = name.trim().trim_end_matches('.');
+    n.parse::<IpAddr>().is_ok()
+        || n.contains(':')
+        || (!n.is_empty()
+            && n.split('.').all(|label| {
+                !label.is_empty()
+                    && (label.chars().all(|c| c.is_ascii_digit())
+                        || label
+                            .strip_prefix("0x")
+                            .or_else(|| label.strip_prefix("0X"))
+                            .is_some_and(|h| h.chars().all(|c| c.is_ascii_hexdigit())))
+            }))
+}
+
 fn leaf_params(req: &Request, now: OffsetDateTime) -> Result<CertificateParams, CaError> {
     let mut p = base_params(&req.name, now, req.days)?;
     let perms = Permissions::new(&req.methods)?;
@@ -200,4 +263,79 @@ pub fn request(name: &str) -> Result<(String, String), CaError> {
     p.distinguished_name = dn;
     let csr = p.serialize_request(&key)?;
     Ok((key.serialize_pem(), csr.pem()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn names_that_read_as_addresses() {
+        for (name, want) in [
+            ("127.0.0.1", true),
+            ("198.18.0.1.", true),
+            ("2130706433", true),
+            ("0x7f.1", true),
+            ("::1", true),
+            ("fe80::1", true),
+            ("web-1", false),
+            ("web1.lab", false),
+            ("1web", false),
+            ("node-127.0.0.1", false),
+        ] {
+            assert_eq!(looks_like_address(name), want, "{name}");
+        }
+    }
+
+    /// A subd certificate naming an excluded address fails verification by its name
+    /// constraints; one naming the machine's own address passes.
+    #[test]
+    fn the_subd_ca_cannot_vouch_for_the_appliance() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+        let now = OffsetDateTime::now_utc();
+        let subd_ca = new_subd_ca("paddock-subd-ca", now, 10, &["198.18.0.1".into()]).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for der in crate::identity::pem_certificates(&subd_ca.cert_pem).unwrap() {
+            roots.add(CertificateDer::from(der)).unwrap();
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let verify = |addr: &str| {
+            let leaf = issue(
+                &subd_ca,
+                &Request {
+                    name: "web-1".into(),
+                    methods: vec!["Subd.Poll".into()],
+                    sans: vec![addr.into()],
+                    days: 1,
+                    ..Request::default()
+                },
+                now,
+            )
+            .unwrap();
+            let der = crate::identity::pem_certificates(&leaf.cert_pem).unwrap()[0].clone();
+            verifier.verify_server_cert(
+                &CertificateDer::from(der),
+                &[],
+                &ServerName::try_from(addr.to_string()).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+        };
+        assert!(verify("198.18.0.66").is_ok());
+        for appliance in ["198.18.0.1", "127.0.0.1"] {
+            let e = verify(appliance).unwrap_err();
+            assert!(
+                format!("{e:?}").contains("NameConstraint"),
+                "{appliance}: {e:?}"
+            );
+        }
+    }
 }

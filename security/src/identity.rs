@@ -43,6 +43,8 @@ pub enum IdentityError {
     Methods(MethodError),
     #[error("groups extension: {0}")]
     Groups(MethodError),
+    #[error("the {0} extension appears more than once")]
+    Duplicate(&'static str),
 }
 
 /// The identity a verified certificate (DER) carries: CN = user, the permitted-methods
@@ -58,22 +60,56 @@ pub fn from_certificate(der: &[u8]) -> Result<Identity, IdentityError> {
         .and_then(|cn| cn.as_str().ok())
         .ok_or(IdentityError::NoName)?
         .to_string();
-    let mut perms = Permissions::default();
-    let mut groups = Vec::new();
+    let (mut perms, mut groups) = (None, None);
+    // Two copies of an extension could be read differently by two parsers: refused.
     for ext in cert.extensions() {
         let oid = ext.oid.to_id_string();
         if oid == methods::PERMITTED_METHODS_OID_STR {
-            perms = methods::parse_permitted_methods(ext.value).map_err(IdentityError::Methods)?;
+            if perms.is_some() {
+                return Err(IdentityError::Duplicate("permitted-methods"));
+            }
+            perms =
+                Some(methods::parse_permitted_methods(ext.value).map_err(IdentityError::Methods)?);
         } else if oid == methods::GROUPS_OID_STR {
-            groups = methods::parse_groups(ext.value).map_err(IdentityError::Groups)?;
+            if groups.is_some() {
+                return Err(IdentityError::Duplicate("groups"));
+            }
+            groups = Some(methods::parse_groups(ext.value).map_err(IdentityError::Groups)?);
         }
     }
+    let (perms, groups) = (perms.unwrap_or_default(), groups.unwrap_or_default());
     Ok(Identity {
         user,
         methods: perms,
         groups,
         proof: Proof::Certificate,
     })
+}
+
+/// The DNS names and IP addresses a certificate (DER) answers for.
+pub fn subject_alt_names(der: &[u8]) -> Result<Vec<String>, IdentityError> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| IdentityError::Parse(e.to_string()))?;
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => out.push(d.to_string()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => out.push(std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string()),
+                    16 => {
+                        let mut a = [0u8; 16];
+                        a.copy_from_slice(b);
+                        out.push(std::net::Ipv6Addr::from(a).to_string());
+                    }
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A certificate's SHA-256 fingerprint, lowercase hex (what the agent's kernel command line
@@ -100,6 +136,27 @@ mod tests {
     use crate::ca;
 
     #[test]
+    fn a_duplicated_extension_is_refused() {
+        use rcgen::{CertificateParams, CustomExtension, KeyPair};
+        let mut p = CertificateParams::new(vec![]).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "twice");
+        for list in [&["Nodes.Get"][..], &["*.*"][..]] {
+            p.custom_extensions.push(CustomExtension::from_oid_content(
+                methods::PERMITTED_METHODS_OID,
+                methods::encode_strings(list),
+            ));
+        }
+        let key = KeyPair::generate().unwrap();
+        let der = p.self_signed(&key).unwrap().der().to_vec();
+        let e = from_certificate(&der).unwrap_err();
+        assert!(
+            matches!(e, IdentityError::Duplicate("permitted-methods")),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn issued_certificates_carry_methods_and_groups() {
         let now = time::OffsetDateTime::now_utc();
         let authority = ca::new_ca("paddock-ca", now, 10).unwrap();
@@ -119,6 +176,10 @@ mod tests {
         let id = from_certificate(der).unwrap();
         assert_eq!(id.user, "alice");
         assert_eq!(id.groups, vec!["ops"]);
+        assert_eq!(
+            subject_alt_names(der).unwrap(),
+            vec!["198.18.0.1".to_string(), "paddock.lab".to_string()]
+        );
         assert!(id.may("Subd.Update"));
         assert!(id.may("ImageServer.GetImage"));
         assert!(!id.may("Images.Delete"));

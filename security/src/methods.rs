@@ -138,6 +138,30 @@ impl Permissions {
     pub fn patterns(&self) -> &[String] {
         &self.0
     }
+
+    /// Whether everything `pattern` may match is something these permissions allow: a
+    /// holder may hand out no more than it has. Decided part by part (service, method):
+    /// a part of ours that is `*`, the same text, or a glob matching a wildcard-free part.
+    /// Conservative: a subset it cannot prove (`Get*` under `G*`) is refused.
+    pub fn covers(&self, pattern: &str) -> bool {
+        let Some((svc, method)) = pattern.split_once('.') else {
+            return false;
+        };
+        let part = |ours: &str, theirs: &str| {
+            ours == "*"
+                || ours == theirs
+                || (!theirs.contains(['*', '?']) && glob_match(ours, theirs))
+        };
+        self.0.iter().any(|own| {
+            own.split_once('.')
+                .is_some_and(|(s, m)| part(s, svc) && part(m, method))
+        })
+    }
+
+    /// Whether every pattern of `other` is covered.
+    pub fn covers_all(&self, other: &Permissions) -> bool {
+        other.0.iter().all(|p| self.covers(p))
+    }
 }
 
 /// The extension's value: a DER `SEQUENCE OF UTF8String`.
@@ -326,5 +350,28 @@ mod tests {
         assert_eq!(decode_strings(&[0x30, 0x00]).unwrap(), Vec::<String>::new());
         // Well-formed, but not a method pattern.
         assert!(parse_permitted_methods(&encode_strings(&["Subd"])).is_err());
+    }
+
+    #[test]
+    fn a_holder_hands_out_no_more_than_it_has() {
+        let p = |l: &str| Permissions::parse_list(l).unwrap();
+        let admin = p("*.*");
+        let tokens = p("Tokens.*,Nodes.Get,*.List*");
+        for (want, by_admin, by_tokens) in [
+            ("Nodes.Get", true, true),
+            ("Tokens.Create", true, true),
+            ("Nodes.List", true, true),
+            ("Images.ListAll", true, true),
+            ("*.List*", true, true),
+            ("Nodes.*", true, false),
+            ("*.*", true, false),
+            ("Nodes.Get*", true, false),
+            ("Nodes.Patch", true, false),
+        ] {
+            assert_eq!(admin.covers(want), by_admin, "admin {want}");
+            assert_eq!(tokens.covers(want), by_tokens, "tokens {want}");
+        }
+        assert!(admin.covers_all(&tokens));
+        assert!(!tokens.covers_all(&admin));
     }
 }

@@ -114,8 +114,18 @@ pub enum ClientAuth {
 /// The server side: our certificate; clients' certificates verified against the CA (a
 /// certificate from another CA, or expired, fails the handshake).
 pub fn server_config(m: &Material, auth: ClientAuth) -> Result<Arc<rustls::ServerConfig>, String> {
+    server_config_for_clients(m, auth, &m.ca_pem)
+}
+
+/// The same, with clients' certificates verified against `client_roots_pem` (the CA, and
+/// the CA that signs subd certificates: subs are clients too, never servers we trust).
+pub fn server_config_for_clients(
+    m: &Material,
+    auth: ClientAuth,
+    client_roots_pem: &str,
+) -> Result<Arc<rustls::ServerConfig>, String> {
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(&m.ca_pem)?), provider());
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_roots_pem)?), provider());
     let verifier = match auth {
         ClientAuth::Optional => verifier.allow_unauthenticated(),
         ClientAuth::Required => verifier,

@@ -37,6 +37,8 @@ pub const SUBD_UNIT_LINK: &str = "/etc/systemd/system/multi-user.target.wants/pa
 /// directory (0700), the appliance's CA and subd's certificate (0644), subd's key (0600).
 pub const SUBD_TRUST_DIR: &str = "/etc/paddock/subd";
 pub const SUBD_CA: &str = "/etc/paddock/subd/ca.pem";
+/// Whom subd takes calls from (the CA and the subd CA): `--client-ca`.
+pub const SUBD_CLIENTS: &str = "/etc/paddock/subd/clients.pem";
 pub const SUBD_CERT: &str = "/etc/paddock/subd/cert.pem";
 pub const SUBD_KEY: &str = "/etc/paddock/subd/key.pem";
 /// With trust material subd never scans it (so the dominator never deletes it), whatever
@@ -156,10 +158,19 @@ pub fn filter_lines(filter: &[String]) -> Vec<&str> {
 }
 
 /// How subd serves: with trust material, TLS with the files [`trust_files`] writes (`--ca`,
-/// `--cert`, `--key`); without, `--insecure` (an insecure appliance, as before).
+/// `--client-ca`, `--cert`, `--key`); without, `--insecure` (an insecure appliance).
 pub fn security_args(trusted: bool) -> Vec<&'static str> {
     if trusted {
-        vec!["--ca", SUBD_CA, "--cert", SUBD_CERT, "--key", SUBD_KEY]
+        vec![
+            "--ca",
+            SUBD_CA,
+            "--client-ca",
+            SUBD_CLIENTS,
+            "--cert",
+            SUBD_CERT,
+            "--key",
+            SUBD_KEY,
+        ]
     } else {
         vec!["--insecure"]
     }
@@ -365,7 +376,7 @@ pub fn machine_id(mut random: [u8; 16]) -> String {
     random.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// subd's trust material as files: the directory 0700, the CA and subd's certificate 0644,
+/// subd's trust material as files: the directory 0700, the CAs and subd's certificate 0644,
 /// subd's key 0600. Written into the ramdisk's own `/etc/paddock/subd` before its subd starts,
 /// and into the target's by the identity step.
 pub fn trust_files(trust: &SubdTrust) -> Vec<IdentityFile> {
@@ -377,6 +388,17 @@ pub fn trust_files(trust: &SubdTrust) -> Vec<IdentityFile> {
         IdentityFile::File {
             path: SUBD_CA.into(),
             contents: trust.ca_pem.clone().into_bytes(),
+            mode: 0o644,
+        },
+        IdentityFile::File {
+            path: SUBD_CLIENTS.into(),
+            // An appliance without a subd CA sent none: its CA alone.
+            contents: if trust.client_ca_pem.is_empty() {
+                trust.ca_pem.clone()
+            } else {
+                trust.client_ca_pem.clone()
+            }
+            .into_bytes(),
             mode: 0o644,
         },
         IdentityFile::File {
@@ -718,8 +740,8 @@ mod tests {
         let tls = subd_argv(TARGET, "198.18.0.20", 6969, &filter(), true);
         assert_eq!(
             tls.join(" "),
-            "/bin/paddock-subd --ca /etc/paddock/subd/ca.pem --cert /etc/paddock/subd/cert.pem \
-             --key /etc/paddock/subd/key.pem --root /mnt/target --listen 198.18.0.20:6969 \
+            "/bin/paddock-subd --ca /etc/paddock/subd/ca.pem --client-ca /etc/paddock/subd/clients.pem \
+             --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root /mnt/target --listen 198.18.0.20:6969 \
              --trigger-command /bin/busybox true --reboot-command /bin/busybox true \
              --network-percent 100 --scan-percent 100 --cpu-percent 100 \
              --exclude /etc/hostname$ --exclude /var/lib/paddock(|/.*)$ --exclude /lost\\+found(|/.*)$ \
@@ -743,14 +765,14 @@ mod tests {
         assert_eq!(
             installed_subd_argv(7000, &["/etc/hostname$".into()], true).join(" "),
             "/var/lib/paddock/paddock-subd --ca /etc/paddock/subd/ca.pem \
-             --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root / \
+             --client-ca /etc/paddock/subd/clients.pem --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root / \
              --listen 0.0.0.0:7000 --exclude /etc/hostname$ --exclude /etc/paddock/subd(|/.*)$"
         );
         let unit = subd_unit(6969, &[], true);
         assert!(
             unit.contains(
                 "ExecStart=\"/var/lib/paddock/paddock-subd\" \"--ca\" \"/etc/paddock/subd/ca.pem\" \
-                 \"--cert\" \"/etc/paddock/subd/cert.pem\" \"--key\" \"/etc/paddock/subd/key.pem\" \
+                 \"--client-ca\" \"/etc/paddock/subd/clients.pem\" \"--cert\" \"/etc/paddock/subd/cert.pem\" \"--key\" \"/etc/paddock/subd/key.pem\" \
                  \"--root\" \"/\" \"--listen\" \"0.0.0.0:6969\" \"--no-default-exclusions\" \
                  \"--exclude\" \"/etc/paddock/subd(|/.*)$$\"\n"
             ),
@@ -831,6 +853,7 @@ mod tests {
         // names them.
         let trust = SubdTrust {
             ca_pem: "CA PEM".into(),
+            client_ca_pem: String::new(),
             cert_pem: "CERT PEM".into(),
             key_pem: "KEY PEM".into(),
         };
@@ -844,14 +867,15 @@ mod tests {
                 INSTALLED_SUBD,
                 "/etc/paddock/subd",
                 "/etc/paddock/subd/ca.pem",
+                "/etc/paddock/subd/clients.pem",
                 "/etc/paddock/subd/cert.pem",
                 "/etc/paddock/subd/key.pem",
                 SUBD_UNIT,
                 SUBD_UNIT_LINK
             ]
         );
-        assert_eq!(tls[3..7], trust_files(&trust)[..]);
-        let modes: Vec<(&str, u32)> = tls[3..7]
+        assert_eq!(tls[3..8], trust_files(&trust)[..]);
+        let modes: Vec<(&str, u32)> = tls[3..8]
             .iter()
             .map(|f| match f {
                 IdentityFile::Dir { path, mode } => (path.as_str(), *mode),
@@ -871,19 +895,20 @@ mod tests {
             [
                 ("/etc/paddock/subd", 0o700),
                 ("/etc/paddock/subd/ca.pem", 0o644),
+                ("/etc/paddock/subd/clients.pem", 0o644),
                 ("/etc/paddock/subd/cert.pem", 0o644),
                 ("/etc/paddock/subd/key.pem", 0o600),
             ]
         );
         assert_eq!(
-            tls[6],
+            tls[7],
             IdentityFile::File {
                 path: SUBD_KEY.into(),
                 contents: b"KEY PEM".to_vec(),
                 mode: 0o600
             }
         );
-        match &tls[7] {
+        match &tls[8] {
             IdentityFile::File { contents, .. } => {
                 let unit = String::from_utf8_lossy(contents);
                 assert!(

@@ -623,8 +623,14 @@ impl<'a> Run<'a> {
         let trust = self.assignment.subd_trust.as_ref();
         let tls = match trust {
             None => None,
+            // subd's own certificate comes from the subd CA, which `client_ca_pem` holds
+            // (an older appliance's: from the CA itself).
             Some(t) => match paddock_security::tls::ureq_tls(
-                &t.ca_pem,
+                if t.client_ca_pem.is_empty() {
+                    &t.ca_pem
+                } else {
+                    &t.client_ca_pem
+                },
                 Some((t.cert_pem.as_str(), t.key_pem.as_str())),
             ) {
                 Ok(c) => Some(c),
@@ -1009,6 +1015,7 @@ mod tests {
         .into_iter()
         .chain(trust_files(&super::super::SubdTrust {
             ca_pem: "CA".into(),
+            client_ca_pem: String::new(),
             cert_pem: "CERT".into(),
             key_pem: "KEY".into(),
         }))

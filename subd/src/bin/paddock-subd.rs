@@ -4,8 +4,10 @@
 //! ```text
 //! paddock-subd --ca FILE --cert FILE --key FILE [options]
 //! paddock-subd --insecure [options]
-//!   --ca FILE               the CA (PEM) the callers' certificates (the dominator's) and
-//!                           the object servers' must chain to
+//!   --ca FILE               the CA (PEM) the object servers' certificates must chain to
+//!                           (and the callers', unless --client-ca names others)
+//!   --client-ca FILE        the CAs (PEM) callers' certificates must chain to: the
+//!                           appliance's CA and its subd CA (default: --ca)
 //!   --cert FILE             this machine's certificate (PEM): served to callers, and
 //!                           presented to object servers (it needs ObjectServer.GetObjects)
 //!   --key FILE              its private key (PEM)
@@ -49,7 +51,7 @@ use anyhow::{Context, Result, bail};
 use paddock_subd::triggers::split_command;
 use paddock_subd::{Subd, SubdConfig};
 
-const USAGE: &str = "usage: paddock-subd (--ca FILE --cert FILE --key FILE | --insecure) [--root DIR] [--bind-root|--no-bind-root] [--listen ADDR] \
+const USAGE: &str = "usage: paddock-subd (--ca FILE [--client-ca FILE] --cert FILE --key FILE | --insecure) [--root DIR] [--bind-root|--no-bind-root] [--listen ADDR] \
 [--trigger-command CMD] [--reboot-command CMD] [--health-command CMD] [--command-timeout S] \
 [--link-speed B] [--network-percent P] [--scan-percent P] [--cpu-percent P] [--device-speed B] \
 [--fsbench-dir DIR] [--exclude REGEX]... [--no-default-exclusions] [--min-cycle-ms N]";
@@ -64,7 +66,8 @@ method open; anyone who can reach this port can rewrite this machine";
 
 /// How subd is reached.
 enum Security {
-    Tls(paddock_security::tls::Material),
+    /// The CA and our certificate; whom we take calls from (the CA's PEM, or `--client-ca`'s).
+    Tls(paddock_security::tls::Material, String),
     Insecure,
 }
 
@@ -81,6 +84,7 @@ fn parse() -> Result<Args> {
     let mut listen = "0.0.0.0:6969".to_string();
     let mut insecure = false;
     let (mut ca, mut cert, mut key) = (None, None, None);
+    let mut client_ca: Option<PathBuf> = None;
     let mut bind_root = None;
     let mut trigger = None;
     let mut reboot = None;
@@ -103,6 +107,7 @@ fn parse() -> Result<Args> {
             "--listen" => listen = val("--listen")?,
             "--insecure" => insecure = true,
             "--ca" => ca = Some(PathBuf::from(val("--ca")?)),
+            "--client-ca" => client_ca = Some(PathBuf::from(val("--client-ca")?)),
             "--cert" => cert = Some(PathBuf::from(val("--cert")?)),
             "--key" => key = Some(PathBuf::from(val("--key")?)),
             "--bind-root" => bind_root = Some(true),
@@ -130,9 +135,16 @@ fn parse() -> Result<Args> {
     let security = match (ca, cert, key, insecure) {
         (None, None, None, true) => Security::Insecure,
         (None, None, None, false) => bail!("{INSECURE}"),
-        (Some(ca), Some(cert), Some(key), false) => Security::Tls(
-            paddock_security::tls::Material::read(&ca, &cert, &key).map_err(anyhow::Error::msg)?,
-        ),
+        (Some(ca), Some(cert), Some(key), false) => {
+            let m = paddock_security::tls::Material::read(&ca, &cert, &key)
+                .map_err(anyhow::Error::msg)?;
+            let clients = match &client_ca {
+                Some(p) => std::fs::read_to_string(p)
+                    .with_context(|| format!("--client-ca {}", p.display()))?,
+                None => m.ca_pem.clone(),
+            };
+            Security::Tls(m, clients)
+        }
         (_, _, _, true) => bail!("--insecure and --ca/--cert/--key exclude each other"),
         _ => bail!("TLS needs all three of --ca, --cert and --key"),
     };
@@ -175,7 +187,7 @@ fn parse() -> Result<Args> {
         c.step_delay =
             Duration::from_millis(ms.parse().context("PADDOCK_SUBD_TEST_STEP_DELAY_MS")?);
     }
-    if let Security::Tls(m) = &security {
+    if let Security::Tls(m, _) = &security {
         c.object_tls = Some(
             paddock_security::tls::ureq_tls(&m.ca_pem, Some((&m.cert_pem, &m.key_pem)))
                 .map_err(anyhow::Error::msg)?,
@@ -193,9 +205,13 @@ fn parse() -> Result<Args> {
 fn run() -> Result<()> {
     let mut args = parse()?;
     let tls = match &args.security {
-        Security::Tls(m) => Some(
-            paddock_security::tls::server_config(m, paddock_security::tls::ClientAuth::Required)
-                .map_err(anyhow::Error::msg)?,
+        Security::Tls(m, clients) => Some(
+            paddock_security::tls::server_config_for_clients(
+                m,
+                paddock_security::tls::ClientAuth::Required,
+                clients,
+            )
+            .map_err(anyhow::Error::msg)?,
         ),
         Security::Insecure => {
             eprintln!("{WARNING}");
