@@ -98,12 +98,13 @@ impl Lab {
         format!("{} -H 'Authorization: Bearer {token}'", self.anonymous)
     }
 
-    /// A new operator token (through the running appliance's API).
-    fn operator_token(&self, name: &str, role: &str) -> String {
+    /// A new operator token (through the running appliance's API); `grant` is `--role R`
+    /// or `--methods M`.
+    fn operator_token(&self, name: &str, grant: &str) -> String {
         self.link
             .server
             .sh_ok(&format!(
-                "{} certs --config {} token {name} --role {role} --days 1",
+                "{} certs --config {} token {name} {grant} --days 1",
                 env!("CARGO_BIN_EXE_paddock"),
                 self.scratch.path("paddock.toml").display()
             ))
@@ -272,7 +273,7 @@ fn a_browser_cannot_be_made_to_call_for_its_operator() {
     assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
 
     // The console's cookie: the same.
-    let token = lab.operator_token("ops", "admin");
+    let token = lab.operator_token("ops", "--role admin");
     let login = |args: &str, url: &str| {
         curl(
             &lab.link.server,
@@ -484,7 +485,7 @@ fn secrets_at_rest_are_the_owners_alone() {
 fn a_flood_of_refusals_cannot_push_out_the_operators_history() {
     let lab = lab("");
     lab.create_node("kept", VICTIM);
-    let viewer = lab.operator_token("viewer", "read-only");
+    let viewer = lab.operator_token("viewer", "--role read-only");
     // An agent's write is audited as the agent's.
     let mine = lab.token_for(MINE);
     let inv = inventory(&[MINE], 2, 2048, &[20]).to_string();
@@ -638,5 +639,29 @@ fn a_subd_certificate_cannot_stand_in_for_the_appliance() {
     assert!(err.to_lowercase().contains("certificate"), "{err}");
     let _ = server.kill();
     let _ = server.wait();
+    drop(lab.app);
+}
+
+#[test]
+fn a_token_is_never_issued_with_more_than_its_issuer_holds() {
+    let lab = lab("");
+    let minter = lab.operator_token("minter", "--methods Tokens.Create,Nodes.Get");
+    let auth = format!("{} -H 'Authorization: Bearer {minter}'", lab.anonymous);
+    let ask = |methods: &str| {
+        lab.json(
+            &auth,
+            "POST",
+            "/api/v1/tokens",
+            &format!(r#"{{"name":"made","methods":"{methods}","days":1}}"#),
+        )
+    };
+    for more in ["*.*", "Nodes.*", "Nodes.Get,Nodes.Patch", "Tokens.*"] {
+        let r = ask(more);
+        assert_eq!(r.status, 403, "{more}: {}", r.body);
+        assert!(r.body.contains("more than its issuer"), "{}", r.body);
+    }
+    assert_eq!(ask("Nodes.Get").status, 201);
+    let names = lab.call("GET", "/api/v1/tokens", &lab.admin).body;
+    assert_eq!(names.matches("\"made\"").count(), 1, "{names}");
     drop(lab.app);
 }

@@ -39,9 +39,15 @@ enum Who {
     ForgedToken,
     /// Plain HTTP on the boot port: only boot files.
     PlainHttp,
+    /// `o`: an agent token minted for another machine (52:54:00:5e:c0:09).
+    OtherMachine,
+    /// The admin certificate in a browser, on a page of another site: reads only.
+    CrossSite,
+    /// A certificate from our CA whose permitted-methods extension appears twice.
+    DuplicateExtension,
 }
 
-const EVERYONE: [Who; 12] = [
+const EVERYONE: [Who; 15] = [
     Who::Admin,
     Who::ReadOnly,
     Who::ReadOnlyToken,
@@ -54,6 +60,9 @@ const EVERYONE: [Who; 12] = [
     Who::Expired,
     Who::ForgedToken,
     Who::PlainHttp,
+    Who::OtherMachine,
+    Who::CrossSite,
+    Who::DuplicateExtension,
 ];
 
 impl Who {
@@ -67,6 +76,7 @@ impl Who {
             Who::Subd => 's',
             Who::AgentToken => 'g',
             Who::Anonymous => 'n',
+            Who::OtherMachine => 'o',
             _ => return None,
         })
     }
@@ -166,10 +176,14 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("DELETE", "/v1/rules/ghost", "Rules.Delete", ""),
     // The ramdisk agent: a token opens a path that names a node only for its own machine
     // (no node here is the token's, so those rows refuse it).
-    ("POST", "/v1/continue", "Introspection.Continue", "g"),
-    ("POST", "/api/v1/agent/events", "Agent.Event", "g"),
+    ("POST", "/v1/continue", "Introspection.Continue", "go"),
+    ("POST", "/api/v1/agent/events", "Agent.Event", "go"),
     ("GET", "/api/v1/agent/ghost/next", "Agent.Next", ""),
-    ("POST", "/api/v1/provision/next", "Provision.Next", "g"),
+    // `mine` is the `g` token's machine: its own, and no other machine's.
+    ("GET", "/api/v1/agent/mine/next", "Agent.Next", "g"),
+    ("GET", "/api/v1/agent/%6dine/next", "Agent.Next", "g"),
+    ("GET", "/api/v1/provision/mine", "Provision.Show", "grt"),
+    ("POST", "/api/v1/provision/next", "Provision.Next", "go"),
     ("GET", "/api/v1/provision/ghost", "Provision.Show", "rt"),
     (
         "POST",
@@ -314,8 +328,12 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("POST", "/ui/subs/ghost/image", "Mdb.SetMachine", ""),
 ];
 
-fn allowed(who: Who, grants: &str) -> bool {
-    grants == "*" || who == Who::Admin || who.letter().is_some_and(|c| grants.contains(c))
+fn allowed(who: Who, method: &str, grants: &str) -> bool {
+    grants == "*"
+        || who == Who::Admin
+        // A browser on another site may make the admin's certificate read, never change.
+        || (who == Who::CrossSite && method == "GET")
+        || who.letter().is_some_and(|c| grants.contains(c))
 }
 
 struct Setup {
@@ -395,7 +413,31 @@ fn setup() -> Setup {
             .unwrap();
     let other_ca = paddock_security::ca::new_ca("evil-ca", now, 10).unwrap();
     let other = paddock_security::ca::issue(&other_ca, &admin_req("mallory"), now).unwrap();
-    for (name, c) in [("old", &expired), ("mallory", &other)] {
+    // Two permitted-methods extensions, `Nodes.Get` then `*.*`: a parser that kept the last
+    // would make this an admin.
+    let twice = {
+        use rcgen::{CertificateParams, CustomExtension, Issuer, KeyPair};
+        let mut p = CertificateParams::new(vec![]).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "twice");
+        p.not_before = now - time::Duration::hours(1);
+        p.not_after = now + time::Duration::days(1);
+        for list in [&["Nodes.Get"][..], &["*.*"][..]] {
+            p.custom_extensions.push(CustomExtension::from_oid_content(
+                paddock_security::methods::PERMITTED_METHODS_OID,
+                paddock_security::methods::encode_strings(list),
+            ));
+        }
+        let issuer =
+            Issuer::from_ca_cert_pem(&ours.cert_pem, KeyPair::from_pem(&ours.key_pem).unwrap())
+                .unwrap();
+        let key = KeyPair::generate().unwrap();
+        paddock_security::ca::Issued {
+            cert_pem: p.signed_by(&key, &issuer).unwrap().pem(),
+            key_pem: key.serialize_pem(),
+        }
+    };
+    for (name, c) in [("old", &expired), ("mallory", &other), ("twice", &twice)] {
         std::fs::write(out.join(format!("{name}.pem")), &c.cert_pem).unwrap();
         std::fs::write(out.join(format!("{name}.key")), &c.key_pem).unwrap();
     }
@@ -422,6 +464,14 @@ fn setup() -> Setup {
         "the fingerprint pins the served CA"
     );
     let agent_token = arg("token");
+    let other_script = link.server.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/boot/52-54-00-5e-c0-09.ipxe"
+    ));
+    let other_token = other_script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("paddock.token="))
+        .unwrap()
+        .to_string();
     assert!(
         agent_token.starts_with("pa1.525400 5ec001".replace(' ', "").as_str()),
         "{agent_token}"
@@ -450,6 +500,15 @@ fn setup() -> Setup {
         format!("{ca} -H 'Authorization: Bearer {agent_token}'"),
     );
     args.insert("anonymous", ca.clone());
+    args.insert(
+        "other-machine",
+        format!("{ca} -H 'Authorization: Bearer {other_token}'"),
+    );
+    args.insert(
+        "cross-site",
+        format!("{} -H 'Sec-Fetch-Site: cross-site'", cert("admin", &certs)),
+    );
+    args.insert("twice", cert("twice", &out));
     args.insert("mallory", cert("mallory", &out));
     args.insert("old", cert("old", &out));
     args.insert(
@@ -479,6 +538,9 @@ fn key(who: Who) -> &'static str {
         Who::Expired => "old",
         Who::ForgedToken => "forged",
         Who::PlainHttp => "anonymous",
+        Who::OtherMachine => "other-machine",
+        Who::CrossSite => "cross-site",
+        Who::DuplicateExtension => "twice",
     }
 }
 
@@ -538,19 +600,33 @@ fn refused(status: u16, exit: i32, body: &str) -> bool {
             && (body.contains("access to method")
                 || body.contains("needs a client certificate")
                 || body.contains("token")
-                || body.contains("only boot files"))
+                || body.contains("only boot files")
+                || body.contains("another site")
+                || body.contains("appears more than once"))
         || status == 303 && body.contains("/ui/login")
 }
 
 #[test]
 fn every_method_for_every_caller_is_allowed_or_denied_as_the_table_says() {
     let s = setup();
+    // The `g` token's machine, enrolled.
+    let body = s.scratch.path("mine.json");
+    std::fs::write(&body, r#"{"name":"mine","macs":["52:54:00:5e:c0:01"]}"#).unwrap();
+    let mine = curl(
+        &s.link.server,
+        &format!(
+            "curl -s -i {} -H 'Content-Type: application/json' --data-binary @{} '{HTTPS}/api/v1/nodes'",
+            s.args["admin"],
+            body.display()
+        ),
+    );
+    assert!(mine.status < 300, "{} {}", mine.status, mine.body);
     let (mut denied, mut unauthorised, mut allowed_ok, mut authorised) = (0, 0, 0, 0);
     let mut wrong = Vec::new();
     for who in EVERYONE {
         let rows = call_all(&s, who);
         for ((method, path, name, grants), (status, exit, body)) in TABLE.iter().zip(rows) {
-            let mut may = allowed(who, grants);
+            let mut may = allowed(who, method, grants);
             // Over a failed handshake nothing is served, public or not.
             if matches!(who, Who::OtherCa | Who::Expired) {
                 may = false;
@@ -562,8 +638,9 @@ fn every_method_for_every_caller_is_allowed_or_denied_as_the_table_says() {
                     continue;
                 }
             }
-            // A forged token and the agent without one are anonymous callers.
-            if who == Who::ForgedToken && *grants != "*" {
+            // A forged token and the agent without one are anonymous callers; a certificate
+            // whose extensions do not parse may call nothing.
+            if matches!(who, Who::ForgedToken | Who::DuplicateExtension) && *grants != "*" {
                 may = false;
             }
             // Plain HTTP serves only what a PXE client fetches before it has the CA, and
