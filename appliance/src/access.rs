@@ -147,6 +147,8 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "tokens"] if get => read("Tokens.List"),
         ["api", "v1", "tokens"] if post => write("Tokens.Create"),
         ["api", "v1", "tokens", "revoke"] if post => write("Tokens.Revoke"),
+        ["api", "v1", "agent-tokens", "rotate"] if post => write("Tokens.RotateAgentKey"),
+        ["api", "v1", "agent-tokens", "revoke"] if post => write("Tokens.RevokeAgent"),
         ["api", "v1", "nodes"] if get => read("Nodes.List"),
         ["api", "v1", "nodes"] if post => write("Nodes.Create"),
         ["api", "v1", "nodes", _] if get => read("Nodes.Get"),

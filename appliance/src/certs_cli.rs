@@ -69,6 +69,11 @@ pub enum CertsCmd {
     Tokens,
     /// Revoke every operator token named NAME.
     Revoke { name: String },
+    /// Void every agent token of NODE's machine (a running appliance does it).
+    RevokeAgent { node: String },
+    /// A new agent-token signing key: every machine's token is void (machines booting now
+    /// fail their next call and boot again).
+    RotateAgentKey,
     /// This host's certificates and the CA's fingerprint.
     Show,
 }
@@ -142,6 +147,22 @@ fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
                 &security::RevokeTokens { name: name.clone() },
             )?;
             println!("revoked {} token(s) named {name}", r.revoked);
+        }
+        CertsCmd::RevokeAgent { node } => {
+            let r: security::RevokedAgent = crate::cli::post_json(
+                &url,
+                "/api/v1/agent-tokens/revoke",
+                &security::RevokeAgent { node: node.clone() },
+            )?;
+            println!("voided the agent tokens of {node} ({})", r.macs.join(", "));
+        }
+        CertsCmd::RotateAgentKey => {
+            let _: security::RotateAgentKey = crate::cli::post_json(
+                &url,
+                "/api/v1/agent-tokens/rotate",
+                &security::RotateAgentKey { rotate: true },
+            )?;
+            println!("rotated the agent-token key: every outstanding agent token is void");
         }
         _ => bail!("only token commands go through the API"),
     }
@@ -228,7 +249,11 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
         cmd,
         CertsCmd::Token { .. } | CertsCmd::Tokens | CertsCmd::Revoke { .. }
     );
-    if writes_tokens && cfg.cluster.is_none() && crate::serve::store_lock(cfg)?.is_none() {
+    // Agent tokens live in a running appliance's hosts: always through its API.
+    let agent_tokens = matches!(cmd, CertsCmd::RevokeAgent { .. } | CertsCmd::RotateAgentKey);
+    if agent_tokens
+        || (writes_tokens && cfg.cluster.is_none() && crate::serve::store_lock(cfg)?.is_none())
+    {
         return tokens_via_api(cfg, cmd);
     }
     let store = crate::serve::open_store(cfg).await?;
@@ -295,7 +320,10 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             }
             println!("revoked {n} token(s) named {name}");
         }
-        CertsCmd::Request { .. } | CertsCmd::Show => unreachable!("handled above"),
+        CertsCmd::Request { .. }
+        | CertsCmd::Show
+        | CertsCmd::RevokeAgent { .. }
+        | CertsCmd::RotateAgentKey => unreachable!("handled above"),
     }
     Ok(())
 }

@@ -87,8 +87,12 @@ pub fn router(state: AppState) -> Router {
         power: state.power.clone(),
     });
     let security = state.security.clone();
+    let inspector_for_security = state.inspector.clone();
     r.with_state(state)
-        .merge(crate::security::router(security.clone()))
+        .merge(crate::security::router(
+            security.clone(),
+            inspector_for_security,
+        ))
         .merge(inspector)
         .merge(imageserver)
         .merge(dominator)
@@ -104,6 +108,7 @@ pub fn router(state: AppState) -> Router {
 
 async fn boot_script(
     State(s): State<AppState>,
+    peer: Option<axum::Extension<paddock_security::tls::Peer>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let ipxe = |body: String| {
@@ -138,10 +143,16 @@ async fn boot_script(
     let http_urls: Vec<&str> = std::iter::once(s.config.public_url.as_str())
         .chain(s.config.discovery.agent_urls.iter().map(String::as_str))
         .collect();
-    let discovery = match (
-        &s.config.security,
-        s.security.agent_cmdline(&mac.to_string(), &http_urls),
-    ) {
+    // A token goes only to the address the machine's lease holds (when this host gives
+    // leases): a script fetched by anyone else still boots, but speaks for no one.
+    let from = peer.map(|axum::Extension(p)| p.addr.ip());
+    let cmdline = if s.security.may_mint_for(&mac.to_string(), from) {
+        s.security.agent_cmdline(&mac.to_string(), &http_urls).await
+    } else {
+        tracing::warn!(%mac, ?from, "boot: script fetched from outside the MAC's lease: no agent token");
+        None
+    };
+    let discovery = match (&s.config.security, cmdline) {
         (crate::config::SecurityConfig::Tls(t), Some(extra)) => {
             let mut d = s.config.discovery.clone();
             d.agent_urls = t.agent_urls.clone();

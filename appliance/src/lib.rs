@@ -2,6 +2,7 @@
 //! face and the `serve` wiring. `main.rs` is only the command line.
 
 pub mod access;
+pub mod agent_tokens;
 pub mod assets;
 pub mod at_rest;
 pub mod audit;

@@ -73,6 +73,8 @@ pub struct Security {
     store: Arc<dyn Store>,
     /// Who changed what, and who was refused.
     pub audit: Arc<Audit>,
+    /// This host's DHCP server, when it runs one: agent tokens are bound to its leases.
+    dhcp: std::sync::OnceLock<Arc<paddock_dhcp::shell::DhcpService>>,
     pub tls: Option<TlsState>,
 }
 
@@ -87,7 +89,8 @@ pub struct TlsState {
     /// never put in a subd certificate.
     pub appliance_names: Vec<String>,
     pub ca_fingerprint: String,
-    pub agent_key: AgentKey,
+    /// Minting and checking agent tokens.
+    pub agent_tokens: crate::agent_tokens::AgentTokens,
 }
 
 fn now_ms() -> i64 {
@@ -448,6 +451,7 @@ impl Security {
                 );
                 return Ok(Arc::new(Security {
                     audit: Arc::new(Audit::new(store.clone())),
+                    dhcp: std::sync::OnceLock::new(),
                     store,
                     tls: None,
                 }));
@@ -471,6 +475,7 @@ impl Security {
             );
         }
         let agent_key = ensure_agent_key(store.as_ref()).await?;
+        let (store_for_tokens, ttl) = (store.clone(), t.agent_token_ttl);
         let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
         let mut appliance_names = Vec::new();
         if let Some(der) = paddock_security::identity::pem_certificates(&material.cert_pem)
@@ -491,6 +496,7 @@ impl Security {
         let subd_ca = ensure_subd_ca(store.as_ref(), &appliance_names).await?;
         Ok(Arc::new(Security {
             audit: Arc::new(Audit::new(store.clone())),
+            dhcp: std::sync::OnceLock::new(),
             store,
             tls: Some(TlsState {
                 config: t,
@@ -499,9 +505,37 @@ impl Security {
                 subd_ca,
                 appliance_names,
                 ca_fingerprint,
-                agent_key,
+                agent_tokens: crate::agent_tokens::AgentTokens::new(
+                    store_for_tokens,
+                    agent_key,
+                    ttl,
+                ),
             }),
         }))
+    }
+
+    /// Binds agent tokens to this host's DHCP leases (once, when DHCP starts).
+    pub fn bind_leases(&self, dhcp: Arc<paddock_dhcp::shell::DhcpService>) {
+        let _ = self.dhcp.set(dhcp);
+    }
+
+    /// The address `mac` (12 hex digits, or any MAC form) holds a lease on here, if this
+    /// host serves DHCP and knows one.
+    pub fn lease_of(&self, mac: &str) -> Option<std::net::IpAddr> {
+        let dhcp = self.dhcp.get()?;
+        let mac: MacAddr = mac.parse().ok()?;
+        dhcp.bound_address(mac).map(std::net::IpAddr::V4)
+    }
+
+    /// Whether a boot script fetched from `from` for `mac` may carry a token: always when
+    /// this host serves no DHCP (the claim binds the token to the first caller); otherwise
+    /// only when `from` is the address of the MAC's lease.
+    pub fn may_mint_for(&self, mac: &str, from: Option<std::net::IpAddr>) -> bool {
+        match (self.dhcp.get(), from) {
+            (None, _) => true,
+            (Some(_), Some(ip)) => self.lease_of(mac) == Some(ip),
+            (Some(_), None) => false,
+        }
     }
 
     /// This host as a client of its subs (TLS on): subs' certificates come from the subd CA
@@ -552,15 +586,20 @@ impl Security {
             .map_err(anyhow::Error::msg)
     }
 
-    /// The kernel command line the ramdisk gets for `mac` with TLS on: the CA's URLs (on
+    /// The kernel command line the ramdisk gets for `mac` with TLS on (`None` with TLS off,
+    /// or when no token could be minted): the CA's URLs (on
     /// each of `http_urls`, the plain-HTTP base URLs of this host first and then its peers',
     /// so that the agent still finds the CA when the host that served the script is gone),
     /// its fingerprint and a fresh agent token.
-    pub fn agent_cmdline(&self, mac: &str, http_urls: &[&str]) -> Option<String> {
+    pub async fn agent_cmdline(&self, mac: &str, http_urls: &[&str]) -> Option<String> {
         let t = self.tls.as_ref()?;
-        let expires = u64::try_from(now_ms()).unwrap_or(0)
-            + u64::try_from(t.config.agent_token_ttl.as_millis()).unwrap_or(u64::MAX / 2);
-        let tok = token::mint_agent(&t.agent_key, mac, expires, token::random::<8>())?;
+        let tok = match t.agent_tokens.mint(mac).await {
+            Ok(tok) => tok?,
+            Err(e) => {
+                tracing::error!(error = %e, "agent token: not minted");
+                return None;
+            }
+        };
         let mut ca_urls: Vec<String> = Vec::new();
         for u in http_urls.iter().filter(|u| u.starts_with("http://")) {
             let u = format!("{}/boot/ca.pem", u.trim_end_matches('/'));
@@ -766,12 +805,13 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
         && let Some(tok) = bearer.as_ref().map(Bearer::token)
     {
         if tok.starts_with("pa1.") {
-            match token::check_agent(&t.agent_key, tok, u64::try_from(now_ms()).unwrap_or(0)) {
+            let lease = |mac: &str| sec.lease_of(mac);
+            match t.agent_tokens.check(tok, peer.addr.ip(), lease).await {
                 Ok(claim) => match claim.mac.parse() {
                     Ok(mac) => agent_mac = Some(mac),
                     Err(_) => refused = Some("agent token: malformed MAC".into()),
                 },
-                Err(e) => refused = Some(format!("agent token: {e}")),
+                Err(why) => refused = Some(why),
             }
         } else {
             match sec.operator_token(tok).await {
@@ -1007,8 +1047,94 @@ async fn tokens_revoke(
     }
 }
 
-/// `/api/v1/audit`, `/api/v1/tokens`, `/ui/audit`, `/ui/login`.
-pub fn router(sec: Arc<Security>) -> axum::Router {
+/// `POST /api/v1/agent-tokens/rotate`: `{"rotate": true}`, so that no stray post rotates.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RotateAgentKey {
+    pub rotate: bool,
+}
+
+/// `POST /api/v1/agent-tokens/revoke`: the node whose machine's tokens are void.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RevokeAgent {
+    pub node: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RevokedAgent {
+    /// The MACs whose tokens were voided.
+    pub macs: Vec<String>,
+}
+
+#[derive(Clone)]
+struct AgentTokenApi {
+    sec: Arc<Security>,
+    inspector: Arc<paddock_inspector::service::Inspector>,
+}
+
+fn tls_only(sec: &Security) -> Result<&TlsState, paddock_wire::ApiError> {
+    sec.tls
+        .as_ref()
+        .ok_or_else(|| paddock_wire::ApiError::bad_request("TLS is off: there are no agent tokens"))
+}
+
+async fn agent_key_rotate(
+    State(api): State<AgentTokenApi>,
+    axum::Json(req): axum::Json<RotateAgentKey>,
+) -> Result<axum::Json<RotateAgentKey>, paddock_wire::ApiError> {
+    if !req.rotate {
+        return Err(paddock_wire::ApiError::bad_request(
+            "send {\"rotate\": true} to void every agent token",
+        ));
+    }
+    tls_only(&api.sec)?
+        .agent_tokens
+        .rotate()
+        .await
+        .map_err(|e| paddock_wire::ApiError::internal(e.to_string()))?;
+    tracing::warn!("agent tokens: the signing key was rotated; every outstanding token is void");
+    Ok(axum::Json(req))
+}
+
+async fn agent_tokens_revoke(
+    State(api): State<AgentTokenApi>,
+    axum::Json(req): axum::Json<RevokeAgent>,
+) -> Result<axum::Json<RevokedAgent>, paddock_wire::ApiError> {
+    let t = tls_only(&api.sec)?;
+    let node = api
+        .inspector
+        .find(&req.node)
+        .await?
+        .ok_or_else(|| paddock_wire::ApiError::not_found(format!("no node {:?}", req.node)))?
+        .node;
+    let mut macs: Vec<String> = node.macs.iter().map(ToString::to_string).collect();
+    macs.extend(node.pxe_mac.map(|m| m.to_string()));
+    macs.sort();
+    macs.dedup();
+    t.agent_tokens
+        .revoke(&macs)
+        .await
+        .map_err(|e| paddock_wire::ApiError::internal(e.to_string()))?;
+    Ok(axum::Json(RevokedAgent { macs }))
+}
+
+/// `/api/v1/audit`, `/api/v1/tokens`, `/api/v1/agent-tokens`, `/ui/audit`, `/ui/login`.
+pub fn router(
+    sec: Arc<Security>,
+    inspector: Arc<paddock_inspector::service::Inspector>,
+) -> axum::Router {
+    let agent_tokens = axum::Router::new()
+        .route(
+            "/api/v1/agent-tokens/rotate",
+            axum::routing::post(agent_key_rotate),
+        )
+        .route(
+            "/api/v1/agent-tokens/revoke",
+            axum::routing::post(agent_tokens_revoke),
+        )
+        .with_state(AgentTokenApi {
+            sec: sec.clone(),
+            inspector,
+        });
     axum::Router::new()
         .route("/api/v1/audit", axum::routing::get(audit_list))
         .route("/ui/audit", axum::routing::get(audit_page))
@@ -1019,6 +1145,7 @@ pub fn router(sec: Arc<Security>) -> axum::Router {
         .route("/api/v1/tokens/revoke", axum::routing::post(tokens_revoke))
         .route("/ui/login", axum::routing::get(login_page).post(login))
         .with_state(sec)
+        .merge(agent_tokens)
 }
 
 #[cfg(test)]

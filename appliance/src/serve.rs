@@ -367,6 +367,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             let service = DhcpService::new(server, store.clone(), policy, Some(observer)).await?;
             let run = service.clone().run(listeners);
             tasks.spawn(async move { run.await.context("DHCP server") });
+            security.bind_leases(service.clone());
             Some(service)
         }
         None => None,

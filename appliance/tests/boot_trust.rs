@@ -665,3 +665,150 @@ fn a_token_is_never_issued_with_more_than_its_issuer_holds() {
     assert_eq!(names.matches("\"made\"").count(), 1, "{names}");
     drop(lab.app);
 }
+
+#[test]
+fn an_agent_token_is_claimed_once_and_can_be_voided() {
+    let lab = lab("");
+    lab.link.give_client_static_address();
+    lab.create_node("mine", MINE);
+    // Under introspection, so that its boot script boots the ramdisk with a token.
+    let start = lab.call(
+        "POST",
+        "/v1/introspection/mine?manage_boot=false",
+        &lab.admin,
+    );
+    assert_eq!(start.status, 202, "{}", start.body);
+    let events = |ns: &Ns, auth: &str| {
+        let f = lab.scratch.path(&format!("event-{}", rand_name()));
+        std::fs::write(
+            &f,
+            format!(r#"{{"mac":"{MINE}","step":"x","message":"m"}}"#),
+        )
+        .unwrap();
+        curl(
+            ns,
+            &format!(
+                "curl -s -i -m 10 {auth} -H 'Content-Type: application/json' --data-binary @{} \
+                 -X POST '{HTTPS}/api/v1/agent/events'",
+                f.display()
+            ),
+        )
+    };
+    // The first caller claims the token; the same token from another address is refused,
+    // and the machine's timeline says so.
+    let token = lab.token_for(MINE);
+    assert_eq!(events(&lab.link.server, &token).status, 204);
+    assert_eq!(events(&lab.link.server, &token).status, 204);
+    let stolen = events(&lab.link.client, &token);
+    assert_eq!(stolen.status, 401, "{}", stolen.body);
+    assert!(
+        stolen.body.contains("claimed by 198.18.0.1"),
+        "{}",
+        stolen.body
+    );
+    let page = lab.call("GET", "/ui/nodes/mine", &lab.admin).body;
+    assert!(page.contains("agent-token-conflict"), "{page}");
+
+    let certs = |args: &str| {
+        lab.link.server.sh_ok(&format!(
+            "{} certs --config {} {args}",
+            env!("CARGO_BIN_EXE_paddock"),
+            lab.scratch.path("paddock.toml").display()
+        ))
+    };
+    // Revoked for the node: every token minted so far is void; a new boot's works.
+    let before = lab.token_for(MINE);
+    // Revocation voids tokens minted at or before its millisecond: step past it.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert!(certs("revoke-agent mine").contains("52:54:00:77:00:01"));
+    for t in [&token, &before] {
+        let r = events(&lab.link.server, t);
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert!(r.body.contains("revoked"), "{}", r.body);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let fresh = lab.token_for(MINE);
+    assert_eq!(events(&lab.link.server, &fresh).status, 204);
+    // A new signing key: every outstanding token is void, new ones work.
+    assert!(certs("rotate-agent-key").contains("rotated"));
+    let r = events(&lab.link.server, &fresh);
+    assert_eq!(r.status, 401, "{}", r.body);
+    let after = lab.token_for(MINE);
+    assert_eq!(events(&lab.link.server, &after).status, 204);
+    drop(lab.app);
+}
+
+#[test]
+fn a_boot_script_carries_a_token_only_to_the_machines_lease() {
+    require(&["busybox"]);
+    let extra = |link: &Link| {
+        format!(
+            "[dhcp]\nenabled = true\ninterfaces = [\"{}\"]\n[[dhcp.subnets]]\nnetwork = \"198.18.0.0/24\"\n\
+             pools = [\"198.18.0.100-198.18.0.199\"]\nrouters = [\"{SERVER_IP}\"]\nlease_time = 3600\n",
+            link.server_if
+        )
+    };
+    // The lab's configuration turns DHCP off; a [dhcp] table later in the file would be a
+    // duplicate, so this lab writes its own.
+    require(&["curl"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let config = format!(
+        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n{}[tftp]\nenabled = false\n\
+         [boot.discovery]\nkernel = \"{PUBLIC_URL}/boot/assets/vmlinuz\"\ninitrd = \"{PUBLIC_URL}/boot/assets/initrd.img\"\n",
+        scratch.path("data").display(),
+        extra(&link)
+    );
+    let path = scratch.path("paddock.toml");
+    std::fs::write(&path, &config).unwrap();
+    link.server.sh_ok(&format!(
+        "{} certs --config {} init",
+        env!("CARGO_BIN_EXE_paddock"),
+        path.display()
+    ));
+    let app = Appliance::start_secure(&link.server, &scratch, &config);
+    let mac = link
+        .client
+        .sh_ok(&format!("cat /sys/class/net/{}/address", link.client_if))
+        .trim()
+        .to_string();
+    let lease = udhcpc(&link, &scratch, "").expect("a lease");
+    let ip = lease["ip"].clone();
+    link.client
+        .sh_ok(&format!("ip addr add {ip}/24 dev {}", link.client_if));
+    let script = |ns: &Ns| {
+        ns.sh_ok(&format!(
+            "curl -sf {PUBLIC_URL}/boot/{}.ipxe",
+            mac.replace(':', "-")
+        ))
+    };
+    // Fetched by another host on the network: the script boots, but carries no token.
+    let elsewhere = script(&link.server);
+    assert!(elsewhere.contains("#!ipxe"), "{elsewhere}");
+    assert!(!elsewhere.contains("paddock.token="), "{elsewhere}");
+    // Fetched from the lease's address: a token, and it works from there.
+    let own = script(&link.client);
+    let token = own
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("paddock.token="))
+        .unwrap_or_else(|| panic!("no token for the lease's address:\n{own}"))
+        .to_string();
+    let ca = scratch.path("data/certs/ca.pem");
+    let call = |ns: &Ns| {
+        curl(
+            ns,
+            &format!(
+                "curl -s -i -m 10 --cacert {} -H 'Authorization: Bearer {token}' \
+                 -H 'Content-Type: application/json' -d '{{\"macs\":[]}}' \
+                 -X POST 'https://198.18.0.1:8443/api/v1/provision/next'",
+                ca.display()
+            ),
+        )
+    };
+    assert_eq!(call(&link.client).status, 200);
+    // The lease's address is not the caller's: refused, whoever claimed first.
+    let r = call(&link.server);
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.body.contains(&format!("lease is {ip}")), "{}", r.body);
+    drop(app);
+}

@@ -102,6 +102,18 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("GET", "/api/v1/tokens", "Tokens.List", "rt"),
     ("POST", "/api/v1/tokens", "Tokens.Create", ""),
     ("POST", "/api/v1/tokens/revoke", "Tokens.Revoke", ""),
+    (
+        "POST",
+        "/api/v1/agent-tokens/rotate",
+        "Tokens.RotateAgentKey",
+        "",
+    ),
+    (
+        "POST",
+        "/api/v1/agent-tokens/revoke",
+        "Tokens.RevokeAgent",
+        "",
+    ),
     ("GET", "/api/v1/nodes", "Nodes.List", "rt"),
     ("POST", "/api/v1/nodes", "Nodes.Create", ""),
     ("GET", "/api/v1/nodes/ghost", "Nodes.Get", "rt"),

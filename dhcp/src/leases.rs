@@ -286,6 +286,11 @@ impl Leases {
         self.by_ip.insert(lease.ip, lease);
     }
 
+    /// The lease `mac` holds, if any.
+    pub fn of_mac(&self, mac: MacAddr) -> Option<&Lease> {
+        self.by_mac.get(&mac).and_then(|ip| self.by_ip.get(ip))
+    }
+
     pub fn get(&self, ip: Ipv4Addr) -> Option<&Lease> {
         self.by_ip.get(&ip)
     }

@@ -134,6 +134,16 @@ impl DhcpService {
         v
     }
 
+    /// The address `mac` holds a bound lease on, if it does.
+    pub fn bound_address(&self, mac: MacAddr) -> Option<std::net::Ipv4Addr> {
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+        server
+            .leases
+            .of_mac(mac)
+            .filter(|l| l.state == crate::leases::LeaseState::Bound)
+            .map(|l| l.ip)
+    }
+
     /// Serves on every listener until the task is dropped.
     pub async fn run(self: Arc<Self>, listeners: Vec<Listener>) -> Result<(), ShellError> {
         let mut tasks = tokio::task::JoinSet::new();

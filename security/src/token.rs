@@ -73,6 +73,8 @@ pub struct AgentClaim {
     /// The boot MAC, 12 lowercase hex digits.
     pub mac: String,
     pub expires_ms: u64,
+    /// The token's nonce (16 hex digits): names this token among the MAC's.
+    pub nonce: String,
 }
 
 /// Normalises a MAC (`aa:bb:…`, `aa-bb-…` or bare hex) to 12 lowercase hex digits.
@@ -96,6 +98,16 @@ pub fn mint_agent(key: &AgentKey, mac: &str, expires_ms: u64, nonce: [u8; 8]) ->
 
 /// Checks an agent token: format, signature (constant-time), expiry.
 pub fn check_agent(key: &AgentKey, token: &str, now_ms: u64) -> Result<AgentClaim, TokenError> {
+    let claim = verify_agent(key, token)?;
+    if now_ms >= claim.expires_ms {
+        return Err(TokenError::Expired);
+    }
+    Ok(claim)
+}
+
+/// Checks an agent token's format and signature (constant-time), not its expiry: for a
+/// token whose life the appliance extends while its machine uses it.
+pub fn verify_agent(key: &AgentKey, token: &str) -> Result<AgentClaim, TokenError> {
     if token.len() > MAX_TOKEN_BYTES || !token.is_ascii() {
         return Err(TokenError::Malformed);
     }
@@ -126,12 +138,10 @@ pub fn check_agent(key: &AgentKey, token: &str, now_ms: u64) -> Result<AgentClai
     key.mac(body)
         .verify_slice(&tag)
         .map_err(|_| TokenError::BadSignature)?;
-    if now_ms >= expires_ms {
-        return Err(TokenError::Expired);
-    }
     Ok(AgentClaim {
         mac: mac.to_string(),
         expires_ms,
+        nonce: nonce.to_string(),
     })
 }
 

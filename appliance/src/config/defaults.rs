@@ -77,7 +77,8 @@ pub const SECURITY_SUBDIR: &str = "certs";
 pub const SECURITY_PORT: u16 = 8443;
 pub const SECURITY_INSPECTOR_NOAUTH: bool = false;
 /// Six hours: a boot's inspection and a provisioning run fit in it with room to spare.
-pub const SECURITY_AGENT_TOKEN_TTL_SECS: u64 = 6 * 3600;
+/// An unclaimed agent token's life, and the longest pause between a claimed one's uses.
+pub const SECURITY_AGENT_TOKEN_TTL_SECS: u64 = 30 * 60;
 pub const SECURITY_MAX_CONNECTIONS: usize = 1024;
 pub const SECURITY_HEADER_TIMEOUT_SECS: u64 = 10;
 /// A machine fetching its boot files holds a few connections; 128 leaves room for a NAT.

@@ -1,0 +1,425 @@
+//! Agent tokens on an untrusted boot network. A boot script's token is signed (stateless to
+//! mint, so a boot storm writes nothing until machines call), and then:
+//!
+//! - **bound to the lease**: the script carries a token only when it is fetched from the
+//!   address the MAC's DHCP lease holds (when this host serves DHCP), and a call is refused
+//!   when the lease has moved to another address;
+//! - **claimed once**: the first call with a token records its source address under
+//!   `security/agent-claims/<mac>-<nonce>`; a call from any other address is refused, and
+//!   the machine's timeline says so;
+//! - **short-lived, renewed by use**: an unclaimed token lives `[security]
+//!   agent_token_ttl_secs` from its minting; a claimed one as long as its machine calls at
+//!   least that often;
+//! - **revocable**: per machine (`security/agent-revoked/<mac>`: tokens minted before are
+//!   void) and all at once, by rotating the signing key.
+//!
+//! [`decide`] is the pure rule; [`AgentTokens`] applies it over the store.
+
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use paddock_security::token::{self, AgentClaim, AgentKey};
+use paddock_store::{Store, Txn};
+use serde::{Deserialize, Serialize};
+
+pub const CLAIMS: &str = "security/agent-claims/";
+pub const REVOKED: &str = "security/agent-revoked/";
+
+/// A token's first use: who claimed it, and when it was last used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub addr: IpAddr,
+    pub claimed_ms: i64,
+    pub last_ms: i64,
+}
+
+/// What one call with a valid signature comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The first use: record this claim.
+    Claim(Claim),
+    /// A use that extends the token's life: write this claim back.
+    Renew(Claim),
+    Valid,
+    /// Refused; `conflict` when another address claimed the token first (a timeline entry).
+    Refused {
+        why: String,
+        conflict: bool,
+    },
+}
+
+/// What [`decide`] looks at besides the token.
+#[derive(Debug, Clone, Copy)]
+pub struct Use<'a> {
+    pub claim: Option<&'a Claim>,
+    /// The call's source address.
+    pub caller: IpAddr,
+    /// The address the MAC's lease holds, when this host knows one.
+    pub lease: Option<IpAddr>,
+    /// Tokens minted before this are void.
+    pub revoked_ms: Option<i64>,
+    pub now_ms: i64,
+    /// The life of an unclaimed token, and the longest pause between a claimed one's uses.
+    pub ttl_ms: i64,
+}
+
+/// Decides one call. `token` has a valid signature.
+pub fn decide(token: &AgentClaim, u: Use<'_>) -> Verdict {
+    let refuse = |why: String| Verdict::Refused {
+        why,
+        conflict: false,
+    };
+    let expires = i64::try_from(token.expires_ms).unwrap_or(i64::MAX);
+    let minted = expires.saturating_sub(u.ttl_ms);
+    if let Some(lease) = u.lease
+        && lease != u.caller
+    {
+        return refuse(format!(
+            "agent token: the machine's lease is {lease}, this call came from {}",
+            u.caller
+        ));
+    }
+    if u.revoked_ms.is_some_and(|r| minted <= r) {
+        return refuse("agent token: revoked".into());
+    }
+    match u.claim {
+        None if u.now_ms >= expires => refuse("agent token: expired before its first use".into()),
+        None => Verdict::Claim(Claim {
+            addr: u.caller,
+            claimed_ms: u.now_ms,
+            last_ms: u.now_ms,
+        }),
+        Some(c) if c.addr != u.caller => Verdict::Refused {
+            why: format!(
+                "agent token: claimed by {} first; refused for {}",
+                c.addr, u.caller
+            ),
+            conflict: true,
+        },
+        Some(c) if u.now_ms >= c.last_ms.saturating_add(u.ttl_ms) => {
+            refuse("agent token: expired (unused for longer than its lifetime)".into())
+        }
+        // Written back a quarter of the way in, not at every call.
+        Some(c) if u.now_ms - c.last_ms >= u.ttl_ms / 4 => Verdict::Renew(Claim {
+            last_ms: u.now_ms,
+            ..c.clone()
+        }),
+        Some(_) => Verdict::Valid,
+    }
+}
+
+fn claim_key(t: &AgentClaim) -> String {
+    format!("{CLAIMS}{}-{}", t.mac, t.nonce)
+}
+
+/// The signing key, as the store has it (read again every few seconds, so a rotation on
+/// one host reaches the others).
+struct CachedKey {
+    key: AgentKey,
+    read: tokio::time::Instant,
+}
+
+/// Agent tokens over the store.
+pub struct AgentTokens {
+    store: Arc<dyn Store>,
+    key: RwLock<CachedKey>,
+    pub ttl: Duration,
+}
+
+const KEY_REFRESH: Duration = Duration::from_secs(5);
+
+impl AgentTokens {
+    pub fn new(store: Arc<dyn Store>, key: AgentKey, ttl: Duration) -> Self {
+        AgentTokens {
+            store,
+            key: RwLock::new(CachedKey {
+                key,
+                read: tokio::time::Instant::now(),
+            }),
+            ttl,
+        }
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The signing key, refreshed from the store when the cached copy is old.
+    async fn key(&self) -> anyhow::Result<AgentKey> {
+        {
+            let c = self.key.read().unwrap_or_else(|p| p.into_inner());
+            if c.read.elapsed() < KEY_REFRESH {
+                return Ok(c.key.clone());
+            }
+        }
+        let key = crate::security::ensure_agent_key(self.store.as_ref()).await?;
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = CachedKey {
+            key: key.clone(),
+            read: tokio::time::Instant::now(),
+        };
+        Ok(key)
+    }
+
+    /// A token for `mac`, usable first within the lifetime.
+    pub async fn mint(&self, mac: &str) -> anyhow::Result<Option<String>> {
+        let expires = u64::try_from(paddock_wire::unix_ms()).unwrap_or(0)
+            + u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX / 2);
+        Ok(token::mint_agent(
+            &self.key().await?,
+            mac,
+            expires,
+            token::random::<8>(),
+        ))
+    }
+
+    /// Checks one call with `tok` from `caller`; `lease` is the address the MAC's lease
+    /// holds, when this host knows. The token's claim, or why it is refused.
+    pub async fn check(
+        &self,
+        tok: &str,
+        caller: IpAddr,
+        lease: impl FnOnce(&str) -> Option<IpAddr>,
+    ) -> Result<AgentClaim, String> {
+        let key = self
+            .key()
+            .await
+            .map_err(|e| format!("agent token: the key is unavailable ({e})"))?;
+        let t = token::verify_agent(&key, tok).map_err(|e| format!("agent token: {e}"))?;
+        let store_err = |e: paddock_store::StoreError| format!("agent token: store: {e}");
+        let claim = match self.store.get(&claim_key(&t)).await.map_err(store_err)? {
+            Some(kv) => Some(
+                serde_json::from_slice::<Claim>(&kv.value)
+                    .map_err(|_| "agent token: its claim does not parse".to_string())?,
+            ),
+            None => None,
+        };
+        let revoked_ms = match self
+            .store
+            .get(&format!("{REVOKED}{}", t.mac))
+            .await
+            .map_err(store_err)?
+        {
+            Some(kv) => std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            None => None,
+        };
+        let verdict = decide(
+            &t,
+            Use {
+                claim: claim.as_ref(),
+                caller,
+                lease: lease(&t.mac),
+                revoked_ms,
+                now_ms: paddock_wire::unix_ms(),
+                ttl_ms: self.ttl_ms(),
+            },
+        );
+        let write = |c: &Claim| serde_json::to_vec(c).unwrap_or_default();
+        match verdict {
+            Verdict::Valid => Ok(t),
+            Verdict::Renew(c) => {
+                self.store
+                    .put(&claim_key(&t), write(&c))
+                    .await
+                    .map_err(store_err)?;
+                Ok(t)
+            }
+            Verdict::Claim(c) => {
+                // Two first calls at once: the store decides which came first.
+                if self
+                    .store
+                    .create(&claim_key(&t), write(&c))
+                    .await
+                    .map_err(store_err)?
+                {
+                    Ok(t)
+                } else {
+                    Err("agent token: claimed by another call at the same moment".into())
+                }
+            }
+            Verdict::Refused { why, conflict } => {
+                if conflict {
+                    self.conflict(&t, &why).await;
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// Files a refused second claimant on the machine's timeline.
+    async fn conflict(&self, t: &AgentClaim, why: &str) {
+        let Ok(mac) = t.mac.parse() else { return };
+        let op = paddock_inspector::service::timeline_op(
+            paddock_inspector::service::Subject::Mac(mac),
+            "agent-token-conflict",
+            why,
+            true,
+        );
+        let txn = Txn {
+            success: vec![op],
+            ..Txn::default()
+        };
+        if let Err(e) = self.store.txn(txn).await {
+            tracing::warn!(error = %e, "agent token: the conflict was not filed");
+        }
+        tracing::warn!(mac = %t.mac, %why, "agent token: a second claimant refused");
+    }
+
+    /// Voids every token minted so far for `macs`.
+    pub async fn revoke(&self, macs: &[String]) -> anyhow::Result<usize> {
+        let now = paddock_wire::unix_ms().to_string();
+        let mut n = 0;
+        for m in macs {
+            let Some(mac) = token::mac_key(m) else {
+                continue;
+            };
+            self.store
+                .put(&format!("{REVOKED}{mac}"), now.clone().into_bytes())
+                .await?;
+            for kv in self.store.range(&format!("{CLAIMS}{mac}-")).await? {
+                self.store.delete(&kv.key).await?;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A new signing key: every outstanding token is void on every host within seconds.
+    pub async fn rotate(&self) -> anyhow::Result<()> {
+        let k = AgentKey::from_bytes(token::random::<32>());
+        self.store
+            .put(crate::security::AGENT_KEY, k.to_hex().into_bytes())
+            .await?;
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = CachedKey {
+            key: k,
+            read: tokio::time::Instant::now(),
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: i64 = 1_800_000;
+
+    fn token(expires_ms: u64) -> AgentClaim {
+        AgentClaim {
+            mac: "525400770001".into(),
+            expires_ms,
+            nonce: "0102030405060708".into(),
+        }
+    }
+
+    #[test]
+    fn one_machine_one_token() {
+        let a: IpAddr = "198.18.0.101".parse().unwrap();
+        let b: IpAddr = "198.18.0.102".parse().unwrap();
+        let now = 10_000_000;
+        let t = token(u64::try_from(now + TTL / 2).unwrap());
+        let base = Use {
+            claim: None,
+            caller: a,
+            lease: None,
+            revoked_ms: None,
+            now_ms: now,
+            ttl_ms: TTL,
+        };
+        let claimed = Claim {
+            addr: a,
+            claimed_ms: now - 1000,
+            last_ms: now - 1000,
+        };
+        let refused = |v: Verdict, want_conflict: bool| {
+            assert!(
+                matches!(v, Verdict::Refused { conflict, .. } if conflict == want_conflict),
+                "{v:?}"
+            )
+        };
+        // The first call claims it; later ones from the same address pass.
+        assert!(matches!(decide(&t, base), Verdict::Claim(c) if c.addr == a));
+        let with = Use {
+            claim: Some(&claimed),
+            ..base
+        };
+        assert_eq!(decide(&t, with), Verdict::Valid);
+        // Another address: refused, and it is a conflict worth filing.
+        refused(decide(&t, Use { caller: b, ..with }), true);
+        // The lease moved: refused before anything else.
+        refused(
+            decide(
+                &t,
+                Use {
+                    lease: Some(b),
+                    ..base
+                },
+            ),
+            false,
+        );
+        assert!(matches!(
+            decide(
+                &t,
+                Use {
+                    lease: Some(a),
+                    ..base
+                }
+            ),
+            Verdict::Claim(_)
+        ));
+        // Revoked after it was minted: void; revoked before: not this token's business.
+        refused(
+            decide(
+                &t,
+                Use {
+                    revoked_ms: Some(now),
+                    ..with
+                },
+            ),
+            false,
+        );
+        assert_eq!(
+            decide(
+                &t,
+                Use {
+                    revoked_ms: Some(now - TTL),
+                    ..with
+                }
+            ),
+            Verdict::Valid
+        );
+        // Unclaimed past its expiry: void. Claimed: lives while used.
+        let late = now + TTL;
+        refused(
+            decide(
+                &t,
+                Use {
+                    now_ms: late,
+                    ..base
+                },
+            ),
+            false,
+        );
+        let recent = Claim {
+            last_ms: late - TTL / 2,
+            ..claimed.clone()
+        };
+        assert!(matches!(
+            decide(&t, Use { claim: Some(&recent), now_ms: late, ..base }),
+            Verdict::Renew(c) if c.last_ms == late
+        ));
+        refused(
+            decide(
+                &t,
+                Use {
+                    claim: Some(&claimed),
+                    now_ms: late + TTL,
+                    ..base
+                },
+            ),
+            false,
+        );
+    }
+}
