@@ -28,14 +28,20 @@ struct Lab {
 }
 
 fn lab(extra: &str) -> Lab {
+    lab_with(|_| "[dhcp]\nenabled = false\n".into(), extra)
+}
+
+/// A lab whose `[dhcp]` table `dhcp` writes (given the link).
+fn lab_with(dhcp: impl Fn(&Link) -> String, extra: &str) -> Lab {
     require(&["curl", "python3"]);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     let config = format!(
-        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n[dhcp]\nenabled = false\n\
+        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n{}\
          [tftp]\nenabled = false\n[boot.discovery]\nkernel = \"{PUBLIC_URL}/boot/assets/vmlinuz\"\n\
          initrd = \"{PUBLIC_URL}/boot/assets/initrd.img\"\n[inspector]\nauto_enrol = true\n{extra}",
-        scratch.path("data").display()
+        scratch.path("data").display(),
+        dhcp(&link)
     );
     let path = scratch.path("paddock.toml");
     std::fs::write(&path, &config).unwrap();
@@ -741,38 +747,24 @@ fn an_agent_token_is_claimed_once_and_can_be_voided() {
 #[test]
 fn a_boot_script_carries_a_token_only_to_the_machines_lease() {
     require(&["busybox"]);
-    let extra = |link: &Link| {
-        format!(
-            "[dhcp]\nenabled = true\ninterfaces = [\"{}\"]\n[[dhcp.subnets]]\nnetwork = \"198.18.0.0/24\"\n\
-             pools = [\"198.18.0.100-198.18.0.199\"]\nrouters = [\"{SERVER_IP}\"]\nlease_time = 3600\n",
-            link.server_if
-        )
-    };
-    // The lab's configuration turns DHCP off; a [dhcp] table later in the file would be a
-    // duplicate, so this lab writes its own.
-    require(&["curl"]);
-    let link = Link::new();
-    let scratch = Scratch::new(&link.tag);
-    let config = format!(
-        "data_dir = \"{}\"\n[http]\nlisten = \"{SERVER_IP}:8080\"\n{}[tftp]\nenabled = false\n\
-         [boot.discovery]\nkernel = \"{PUBLIC_URL}/boot/assets/vmlinuz\"\ninitrd = \"{PUBLIC_URL}/boot/assets/initrd.img\"\n",
-        scratch.path("data").display(),
-        extra(&link)
+    let lab = lab_with(
+        |link| {
+            format!(
+                "[dhcp]\nenabled = true\ninterfaces = [\"{}\"]\n[[dhcp.subnets]]\n\
+                 network = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.199\"]\n\
+                 routers = [\"{SERVER_IP}\"]\nlease_time = 3600\n",
+                link.server_if
+            )
+        },
+        "",
     );
-    let path = scratch.path("paddock.toml");
-    std::fs::write(&path, &config).unwrap();
-    link.server.sh_ok(&format!(
-        "{} certs --config {} init",
-        env!("CARGO_BIN_EXE_paddock"),
-        path.display()
-    ));
-    let app = Appliance::start_secure(&link.server, &scratch, &config);
+    let (link, scratch) = (&lab.link, &lab.scratch);
     let mac = link
         .client
         .sh_ok(&format!("cat /sys/class/net/{}/address", link.client_if))
         .trim()
         .to_string();
-    let lease = udhcpc(&link, &scratch, "").expect("a lease");
+    let lease = udhcpc(link, scratch, "").expect("a lease");
     let ip = lease["ip"].clone();
     link.client
         .sh_ok(&format!("ip addr add {ip}/24 dev {}", link.client_if));
@@ -810,5 +802,5 @@ fn a_boot_script_carries_a_token_only_to_the_machines_lease() {
     let r = call(&link.server);
     assert_eq!(r.status, 401, "{}", r.body);
     assert!(r.body.contains(&format!("lease is {ip}")), "{}", r.body);
-    drop(app);
+    drop(lab.app);
 }
