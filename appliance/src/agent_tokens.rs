@@ -101,7 +101,7 @@ pub fn decide(token: &AgentClaim, u: Use<'_>) -> Verdict {
             refuse("agent token: expired (unused for longer than its lifetime)".into())
         }
         // Written back a quarter of the way in, not at every call.
-        Some(c) if u.now_ms - c.last_ms >= u.ttl_ms / 4 => Verdict::Renew(Claim {
+        Some(c) if u.now_ms.saturating_sub(c.last_ms) >= u.ttl_ms / 4 => Verdict::Renew(Claim {
             last_ms: u.now_ms,
             ..c.clone()
         }),

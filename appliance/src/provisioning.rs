@@ -946,11 +946,28 @@ async fn report(
 async fn register(
     State(p): Api,
     speaker: Option<axum::Extension<Speaker>>,
+    peer: Option<axum::Extension<paddock_security::tls::Peer>>,
     Path(ident): Path<String>,
     b: Bytes,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
+    let agent = speaker.is_some();
     let node = path_node(&p, &ident, speaker).await?;
     let req: RegisterRequest = body(&b)?;
+    // The dominator will call the registered address: an agent registers the one it calls
+    // from, never another host it would have the appliance reach.
+    if agent
+        && let Some(axum::Extension(peer)) = peer
+        && req.address.parse::<IpAddr>().ok() != Some(peer.addr.ip())
+    {
+        return Err(ApiError::new(
+            403,
+            format!(
+                "agent token: a machine registers its own address ({}), not {:?}",
+                peer.addr.ip(),
+                req.address
+            ),
+        ));
+    }
     Ok(Json(p.register(&node, &req.address).await?.record))
 }
 

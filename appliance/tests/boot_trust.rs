@@ -804,3 +804,44 @@ fn a_boot_script_carries_a_token_only_to_the_machines_lease() {
     assert!(r.body.contains(&format!("lease is {ip}")), "{}", r.body);
     drop(lab.app);
 }
+
+#[test]
+fn the_appliance_reaches_out_only_where_its_configuration_says() {
+    let lab = lab("[power]\nbmc_networks = [\"198.18.9.0/24\"]\n");
+    let post = |mac: &str, bmc: &str| {
+        let mut inv = inventory(&[mac], 2, 2048, &[20]);
+        inv["inventory"]["bmc_address"] = serde_json::json!(bmc);
+        let r = lab.json(
+            &lab.token_for(mac),
+            "POST",
+            "/v1/continue",
+            &inv.to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        lab.node(r.json()["uuid"].as_str().unwrap())
+    };
+    // A BMC outside the configured networks is data: not the node's, so never contacted.
+    let outside = post(MINE, "198.18.0.77");
+    assert!(outside["bmc_address"].is_null(), "{outside}");
+    let page = lab.call(
+        "GET",
+        &format!("/ui/nodes/{}", outside["uuid"].as_str().unwrap()),
+        &lab.admin,
+    );
+    assert!(page.body.contains("bmc-not-trusted"), "{}", page.body);
+    let inside = post(NEXT, "198.18.9.5");
+    assert_eq!(inside["bmc_address"], "198.18.9.5", "{inside}");
+    // The dominator will poll what a machine registers: only the address it calls from.
+    // (Its token first: an idle node's script boots the disk and carries none.)
+    let token = lab.token_for(VICTIM);
+    lab.create_node("mine-reg", VICTIM);
+    let r = lab.json(
+        &token,
+        "POST",
+        "/api/v1/provision/mine-reg/register",
+        r#"{"address":"198.18.0.99"}"#,
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("its own address"), "{}", r.body);
+    drop(lab.app);
+}

@@ -11,8 +11,8 @@
 //!   The table holds at most `max_tracked_clients` clients; when full, the client seen least
 //!   recently is forgotten, so a flood of random MACs costs bounded memory (and a forgotten
 //!   client only comes back with a full bucket: eviction errs on the side of serving).
-//! - **New leases** ([`NewLeaseWindow`]): across all clients, at most
-//!   `new_leases_per_window` addresses are newly taken from the pools in any window of
+//! - **New leases** ([`NewLeaseWindow`], one per subnet): across all clients of a subnet,
+//!   at most `new_leases_per_window` addresses are newly taken from its pools in any window of
 //!   `new_lease_window_secs` (a sliding window, exact). An address is *newly taken* when
 //!   the server offers or ACKs a client an address that is not already its current
 //!   address, its outstanding offer or its reservation — a stranger's first DISCOVER, an
@@ -46,7 +46,8 @@ pub struct RateLimits {
     pub per_client_per_sec: u32,
     /// Clients whose budget is remembered; beyond it the least recently seen is forgotten.
     pub max_tracked_clients: u32,
-    /// Addresses newly taken from the pools, across all clients, in any window; 0: no cap.
+    /// Addresses newly taken from a subnet's pools, across all clients, in any window; 0: no
+    /// cap.
     pub new_leases_per_window: u32,
     /// The window of `new_leases_per_window`, in seconds.
     pub new_lease_window_secs: u32,

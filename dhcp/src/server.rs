@@ -106,7 +106,9 @@ pub struct Server {
     config: ServerConfig,
     limits: RateLimits,
     clients: Option<ClientLimiter>,
-    new_leases: Option<NewLeaseWindow>,
+    /// The new-lease cap's window per subnet (by index), so that a flood on one segment
+    /// (one relay) leaves every other segment its own budget.
+    new_leases: std::collections::BTreeMap<usize, NewLeaseWindow>,
 }
 
 fn pxe_request(msg: &Message) -> PxeRequest {
@@ -167,7 +169,7 @@ impl Server {
             config,
             limits: RateLimits::OFF,
             clients: None,
-            new_leases: None,
+            new_leases: std::collections::BTreeMap::new(),
         }
     }
 
@@ -176,7 +178,7 @@ impl Server {
     pub fn with_limits(mut self, limits: RateLimits) -> Self {
         self.limits = limits;
         self.clients = ClientLimiter::new(&limits);
-        self.new_leases = NewLeaseWindow::new(&limits);
+        self.new_leases.clear();
         self
     }
 
@@ -244,11 +246,11 @@ impl Server {
                     return Outcome::ignore(kind, format!("pool exhausted on subnet {link}"));
                 };
                 let new = !self.leases.is_theirs(mac, pick.ip);
-                if new && let Some(report) = self.over_new_lease_cap(now_ms) {
+                if new && let Some(report) = self.over_new_lease_cap(subnet, now_ms) {
                     return Outcome::limited(kind, LimitKind::NewLeases, report);
                 }
                 let ip = self.leases.hold(pick, mac, now);
-                if new && let Some(w) = &mut self.new_leases {
+                if new && let Some(w) = self.new_leases.get_mut(&subnet) {
                     w.record(now_ms);
                 }
                 let (reply, note, boot) =
@@ -323,8 +325,14 @@ impl Server {
     /// The new-lease cap's check, before an address that is not the client's is offered or
     /// ACKed: `Some(report)` when the request must be dropped. The caller records the lease
     /// if it is taken.
-    fn over_new_lease_cap(&mut self, now_ms: u64) -> Option<Option<u64>> {
-        match self.new_leases.as_mut()?.check(now_ms) {
+    fn over_new_lease_cap(&mut self, subnet: usize, now_ms: u64) -> Option<Option<u64>> {
+        let window = match self.new_leases.entry(subnet) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(NewLeaseWindow::new(&self.limits)?)
+            }
+        };
+        match window.check(now_ms) {
             Verdict::Allow => None,
             Verdict::Drop { report } => Some(report),
         }
@@ -356,12 +364,12 @@ impl Server {
             _ => return Outcome::ignore(kind, "REQUEST with neither option 50 nor ciaddr"),
         };
         let new = !self.leases.is_theirs(mac, ip);
-        if new && let Some(report) = self.over_new_lease_cap(now_ms) {
+        if new && let Some(report) = self.over_new_lease_cap(subnet, now_ms) {
             return Outcome::limited(kind, LimitKind::NewLeases, report);
         }
         match self.leases.ack(subnet, mac, ip, binding(msg), now) {
             Ok(lease) => {
-                if new && let Some(w) = &mut self.new_leases {
+                if new && let Some(w) = self.new_leases.get_mut(&subnet) {
                     w.record(now_ms);
                 }
                 let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
@@ -1062,6 +1070,29 @@ mod tests {
             limited(&discover(&mut s, [0x0e; 6], 10_001)),
             Some(LimitKind::NewLeases)
         );
+    }
+
+    #[test]
+    fn a_flood_on_one_segment_leaves_the_others_their_budget() {
+        let mut s = server().with_limits(RateLimits {
+            new_leases_per_window: 3,
+            new_lease_window_secs: 60,
+            ..RateLimits::OFF
+        });
+        // Made-up MACs on the local segment use up its budget ...
+        for i in 0..10u8 {
+            discover(&mut s, [0x02, 0, 0, 0, 1, i], 1_000 + u64::from(i));
+        }
+        assert_eq!(
+            limited(&discover(&mut s, [0x02, 0, 0, 0, 2, 0], 1_100)),
+            Some(LimitKind::NewLeases)
+        );
+        // ... and a machine behind a relay still gets its address.
+        let mut d = msg(MessageType::Discover, [0x02, 0, 0, 0, 3, 0], vec![]);
+        d.set_giaddr(Ipv4Addr::new(198, 19, 5, 1));
+        let out = s.handle_ms(&d, LOCAL, 1_200, &AllowAll);
+        assert!(out.limited.is_none(), "{:?}", out.limited);
+        assert_eq!(out.reply.unwrap().0.yiaddr(), Ipv4Addr::new(198, 19, 5, 10));
     }
 
     #[test]

@@ -82,6 +82,10 @@ pub struct Input<'a> {
     /// The data came with an agent's token: it speaks for the machine that owns this MAC
     /// alone, and adds no MAC to the node (an inventory can name any MAC it likes).
     pub speaker: Option<MacAddr>,
+    /// Whether the BMC address the data reports may become the node's (the appliance would
+    /// then send IPMI or Redfish to it): not when an agent reports one outside the
+    /// networks the configuration names; an operator or a rule sets it instead.
+    pub trust_bmc: bool,
 }
 
 /// One timeline entry of the node's processing.
@@ -214,7 +218,7 @@ fn run_hooks(input: Input<'_>, state: State, node: &mut Node) -> Result<Value, P
     }
     // The token's MAC is the one that PXE-booted: its boot script carried the token.
     node.pxe_mac = input.speaker.or(ifaces.pxe_mac).or(node.pxe_mac);
-    if node.bmc_address.is_none() {
+    if node.bmc_address.is_none() && input.trust_bmc {
         node.bmc_address = ifaces.bmc.clone();
     }
     Ok(processed)
@@ -434,6 +438,7 @@ mod tests {
                 enrolled: case.enrolled,
                 pre_failure: pre.as_ref(),
                 speaker: None,
+                trust_bmc: true,
             };
             let out = process(input, case.node, &case.rules).conclude(NOW);
             let name = case.name;
@@ -478,6 +483,7 @@ mod tests {
             enrolled: false,
             pre_failure: None,
             speaker: None,
+            trust_bmc: true,
         };
         process(input, node(Some(State::Waiting)), rules)
     }
@@ -506,6 +512,7 @@ mod tests {
                 enrolled: false,
                 pre_failure: None,
                 speaker,
+                trust_bmc: true,
             };
             let out = process(input, node(Some(State::Waiting)), &[]).conclude(NOW);
             assert!(out.result.is_ok(), "{:?}", out.result);

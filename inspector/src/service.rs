@@ -59,6 +59,10 @@ pub struct InspectorConfig {
     pub after_inspection: NextAction,
     /// Base URL for `links` in API answers.
     pub public_url: String,
+    /// Where a BMC an agent reports may be (`[power] bmc_networks`): a reported address
+    /// elsewhere is not made the node's, so the appliance never contacts it on an
+    /// agent's word. Without an agent token (insecure mode), every address is taken.
+    pub agent_bmc_networks: Vec<ipnet::IpNet>,
 }
 
 impl Default for InspectorConfig {
@@ -69,6 +73,7 @@ impl Default for InspectorConfig {
             max_body_bytes: 4 << 20,
             after_inspection: NextAction::Poweroff,
             public_url: String::new(),
+            agent_bmc_networks: Vec::new(),
         }
     }
 }

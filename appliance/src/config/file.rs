@@ -55,6 +55,10 @@ pub struct PowerFile {
     /// Seconds between the leader's reads of every managed node's power state
     /// ([`super::defaults::POWER_SYNC_SECS`]).
     pub sync_secs: Option<u64>,
+    /// Networks (CIDR) where a BMC that a machine reports may be: one elsewhere is not
+    /// contacted until an operator or a rule sets it (default: none).
+    #[serde(default)]
+    pub bmc_networks: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

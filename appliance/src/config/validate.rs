@@ -35,7 +35,8 @@ impl FileConfig {
         } else {
             None
         };
-        let (inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
+        let (mut inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
+        inspector.agent_bmc_networks = bmc_networks(&self.power.bmc_networks, &mut p);
         let firewall = firewall(
             &self.firewall,
             first_dhcp_interface,
@@ -281,6 +282,7 @@ fn inspector(f: &InspectorFile, public_url: &str, p: &mut Problems) -> (Inspecto
         max_body_bytes: f.max_body_bytes.unwrap_or(d.max_body_bytes),
         after_inspection,
         public_url: public_url.to_string(),
+        agent_bmc_networks: Vec::new(),
     };
     (config, Duration::from_secs(clean_up.max(1)))
 }
@@ -475,6 +477,21 @@ fn power(f: &PowerFile, p: &mut Problems) -> crate::power::PowerConfig {
         sync_every,
         ..crate::power::PowerConfig::default()
     }
+}
+
+/// `[power] bmc_networks`: CIDRs.
+fn bmc_networks(list: &[String], p: &mut Problems) -> Vec<ipnet::IpNet> {
+    list.iter()
+        .filter_map(|n| match n.parse::<ipnet::IpNet>() {
+            Ok(net) => Some(net),
+            Err(_) => {
+                p.push(format!(
+                    "power.bmc_networks: {n:?} is not a network (like \"198.18.9.0/24\")"
+                ));
+                None
+            }
+        })
+        .collect()
 }
 
 fn is_url(s: &str) -> bool {

@@ -145,6 +145,18 @@ impl Inspector {
                 Vec::new(),
             ),
         };
+        // An agent's BMC address is data until an operator or a rule confirms it, unless
+        // it lies in a network the configuration names.
+        let reported_bmc = interfaces.as_ref().ok().and_then(|i| i.bmc.clone());
+        let trust_bmc = speaker.is_none()
+            || reported_bmc.as_deref().is_none_or(|b| {
+                b.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+                    self.config
+                        .agent_bmc_networks
+                        .iter()
+                        .any(|n| n.contains(&ip))
+                })
+            });
         if let Some(own) = speaker {
             // The token's machine must be the one reporting, and it is looked up by its
             // token's MAC alone.
@@ -230,8 +242,10 @@ impl Inspector {
                     let mut node = Node::new(Uuid::new_v4(), now);
                     node.macs = macs.clone();
                     if let Ok(i) = &interfaces {
-                        node.pxe_mac = i.pxe_mac;
-                        node.bmc_address = i.bmc.clone();
+                        node.pxe_mac = speaker.or(i.pxe_mac);
+                        if trust_bmc {
+                            node.bmc_address = i.bmc.clone();
+                        }
                     }
                     // Inspector's `enroll` hook: its default driver, the BMC as ipmi_address.
                     node.driver = Some(ENROLL_DRIVER.into());
@@ -260,7 +274,20 @@ impl Inspector {
                 enrolled,
                 pre_failure: pre_failure.as_ref(),
                 speaker,
+                trust_bmc,
             };
+            if !trust_bmc && let Some(b) = &reported_bmc {
+                let why = format!(
+                    "BMC address {b} reported by the machine is outside [power] bmc_networks: \
+                     not used until an operator or a rule sets it"
+                );
+                if let Err(e) = self
+                    .event(Subject::Node(node.uuid), "bmc-not-trusted", &why, false)
+                    .await
+                {
+                    tracing::warn!(error = %e, "inspector: timeline entry not recorded");
+                }
+            }
             match self.record_processing(input, node, rev, now).await? {
                 Recorded::Finished(uuid) => return Ok(uuid),
                 Recorded::Failed(e) => return Err(InspectorError::invalid(e.to_string())),
@@ -383,6 +410,7 @@ impl Inspector {
             enrolled: false,
             pre_failure: pre.as_ref(),
             speaker: None,
+            trust_bmc: true,
         };
         let res = match self.record_processing(input, node, v.rev, now).await? {
             Recorded::Raced => Err(InspectorError::conflict(
