@@ -52,6 +52,10 @@ pub enum RecordError {
 pub struct MdbRecorder {
     pub inspector: Arc<Inspector>,
     pub mdb: Arc<MdbService>,
+    /// Where a reported address may be for the dominator to call it (the provisioning
+    /// subnets): an address elsewhere is left out of the entry until an operator sets it.
+    /// `None`: anywhere (insecure mode, where every agent is trusted).
+    pub networks: Option<Vec<ipnet::Ipv4Net>>,
     recorded: Mutex<BTreeSet<uuid::Uuid>>,
     /// Nodes whose recording failed (a store or MDB error): tried again at every change, so a
     /// finished node, which rarely changes again, still reaches the MDB.
@@ -60,9 +64,19 @@ pub struct MdbRecorder {
 
 impl MdbRecorder {
     pub fn new(inspector: Arc<Inspector>, mdb: Arc<MdbService>) -> Arc<Self> {
+        Self::within(inspector, mdb, None)
+    }
+
+    /// A recorder that takes reported addresses only inside `networks`.
+    pub fn within(
+        inspector: Arc<Inspector>,
+        mdb: Arc<MdbService>,
+        networks: Option<Vec<ipnet::Ipv4Net>>,
+    ) -> Arc<Self> {
         Arc::new(MdbRecorder {
             inspector,
             mdb,
+            networks,
             recorded: Mutex::default(),
             failed: Mutex::default(),
         })
@@ -131,7 +145,15 @@ impl MdbRecorder {
                 source,
             })?
             .and_then(|kv| serde_json::from_slice::<IntrospectionData>(&kv.value).ok());
-        let machine = enrolled_machine(node, processed.as_ref());
+        let mut machine = enrolled_machine(node, processed.as_ref());
+        if let (Some(nets), Ok(ip)) = (
+            &self.networks,
+            machine.ip_address.parse::<std::net::Ipv4Addr>(),
+        ) && !nets.iter().any(|n| n.contains(&ip))
+        {
+            tracing::warn!(node = %node.uuid, %ip, "mdb: the reported address is outside the provisioning subnets: left out");
+            machine.ip_address.clear();
+        }
         let added = self
             .mdb
             .add_if_absent(machine, Source::Inspector)

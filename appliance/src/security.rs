@@ -35,6 +35,9 @@ pub const TOKENS: &str = "security/tokens/";
 
 /// The files `paddock certs init` writes into `[security] dir`.
 pub const CA_FILE: &str = "ca.pem";
+/// The subd CA's certificate: what a client of subs (the dominator, an operator calling a
+/// sub directly) verifies them with.
+pub const SUBD_CA_FILE: &str = "subd-ca.pem";
 pub const HOST_CERT: &str = "host.pem";
 pub const HOST_KEY: &str = "host.key";
 
@@ -296,8 +299,12 @@ pub async fn init(
         },
         now,
     )?;
+    let mut appliance_names = sans.clone();
+    appliance_names.extend(t.agent_urls.iter().filter_map(|u| url_host(u)));
+    let subd_ca = ensure_subd_ca(store, &appliance_names).await?;
     crate::at_rest::private_dir(&t.dir)?;
     write_file(&t.dir.join(CA_FILE), &authority.cert_pem, 0o644)?;
+    write_file(&t.dir.join(SUBD_CA_FILE), &subd_ca.cert_pem, 0o644)?;
     write_file(&t.dir.join(HOST_KEY), &host.key_pem, 0o600)?;
     write_file(
         &t.dir.join(HOST_CERT),
@@ -494,6 +501,11 @@ impl Security {
         appliance_names.sort();
         appliance_names.dedup();
         let subd_ca = ensure_subd_ca(store.as_ref(), &appliance_names).await?;
+        // Written by `certs init`; a host initialised before there was a subd CA gets it now.
+        let subd_ca_file = t.dir.join(SUBD_CA_FILE);
+        if !subd_ca_file.exists() {
+            write_file(&subd_ca_file, &subd_ca.cert_pem, 0o644)?;
+        }
         Ok(Arc::new(Security {
             audit: Arc::new(Audit::new(store.clone())),
             dhcp: std::sync::OnceLock::new(),

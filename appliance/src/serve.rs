@@ -302,9 +302,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         provisioner.clone(),
     )));
     if cfg.images.record_enrolled {
-        observers.push(crate::images::MdbRecorder::new(
+        // With TLS, an agent's reported address is called only inside the subnets this
+        // appliance gives leases on.
+        let networks = match cfg.security {
+            crate::config::SecurityConfig::Tls(_) => Some(
+                cfg.dhcp
+                    .iter()
+                    .flat_map(|d| d.subnets.iter().map(|s| s.network))
+                    .collect(),
+            ),
+            crate::config::SecurityConfig::Insecure => None,
+        };
+        observers.push(crate::images::MdbRecorder::within(
             inspector.clone(),
             mdb.clone(),
+            networks,
         ));
     }
     inspector.observe(Arc::new(crate::images::Observers(observers)));

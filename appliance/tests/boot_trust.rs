@@ -619,11 +619,14 @@ fn a_subd_certificate_cannot_stand_in_for_the_appliance() {
             .status
             .success()
     });
-    // It is a working TLS server for whoever trusts the subd CA (the dominator) ...
-    lab.link.server.sh_ok(&format!(
-        "curl -sf -o /dev/null --cacert {} {url}",
-        clients.display()
-    ));
+    // It is a working TLS server for whoever trusts the subd CA (the dominator; `certs
+    // init` wrote it beside ca.pem) ...
+    for roots in [clients, certs.join("subd-ca.pem")] {
+        lab.link.server.sh_ok(&format!(
+            "curl -sf -o /dev/null --cacert {} {url}",
+            roots.display()
+        ));
+    }
     // ... and not the appliance for curl with the appliance's CA, nor for the CLI.
     let c = lab.link.server.sh(&format!(
         "curl -s -o /dev/null --cacert {}/ca.pem {url}",
@@ -831,6 +834,14 @@ fn the_appliance_reaches_out_only_where_its_configuration_says() {
     assert!(page.body.contains("bmc-not-trusted"), "{}", page.body);
     let inside = post(NEXT, "198.18.9.5");
     assert_eq!(inside["bmc_address"], "198.18.9.5", "{inside}");
+    // The address the inventory reports (198.18.0.150) is outside this appliance's
+    // provisioning subnets (it gives no leases here): the MDB entry the dominator would
+    // poll leaves it out.
+    let mdb = lab.call("GET", "/rpc/Mdb.GetMdb", &lab.admin);
+    assert_eq!(mdb.status, 200, "{}", mdb.body);
+    let label = outside["uuid"].as_str().unwrap();
+    assert!(mdb.body.contains(label), "{}", mdb.body);
+    assert!(!mdb.body.contains("198.18.0.150"), "{}", mdb.body);
     // The dominator will poll what a machine registers: only the address it calls from.
     // (Its token first: an idle node's script boots the disk and carries none.)
     let token = lab.token_for(VICTIM);

@@ -192,6 +192,14 @@ impl Creds {
         }
     }
 
+    /// The same identity, verifying servers with `ca` instead (subs: `subd-ca.pem`).
+    pub fn with_ca(&self, ca: PathBuf) -> Self {
+        Creds {
+            ca: Some(ca),
+            ..self.clone()
+        }
+    }
+
     /// The CA of `dir` and a bearer token.
     pub fn token_in(dir: &Path, token: &str) -> Self {
         Creds {

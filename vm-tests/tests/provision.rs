@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use paddock_vm_tests::{
-    Artifacts, Firmware, Lab, VmSpec, curl_as, sh, subd_fetched_bytes, tail, wait_for,
+    Artifacts, Creds, Firmware, Lab, VmSpec, curl_as, sh, subd_fetched_bytes, tail, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -151,12 +151,17 @@ impl Installed {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let address = sub["address"].as_str().unwrap_or("").to_string();
         let host = address.split(':').next().unwrap_or("").to_string();
-        // subd speaks mutual TLS with the certificate the birther installed: the harness
-        // calls it with the lab's admin certificate (`*.*`).
+        // subd speaks mutual TLS with the certificate the birther installed (from the subd
+        // CA, which the appliance's clients do not trust): the harness calls it with the
+        // lab's admin certificate (`*.*`), verifying it as the dominator does.
         let scheme = if self.lab.certs.is_some() {
             "https"
         } else {
             "http"
+        };
+        let as_sub = |c: &Creds| match &self.lab.certs {
+            Some(dir) => c.with_ca(dir.join("subd-ca.pem")),
+            None => c.clone(),
         };
         let subd = format!("{scheme}://{host}:6969");
         wait_for(
@@ -165,7 +170,7 @@ impl Installed {
             || {
                 let (status, body) = curl_as(
                     &self.lab.ns,
-                    &self.lab.creds,
+                    &as_sub(&self.lab.creds),
                     "POST",
                     &format!("{subd}/rpc/Subd.Poll"),
                     Some(r#"{"short_poll_only": true}"#),
@@ -179,10 +184,12 @@ impl Installed {
         if self.lab.certs.is_some() {
             // A certificate from the same CA that may only poll: subd answers its Poll and
             // refuses its Update, naming the method.
-            let poller = self
-                .lab
-                .issue("poller", "--methods Subd.Poll")
-                .unwrap_or_else(|e| panic!("{e:#}"));
+            let poller = as_sub(
+                &self
+                    .lab
+                    .issue("poller", "--methods Subd.Poll")
+                    .unwrap_or_else(|e| panic!("{e:#}")),
+            );
             let call = |method: &str, body: &str| {
                 curl_as(
                     &self.lab.ns,
