@@ -176,15 +176,19 @@ async fn boot_script(
     let subject = node
         .as_ref()
         .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
-    if let Err(e) = s
-        .inspector
-        .event(
-            subject,
-            "boot-script",
-            &format!("iPXE script served for {mac}: {what}"),
-            false,
-        )
-        .await
+    // A timeline row for a known node, or a MAC this host gave a lease to: made-up MACs
+    // (anyone may ask for any script) add nothing to the store.
+    let worth_a_row = node.is_some() || s.security.lease_of(&mac.to_string()).is_some();
+    if worth_a_row
+        && let Err(e) = s
+            .inspector
+            .event(
+                subject,
+                "boot-script",
+                &format!("iPXE script served for {mac}: {what}"),
+                false,
+            )
+            .await
     {
         tracing::warn!(%mac, error = %e, "boot: timeline entry not recorded");
     }

@@ -801,6 +801,22 @@ fn a_boot_script_carries_a_token_only_to_the_machines_lease() {
         )
     };
     assert_eq!(call(&link.client).status, 200);
+    // A made-up MAC's script (no lease here) leaves no timeline row: a node made for it
+    // later shows none, while the leased machine's node shows its script.
+    lab.link.server.sh_ok(&format!(
+        "curl -sf -o /dev/null {PUBLIC_URL}/boot/52-54-00-77-00-0a.ipxe"
+    ));
+    let rows = |mac: &str, name: &str| {
+        lab.create_node(name, mac);
+        lab.node(name)["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "boot-script")
+            .count()
+    };
+    assert_eq!(rows("52:54:00:77:00:0a", "made-up"), 0);
+    assert!(rows(&mac, "leased") >= 1);
     // The lease's address is not the caller's: refused, whoever claimed first.
     let r = call(&link.server);
     assert_eq!(r.status, 401, "{}", r.body);

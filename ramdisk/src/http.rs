@@ -590,6 +590,36 @@ mod tests {
         assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
         assert!(asked.recv().unwrap().is_err());
 
+        // A machine's subd certificate (from the subd CA, for this very address) is no
+        // appliance's: the agent, trusting the appliance's CA alone, refuses it.
+        let now = time::OffsetDateTime::now_utc();
+        let subd_ca = paddock_security::ca::new_subd_ca("paddock-subd-ca", now, 1, &[]).unwrap();
+        let subd = paddock_security::ca::issue(
+            &subd_ca,
+            &paddock_security::ca::Request {
+                name: "web-1".into(),
+                methods: vec!["Subd.Poll".into()],
+                sans: vec!["127.0.0.1".into()],
+                days: 1,
+                ..Default::default()
+            },
+            now,
+        )
+        .unwrap();
+        let (url, asked) = serve_tls(&ca, &subd);
+        let tls = crate::trust::tls_config("test", &ca.cert_pem).unwrap();
+        let e = Client::with_tls(
+            vec![url],
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            Some(tls),
+        )
+        .unwrap()
+        .send("POST", "/v1/continue", Some(b"{}"))
+        .unwrap_err();
+        assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+        assert!(asked.recv().unwrap().is_err(), "the inventory went out");
+
         // Without the CA, https:// is refused before connecting.
         let e = client(vec![Url::parse("https://127.0.0.1:1").unwrap()])
             .send("GET", "/x", None)
