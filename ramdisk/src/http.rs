@@ -575,19 +575,22 @@ mod tests {
         );
 
         // A server whose certificate another CA issued is refused at the handshake.
+        let refused = |url: Url, trusted_pem: &str| {
+            let tls = crate::trust::tls_config("test", trusted_pem).unwrap();
+            let e = Client::with_tls(
+                vec![url],
+                Duration::from_secs(2),
+                Duration::from_secs(5),
+                Some(tls),
+            )
+            .unwrap()
+            .send("POST", "/v1/continue", Some(b"{}"))
+            .unwrap_err();
+            assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+        };
         let (other, _) = crate::trust::tests::authority(&[]);
         let (url, asked) = serve_tls(&ca, &server);
-        let tls = crate::trust::tls_config("test", &other.cert_pem).unwrap();
-        let e = Client::with_tls(
-            vec![url],
-            Duration::from_secs(2),
-            Duration::from_secs(5),
-            Some(tls),
-        )
-        .unwrap()
-        .send("GET", "/x", None)
-        .unwrap_err();
-        assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+        refused(url, &other.cert_pem);
         assert!(asked.recv().unwrap().is_err());
 
         // A machine's subd certificate (from the subd CA, for this very address) is no
@@ -607,17 +610,7 @@ mod tests {
         )
         .unwrap();
         let (url, asked) = serve_tls(&ca, &subd);
-        let tls = crate::trust::tls_config("test", &ca.cert_pem).unwrap();
-        let e = Client::with_tls(
-            vec![url],
-            Duration::from_secs(2),
-            Duration::from_secs(5),
-            Some(tls),
-        )
-        .unwrap()
-        .send("POST", "/v1/continue", Some(b"{}"))
-        .unwrap_err();
-        assert!(matches!(e, HttpError::Exchange { .. }), "{e:?}");
+        refused(url, &ca.cert_pem);
         assert!(asked.recv().unwrap().is_err(), "the inventory went out");
 
         // Without the CA, https:// is refused before connecting.
