@@ -5,7 +5,8 @@
 //!
 //! Input: `<method byte> <path> NUL <body>`. Checks: no panic; a path's route decision is the
 //! same for any method it is asked with twice; an inventory processed for a speaker adds no
-//! MAC to the node and leaves its PXE MAC the speaker's; a subd certificate's names never
+//! MAC to the node, leaves its PXE MAC the speaker's and takes no BMC address it was not
+//! told to trust; a subd certificate's names never
 //! read as an address or name the appliance; a claim decision never panics on extreme times.
 #![no_main]
 
@@ -106,9 +107,11 @@ fuzz_target!(|data: &[u8]| {
             enrolled: false,
             pre_failure: None,
             speaker: Some(speaker),
+            trust_bmc: false,
         };
         let out = process(input, node, &[]).conclude(1);
         assert_eq!(out.node.macs, vec![speaker], "agent data added a MAC");
+        assert_eq!(out.node.bmc_address, None, "an untrusted BMC address was taken");
         if out.result.is_ok() {
             assert_eq!(out.node.pxe_mac, Some(speaker));
         }
