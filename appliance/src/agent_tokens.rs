@@ -1,9 +1,9 @@
 //! Agent tokens on an untrusted boot network. A boot script's token is signed (stateless to
 //! mint, so a boot storm writes nothing until machines call), and then:
 //!
-//! - **bound to the lease**: the script carries a token only when it is fetched from the
-//!   address the MAC's DHCP lease holds (when this host serves DHCP), and a call is refused
-//!   when the lease has moved to another address;
+//! - **bound to the lease**: when the MAC holds a DHCP lease on this host, the script
+//!   carries a token only when fetched from the lease's address, and a call is refused when
+//!   the lease is on another address than the caller's;
 //! - **claimed once**: the first call with a token records its source address under
 //!   `security/agent-claims/<mac>-<nonce>`; a call from any other address is refused, and
 //!   the machine's timeline says so;

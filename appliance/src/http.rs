@@ -143,8 +143,8 @@ async fn boot_script(
     let http_urls: Vec<&str> = std::iter::once(s.config.public_url.as_str())
         .chain(s.config.discovery.agent_urls.iter().map(String::as_str))
         .collect();
-    // A token goes only to the address the machine's lease holds (when this host gives
-    // leases): a script fetched by anyone else still boots, but speaks for no one.
+    // A machine with a lease here gets its token only at the lease's address: a script
+    // fetched by anyone else still boots, but speaks for no one.
     let from = peer.map(|axum::Extension(p)| p.addr.ip());
     let cmdline = if s.security.may_mint_for(&mac.to_string(), from) {
         s.security.agent_cmdline(&mac.to_string(), &http_urls).await

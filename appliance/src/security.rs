@@ -539,14 +539,15 @@ impl Security {
         dhcp.bound_address(mac).map(std::net::IpAddr::V4)
     }
 
-    /// Whether a boot script fetched from `from` for `mac` may carry a token: always when
-    /// this host serves no DHCP (the claim binds the token to the first caller); otherwise
-    /// only when `from` is the address of the MAC's lease.
+    /// Whether a boot script fetched from `from` for `mac` may carry a token: not when the
+    /// MAC holds a lease here on another address (someone else asks for that machine's
+    /// script). A MAC without a lease here (DHCP from a peer host or elsewhere, or none
+    /// yet) gets one: anyone could take a lease for it by sending DHCP with it, and the
+    /// token is bound anyway to its first caller and, once the MAC has a lease, to that.
     pub fn may_mint_for(&self, mac: &str, from: Option<std::net::IpAddr>) -> bool {
-        match (self.dhcp.get(), from) {
-            (None, _) => true,
-            (Some(_), Some(ip)) => self.lease_of(mac) == Some(ip),
-            (Some(_), None) => false,
+        match self.lease_of(mac) {
+            Some(lease) => from == Some(lease),
+            None => true,
         }
     }
 
