@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The web console at fleet scale (issue 20): the machines page with MACHINES machines in the
+# The web console at fleet scale: the machines page with MACHINES machines in the
 # store. No peer (MAAS is not packaged); the goal is absolute.
 #   1. The real `paddock serve` (release build; DHCP, TFTP and the PXE filter off) runs in a
 #      network namespace this script creates (lo only), listening on 127.0.0.1:8080.

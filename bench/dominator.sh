@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The dominator at fleet scale (issue 15): the real Herd with HttpSubRpc keeps 10,000
+# The dominator at fleet scale: the real Herd with HttpSubRpc keeps 10,000
 # simulated subs on the Debian minbase image, over HTTP on loopback. No peer: Dominator
 # itself is not packaged, so there is nothing to run beside it; the goals are absolute.
 #   1. The minbase tree (target/images/minbase, from scripts/test-images.sh) is scanned once

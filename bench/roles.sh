@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The role engine at fleet scale (issue 17): `plan(spec, census)` for spec/appliance.toml
+# The role engine at fleet scale: `plan(spec, census)` for spec/appliance.toml
 # (etcd, boot fronts and mirrors on their hosts, monitors, workers on every other machine)
 # over HOSTS hosts, 10 of them appliance hosts. No peer: BlacKnight (Python 2, ZooKeeper)
 # is not runnable here, and its diff is the per-path DFS the engine replaces; the goal is

@@ -5,7 +5,7 @@
 #   minbase.tar     a tarball of it (numeric owners)
 #   minbase2/ minbase2.tar   the second image
 #   changed-bytes   bytes of regular files that differ or are new in minbase2 (truly changed)
-# and the bootable images of issue 16 (bootable/, bootable2/, bootable.filter…: see below).
+# and the bootable images (bootable/, bootable2/, bootable.filter…: see below).
 # Cached: a second run does nothing; the debootstrap root is cached in $PADDOCK_CACHE
 # (default /var/cache/paddock) so fresh clones reuse it. Needs root (debootstrap, chroot).
 set -euo pipefail
@@ -48,7 +48,7 @@ fi
 echo "test-images: $(du -sh "$OUT/minbase" | cut -f1) minbase, $(du -sh "$OUT/minbase2" | cut -f1) minbase2, changed bytes $(cat "$OUT/changed-bytes")" >&2
 
 # ---------------------------------------------------------------------------------------------
-# The bootable images (issue 16): what the birther installs on a machine's disk and the VM
+# The bootable images: what the birther installs on a machine's disk and the VM
 # scenarios boot. Output, beside the minbase images:
 #   bootable/  bootable.tar      the image A (root-owned tree; its tarball, numeric owners)
 #   bootable2/ bootable2.tar     the image B: A with about 10 % of its regular files new or changed

@@ -1,4 +1,4 @@
-//! Which `Service.Method` every HTTP route is, and who may call it (issue 18). Pure: a
+//! Which `Service.Method` every HTTP route is, and who may call it. Pure: a
 //! request's method and path in, a decision out; `security.rs` is the shell that applies it.
 //!
 //! Dominator's RPC routes (`/rpc/Service.Method`) are their own names. The Inspector API,

@@ -1,4 +1,4 @@
-//! The census of role instances (issue 17): who is alive, as registrations bound to store
+//! The census of role instances: who is alive, as registrations bound to store
 //! leases. An instance (or the agent of a host) registers once and keeps its lease alive;
 //! when it dies, its lease expires and its keys go with it, so a dead host drops out of the
 //! census by itself within the TTL.

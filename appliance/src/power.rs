@@ -1,4 +1,4 @@
-//! Power control in the appliance (issue 19): a node's BMC from its Ironic `driver_info`
+//! Power control in the appliance: a node's BMC from its Ironic `driver_info`
 //! (stored in the node record by the inspector, `Node::bmc` + `Node::driver_info`), the
 //! drivers of `paddock-power` on blocking threads, the leader's power-on throttle, the
 //! power API (`/api/v1/nodes/{node}/power`), Inspector's `manage_boot` and the periodic

@@ -1,4 +1,4 @@
-//! Provisioning in the appliance (issue 16): each node's provisioning record, the operator's
+//! Provisioning in the appliance: each node's provisioning record, the operator's
 //! requests, the ramdisk agent's protocol, the dominator's "synced", and the inspection rule
 //! `set-image`. Every transition is decided by the birther's pure state machine
 //! ([`Provisioning::apply`]); this module reads and writes the store around it.

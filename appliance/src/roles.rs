@@ -1,4 +1,4 @@
-//! Keep the appliance alive (issue 17): the shell around `paddock_roles`. The spec lives in
+//! Keep the appliance alive: the shell around `paddock_roles`. The spec lives in
 //! the store (`roles/spec`, put by `paddock spec apply` after validation: a bad spec changes
 //! nothing); the leader re-plans on every census or spec change (debounced) and on a timer,
 //! runs the plan's actions in order through the hook executor (no shell, fixed environment,

@@ -1,5 +1,5 @@
 //! `paddock spec check|plan|apply|show|rounds` and `paddock census [hold]`: the role
-//! engine's command line (issue 17).
+//! engine's command line.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The roles page of the console (`/ui/roles`, issue 17): the applied spec, the census, a
+//! The roles page of the console (`/ui/roles`): the applied spec, the census, a
 //! preview of the plan for the live census (nothing is run) and the last rounds with what
 //! each action did. Served by the roles router; maud escapes every value.
 

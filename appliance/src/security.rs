@@ -1,4 +1,4 @@
-//! The appliance's security shell (issue 18): the CA and agent key in the store, this
+//! The appliance's security shell: the CA and agent key in the store, this
 //! host's certificate on disk, operator tokens, the middleware that applies
 //! [`crate::access`] to every request, agent tokens on the boot path, and the audit log.
 //!

@@ -689,7 +689,7 @@ fn console_and_cli_show_nodes_and_timelines() {
     );
 }
 
-/// Seed 003's batch load: 200 machines post their inventories at once; every one is enrolled
+/// A batch load: 200 machines post their inventories at once; every one is enrolled
 /// exactly once and no request fails. The throughput is printed (a figure, not a pass mark).
 #[test]
 fn two_hundred_machines_enrol_at_once() {

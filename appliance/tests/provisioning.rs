@@ -1,4 +1,4 @@
-//! Provisioning in a running appliance (issue 16), through the real CLI and curl: a node
+//! Provisioning in a running appliance, through the real CLI and curl: a node
 //! walks provision → the agent's `next` (birth) → step reports → register (the MDB holds the
 //! machine) → clean → unknown, with its boot script checked at each state; requests the
 //! state refuses change nothing; an inspection rule's `set-image` puts a node in birth as

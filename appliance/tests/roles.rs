@@ -1,4 +1,4 @@
-//! The role loop end to end (issue 17): the real appliance leads alone, with BlacKnight's
+//! The role loop end to end: the real appliance leads alone, with BlacKnight's
 //! simulation spec; every host is a network namespace whose agent (`paddock census hold
 //! --host`) keeps the host's registration alive; the example hooks (`hooks/lib/sim.sh`)
 //! start each instance as a `paddock census hold` process — inside the host's namespace for

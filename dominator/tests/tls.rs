@@ -1,4 +1,4 @@
-//! The dominator's subd client over mutual TLS (issue 18), against a real subd serving
+//! The dominator's subd client over mutual TLS, against a real subd serving
 //! `paddock_subd::rpc` over TLS on a temporary root, with certificates from a CA made here:
 //! a dominator certificate (`Subd.*`) polls and updates over one kept-alive connection; one
 //! with only `Subd.Poll` has its Update refused with a 403 naming the method and the user,

@@ -1,4 +1,4 @@
-//! Power control (issue 19): one [`PowerDriver`] trait, a Redfish driver ([`redfish`]) and an
+//! Power control: one [`PowerDriver`] trait, a Redfish driver ([`redfish`]) and an
 //! IPMI driver ([`ipmi`], through `ipmitool -I lanplus`), and the appliance-wide power-on
 //! [`throttle`].
 //!

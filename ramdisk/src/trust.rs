@@ -1,4 +1,4 @@
-//! The appliance's CA, pinned by the kernel command line (issue 18). Boot assets stay on
+//! The appliance's CA, pinned by the kernel command line. Boot assets stay on
 //! plain HTTP (firmware cannot do better), so the agent fetches the CA's PEM in the clear
 //! (`paddock.ca_url`) and trusts it only if its first certificate's SHA-256 is the one the
 //! boot script wrote (`paddock.ca_fingerprint`); that CA is then the only root its TLS

@@ -1,4 +1,4 @@
-//! Roles (issue 17): the role spec (`spec`: TOML, parsed and validated whole, every error
+//! Roles: the role spec (`spec`: TOML, parsed and validated whole, every error
 //! naming file, line and field) and the pure planning engine (`engine`: `plan(spec,
 //! census) → Plan`) that keeps the appliance at minimum-viable or optimal capacity, after
 //! BlacKnight's documented intent. No I/O, no clock, no async: the appliance's leader loop

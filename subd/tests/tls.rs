@@ -1,4 +1,4 @@
-//! The `paddock-subd` binary over mutual TLS (issue 18): certificates from a CA made here
+//! The `paddock-subd` binary over mutual TLS: certificates from a CA made here
 //! (`paddock_security::ca`), real TLS clients (ureq with `paddock_security::tls::ureq_tls`).
 //!
 //! - a dominator's certificate (`Subd.*`) polls, fetches from an `https://` object server

@@ -1,4 +1,4 @@
-//! Power control end to end (issue 19): a libvirt TCG domain on the lab's bridge with
+//! Power control end to end: a libvirt TCG domain on the lab's bridge with
 //! sushy-tools (Redfish) and virtualbmc (IPMI) in front of it; the appliance powers it on
 //! with a one-time PXE boot for an introspection started with `manage_boot`, the domain
 //! PXE-boots the ramdisk through iPXE, is inspected and powered off, with no harness action

@@ -1,4 +1,4 @@
-//! VM scenarios of provisioning (issue 16), one per firmware kind, each a machine's life: a
+//! VM scenarios of provisioning, one per firmware kind, each a machine's life: a
 //! blank VM PXE-boots, is inspected and, through an inspection rule's `set-image`, installed
 //! in the same boot by the ramdisk's birth mode; it reboots into the installed Debian, whose
 //! own subd answers and is synced to A; it is re-imaged to B keeping its root as an object
@@ -234,8 +234,9 @@ impl Installed {
             started.elapsed().as_secs_f64(),
             synced["summary"]
         );
-        // The installed system keeps running until pulled: Paddock has no power control yet
-        // (issue 19), so the harness resets the machine for what comes next.
+        // The installed system keeps running until pulled: this VM has no BMC for the
+        // appliance to power it off with, so the harness resets the machine for what comes
+        // next.
         self.lab.vms[self.vm].power_off();
     }
 

@@ -154,7 +154,7 @@ pub struct InspectorFile {
     pub after_inspection: Option<String>,
 }
 
-/// `[security]`: TLS, certificates and tokens (issue 18).
+/// `[security]`: TLS, certificates and tokens.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecurityFile {

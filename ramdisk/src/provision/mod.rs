@@ -1,4 +1,4 @@
-//! Birth, rebirth and clean: the ramdisk's side of provisioning (issue 16). The decisions
+//! Birth, rebirth and clean: the ramdisk's side of provisioning. The decisions
 //! live in `paddock_birther` (disk choice, layout, probe parsers, the state machine) and in
 //! this module's pure helpers (the protocol's bodies, subd's argument vector, the files the
 //! identity step writes, the clean commands); [`shell`] runs them on the machine.
