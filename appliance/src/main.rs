@@ -605,6 +605,11 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Spec { api, cmd } => {
+            use paddock::roles_cli::{self as r, SpecCmd};
+            // `spec check` reads files only: no appliance, no credentials.
+            if let SpecCmd::Check { files } = &cmd {
+                return report(r::spec_check(files));
+            }
             let api = match api.connect() {
                 Ok(u) => u.to_string(),
                 Err(e) => {
@@ -612,9 +617,8 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            use paddock::roles_cli::{self as r, SpecCmd};
             report(match cmd {
-                SpecCmd::Check { files } => r::spec_check(&files),
+                SpecCmd::Check { .. } => unreachable!("checked offline above"),
                 SpecCmd::Plan { file } => r::spec_plan(&api, file.as_deref()),
                 SpecCmd::Apply { file } => r::spec_apply(&api, &file),
                 SpecCmd::Show => r::spec_show(&api),

@@ -324,3 +324,23 @@ fn the_leader_keeps_the_sim_at_minimum_viable_and_grows_it() {
     let log = lab.appliance.log_text();
     assert!(log.contains("fail-stop"), "the log says so:\n{log}");
 }
+
+/// `paddock spec check` reads files only: it works with no appliance to reach and no
+/// credentials (here: an HTTPS API whose CA file does not exist).
+#[test]
+fn spec_check_needs_no_appliance() {
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/appliance.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paddock"))
+        .args(["spec", "check"])
+        .arg(&spec)
+        .env("PADDOCK_API", "https://198.18.0.254:1")
+        .env("PADDOCK_CA", "/nonexistent/ca.pem")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
