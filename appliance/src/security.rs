@@ -103,8 +103,14 @@ fn now_ms() -> i64 {
 impl TlsState {
     /// Whom clients may be: holders of certificates from the CA or the subd CA.
     pub fn client_roots(&self) -> String {
-        format!("{}{}", self.material.ca_pem, self.subd_ca.cert_pem)
+        pem_bundle(&self.material.ca_pem, &self.subd_ca.cert_pem)
     }
+}
+
+/// Two PEM texts as one, on lines of their own (a `ca.pem` edited without its last newline
+/// would otherwise run into the next certificate's header).
+fn pem_bundle(a: &str, b: &str) -> String {
+    format!("{}\n{}", a.trim_end(), b)
 }
 
 /// A subd certificate's name and SANs, by the rules in [`Security::subd_trust`]: the first
@@ -1177,6 +1183,20 @@ mod tests {
         );
         assert_eq!(url_host("http://[::1]:80").as_deref(), Some("::1"));
         assert_eq!(url_host("nope"), None);
+    }
+
+    #[test]
+    fn a_pem_bundle_keeps_both_certificates() {
+        let now = time::OffsetDateTime::now_utc();
+        let a = ca::new_ca("a", now, 1).unwrap().cert_pem;
+        let b = ca::new_ca("b", now, 1).unwrap().cert_pem;
+        let both = pem_bundle(a.trim_end(), &b);
+        assert_eq!(
+            paddock_security::identity::pem_certificates(&both)
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]
