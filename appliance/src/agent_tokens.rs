@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use paddock_inventory::MacAddr;
 use paddock_security::token::{self, AgentClaim, AgentKey};
 use paddock_store::{Store, Txn};
 use serde::{Deserialize, Serialize};
@@ -62,6 +63,15 @@ pub struct Use<'a> {
     pub now_ms: i64,
     /// The life of an unclaimed token, and the longest pause between a claimed one's uses.
     pub ttl_ms: i64,
+}
+
+/// Whether a boot script fetched from `from` may carry a token for a MAC whose lease here
+/// is `lease`: not when the lease is on another address (someone else asks for that
+/// machine's script). A MAC without a lease here (DHCP from a peer host or elsewhere, or
+/// none yet) gets one: anyone could take a lease for it by sending DHCP with it, and the
+/// token is bound anyway to its first caller and, once the MAC has a lease, to that.
+pub fn may_mint(lease: Option<IpAddr>, from: Option<IpAddr>) -> bool {
+    lease.is_none_or(|l| from == Some(l))
 }
 
 /// Decides one call. `token` has a valid signature.
@@ -173,19 +183,23 @@ impl AgentTokens {
         ))
     }
 
-    /// Checks one call with `tok` from `caller`; `lease` is the address the MAC's lease
-    /// holds, when this host knows. The token's claim, or why it is refused.
+    /// Checks one call with `tok` from `caller`; `lease` gives the address a MAC's lease
+    /// holds, when this host knows one. The MAC the token speaks for, or why it is refused.
     pub async fn check(
         &self,
         tok: &str,
         caller: IpAddr,
-        lease: impl FnOnce(&str) -> Option<IpAddr>,
-    ) -> Result<AgentClaim, String> {
+        lease: impl FnOnce(MacAddr) -> Option<IpAddr>,
+    ) -> Result<MacAddr, String> {
         let key = self
             .key()
             .await
             .map_err(|e| format!("agent token: the key is unavailable ({e})"))?;
         let t = token::verify_agent(&key, tok).map_err(|e| format!("agent token: {e}"))?;
+        let mac: MacAddr = t
+            .mac
+            .parse()
+            .map_err(|_| "agent token: malformed MAC".to_string())?;
         let store_err = |e: paddock_store::StoreError| format!("agent token: store: {e}");
         let claim = match self.store.get(&claim_key(&t)).await.map_err(store_err)? {
             Some(kv) => Some(
@@ -210,7 +224,7 @@ impl AgentTokens {
             Use {
                 claim: claim.as_ref(),
                 caller,
-                lease: lease(&t.mac),
+                lease: lease(mac),
                 revoked_ms,
                 now_ms: paddock_wire::unix_ms(),
                 ttl_ms: self.ttl_ms(),
@@ -218,13 +232,13 @@ impl AgentTokens {
         );
         let write = |c: &Claim| serde_json::to_vec(c).unwrap_or_default();
         match verdict {
-            Verdict::Valid => Ok(t),
+            Verdict::Valid => Ok(mac),
             Verdict::Renew(c) => {
                 self.store
                     .put(&claim_key(&t), write(&c))
                     .await
                     .map_err(store_err)?;
-                Ok(t)
+                Ok(mac)
             }
             Verdict::Claim(c) => {
                 // Two first calls at once: the store decides which came first.
@@ -234,14 +248,14 @@ impl AgentTokens {
                     .await
                     .map_err(store_err)?
                 {
-                    Ok(t)
+                    Ok(mac)
                 } else {
                     Err("agent token: claimed by another call at the same moment".into())
                 }
             }
             Verdict::Refused { why, conflict } => {
                 if conflict {
-                    self.conflict(&t, &why).await;
+                    self.conflict(mac, &why).await;
                 }
                 Err(why)
             }
@@ -249,8 +263,7 @@ impl AgentTokens {
     }
 
     /// Files a refused second claimant on the machine's timeline.
-    async fn conflict(&self, t: &AgentClaim, why: &str) {
-        let Ok(mac) = t.mac.parse() else { return };
+    async fn conflict(&self, mac: MacAddr, why: &str) {
         let op = paddock_inspector::service::timeline_op(
             paddock_inspector::service::Subject::Mac(mac),
             "agent-token-conflict",
@@ -264,7 +277,7 @@ impl AgentTokens {
         if let Err(e) = self.store.txn(txn).await {
             tracing::warn!(error = %e, "agent token: the conflict was not filed");
         }
-        tracing::warn!(mac = %t.mac, %why, "agent token: a second claimant refused");
+        tracing::warn!(%mac, %why, "agent token: a second claimant refused");
     }
 
     /// Voids every token minted so far for `macs`.
@@ -312,6 +325,16 @@ mod tests {
             expires_ms,
             nonce: "0102030405060708".into(),
         }
+    }
+
+    #[test]
+    fn a_leased_machines_script_carries_a_token_only_to_its_lease() {
+        let a: IpAddr = "198.18.0.101".parse().unwrap();
+        let b: IpAddr = "198.18.0.102".parse().unwrap();
+        assert!(may_mint(Some(a), Some(a)));
+        assert!(!may_mint(Some(a), Some(b)));
+        assert!(!may_mint(Some(a), None));
+        assert!(may_mint(None, Some(b)));
     }
 
     #[test]

@@ -127,9 +127,9 @@ impl RefusalKey {
 /// Refusals counted since the last write. Pure: entries in, what to write out.
 #[derive(Debug, Default)]
 pub struct Refusals {
-    counts: HashMap<RefusalKey, AuditEntry>,
-    /// Keys whose count changed since the last [`Refusals::take`].
-    dirty: Vec<RefusalKey>,
+    /// Each minute's entry, and whether its count changed since the last
+    /// [`Refusals::take`].
+    counts: HashMap<RefusalKey, (AuditEntry, bool)>,
 }
 
 impl Refusals {
@@ -147,37 +147,32 @@ impl Refusals {
             who: e.who.clone(),
             method: e.method.clone(),
         };
-        match self.counts.get_mut(&key) {
-            Some(agg) => {
-                agg.count += 1;
-                agg.status = e.status;
-                agg.target = e.target;
-            }
-            None => {
-                self.counts.insert(
-                    key.clone(),
-                    AuditEntry {
-                        at_ms: minute_ms,
-                        peer: source,
-                        count: 1,
-                        ..e
-                    },
-                );
-            }
-        }
-        if !self.dirty.contains(&key) {
-            self.dirty.push(key);
-        }
+        let (agg, dirty) = self.counts.entry(key).or_insert_with(|| {
+            (
+                AuditEntry {
+                    at_ms: minute_ms,
+                    peer: source,
+                    count: 0,
+                    ..e.clone()
+                },
+                false,
+            )
+        });
+        agg.count += 1;
+        agg.status = e.status;
+        agg.target = e.target;
+        *dirty = true;
     }
 
     /// The entries to write now (key and entry) for `host`; minutes before `now_ms`'s
     /// previous one are forgotten once written.
     pub fn take(&mut self, now_ms: i64, host: &str) -> Vec<(String, AuditEntry)> {
-        let out = self
-            .dirty
-            .drain(..)
-            .filter_map(|k| self.counts.get(&k).map(|e| (k.store_key(host), e.clone())))
-            .collect();
+        let mut out = Vec::new();
+        for (k, (e, dirty)) in &mut self.counts {
+            if std::mem::take(dirty) {
+                out.push((k.store_key(host), e.clone()));
+            }
+        }
         let current = now_ms - now_ms.rem_euclid(60_000);
         self.counts.retain(|k, _| k.minute_ms >= current - 60_000);
         out

@@ -146,7 +146,8 @@ async fn boot_script(
     // A machine with a lease here gets its token only at the lease's address: a script
     // fetched by anyone else still boots, but speaks for no one.
     let from = peer.map(|axum::Extension(p)| p.addr.ip());
-    let cmdline = if s.security.may_mint_for(&mac.to_string(), from) {
+    let lease = s.security.lease_of(mac);
+    let cmdline = if crate::agent_tokens::may_mint(lease, from) {
         s.security.agent_cmdline(&mac.to_string(), &http_urls).await
     } else {
         tracing::warn!(%mac, ?from, "boot: script fetched from outside the MAC's lease: no agent token");
@@ -178,7 +179,7 @@ async fn boot_script(
         .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
     // A timeline row for a known node, or a MAC this host gave a lease to: made-up MACs
     // (anyone may ask for any script) add nothing to the store.
-    let worth_a_row = node.is_some() || s.security.lease_of(&mac.to_string()).is_some();
+    let worth_a_row = node.is_some() || lease.is_some();
     if worth_a_row
         && let Err(e) = s
             .inspector

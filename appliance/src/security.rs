@@ -167,46 +167,52 @@ async fn read_ca_at(store: &dyn Store, key: &str) -> anyhow::Result<Option<ca::C
 /// The shared CA: the store's, or a new one if there is none yet (created with a compare
 /// on absence, so two hosts initialising at once share the winner's).
 pub async fn ensure_ca(store: &dyn Store) -> anyhow::Result<(ca::Ca, bool)> {
-    if let Some(c) = read_ca(store).await? {
-        return Ok((c, false));
-    }
-    let new = ca::new_ca("paddock-ca", time::OffsetDateTime::now_utc(), 3650)?;
-    let body = serde_json::to_vec(&StoredCa {
-        cert_pem: new.cert_pem.clone(),
-        key_pem: new.key_pem.clone(),
-    })?;
-    if store.create(CA_KEY, body).await? {
-        Ok((new, true))
-    } else {
-        Ok((read_ca(store).await?.context("the CA vanished")?, false))
-    }
+    ensure_ca_at(store, CA_KEY, || {
+        ca::new_ca("paddock-ca", time::OffsetDateTime::now_utc(), 3650)
+    })
+    .await
 }
 
-/// The shared subd CA: the store's, or a new one (created with a compare on absence) whose
-/// name constraints exclude `appliance_names`.
+/// The shared subd CA, the same way; a new one's name constraints exclude
+/// `appliance_names`.
 pub async fn ensure_subd_ca(
     store: &dyn Store,
     appliance_names: &[String],
 ) -> anyhow::Result<ca::Ca> {
-    if let Some(c) = read_ca_at(store, SUBD_CA_KEY).await? {
-        return Ok(c);
+    let (c, _) = ensure_ca_at(store, SUBD_CA_KEY, || {
+        ca::new_subd_ca(
+            "paddock-subd-ca",
+            time::OffsetDateTime::now_utc(),
+            3650,
+            appliance_names,
+        )
+    })
+    .await?;
+    Ok(c)
+}
+
+/// The CA stored at `key`, or the one `make` makes, stored with a compare on absence (a
+/// host that loses the race takes the winner's); whether this call created it.
+async fn ensure_ca_at(
+    store: &dyn Store,
+    key: &str,
+    make: impl FnOnce() -> Result<ca::Ca, ca::CaError>,
+) -> anyhow::Result<(ca::Ca, bool)> {
+    if let Some(c) = read_ca_at(store, key).await? {
+        return Ok((c, false));
     }
-    let new = ca::new_subd_ca(
-        "paddock-subd-ca",
-        time::OffsetDateTime::now_utc(),
-        3650,
-        appliance_names,
-    )?;
+    let new = make()?;
     let body = serde_json::to_vec(&StoredCa {
         cert_pem: new.cert_pem.clone(),
         key_pem: new.key_pem.clone(),
     })?;
-    if store.create(SUBD_CA_KEY, body).await? {
-        Ok(new)
+    if store.create(key, body).await? {
+        Ok((new, true))
     } else {
-        read_ca_at(store, SUBD_CA_KEY)
+        let c = read_ca_at(store, key)
             .await?
-            .context("the subd CA vanished")
+            .with_context(|| format!("{key} vanished"))?;
+        Ok((c, false))
     }
 }
 
@@ -305,9 +311,7 @@ pub async fn init(
         },
         now,
     )?;
-    let mut appliance_names = sans.clone();
-    appliance_names.extend(t.agent_urls.iter().filter_map(|u| url_host(u)));
-    let subd_ca = ensure_subd_ca(store, &appliance_names).await?;
+    let subd_ca = ensure_subd_ca(store, &appliance_names(sans.clone(), cfg, t)).await?;
     crate::at_rest::private_dir(&t.dir)?;
     write_file(&t.dir.join(CA_FILE), &authority.cert_pem, 0o644)?;
     write_file(&t.dir.join(SUBD_CA_FILE), &subd_ca.cert_pem, 0o644)?;
@@ -354,6 +358,22 @@ pub async fn init(
         sans,
         admin,
     })
+}
+
+/// The names and addresses this appliance answers for: its certificate's SANs, and the
+/// hosts of its and its peers' URLs (sorted, once each).
+fn appliance_names(host_sans: Vec<String>, cfg: &Config, t: &TlsConfig) -> Vec<String> {
+    let mut names = host_sans;
+    for u in std::iter::once(&t.public_url)
+        .chain(&t.agent_urls)
+        .chain(std::iter::once(&cfg.public_url))
+        .chain(&cfg.discovery.agent_urls)
+    {
+        names.extend(url_host(u));
+    }
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn url_host(u: &str) -> Option<String> {
@@ -488,25 +508,18 @@ impl Security {
             );
         }
         let agent_key = ensure_agent_key(store.as_ref()).await?;
-        let (store_for_tokens, ttl) = (store.clone(), t.agent_token_ttl);
         let ca_fingerprint = material.ca_fingerprint().map_err(anyhow::Error::msg)?;
-        let mut appliance_names = Vec::new();
-        if let Some(der) = paddock_security::identity::pem_certificates(&material.cert_pem)
+        let host_sans = match paddock_security::identity::pem_certificates(&material.cert_pem)
             .map_err(anyhow::Error::msg)?
             .first()
         {
-            appliance_names.extend(paddock_security::identity::subject_alt_names(der)?);
-        }
-        for u in std::iter::once(&t.public_url)
-            .chain(&t.agent_urls)
-            .chain(std::iter::once(&cfg.public_url))
-            .chain(&cfg.discovery.agent_urls)
-        {
-            appliance_names.extend(url_host(u));
-        }
-        appliance_names.sort();
-        appliance_names.dedup();
+            Some(der) => paddock_security::identity::subject_alt_names(der)?,
+            None => Vec::new(),
+        };
+        let appliance_names = appliance_names(host_sans, cfg, &t);
         let subd_ca = ensure_subd_ca(store.as_ref(), &appliance_names).await?;
+        let agent_tokens =
+            crate::agent_tokens::AgentTokens::new(store.clone(), agent_key, t.agent_token_ttl);
         // Written by `certs init`; a host initialised before there was a subd CA gets it now.
         let subd_ca_file = t.dir.join(SUBD_CA_FILE);
         if !subd_ca_file.exists() {
@@ -523,11 +536,7 @@ impl Security {
                 subd_ca,
                 appliance_names,
                 ca_fingerprint,
-                agent_tokens: crate::agent_tokens::AgentTokens::new(
-                    store_for_tokens,
-                    agent_key,
-                    ttl,
-                ),
+                agent_tokens,
             }),
         }))
     }
@@ -537,24 +546,10 @@ impl Security {
         let _ = self.dhcp.set(dhcp);
     }
 
-    /// The address `mac` (12 hex digits, or any MAC form) holds a lease on here, if this
-    /// host serves DHCP and knows one.
-    pub fn lease_of(&self, mac: &str) -> Option<std::net::IpAddr> {
+    /// The address `mac` holds a lease on here, if this host serves DHCP and knows one.
+    pub fn lease_of(&self, mac: MacAddr) -> Option<std::net::IpAddr> {
         let dhcp = self.dhcp.get()?;
-        let mac: MacAddr = mac.parse().ok()?;
         dhcp.bound_address(mac).map(std::net::IpAddr::V4)
-    }
-
-    /// Whether a boot script fetched from `from` for `mac` may carry a token: not when the
-    /// MAC holds a lease here on another address (someone else asks for that machine's
-    /// script). A MAC without a lease here (DHCP from a peer host or elsewhere, or none
-    /// yet) gets one: anyone could take a lease for it by sending DHCP with it, and the
-    /// token is bound anyway to its first caller and, once the MAC has a lease, to that.
-    pub fn may_mint_for(&self, mac: &str, from: Option<std::net::IpAddr>) -> bool {
-        match self.lease_of(mac) {
-            Some(lease) => from == Some(lease),
-            None => true,
-        }
     }
 
     /// This host as a client of its subs (TLS on): subs' certificates come from the subd CA
@@ -824,12 +819,9 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
         && let Some(tok) = bearer.as_ref().map(Bearer::token)
     {
         if tok.starts_with("pa1.") {
-            let lease = |mac: &str| sec.lease_of(mac);
+            let lease = |mac| sec.lease_of(mac);
             match t.agent_tokens.check(tok, peer.addr.ip(), lease).await {
-                Ok(claim) => match claim.mac.parse() {
-                    Ok(mac) => agent_mac = Some(mac),
-                    Err(_) => refused = Some("agent token: malformed MAC".into()),
-                },
+                Ok(mac) => agent_mac = Some(mac),
                 Err(why) => refused = Some(why),
             }
         } else {

@@ -493,10 +493,11 @@ async fn agent_next(
     speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(axum::Extension(s)) = speaker {
-        s.node(&api, &ident).await?;
-    }
-    let action = api.next_action(&ident).await?;
+    let action = match speaker {
+        // An agent's own node, found once while checking its token speaks for it.
+        Some(axum::Extension(s)) => api.action_for(&s.node(&api, &ident).await?),
+        None => api.next_action(&ident).await?,
+    };
     Ok(Json(json!({"action": action})))
 }
 

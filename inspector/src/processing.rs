@@ -162,6 +162,22 @@ pub fn process(input: Input<'_>, node: Node, rules: &[Rule]) -> Processing {
         state,
         entries,
     };
+    if !input.trust_bmc
+        && let Some(b) = input
+            .data
+            .inventory
+            .as_ref()
+            .and_then(|i| crate::lookup::real_bmc(i.bmc_address.as_deref()))
+    {
+        processing.entries.push(Entry::new(
+            "bmc-not-trusted",
+            format!(
+                "BMC address {b} reported by the machine is outside [power] bmc_networks: \
+                 not used until an operator or a rule sets it"
+            ),
+            false,
+        ));
+    }
     match run_hooks(input, state, &mut processing.node) {
         Ok(processed) => {
             processing.entries.push(Entry::new(

@@ -276,18 +276,7 @@ impl Inspector {
                 speaker,
                 trust_bmc,
             };
-            if !trust_bmc && let Some(b) = &reported_bmc {
-                let why = format!(
-                    "BMC address {b} reported by the machine is outside [power] bmc_networks: \
-                     not used until an operator or a rule sets it"
-                );
-                if let Err(e) = self
-                    .event(Subject::Node(node.uuid), "bmc-not-trusted", &why, false)
-                    .await
-                {
-                    tracing::warn!(error = %e, "inspector: timeline entry not recorded");
-                }
-            }
+
             match self.record_processing(input, node, rev, now).await? {
                 Recorded::Finished(uuid) => return Ok(uuid),
                 Recorded::Failed(e) => return Err(InspectorError::invalid(e.to_string())),
@@ -479,11 +468,16 @@ impl Inspector {
             .find(ident)
             .await?
             .ok_or_else(|| InspectorError::node_not_found(ident))?;
-        Ok(if v.node.inspecting() {
+        Ok(self.action_for(&v.node))
+    }
+
+    /// What `node`'s ramdisk does next: wait while it is inspected, then as configured.
+    pub fn action_for(&self, node: &Node) -> NextAction {
+        if node.inspecting() {
             NextAction::Wait
         } else {
             self.config.after_inspection
-        })
+        }
     }
 }
 
