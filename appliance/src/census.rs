@@ -83,12 +83,12 @@ impl Register {
     /// The key and value this registration puts, or why it is refused.
     pub fn entry(&self, now_ms: i64) -> Result<(String, Vec<u8>), String> {
         if let Some(h) = &self.host {
-            check_word("host", h)?;
+            check_word("host", h).map_err(|e| e.to_string())?;
         }
         let value = match (&self.role, &self.instance) {
             (Some(role), Some(instance)) => {
-                check_name(role)?;
-                check_word("instance", instance)?;
+                check_name(role).map_err(|e| e.to_string())?;
+                check_word("instance", instance).map_err(|e| e.to_string())?;
                 let e = InstanceEntry {
                     role: role.clone(),
                     instance: instance.clone(),

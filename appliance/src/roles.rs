@@ -625,7 +625,7 @@ impl Roles {
                 .await
                 .map_err(|e| format!("removing {key}: {e}"))?;
         }
-        let Some(argv) = action.command(spec)? else {
+        let Some(argv) = action.command(spec).map_err(|e| e.to_string())? else {
             return Ok(());
         };
         r.argv = Some(argv.clone());

@@ -571,7 +571,7 @@ impl Security {
 
     fn as_host<T>(
         &self,
-        make: impl Fn(&str, Option<(&str, &str)>) -> Result<T, String>,
+        make: impl Fn(&str, Option<(&str, &str)>) -> Result<T, tls::TlsError>,
     ) -> anyhow::Result<Option<T>> {
         self.tls
             .as_ref()

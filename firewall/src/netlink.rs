@@ -93,7 +93,18 @@ pub enum Error {
     )]
     Overrun,
     #[error("nf_tables' answer is malformed: {0}")]
-    Answer(String),
+    Answer(#[from] AnswerError),
+}
+
+/// How the kernel's answer to a batch is malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("short netlink header ({0} bytes)")]
+    ShortHeader(usize),
+    #[error("bad netlink length {0}")]
+    BadLength(u32),
+    #[error("short netlink error message")]
+    ShortError,
 }
 
 impl Error {
@@ -348,21 +359,21 @@ pub fn encode_leader(seq: u32, iface: &str, timeout_ms: Option<u64>) -> Result<B
 }
 
 /// What the kernel said about one message: `(seq, errno)`, errno 0 for an acknowledgement.
-pub fn parse_acks(mut bytes: &[u8]) -> Result<Vec<(u32, i32)>, String> {
+pub fn parse_acks(mut bytes: &[u8]) -> Result<Vec<(u32, i32)>, AnswerError> {
     let mut out = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 16 {
-            return Err(format!("short netlink header ({} bytes)", bytes.len()));
+            return Err(AnswerError::ShortHeader(bytes.len()));
         }
         let len = u32::from_ne_bytes(bytes[0..4].try_into().unwrap_or_default());
         let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
         let len = match usize::try_from(len) {
             Ok(l) if (16..=bytes.len()).contains(&l) => l,
-            _ => return Err(format!("bad netlink length {len}")),
+            _ => return Err(AnswerError::BadLength(len)),
         };
         if kind == NLMSG_ERROR {
             if len < 20 {
-                return Err("short netlink error message".into());
+                return Err(AnswerError::ShortError);
             }
             // Wrapping: a (bogus) i32::MIN stays an error instead of overflowing.
             let errno =
@@ -500,7 +511,7 @@ impl SetLink {
                 Err(Errno::ENOBUFS) => return Err(Error::Overrun),
                 Err(e) => return Err(socket_error("receiving nf_tables' answer")(e)),
             };
-            for (seq, errno) in parse_acks(&rx[..n]).map_err(Error::Answer)? {
+            for (seq, errno) in parse_acks(&rx[..n])? {
                 if !ours(seq) {
                     continue;
                 }

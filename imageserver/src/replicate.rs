@@ -22,7 +22,7 @@ use paddock_store::Store;
 use paddock_wire::{error_message, frames};
 
 use crate::images::{ImageRecord, ImageServer};
-use crate::objects::ObjectStore;
+use crate::objects::{ObjectError, ObjectStore};
 
 /// A full pass even when nothing changed (a peer that was down may be back).
 pub const RESYNC: Duration = Duration::from_secs(30);
@@ -40,6 +40,27 @@ pub enum ReplicateError {
     },
     #[error(transparent)]
     Image(#[from] crate::images::ImageError),
+}
+
+/// Why one GetObjects request to one peer did not bring its batch.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error(transparent)]
+    Request(#[from] ureq::Error),
+    /// The peer answered with another status; `message` is its error text.
+    #[error("{status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("reading the length of {}: {source}", id.short())]
+    Length {
+        id: ObjectId,
+        source: std::io::Error,
+    },
+    #[error("object {}: {source}", id.short())]
+    Store { id: ObjectId, source: ObjectError },
+    #[error("object {}: the peer sent other bytes", id.short())]
+    OtherBytes { id: ObjectId },
+    #[error("the fetch task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// What one pass fetched.
@@ -234,7 +255,7 @@ impl Replicator {
                 let got =
                     tokio::task::spawn_blocking(move || get_objects(&agent, &url, &ids, &store))
                         .await
-                        .unwrap_or_else(|e| Err(format!("the fetch task failed: {e}")));
+                        .unwrap_or_else(|e| Err(e.into()));
                 match got {
                     Ok(b) => {
                         objects += batch.len() as u64;
@@ -287,28 +308,28 @@ fn get_objects(
     url: &str,
     ids: &[ObjectId],
     store: &ObjectStore,
-) -> Result<u64, String> {
+) -> Result<u64, FetchError> {
     let body = serde_json::json!({ "objects": ids });
-    let resp = agent
-        .post(url)
-        .send_json(&body)
-        .map_err(|e| e.to_string())?;
+    let resp = agent.post(url).send_json(&body)?;
     let status = resp.status().as_u16();
     let mut reader = resp.into_body().into_reader();
     if status != 200 {
         let mut text = Vec::new();
         let _ = (&mut reader).take(64 << 10).read_to_end(&mut text);
-        return Err(format!("{status}: {}", error_message(&text).trim()));
+        return Err(FetchError::Status {
+            status,
+            message: error_message(&text).trim().to_string(),
+        });
     }
     let mut bytes = 0u64;
     for id in ids {
         let len = frames::read_header(&mut reader)
-            .map_err(|e| format!("reading the length of {}: {e}", id.short()))?;
+            .map_err(|source| FetchError::Length { id: *id, source })?;
         let (got, size, _) = store
             .put_reader((&mut reader).take(len), Some(*id))
-            .map_err(|e| format!("object {}: {e}", id.short()))?;
+            .map_err(|source| FetchError::Store { id: *id, source })?;
         if got != *id || size != len {
-            return Err(format!("object {}: the peer sent other bytes", id.short()));
+            return Err(FetchError::OtherBytes { id: *id });
         }
         bytes += len;
     }

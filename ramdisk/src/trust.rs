@@ -17,7 +17,7 @@ use crate::provision::client::{self, CallError};
 /// A CA PEM larger than this is refused.
 pub const MAX_CA_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum TrustError {
     #[error(
         "paddock.url is https:// but the kernel command line has no usable {0}: the agent does not talk TLS without a pinned CA"
@@ -29,8 +29,16 @@ pub enum TrustError {
     Fetch(String),
     #[error("the appliance's CA at {url} is {len} bytes, more than {MAX_CA_BYTES}: refused")]
     TooLarge { url: String, len: usize },
-    #[error("the appliance's CA at {url} is not a PEM certificate: {why}")]
-    NotPem { url: String, why: String },
+    #[error("the appliance's CA at {url} is not a PEM certificate: not UTF-8: {source}")]
+    NotUtf8 {
+        url: String,
+        source: std::str::Utf8Error,
+    },
+    #[error("the appliance's CA at {url} is not a PEM certificate: {source}")]
+    NotPem {
+        url: String,
+        source: identity::PemError,
+    },
     #[error(
         "the CA at {url} has SHA-256 {got}, but the kernel command line pins {want}: refusing to talk to the appliance (someone may be impersonating it, or the boot script is stale)"
     )]
@@ -39,8 +47,11 @@ pub enum TrustError {
         want: String,
         got: String,
     },
-    #[error("the appliance's CA at {url}: {why}")]
-    Tls { url: String, why: String },
+    #[error("the appliance's CA at {url}: {source}")]
+    Tls {
+        url: String,
+        source: paddock_security::tls::TlsError,
+    },
 }
 
 /// Whether any of the appliance's URLs is `https://` (then the CA is needed).
@@ -75,12 +86,14 @@ pub fn check_ca(url: &str, body: &[u8], want: &str) -> Result<String, TrustError
             len: body.len(),
         });
     }
-    let not_pem = |why: String| TrustError::NotPem {
+    let pem = std::str::from_utf8(body).map_err(|source| TrustError::NotUtf8 {
         url: url.to_string(),
-        why,
-    };
-    let pem = std::str::from_utf8(body).map_err(|e| not_pem(format!("not UTF-8: {e}")))?;
-    let ders = identity::pem_certificates(pem).map_err(not_pem)?;
+        source,
+    })?;
+    let ders = identity::pem_certificates(pem).map_err(|source| TrustError::NotPem {
+        url: url.to_string(),
+        source,
+    })?;
     let got = identity::fingerprint(&ders[0]);
     if !got.eq_ignore_ascii_case(want) {
         return Err(TrustError::Mismatch {
@@ -94,9 +107,9 @@ pub fn check_ca(url: &str, body: &[u8], want: &str) -> Result<String, TrustError
 
 /// The TLS configuration of the agent's client: `ca_pem` the only root (rustls with ring).
 pub fn tls_config(url: &str, ca_pem: &str) -> Result<TlsConfig, TrustError> {
-    paddock_security::tls::ureq_tls(ca_pem, None).map_err(|why| TrustError::Tls {
+    paddock_security::tls::ureq_tls(ca_pem, None).map_err(|source| TrustError::Tls {
         url: url.to_string(),
-        why,
+        source,
     })
 }
 
@@ -176,7 +189,10 @@ pub(crate) mod tests {
             b"-----BEGIN CERTIFICATE-----\nxx\n",
         ] {
             assert!(
-                matches!(check_ca(url, bad, &want), Err(TrustError::NotPem { .. })),
+                matches!(
+                    check_ca(url, bad, &want),
+                    Err(TrustError::NotPem { .. } | TrustError::NotUtf8 { .. })
+                ),
                 "{bad:?}"
             );
         }
@@ -216,15 +232,15 @@ pub(crate) mod tests {
         );
         assert_eq!(ha.warnings.len(), 1, "{:?}", ha.warnings);
         let no_url = cmdline::parse(&format!("paddock.ca_fingerprint={fp}"));
-        assert_eq!(
+        assert!(matches!(
             pinned(&no_url).unwrap_err(),
             TrustError::Missing("paddock.ca_url")
-        );
+        ));
         let no_fp = cmdline::parse("paddock.ca_url=http://a/ca.pem paddock.ca_fingerprint=xyz");
-        assert_eq!(
+        assert!(matches!(
             pinned(&no_fp).unwrap_err(),
             TrustError::Missing("paddock.ca_fingerprint")
-        );
+        ));
     }
 
     #[test]

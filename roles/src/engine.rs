@@ -770,6 +770,22 @@ impl Kind {
     }
 }
 
+/// Why an action has no argument vector for its hook.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("role {0} is not in the spec")]
+    NoRole(String),
+    /// The hook takes `-h`/`--host` (`flag`) and the action names no host.
+    #[error("{instance} of {role} has no host for {flag}")]
+    NoHost {
+        instance: String,
+        role: String,
+        flag: String,
+    },
+    #[error("no global argument {0:?}")]
+    NoArgument(String),
+}
+
 impl Action {
     /// `start db db-1 on h01`.
     pub fn label(&self) -> String {
@@ -790,9 +806,9 @@ impl Action {
     /// `--key <args[key]>`); `None` when the role has no hook for it (an image role). The
     /// first element is the hook's path relative to the hooks directory. The words are
     /// arguments, never shell text.
-    pub fn command(&self, spec: &Spec) -> Result<Option<Vec<String>>, String> {
+    pub fn command(&self, spec: &Spec) -> Result<Option<Vec<String>>, CommandError> {
         let Some(role) = spec.roles.get(&self.role) else {
-            return Err(format!("role {} is not in the spec", self.role));
+            return Err(CommandError::NoRole(self.role.clone()));
         };
         let hook = match self.kind {
             Kind::Start => &role.start,
@@ -807,15 +823,17 @@ impl Action {
                 format!("--{key}")
             };
             let value = match key.as_str() {
-                "h" | "host" => self.host.clone().ok_or_else(|| {
-                    format!("{} of {} has no host for {flag}", self.instance, self.role)
+                "h" | "host" => self.host.clone().ok_or_else(|| CommandError::NoHost {
+                    instance: self.instance.clone(),
+                    role: self.role.clone(),
+                    flag: flag.clone(),
                 })?,
                 "i" | "instance" => self.instance.clone(),
                 other => spec
                     .args
                     .get(other)
                     .cloned()
-                    .ok_or_else(|| format!("no global argument {other:?}"))?,
+                    .ok_or_else(|| CommandError::NoArgument(other.to_string()))?,
             };
             argv.push(flag);
             argv.push(value);

@@ -8,6 +8,9 @@ pub mod engine;
 pub mod spec;
 
 pub use engine::{
-    Action, Census, Host, Instance, Kind, Outcome, Plan, RoleCount, Why, applied, minimums, plan,
+    Action, Census, CommandError, Host, Instance, Kind, Outcome, Plan, RoleCount, Why, applied,
+    minimums, plan,
 };
-pub use spec::{Hook, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word};
+pub use spec::{
+    Hook, NameError, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word,
+};

@@ -185,8 +185,24 @@ pub const MAX_ROLES: usize = 1_000;
 /// Largest capacity of a dependency.
 pub const MAX_CAPACITY: u32 = 1_000_000;
 
+/// A name, word or hook path that a spec or a registration may not use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{0:?} is not a name: 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter")]
+    Name(String),
+    /// `what` says which word (`host`, `instance`, `image`, `the value`).
+    #[error(
+        "{what} {word:?} must be 1 to 253 of A-Z, a-z, 0-9, '.', '_', '-' and not start with '-'"
+    )]
+    Word { what: &'static str, word: String },
+    #[error(
+        "hook {0:?} must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')"
+    )]
+    HookPath(String),
+}
+
 /// Role names, global argument keys: lower-case words, usable as store keys and flags.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -196,15 +212,13 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not a name: 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter"
-        ))
+        Err(NameError::Name(name.to_string()))
     }
 }
 
 /// Host names and instance ids reach hooks as arguments: letters, digits, `.`, `_`, `-`,
 /// not starting with `-` (so never an option), at most 253 bytes.
-pub fn check_word(what: &str, word: &str) -> Result<(), String> {
+pub fn check_word(what: &'static str, word: &str) -> Result<(), NameError> {
     let ok = !word.is_empty()
         && word.len() <= 253
         && !word.starts_with('-')
@@ -214,13 +228,14 @@ pub fn check_word(what: &str, word: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{what} {word:?} must be 1 to 253 of A-Z, a-z, 0-9, '.', '_', '-' and not start with '-'"
-        ))
+        Err(NameError::Word {
+            what,
+            word: word.to_string(),
+        })
     }
 }
 
-fn check_hook_path(path: &str) -> Result<(), String> {
+fn check_hook_path(path: &str) -> Result<(), NameError> {
     let ok = !path.is_empty()
         && path.len() <= 255
         && !path.starts_with('/')
@@ -233,9 +248,7 @@ fn check_hook_path(path: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "hook {path:?} must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')"
-        ))
+        Err(NameError::HookPath(path.to_string()))
     }
 }
 
@@ -286,12 +299,17 @@ struct Problems<'a> {
 }
 
 impl Problems<'_> {
-    fn add(&mut self, span: Range<usize>, field: impl Into<String>, message: impl Into<String>) {
+    fn add(
+        &mut self,
+        span: Range<usize>,
+        field: impl Into<String>,
+        message: impl std::fmt::Display,
+    ) {
         self.list.push(SpecError {
             file: self.file.to_string(),
             line: line_of(self.text, span.start),
             field: field.into(),
-            message: message.into(),
+            message: message.to_string(),
         });
     }
 }

@@ -466,7 +466,15 @@ image = "minbase"
     };
     assert_eq!(
         no_host.command(&spec),
-        Err("leaf-7 of leaf has no host for -h".into())
+        Err(paddock_roles::CommandError::NoHost {
+            instance: "leaf-7".into(),
+            role: "leaf".into(),
+            flag: "-h".into(),
+        })
+    );
+    assert_eq!(
+        no_host.command(&spec).unwrap_err().to_string(),
+        "leaf-7 of leaf has no host for -h"
     );
 }
 

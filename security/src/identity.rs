@@ -118,14 +118,23 @@ pub fn fingerprint(der: &[u8]) -> String {
     hex::encode(Sha256::digest(der))
 }
 
+/// Why a PEM text yielded no certificates.
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    #[error("PEM: {0}")]
+    Parse(#[from] rustls_pki_types::pem::Error),
+    #[error("no certificate in the PEM text")]
+    Empty,
+}
+
 /// The certificates in a PEM text, DER.
-pub fn pem_certificates(pem: &str) -> Result<Vec<Vec<u8>>, String> {
+pub fn pem_certificates(pem: &str) -> Result<Vec<Vec<u8>>, PemError> {
     use rustls_pki_types::pem::PemObject;
     let certs: Result<Vec<_>, _> =
         rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
-    let certs = certs.map_err(|e| format!("PEM: {e}"))?;
+    let certs = certs?;
     if certs.is_empty() {
-        return Err("no certificate in the PEM text".into());
+        return Err(PemError::Empty);
     }
     Ok(certs.into_iter().map(|c| c.as_ref().to_vec()).collect())
 }

@@ -19,7 +19,45 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::identity::{self, Identity};
+use crate::identity::{self, Identity, PemError};
+
+/// Why TLS material did not make a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    #[error("CA certificate: {0}")]
+    CaCertificate(rustls::Error),
+    #[error("private key: {0}")]
+    PrivateKey(rustls_pki_types::pem::Error),
+    #[error("private key: {0}")]
+    UreqPrivateKey(ureq::Error),
+    #[error("client verifier: {0}")]
+    ClientVerifier(rustls::server::VerifierBuilderError),
+    #[error("protocol versions: {0}")]
+    ProtocolVersions(rustls::Error),
+    #[error("certificate and key: {0}")]
+    CertificateAndKey(rustls::Error),
+    #[error("client certificate and key: {0}")]
+    ClientCertificateAndKey(rustls::Error),
+}
+
+/// Why [`Material::read`] failed; both name the files.
+#[derive(Debug, thiserror::Error)]
+pub enum MaterialError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} / {} / {}: {source}", ca.display(), cert.display(), key.display())]
+    Check {
+        ca: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        source: Box<TlsError>,
+    },
+}
 
 /// The CA, and this service's own certificate and key, PEM.
 #[derive(Clone)]
@@ -41,28 +79,29 @@ impl Material {
         ca: &std::path::Path,
         cert: &std::path::Path,
         key: &std::path::Path,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MaterialError> {
         let read = |p: &std::path::Path| {
-            std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+            std::fs::read_to_string(p).map_err(|source| MaterialError::Read {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         let m = Material {
             ca_pem: read(ca)?,
             cert_pem: read(cert)?,
             key_pem: read(key)?,
         };
-        m.check().map_err(|e| {
-            format!(
-                "{} / {} / {}: {e}",
-                ca.display(),
-                cert.display(),
-                key.display()
-            )
+        m.check().map_err(|source| MaterialError::Check {
+            ca: ca.to_path_buf(),
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            source: Box::new(source),
         })?;
         Ok(m)
     }
 
     /// Parses everything once, so a bad file is reported at start, not at the first call.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TlsError> {
         roots(&self.ca_pem)?;
         chain(&self.cert_pem)?;
         key(&self.key_pem)?;
@@ -70,7 +109,7 @@ impl Material {
     }
 
     /// The CA's SHA-256 fingerprint (hex).
-    pub fn ca_fingerprint(&self) -> Result<String, String> {
+    pub fn ca_fingerprint(&self) -> Result<String, PemError> {
         Ok(identity::fingerprint(
             &identity::pem_certificates(&self.ca_pem)?[0],
         ))
@@ -81,25 +120,25 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn roots(ca_pem: &str) -> Result<RootCertStore, String> {
+fn roots(ca_pem: &str) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
     for der in identity::pem_certificates(ca_pem)? {
         store
             .add(CertificateDer::from(der))
-            .map_err(|e| format!("CA certificate: {e}"))?;
+            .map_err(TlsError::CaCertificate)?;
     }
     Ok(store)
 }
 
-fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, PemError> {
     Ok(identity::pem_certificates(pem)?
         .into_iter()
         .map(CertificateDer::from)
         .collect())
 }
 
-fn key(pem: &str) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| format!("private key: {e}"))
+fn key(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(TlsError::PrivateKey)
 }
 
 /// Whether a client must present a certificate.
@@ -113,7 +152,10 @@ pub enum ClientAuth {
 
 /// The server side: our certificate; clients' certificates verified against the CA (a
 /// certificate from another CA, or expired, fails the handshake).
-pub fn server_config(m: &Material, auth: ClientAuth) -> Result<Arc<rustls::ServerConfig>, String> {
+pub fn server_config(
+    m: &Material,
+    auth: ClientAuth,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     server_config_for_clients(m, auth, &m.ca_pem)
 }
 
@@ -123,7 +165,7 @@ pub fn server_config_for_clients(
     m: &Material,
     auth: ClientAuth,
     client_roots_pem: &str,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_roots_pem)?), provider());
     let verifier = match auth {
@@ -131,13 +173,13 @@ pub fn server_config_for_clients(
         ClientAuth::Required => verifier,
     }
     .build()
-    .map_err(|e| format!("client verifier: {e}"))?;
+    .map_err(TlsError::ClientVerifier)?;
     let mut c = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(TlsError::ProtocolVersions)?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain(&m.cert_pem)?, key(&m.key_pem)?)
-        .map_err(|e| format!("certificate and key: {e}"))?;
+        .map_err(TlsError::CertificateAndKey)?;
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(c))
 }
@@ -146,15 +188,15 @@ pub fn server_config_for_clients(
 pub fn client_config(
     ca_pem: &str,
     ours: Option<(&str, &str)>,
-) -> Result<Arc<rustls::ClientConfig>, String> {
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let b = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(TlsError::ProtocolVersions)?
         .with_root_certificates(roots(ca_pem)?);
     let c = match ours {
         Some((cert, k)) => b
             .with_client_auth_cert(chain(cert)?, key(k)?)
-            .map_err(|e| format!("client certificate and key: {e}"))?,
+            .map_err(TlsError::ClientCertificateAndKey)?,
         None => b.with_no_client_auth(),
     };
     Ok(Arc::new(c))
@@ -162,7 +204,10 @@ pub fn client_config(
 
 /// ureq's TLS settings for a client of ours: the CA as the only root, our certificate if
 /// given.
-pub fn ureq_tls(ca_pem: &str, ours: Option<(&str, &str)>) -> Result<ureq::tls::TlsConfig, String> {
+pub fn ureq_tls(
+    ca_pem: &str,
+    ours: Option<(&str, &str)>,
+) -> Result<ureq::tls::TlsConfig, TlsError> {
     use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
     let roots: Vec<Certificate<'static>> = identity::pem_certificates(ca_pem)?
         .into_iter()
@@ -177,7 +222,7 @@ pub fn ureq_tls(ca_pem: &str, ours: Option<(&str, &str)>) -> Result<ureq::tls::T
             .map(|d| Certificate::from_der(&d).to_owned())
             .collect();
         let key = PrivateKey::from_pem(k.as_bytes())
-            .map_err(|e| format!("private key: {e}"))?
+            .map_err(TlsError::UreqPrivateKey)?
             .to_owned();
         b = b.client_cert(Some(ClientCert::new_with_certs(&certs, key)));
     }

@@ -61,12 +61,7 @@ fn main() -> ExitCode {
         Some("profile") if args.len() == 2 => profile(&args[1]),
         Some("sim") if args.len() >= 2 => Opts::parse(&args[2..]).and_then(|o| sim(&args[1], o)),
         Some("herd") if args.len() >= 2 => Opts::parse(&args[2..]).and_then(|o| herd(&args[1], o)),
-        _ => Err(
-            "usage: paddock-dominator-bench scan DIR TREE.json | sim TREE.json --subs N \
-                  [--listen ADDR] | herd TREE.json --subs N [--sim ADDR] [--poll-interval-ms MS] \
-                  [--poll-slots N] [--churn-permille P] [--cycles N] [--batch N] [--full-polls N]"
-                .into(),
-        ),
+        _ => Err(BenchError::Usage),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,7 +72,82 @@ fn main() -> ExitCode {
     }
 }
 
-type Res<T> = Result<T, String>;
+type Res<T> = Result<T, BenchError>;
+
+/// What stopped the bench; each names the option, file, address or phase.
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error(
+        "usage: paddock-dominator-bench scan DIR TREE.json | sim TREE.json --subs N \
+         [--listen ADDR] | herd TREE.json --subs N [--sim ADDR] [--poll-interval-ms MS] \
+         [--poll-slots N] [--churn-permille P] [--cycles N] [--batch N] [--full-polls N]"
+    )]
+    Usage,
+    #[error("{0} needs a value")]
+    NoValue(String),
+    #[error("{flag} {value}: {source}")]
+    Number {
+        flag: String,
+        value: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("{flag} {value}: {source}")]
+    TooLarge {
+        flag: String,
+        value: String,
+        source: std::num::TryFromIntError,
+    },
+    #[error("unknown option {0}")]
+    UnknownOption(String),
+    #[error("--subs: 1 to 1048576")]
+    SubsRange,
+    #[error(transparent)]
+    Scan(#[from] paddock_subd::scan::ScanError),
+    #[error("scan of {}: {stats:?}", dir.display())]
+    ScanIncomplete {
+        dir: std::path::PathBuf,
+        stats: Box<paddock_subd::scan::ScanStats>,
+    },
+    #[error("{}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Tree {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    PollBinary(#[from] poll_binary::BadAnswer),
+    #[error("no tree")]
+    NoTree,
+    #[error("no regular file in the tree")]
+    NoRegularFile,
+    #[error("the tree does not plan empty: {0:?}")]
+    PlansChanges(Box<paddock_dominator::PlanSummary>),
+    #[error("the drifted tree plans empty")]
+    DriftPlansEmpty,
+    #[error("PollResponse's JSON does not start with generation and scan_count")]
+    AnswerHead,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("{address}: {source}")]
+    Listen {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("{url}: {source}")]
+    Driver { url: String, source: ureq::Error },
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    #[error("{what}: not done after {} s", limit.as_secs())]
+    NotDone { what: String, limit: Duration },
+    #[error("the simulator has {got} subs, not {want}")]
+    SimulatorSubs { got: u64, want: usize },
+}
 
 struct Opts {
     subs: usize,
@@ -106,27 +176,36 @@ impl Opts {
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
-            let v = it.next().ok_or(format!("{flag} needs a value"))?;
-            let num = || v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
+            let v = it.next().ok_or_else(|| BenchError::NoValue(flag.clone()))?;
+            let num = || {
+                v.parse::<u64>().map_err(|source| BenchError::Number {
+                    flag: flag.clone(),
+                    value: v.clone(),
+                    source,
+                })
+            };
+            let count = || {
+                usize::try_from(num()?).map_err(|source| BenchError::TooLarge {
+                    flag: flag.clone(),
+                    value: v.clone(),
+                    source,
+                })
+            };
             match flag.as_str() {
-                "--subs" => o.subs = usize::try_from(num()?).map_err(|e| e.to_string())?,
+                "--subs" => o.subs = count()?,
                 "--listen" => o.listen = v.clone(),
                 "--sim" => o.sim = v.clone(),
                 "--poll-interval-ms" => o.poll_interval_ms = num()?,
-                "--poll-slots" => {
-                    o.poll_slots = usize::try_from(num()?).map_err(|e| e.to_string())?
-                }
+                "--poll-slots" => o.poll_slots = count()?,
                 "--churn-permille" => o.churn_permille = num()?,
-                "--cycles" => o.cycles = usize::try_from(num()?).map_err(|e| e.to_string())?,
-                "--batch" => o.batch = usize::try_from(num()?).map_err(|e| e.to_string())?.max(1),
-                "--full-polls" => {
-                    o.full_polls = usize::try_from(num()?).map_err(|e| e.to_string())?.max(1)
-                }
-                _ => return Err(format!("unknown option {flag}")),
+                "--cycles" => o.cycles = count()?,
+                "--batch" => o.batch = count()?.max(1),
+                "--full-polls" => o.full_polls = count()?.max(1),
+                _ => return Err(BenchError::UnknownOption(flag.clone())),
             }
         }
         if o.subs == 0 || o.subs > 1 << 20 {
-            return Err("--subs: 1 to 1048576".into());
+            return Err(BenchError::SubsRange);
         }
         Ok(o)
     }
@@ -141,12 +220,18 @@ fn scan(dir: &Path, out: &Path) -> Res<()> {
     let filter = Filter::empty();
     let mut o = paddock_subd::scan::ScanOptions::new(&filter);
     o.threads = 2;
-    let r = paddock_subd::scan::scan(dir, &o).map_err(|e| e.to_string())?;
+    let r = paddock_subd::scan::scan(dir, &o)?;
     if !r.stats.complete || !r.stats.errors.is_empty() {
-        return Err(format!("scan of {}: {:?}", dir.display(), r.stats));
+        return Err(BenchError::ScanIncomplete {
+            dir: dir.to_path_buf(),
+            stats: Box::new(r.stats),
+        });
     }
-    let json = serde_json::to_vec(&r.scan.fs).map_err(|e| e.to_string())?;
-    std::fs::write(out, &json).map_err(|e| format!("{}: {e}", out.display()))?;
+    let json = serde_json::to_vec(&r.scan.fs)?;
+    std::fs::write(out, &json).map_err(|source| BenchError::File {
+        path: out.to_path_buf(),
+        source,
+    })?;
     eprintln!(
         "# tree of {}: {} paths, {} inodes, {} bytes of JSON",
         dir.display(),
@@ -158,8 +243,14 @@ fn scan(dir: &Path, out: &Path) -> Res<()> {
 }
 
 fn load_tree(path: &str) -> Res<FileSystem> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{path}: {e}"))
+    let bytes = std::fs::read(path).map_err(|source| BenchError::File {
+        path: path.into(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| BenchError::Tree {
+        path: path.to_string(),
+        source,
+    })
 }
 
 /// This process's resident set (VmRSS), KiB.
@@ -205,7 +296,7 @@ fn full_answer(fs: FileSystem) -> Res<Vec<u8>> {
         object_cache: Some(Default::default()),
         ..PollResponse::default()
     })
-    .map_err(|e| e.to_string())
+    .map_err(BenchError::from)
 }
 
 fn profile(tree: &str) -> Res<()> {
@@ -221,19 +312,18 @@ fn profile(tree: &str) -> Res<()> {
             ..PollResponse::default()
         },
         Some((&image.fs, &empty)),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
 
     let t = Instant::now();
     for _ in 0..RUNS {
-        let r: PollResponse = serde_json::from_slice(&json).map_err(|e| e.to_string())?;
+        let r: PollResponse = serde_json::from_slice(&json)?;
         std::hint::black_box(r);
     }
     let parse_json = ms(t);
     let (rss0, t) = (rss_kib(), Instant::now());
     let mut held = Vec::new();
     for _ in 0..RUNS {
-        held.push(poll_binary::decode(&binary).map_err(|e| e.to_string())?);
+        held.push(poll_binary::decode(&binary)?);
     }
     let parse = ms(t);
     let per_tree = rss_kib().saturating_sub(rss0) / RUNS as u64;
@@ -243,10 +333,10 @@ fn profile(tree: &str) -> Res<()> {
 
     let t = Instant::now();
     for r in &held {
-        let fs = r.file_system.as_ref().ok_or("no tree")?;
+        let fs = r.file_system.as_ref().ok_or(BenchError::NoTree)?;
         let c = paddock_dominator::compute(fs, &empty, &prepared, None, Some(1 << 40));
         if !c.summary.empty {
-            return Err(format!("the tree does not plan empty: {:?}", c.summary));
+            return Err(BenchError::PlansChanges(Box::new(c.summary)));
         }
     }
     let plan = ms(t);
@@ -257,7 +347,7 @@ fn profile(tree: &str) -> Res<()> {
         .iter()
         .find(|(_, i)| i.object().is_some())
         .map(|(n, _)| *n)
-        .ok_or("no regular file in the tree")?;
+        .ok_or(BenchError::NoRegularFile)?;
     if let Some(Inode::Regular { object, .. }) = drifted.inodes.get_mut(&ino) {
         *object = Some(ObjectId::of(b"drift"));
     }
@@ -265,7 +355,7 @@ fn profile(tree: &str) -> Res<()> {
     for _ in 0..RUNS {
         let c = paddock_dominator::compute(&drifted, &empty, &prepared, None, Some(1 << 40));
         if c.summary.empty {
-            return Err("the drifted tree plans empty".into());
+            return Err(BenchError::DriftPlansEmpty);
         }
     }
     let plan_drifted = ms(t);
@@ -497,13 +587,12 @@ async fn churn(sim: Arc<Sim>) {
 
 fn sim(tree: &str, o: Opts) -> Res<()> {
     let fs = load_tree(tree)?;
-    let binary_scan =
-        poll_binary::encode_scan(Some((&fs, &Default::default()))).map_err(|e| e.to_string())?;
+    let binary_scan = poll_binary::encode_scan(Some((&fs, &Default::default())))?;
     let template = full_answer(fs)?;
     let head = br#"{"generation":0,"scan_count":0,"#;
     let full_tail = template
         .strip_prefix(head.as_slice())
-        .ok_or("PollResponse's JSON does not start with generation and scan_count")?
+        .ok_or(BenchError::AnswerHead)?
         .to_vec();
     let sim = Arc::new(Sim {
         subs: (0..o.subs)
@@ -534,11 +623,14 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
         .route("/bench/churn", post(sim_churn))
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(sim.clone());
-    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = TcpListener::bind(&o.listen)
             .await
-            .map_err(|e| format!("{}: {e}", o.listen))?;
+            .map_err(|source| BenchError::Listen {
+                address: o.listen.clone(),
+                source,
+            })?;
         eprintln!(
             "# simulator: {} subs at {}..{} port {SUB_PORT}, full answer {} bytes binary \
              ({} as JSON)",
@@ -551,7 +643,7 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
         tokio::spawn(churn(sim));
         axum::serve(listener, app.into_make_service_with_connect_info::<Local>())
             .await
-            .map_err(|e| e.to_string())
+            .map_err(BenchError::from)
     })
 }
 
@@ -631,10 +723,12 @@ impl Driver {
             Some(b) => self.agent.post(&url).send_json(b),
             None => self.agent.get(&url).call(),
         };
-        let mut resp = r.map_err(|e| format!("{url}: {e}"))?;
-        resp.body_mut()
-            .read_json()
-            .map_err(|e| format!("{url}: {e}"))
+        let failed = |source| BenchError::Driver {
+            url: url.clone(),
+            source,
+        };
+        let mut resp = r.map_err(failed)?;
+        resp.body_mut().read_json().map_err(failed)
     }
 
     async fn stats(
@@ -643,9 +737,7 @@ impl Driver {
         body: Option<serde_json::Value>,
     ) -> Res<Stats> {
         let d = self.clone();
-        tokio::task::spawn_blocking(move || d.call(path, body))
-            .await
-            .map_err(|e| e.to_string())?
+        tokio::task::spawn_blocking(move || d.call(path, body)).await?
     }
 }
 
@@ -675,7 +767,10 @@ async fn until(limit: Duration, what: &str, mut done: impl FnMut() -> Res<bool>)
     let t = Instant::now();
     while !done()? {
         if t.elapsed() > limit {
-            return Err(format!("{what}: not done after {} s", limit.as_secs()));
+            return Err(BenchError::NotDone {
+                what: what.to_string(),
+                limit,
+            });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -683,7 +778,7 @@ async fn until(limit: Duration, what: &str, mut done: impl FnMut() -> Res<bool>)
 }
 
 fn herd(tree: &str, o: Opts) -> Res<()> {
-    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Runtime::new()?;
     let image = Arc::new(minbase_image(load_tree(tree)?));
     let driver = Arc::new(Driver {
         agent: ureq::Agent::config_builder()
@@ -697,7 +792,10 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
         let limit = Duration::from_secs(1800);
         let sim0 = driver.stats("/bench/stats", None).await?;
         if sim0.subs != n as u64 {
-            return Err(format!("the simulator has {} subs, not {n}", sim0.subs));
+            return Err(BenchError::SimulatorSubs {
+                got: sim0.subs,
+                want: n,
+            });
         }
         driver.stats("/bench/churn", Some(0.into())).await?;
 

@@ -179,6 +179,8 @@ pub enum BuildError {
     },
     #[error("`{cmd}` failed: {why}")]
     Command { cmd: String, why: String },
+    #[error("`ldd {}` failed: {source}", tool.display())]
+    Ldd { tool: PathBuf, source: LddError },
     #[error(
         "cannot resolve package {package}: `apt-cache depends` names no linux-image-* dependency (output: {output:?}); pass the real package, e.g. linux-image-6.1.0-NN-amd64"
     )]
@@ -302,9 +304,9 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
     for t in &spec.tools {
         a.file(&format!("usr/sbin/{}", file_name(t)?), read(t)?, 0o755);
         let out = run(Command::new("ldd").arg(t))?;
-        libraries.extend(parse_ldd(&out).map_err(|why| BuildError::Command {
-            cmd: format!("ldd {}", t.display()),
-            why,
+        libraries.extend(parse_ldd(&out).map_err(|source| BuildError::Ldd {
+            tool: t.clone(),
+            source,
         })?);
     }
     for lib in &libraries {
@@ -355,9 +357,19 @@ pub fn find_tool(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Why `ldd`'s output does not give a tool's libraries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LddError {
+    /// The library `ldd` could not find.
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("cannot read the ldd line {0:?}")]
+    Unreadable(String),
+}
+
 /// The libraries `ldd` names (absolute paths, the loader included; the vDSO has no file).
 /// A library `ldd` could not find is an error: the tool would not start in the ramdisk.
-pub fn parse_ldd(out: &str) -> Result<Vec<String>, String> {
+pub fn parse_ldd(out: &str) -> Result<Vec<String>, LddError> {
     let mut libs = Vec::new();
     for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
         if line.contains("statically linked") || line.starts_with("linux-vdso") {
@@ -367,7 +379,7 @@ pub fn parse_ldd(out: &str) -> Result<Vec<String>, String> {
             Some((name, rest)) => {
                 let rest = rest.trim();
                 if rest.starts_with("not found") {
-                    return Err(format!("{} not found", name.trim()));
+                    return Err(LddError::NotFound(name.trim().to_string()));
                 }
                 rest
             }
@@ -377,7 +389,7 @@ pub fn parse_ldd(out: &str) -> Result<Vec<String>, String> {
         if path.starts_with('/') {
             libs.push(path.to_string());
         } else if !path.is_empty() && !line.contains("=>") {
-            return Err(format!("cannot read the ldd line {line:?}"));
+            return Err(LddError::Unreadable(line.to_string()));
         }
     }
     Ok(libs)
@@ -641,11 +653,11 @@ mod tests {
         );
         assert_eq!(
             parse_ldd("\tnot a dynamic executable\n").unwrap_err(),
-            "cannot read the ldd line \"not a dynamic executable\""
+            LddError::Unreadable("not a dynamic executable".into())
         );
         assert_eq!(
             parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err(),
-            "libfoo.so.1 not found"
+            LddError::NotFound("libfoo.so.1".into())
         );
         assert_eq!(
             parse_ldd("\tstatically linked\n").unwrap(),

@@ -49,18 +49,116 @@ impl std::fmt::Display for StepError {
     }
 }
 
-fn fail<T>(step: Step, message: impl Into<String>) -> Result<T, StepError> {
+fn fail<T>(step: Step, message: impl std::fmt::Display) -> Result<T, StepError> {
     Err(StepError {
         step,
-        message: message.into(),
+        message: message.to_string(),
     })
+}
+
+/// What went wrong running a command or touching the target's disks and files; each names
+/// the command, the device or the path.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("an empty command")]
+    EmptyCommand,
+    #[error("cannot run `{command}`: {source}")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("waiting for `{command}`: {source}")]
+    Wait {
+        command: String,
+        source: std::io::Error,
+    },
+    /// The command ran and failed; `output` is its standard error, or its standard output
+    /// when it wrote nothing on standard error.
+    #[error("{}", failure_message(argv, &ended(*status), output))]
+    Failed {
+        argv: Vec<String>,
+        status: std::process::ExitStatus,
+        output: Vec<u8>,
+    },
+    #[error("{command} has no stdout")]
+    NoStdout { command: String },
+    #[error("busybox {command} {status}: {stderr}")]
+    Busybox {
+        command: &'static str,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("mkdir {path}: {source}")]
+    Mkdir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("chmod {path}: {source}")]
+    Chmod {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("copying {from} to {to}: {source}")]
+    Copy {
+        from: String,
+        to: String,
+        source: std::io::Error,
+    },
+    #[error("linking {path} → {to}: {source}")]
+    Symlink {
+        path: String,
+        to: String,
+        source: std::io::Error,
+    },
+    /// `args` as `mount` would take them (`-t ext4 DEV DIR`, `--bind FROM DIR`).
+    #[error("mount {args}: {source}")]
+    Mount {
+        args: String,
+        source: nix::errno::Errno,
+    },
+    #[error("umount {path}: {source}")]
+    Unmount {
+        path: String,
+        source: nix::errno::Errno,
+    },
+    /// `what` is the operation on the device (opening, sizing, seeking, zeroing, flushing).
+    #[error("{what} {device}: {source}")]
+    Device {
+        what: &'static str,
+        device: String,
+        source: std::io::Error,
+    },
+    #[error("the table is written but {} did not appear within {} s", missing.join(", "), waited.as_secs())]
+    PartitionsMissing {
+        missing: Vec<String>,
+        waited: Duration,
+    },
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeError),
+    #[error(transparent)]
+    DiskChoice(#[from] paddock_birther::DiskChoiceError),
+    #[error(transparent)]
+    Layout(#[from] paddock_birther::layout::LayoutError),
+}
+
+/// How a process ended, for [`ShellError::Failed`].
+fn ended(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(c) => format!("exited with {c}"),
+        None => format!("ended by {status}"),
+    }
 }
 
 /// Runs `cmd` without a shell: a clean environment (`PATH`, `LC_ALL=C`), its stdin from the
 /// plan, its output captured. A failure names the argument vector and the end of stderr.
-pub fn run(cmd: &Command) -> Result<Vec<u8>, String> {
+pub fn run(cmd: &Command) -> Result<Vec<u8>, ShellError> {
     let Some((program, args)) = cmd.argv.split_first() else {
-        return Err("an empty command".into());
+        return Err(ShellError::EmptyCommand);
     };
     let mut p = Process::new(program);
     p.args(args)
@@ -75,29 +173,33 @@ pub fn run(cmd: &Command) -> Result<Vec<u8>, String> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = p
-        .spawn()
-        .map_err(|e| format!("cannot run `{}`: {e}", cmd.argv.join(" ")))?;
+    let mut child = p.spawn().map_err(|source| ShellError::Spawn {
+        command: cmd.argv.join(" "),
+        source,
+    })?;
     if let (Some(input), Some(mut w)) = (&cmd.stdin, child.stdin.take()) {
         // A program that exits without reading all of it fails below with its own message.
         let _ = w.write_all(input.as_bytes());
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| format!("waiting for `{}`: {e}", cmd.argv.join(" ")))?;
+        .map_err(|source| ShellError::Wait {
+            command: cmd.argv.join(" "),
+            source,
+        })?;
     if out.status.success() {
         Ok(out.stdout)
     } else {
-        let ended = match out.status.code() {
-            Some(c) => format!("exited with {c}"),
-            None => format!("ended by {}", out.status),
-        };
         // Some tools (mkfs.fat, sfdisk) say why on stdout.
-        let mut text = out.stderr;
-        if text.iter().all(u8::is_ascii_whitespace) {
-            text = out.stdout;
+        let mut output = out.stderr;
+        if output.iter().all(u8::is_ascii_whitespace) {
+            output = out.stdout;
         }
-        Err(failure_message(&cmd.argv, &ended, &text))
+        Err(ShellError::Failed {
+            argv: cmd.argv.clone(),
+            status: out.status,
+            output,
+        })
     }
 }
 
@@ -255,10 +357,7 @@ impl<'a> Run<'a> {
             }
             self.wait_for_partitions(&layout)?;
             let table = read_table(&layout.device)
-                .map_err(|e| StepError {
-                    step: Step::Partition,
-                    message: e,
-                })?
+                .or_else(|e| fail(Step::Partition, e))?
                 .ok_or_else(|| StepError {
                     step: Step::Partition,
                     message: format!(
@@ -440,24 +539,32 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn mount_fs(&mut self, dev: &str, at: &str, fstype: &str) -> Result<(), String> {
-        std::fs::create_dir_all(at).map_err(|e| format!("mkdir {at}: {e}"))?;
-        mount(Some(dev), at, Some(fstype), MsFlags::empty(), None::<&str>)
-            .map_err(|e| format!("mount -t {fstype} {dev} {at}: {e}"))?;
+    fn mount_fs(&mut self, dev: &str, at: &str, fstype: &str) -> Result<(), ShellError> {
+        mkdir(at)?;
+        mount(Some(dev), at, Some(fstype), MsFlags::empty(), None::<&str>).map_err(|source| {
+            ShellError::Mount {
+                args: format!("-t {fstype} {dev} {at}"),
+                source,
+            }
+        })?;
         self.mounts.push(at.to_string());
         Ok(())
     }
 
-    fn bind(&mut self, from: &str, at: &str) -> Result<(), String> {
-        std::fs::create_dir_all(at).map_err(|e| format!("mkdir {at}: {e}"))?;
-        mount(Some(from), at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(|e| format!("mount --bind {from} {at}: {e}"))?;
+    fn bind(&mut self, from: &str, at: &str) -> Result<(), ShellError> {
+        mkdir(at)?;
+        mount(Some(from), at, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(|source| {
+            ShellError::Mount {
+                args: format!("--bind {from} {at}"),
+                source,
+            }
+        })?;
         self.mounts.push(at.to_string());
         Ok(())
     }
 
     /// Unmounts what this run mounted below `prefix` (innermost first).
-    fn unmount_below(&mut self, prefix: &str) -> Result<(), String> {
+    fn unmount_below(&mut self, prefix: &str) -> Result<(), ShellError> {
         while let Some(i) = self
             .mounts
             .iter()
@@ -467,13 +574,17 @@ impl<'a> Run<'a> {
             if let Err(e) = umount2(m.as_str(), MntFlags::empty()) {
                 nix::unistd::sync();
                 std::thread::sleep(Duration::from_secs(1));
-                umount2(m.as_str(), MntFlags::empty()).map_err(|_| format!("umount {m}: {e}"))?;
+                // The first failure says why; the retry's is usually the same.
+                umount2(m.as_str(), MntFlags::empty()).map_err(|_| ShellError::Unmount {
+                    path: m.clone(),
+                    source: e,
+                })?;
             }
         }
         Ok(())
     }
 
-    fn unmount_all(&mut self) -> Result<(), String> {
+    fn unmount_all(&mut self) -> Result<(), ShellError> {
         self.unmount_below(TARGET)
     }
 
@@ -691,7 +802,10 @@ impl<'a> Run<'a> {
         if let Some(dir) = Path::new(&early).parent() {
             std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::write(&early, paddock_birther::layout::efi_early_config()))
-                .map_err(|e| format!("writing {early}: {e}"))
+                .map_err(|source| ShellError::Write {
+                    path: early.clone(),
+                    source,
+                })
                 .or_else(|e| fail(step, e))?;
         }
         let mut result = Ok(());
@@ -762,24 +876,23 @@ impl<'a> Run<'a> {
 
 /// Zeroes the disk's first and last MiB.
 /// Waits until the kernel shows every partition of `layout` (no udev in the ramdisk).
-fn wait_for_partitions(layout: &Layout) -> Result<(), String> {
+fn wait_for_partitions(layout: &Layout) -> Result<(), ShellError> {
     let deadline = Instant::now() + PARTITIONS_APPEAR;
     loop {
-        let missing: Vec<&str> = layout
+        let missing: Vec<String> = layout
             .partitions()
             .iter()
-            .map(|p| p.device.as_str())
+            .map(|p| p.device.clone())
             .filter(|d| !Path::new(d).exists())
             .collect();
         if missing.is_empty() {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the table is written but {} did not appear within {} s",
-                missing.join(", "),
-                PARTITIONS_APPEAR.as_secs()
-            ));
+            return Err(ShellError::PartitionsMissing {
+                missing,
+                waited: PARTITIONS_APPEAR,
+            });
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -790,11 +903,11 @@ fn wait_for_partitions(layout: &Layout) -> Result<(), String> {
 /// onto the new root by busybox (`wget -O- URL | tar -x`, two processes joined by a pipe, no
 /// shell). The console lines are the bench's clock: `baseline: begins`, `baseline: streamed`,
 /// `baseline: synced`. Nothing is reported to the appliance.
-pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(), String> {
+pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(), ShellError> {
     const BUSYBOX: &str = "/bin/busybox";
-    let disk = choose_root_disk(inventory, None, 0).map_err(|e| e.to_string())?;
+    let disk = choose_root_disk(inventory, None, 0)?;
     let fw = firmware(Path::new("/sys/firmware/efi").exists());
-    let layout = plan(&disk.name, Geometry::of_disk(&disk), fw).map_err(|e| e.to_string())?;
+    let layout = plan(&disk.name, Geometry::of_disk(&disk), fw)?;
     console.say(&format!(
         "baseline: begins: {} ({} MiB), {} firmware, {url}",
         disk.name,
@@ -814,7 +927,7 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         run(c)?;
     }
     let root = layout.partition(Role::Root).device.clone();
-    std::fs::create_dir_all(TARGET).map_err(|e| format!("mkdir {TARGET}: {e}"))?;
+    mkdir(TARGET)?;
     mount(
         Some(root.as_str()),
         TARGET,
@@ -822,7 +935,10 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| format!("mount {root} {TARGET}: {e}"))?;
+    .map_err(|source| ShellError::Mount {
+        args: format!("{root} {TARGET}"),
+        source,
+    })?;
     console.say(&format!(
         "baseline: laid out and formatted in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -834,31 +950,38 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run busybox wget: {e}"))?;
-    let pipe = wget
-        .stdout
-        .take()
-        .ok_or_else(|| "busybox wget has no stdout".to_string())?;
+        .map_err(|source| ShellError::Spawn {
+            command: "busybox wget".into(),
+            source,
+        })?;
+    let pipe = wget.stdout.take().ok_or_else(|| ShellError::NoStdout {
+        command: "busybox wget".into(),
+    })?;
     let tar = Process::new(BUSYBOX)
         .args(["tar", "-x", "-C", TARGET])
         .stdin(Stdio::from(pipe))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run busybox tar: {e}"))?;
-    let tar_out = tar
-        .wait_with_output()
-        .map_err(|e| format!("waiting for busybox tar: {e}"))?;
-    let wget_out = wget
-        .wait_with_output()
-        .map_err(|e| format!("waiting for busybox wget: {e}"))?;
-    for (what, out) in [("wget", &wget_out), ("tar", &tar_out)] {
+        .map_err(|source| ShellError::Spawn {
+            command: "busybox tar".into(),
+            source,
+        })?;
+    let tar_out = tar.wait_with_output().map_err(|source| ShellError::Wait {
+        command: "busybox tar".into(),
+        source,
+    })?;
+    let wget_out = wget.wait_with_output().map_err(|source| ShellError::Wait {
+        command: "busybox wget".into(),
+        source,
+    })?;
+    for (command, out) in [("wget", &wget_out), ("tar", &tar_out)] {
         if !out.status.success() {
-            return Err(format!(
-                "busybox {what} {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(ShellError::Busybox {
+                command,
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
         }
     }
     console.say(&format!(
@@ -873,12 +996,19 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         syncing.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64()
     ));
-    umount2(TARGET, MntFlags::empty()).map_err(|e| format!("umount {TARGET}: {e}"))?;
+    umount2(TARGET, MntFlags::empty()).map_err(|source| ShellError::Unmount {
+        path: TARGET.into(),
+        source,
+    })?;
     Ok(())
 }
 
-fn zero_ends(dev: &str) -> Result<(), String> {
-    let e = |what: &str, err: std::io::Error| format!("{what} {dev}: {err}");
+fn zero_ends(dev: &str) -> Result<(), ShellError> {
+    let e = |what: &'static str, source: std::io::Error| ShellError::Device {
+        what,
+        device: dev.to_string(),
+        source,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .open(dev)
@@ -894,29 +1024,42 @@ fn zero_ends(dev: &str) -> Result<(), String> {
 }
 
 /// `sfdisk --json DISK`: the table, `None` when the disk has none.
-fn read_table(device: &str) -> Result<Option<probe::PartitionTable>, String> {
+fn read_table(device: &str) -> Result<Option<probe::PartitionTable>, ShellError> {
     match run(&cmd(&["sfdisk", "--json", device])) {
-        Ok(out) => probe::parse_sfdisk_json(&out)
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        Ok(out) => Ok(Some(probe::parse_sfdisk_json(&out)?)),
         // sfdisk exits 1 with "does not contain a recognized partition table".
-        Err(e) if e.contains("partition table") => Ok(None),
+        Err(ShellError::Failed { output, .. })
+            if String::from_utf8_lossy(&output).contains("partition table") =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }
 
-fn write_identity(target: &str, f: &IdentityFile) -> Result<(), String> {
+fn mkdir(path: &str) -> Result<(), ShellError> {
+    std::fs::create_dir_all(path).map_err(|source| ShellError::Mkdir {
+        path: path.to_string(),
+        source,
+    })
+}
+
+fn write_identity(target: &str, f: &IdentityFile) -> Result<(), ShellError> {
     let path = format!("{target}{}", f.path());
     if let Some(dir) = Path::new(&path).parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        mkdir(&dir.to_string_lossy())?;
     }
     let set_mode = |mode: u32| {
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("chmod {path}: {e}"))
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+            ShellError::Chmod {
+                path: path.clone(),
+                source,
+            }
+        })
     };
     match f {
         IdentityFile::Dir { mode, .. } => {
-            std::fs::create_dir_all(&path).map_err(|e| format!("mkdir {path}: {e}"))?;
+            mkdir(&path)?;
             set_mode(*mode)
         }
         IdentityFile::File { contents, mode, .. } => {
@@ -929,17 +1072,28 @@ fn write_identity(target: &str, f: &IdentityFile) -> Result<(), String> {
                 .mode(*mode)
                 .open(&path)
                 .and_then(|mut w| w.write_all(contents))
-                .map_err(|e| format!("writing {path}: {e}"))?;
+                .map_err(|source| ShellError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
             set_mode(*mode)
         }
         IdentityFile::Copy { from, mode, .. } => {
             let _ = std::fs::remove_file(&path);
-            std::fs::copy(from, &path).map_err(|e| format!("copying {from} to {path}: {e}"))?;
+            std::fs::copy(from, &path).map_err(|source| ShellError::Copy {
+                from: from.clone(),
+                to: path.clone(),
+                source,
+            })?;
             set_mode(*mode)
         }
         IdentityFile::Symlink { target: to, .. } => {
             let _ = std::fs::remove_file(&path);
-            std::os::unix::fs::symlink(to, &path).map_err(|e| format!("linking {path} → {to}: {e}"))
+            std::os::unix::fs::symlink(to, &path).map_err(|source| ShellError::Symlink {
+                path: path.clone(),
+                to: to.clone(),
+                source,
+            })
         }
     }
 }
@@ -981,14 +1135,21 @@ mod tests {
         assert_eq!(out, b"label: gpt\n");
         // `$HOME` is not expanded: there is no shell.
         assert_eq!(run(&cmd(&["echo", "$HOME;", "x"])).unwrap(), b"$HOME; x\n");
-        let e = run(&cmd(&["ls", "/nonexistent-paddock"])).unwrap_err();
+        let e = run(&cmd(&["ls", "/nonexistent-paddock"]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("`ls /nonexistent-paddock` exited with 2: ls: cannot access"),
             "{e}"
         );
-        let e = run(&cmd(&["no-such-program-paddock"])).unwrap_err();
+        let e = run(&cmd(&["no-such-program-paddock"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("cannot run `no-such-program-paddock`"), "{e}");
-        assert_eq!(run(&cmd(&[])).unwrap_err(), "an empty command");
+        assert!(matches!(
+            run(&cmd(&[])).unwrap_err(),
+            ShellError::EmptyCommand
+        ));
     }
 
     #[test]
