@@ -18,15 +18,10 @@ pub const MAX_PATTERNS: usize = 256;
 /// A longer pattern (or group name) is refused.
 pub const MAX_PATTERN_BYTES: usize = 128;
 
-const TAG_SEQUENCE: u8 = 0x30;
-const TAG_UTF8: u8 = 0x0c;
-const TAG_PRINTABLE: u8 = 0x13;
-const TAG_IA5: u8 = 0x16;
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MethodError {
     #[error("not a DER SEQUENCE OF strings: {0}")]
-    Der(&'static str),
+    Der(yasna::ASN1Error),
     #[error("more than {MAX_PATTERNS} entries")]
     TooMany,
     #[error("{0:?}: longer than {MAX_PATTERN_BYTES} bytes")]
@@ -166,90 +161,47 @@ impl Permissions {
 
 /// The extension's value: a DER `SEQUENCE OF UTF8String`.
 pub fn encode_strings<S: AsRef<str>>(items: &[S]) -> Vec<u8> {
-    let mut body = Vec::new();
-    for s in items {
-        let s = s.as_ref().as_bytes();
-        body.push(TAG_UTF8);
-        push_len(&mut body, s.len());
-        body.extend_from_slice(s);
-    }
-    let mut out = vec![TAG_SEQUENCE];
-    push_len(&mut out, body.len());
-    out.extend_from_slice(&body);
-    out
-}
-
-fn push_len(out: &mut Vec<u8>, len: usize) {
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes = len.to_be_bytes();
-        let skip = bytes.iter().take_while(|&&b| b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
-    }
-}
-
-/// Reads one DER header at the start of `b`: (tag, content, rest).
-fn read_tlv(b: &[u8]) -> Result<(u8, &[u8], &[u8]), MethodError> {
-    let (&tag, b) = b.split_first().ok_or(MethodError::Der("truncated tag"))?;
-    let (&first, b) = b
-        .split_first()
-        .ok_or(MethodError::Der("truncated length"))?;
-    let (len, b) = if first < 0x80 {
-        (usize::from(first), b)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 {
-            return Err(MethodError::Der("indefinite length"));
-        }
-        if n > 4 || n > b.len() {
-            return Err(MethodError::Der("bad length"));
-        }
-        let (lb, rest) = b.split_at(n);
-        if lb[0] == 0 {
-            return Err(MethodError::Der("non-minimal length"));
-        }
-        let len = lb.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x));
-        if len < 0x80 {
-            return Err(MethodError::Der("non-minimal length"));
-        }
-        (len, rest)
-    };
-    if len > b.len() {
-        return Err(MethodError::Der("content runs past the end"));
-    }
-    let (content, rest) = b.split_at(len);
-    Ok((tag, content, rest))
+    yasna::construct_der(|w| {
+        w.write_sequence_of(|w| {
+            for s in items {
+                w.next().write_utf8_string(s.as_ref());
+            }
+        })
+    })
 }
 
 /// Parses a `SEQUENCE OF` UTF8String, PrintableString or IA5String (Go's `asn1.Marshal` of
 /// a `[]string` writes PrintableString where it can). Nothing may follow the sequence.
 pub fn decode_strings(der: &[u8]) -> Result<Vec<String>, MethodError> {
-    let (tag, mut content, rest) = read_tlv(der)?;
-    if tag != TAG_SEQUENCE {
-        return Err(MethodError::Der("not a SEQUENCE"));
-    }
-    if !rest.is_empty() {
-        return Err(MethodError::Der("bytes after the SEQUENCE"));
-    }
+    use yasna::tags::{TAG_IA5STRING, TAG_PRINTABLESTRING, TAG_UTF8STRING};
     let mut out = Vec::new();
-    while !content.is_empty() {
-        let (tag, s, rest) = read_tlv(content)?;
-        if !matches!(tag, TAG_UTF8 | TAG_PRINTABLE | TAG_IA5) {
-            return Err(MethodError::Der("an element is not a string"));
-        }
-        if out.len() == MAX_PATTERNS {
-            return Err(MethodError::TooMany);
-        }
-        let s = std::str::from_utf8(s).map_err(|_| MethodError::Der("a string is not UTF-8"))?;
-        if s.len() > MAX_PATTERN_BYTES {
-            return Err(MethodError::TooLong(s.chars().take(40).collect()));
-        }
-        out.push(s.to_string());
-        content = rest;
+    // yasna's callbacks can only fail with its own error: ours waits here, and the
+    // callback stops the parse with an `Invalid` that is never reported.
+    let mut refused = None;
+    let parsed = yasna::parse_der(der, |r| {
+        r.read_sequence_of(|r| {
+            let s = match r.lookahead_tag()? {
+                TAG_UTF8STRING => r.read_utf8string()?,
+                TAG_PRINTABLESTRING => r.read_printable_string()?,
+                TAG_IA5STRING => r.read_ia5_string()?,
+                _ => return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid)),
+            };
+            if out.len() == MAX_PATTERNS {
+                refused = Some(MethodError::TooMany);
+            } else if s.len() > MAX_PATTERN_BYTES {
+                refused = Some(MethodError::TooLong(s.chars().take(40).collect()));
+            } else {
+                out.push(s);
+                return Ok(());
+            }
+            Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid))
+        })
+    });
+    match (refused, parsed) {
+        (Some(e), _) => Err(e),
+        (None, Err(e)) => Err(MethodError::Der(e)),
+        (None, Ok(())) => Ok(out),
     }
-    Ok(out)
 }
 
 /// The permitted-methods extension's value → checked permissions.
@@ -350,6 +302,57 @@ mod tests {
         assert_eq!(decode_strings(&[0x30, 0x00]).unwrap(), Vec::<String>::new());
         // Well-formed, but not a method pattern.
         assert!(parse_permitted_methods(&encode_strings(&["Subd"])).is_err());
+    }
+
+    #[test]
+    fn strings_round_trip() {
+        for v in [
+            vec![],
+            vec!["Subd.*".to_string()],
+            vec![
+                "é.ü".to_string(),
+                String::new(),
+                "x".repeat(MAX_PATTERN_BYTES),
+            ],
+            (0..MAX_PATTERNS).map(|i| format!("S{i}.M")).collect(),
+        ] {
+            let der = encode_strings(&v);
+            assert_eq!(decode_strings(&der).unwrap(), v, "{der:?}");
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_wrong_tags_and_limits_are_refused() {
+        let good = encode_strings(&["Subd.Poll"]);
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(matches!(
+            decode_strings(&trailing),
+            Err(MethodError::Der(_))
+        ));
+        // A SET, not a SEQUENCE.
+        let mut set = good.clone();
+        set[0] = 0x31;
+        assert!(matches!(decode_strings(&set), Err(MethodError::Der(_))));
+        // Elements that are not strings: an OCTET STRING, an INTEGER, a BMPString.
+        for tag in [0x04, 0x02, 0x1e] {
+            let mut element = good.clone();
+            element[2] = tag;
+            assert!(
+                matches!(decode_strings(&element), Err(MethodError::Der(_))),
+                "{tag:#x}"
+            );
+        }
+        let many: Vec<String> = (0..=MAX_PATTERNS).map(|i| format!("S{i}.M")).collect();
+        assert_eq!(
+            decode_strings(&encode_strings(&many)),
+            Err(MethodError::TooMany)
+        );
+        let long = "x".repeat(MAX_PATTERN_BYTES + 1);
+        assert_eq!(
+            decode_strings(&encode_strings(&[&long])),
+            Err(MethodError::TooLong("x".repeat(40)))
+        );
     }
 
     #[test]
