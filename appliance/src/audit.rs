@@ -296,6 +296,34 @@ impl Audit {
     }
 }
 
+/// On the leader, the log keeps the newest entries (pruned every minute); on every host,
+/// refusals counted in memory are written every few seconds.
+pub fn start(rt: &mut crate::runtime::Runtime, audit: Arc<Audit>) {
+    let a = audit.clone();
+    rt.every_while_leading(
+        "audit: pruning",
+        std::time::Duration::from_secs(60),
+        move |_| {
+            let a = a.clone();
+            async move {
+                match a.prune().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "audit: pruned"),
+                    Err(e) => tracing::error!(error = %e, "audit: pruning failed"),
+                }
+            }
+        },
+    );
+    rt.every(
+        "audit: refusals",
+        std::time::Duration::from_secs(5),
+        move || {
+            let a = audit.clone();
+            async move { a.flush(paddock_wire::unix_ms()).await }
+        },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,12 +16,12 @@
 //! (OVMF kept only the network). If that fails the script `exit`s to the firmware's boot
 //! manager. A BIOS `sanboot` that fails also exits, handing the choice back to the BIOS.
 
+use std::net::SocketAddr;
+
 use paddock_birther::Serve;
 use paddock_inventory::MacAddr;
 
 use paddock_inspector::node::Node;
-
-use crate::config::Discovery;
 
 /// What a machine boots (pure: from its node and its provisioning record's [`Serve`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +174,38 @@ pub fn ipxe_text(s: &str) -> String {
 /// The script served to an iPXE that asks for `autoexec.ipxe` or a generic script.
 pub fn chain_script(public_url: &str) -> String {
     format!("#!ipxe\nchain {public_url}/boot/${{net0/mac}}.ipxe\n")
+}
+
+#[derive(Clone, Debug)]
+pub struct TftpConfig {
+    pub listen: Vec<SocketAddr>,
+    pub server: paddock_tftp::TftpConfig,
+}
+
+/// The discovery ramdisk entry of the boot script.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Discovery {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub cmdline: String,
+    /// `paddock.url` for the agent when there are several hosts (this one first); empty:
+    /// the public URL alone.
+    pub agent_urls: Vec<String>,
+}
+
+/// Serves the boot loaders over TFTP on each configured address, with `autoexec.ipxe`
+/// chaining to the HTTP boot script.
+pub fn start_tftp(tftp: Option<&TftpConfig>, public_url: &str) -> anyhow::Result<()> {
+    let Some(t) = tftp else {
+        return Ok(());
+    };
+    let mem = paddock_tftp::MemFiles::default();
+    mem.insert("autoexec.ipxe", chain_script(public_url).into_bytes());
+    for addr in &t.listen {
+        paddock_tftp::spawn(*addr, t.server.clone(), mem.clone())?;
+        tracing::info!(%addr, "tftp: listening");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -252,11 +252,13 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
     // Agent tokens live in a running appliance's hosts: always through its API.
     let agent_tokens = matches!(cmd, CertsCmd::RevokeAgent { .. } | CertsCmd::RotateAgentKey);
     if agent_tokens
-        || (writes_tokens && cfg.cluster.is_none() && crate::serve::store_lock(cfg)?.is_none())
+        || (writes_tokens
+            && cfg.cluster.is_none()
+            && crate::cluster::store_lock(&cfg.data_dir, cfg.cluster.as_ref())?.is_none())
     {
         return tokens_via_api(cfg, cmd);
     }
-    let store = crate::serve::open_store(cfg).await?;
+    let store = crate::cluster::open_store(&cfg.data_dir, cfg.cluster.as_ref()).await?;
     match cmd {
         CertsCmd::Init { sans, admin } => {
             let admin = (admin != "-").then_some(admin.as_str());

@@ -33,7 +33,6 @@ use paddock_wire::{ApiError, unix_ms};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::config::DominatorConfig;
 use crate::leader::LeaderRx;
 
 pub const PAUSE: &str = "dominator/pause";
@@ -170,7 +169,6 @@ pub struct Wiring {
     pub store: Arc<dyn Store>,
     pub mdb: Arc<MdbService>,
     pub images: Arc<ImageServer>,
-    pub leader: LeaderRx,
     /// Where subs fetch objects (this appliance's public URL).
     pub image_server_url: String,
     /// This host's name, as subd's client lock sees the dominator.
@@ -184,23 +182,18 @@ pub struct Wiring {
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
 /// few seconds), and a herd runs while this host leads.
-pub fn spawn(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-    cfg: &DominatorConfig,
-    w: Wiring,
-) -> Census {
+pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring) -> Census {
     let Wiring {
         store,
         mdb,
         images,
-        leader,
         image_server_url,
         host,
         inspector,
         tls,
     } = w;
     let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
-    tasks.spawn(async move {
+    rt.spawn_future("dominator: changes", async move {
         record_changes(inspector, changes_rx).await;
         Ok(())
     });
@@ -208,7 +201,7 @@ pub fn spawn(
     let (specs_tx, specs_rx) = watch::channel(Vec::new());
     {
         let (store, port) = (store.clone(), cfg.subd_port);
-        tasks.spawn(async move {
+        rt.spawn_future("dominator: specs", async move {
             follow_specs(store, mdb, port, specs_tx).await;
             Ok(())
         });
@@ -230,35 +223,24 @@ pub fn spawn(
     });
     let images = Arc::new(ImageIndex(images));
     let c = census.clone();
-    tasks.spawn(async move {
-        let mut leader = leader;
-        loop {
-            while leader.borrow_and_update().is_none() {
-                if leader.changed().await.is_err() {
-                    return Ok(());
-                }
-            }
+    rt.while_leading("dominator: herd", move |ctx, _fence| {
+        let herd = Herd::new(
+            rpc.clone(),
+            images.clone(),
+            policy.clone(),
+            limits.clone(),
+            c.clone(),
+        )
+        .with_changes(changes_tx.clone());
+        let (specs_rx, c) = (specs_rx.clone(), c.clone());
+        async move {
             tracing::info!("dominator: this host leads; keeping the subs");
             let (stop_tx, stop_rx) = watch::channel(false);
-            let herd = Herd::new(
-                rpc.clone(),
-                images.clone(),
-                policy.clone(),
-                limits.clone(),
-                c.clone(),
-            )
-            .with_changes(changes_tx.clone());
             let epoch = Instant::now();
-            let run = tokio::spawn(herd.run(specs_rx.clone(), stop_rx, move || {
+            let run = tokio::spawn(herd.run(specs_rx, stop_rx, move || {
                 u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
             }));
-            while leader.borrow_and_update().is_some() {
-                if leader.changed().await.is_err() {
-                    // Nothing will change the leadership again (a host alone, whose
-                    // sender is gone): lead for good, not restart the herd in a loop.
-                    std::future::pending::<()>().await;
-                }
-            }
+            ctx.cancel.cancelled().await;
             let _ = stop_tx.send(true);
             let _ = run.await;
             c.write().unwrap_or_else(|p| p.into_inner()).clear();
@@ -556,6 +538,18 @@ async fn clear_safety(
     .await?;
     tracing::warn!(hostname = %r.hostname, "dominator: safety hold cleared by an operator");
     Ok(Json(c))
+}
+
+/// The dominator: how it reaches subs and how hard it pushes.
+#[derive(Clone, Debug)]
+pub struct DominatorConfig {
+    pub subd_port: u16,
+    pub max_updates: usize,
+    pub max_polls: usize,
+    pub poll_interval: Duration,
+    pub fetch_speed_percent: f64,
+    /// Share of the subs that may run a high-impact or reboot update at once.
+    pub high_impact_share: f64,
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::boot;
-use crate::config::Config;
+use crate::config::{Config, SecurityConfig};
 use crate::pxe_filter::FirewallAnswer;
 
 #[derive(Clone)]
@@ -391,6 +391,50 @@ fn render_metrics(
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
+}
+
+/// Binds the plain listener and, with TLS, the HTTPS one, and serves the API on them. At
+/// shutdown both stop accepting and give the requests in flight `[http]
+/// shutdown_grace_secs` to finish.
+pub async fn start(rt: &mut crate::runtime::Runtime, state: AppState) -> anyhow::Result<()> {
+    let (cfg, security) = (state.config.clone(), state.security.clone());
+    let app = router(state);
+    let listener = bind(cfg.http_listen, "HTTP").await?;
+    tracing::info!(listen = %cfg.http_listen, public_url = %cfg.public_url, "http: listening");
+    serve_on(rt, "http", listener, None, app.clone(), &cfg);
+    if let (SecurityConfig::Tls(t), Some(server)) = (&cfg.security, security.server_config()?) {
+        let listener = bind(t.listen, "HTTPS").await?;
+        let ca = security
+            .tls
+            .as_ref()
+            .map_or("", |s| s.ca_fingerprint.as_str());
+        tracing::info!(listen = %t.listen, public_url = %t.public_url, ca = %ca, "https: listening");
+        serve_on(rt, "https", listener, Some(server), app, &cfg);
+    }
+    Ok(())
+}
+
+async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    use anyhow::Context as _;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {what} on {addr}"))
+}
+
+fn serve_on(
+    rt: &mut crate::runtime::Runtime,
+    name: &'static str,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: Router,
+    cfg: &Config,
+) {
+    let (limits, grace) = (cfg.listener_limits(), cfg.http_shutdown_grace);
+    rt.spawn_once(name, move |ctx| async move {
+        let stop = ctx.cancel.cancelled_owned();
+        paddock_security::tls::serve_until(listener, tls, app, limits, stop, grace).await;
+        Ok(())
+    });
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! recorder that puts every machine that finished enrolment into the MDB.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use paddock_image::Machine;
 use paddock_imageserver::mdb::{MdbService, MdbServiceError, Source};
@@ -206,6 +208,61 @@ impl NodeObserver for MdbRecorder {
             }
         })
     }
+}
+
+#[derive(Clone, Debug)]
+pub struct ImagesConfig {
+    pub dir: PathBuf,
+    pub mdb_file: Option<PathBuf>,
+    pub mdb_poll: Duration,
+    pub record_enrolled: bool,
+    pub expire_check: Duration,
+}
+
+/// The image server's own work: the MDB file followed, expired images removed (leader
+/// only), and with several hosts every image's objects fetched from the others, so that any
+/// leader's image server serves every image.
+pub fn start(
+    rt: &mut crate::runtime::Runtime,
+    cfg: &ImagesConfig,
+    images: &Arc<paddock_imageserver::images::ImageServer>,
+    mdb: &Arc<MdbService>,
+    peers: Replication,
+) {
+    if cfg.mdb_file.is_some() {
+        let (m, period) = (mdb.clone(), cfg.mdb_poll);
+        rt.spawn_future("mdb: file", async move {
+            m.watch(period, paddock_wire::unix_ms).await;
+            Ok(())
+        });
+    }
+    let im = images.clone();
+    rt.every_while_leading("images: expiry", cfg.expire_check, move |_| {
+        let im = im.clone();
+        async move {
+            if let Err(e) = im.expire(paddock_wire::unix_ms()).await {
+                tracing::error!(error = %e, "images: expiry check failed");
+            }
+        }
+    });
+    if !peers.urls.is_empty() {
+        let r = paddock_imageserver::replicate::Replicator::with_tls(
+            images.clone(),
+            peers.urls,
+            peers.tls,
+        );
+        let store = rt.context().store.clone();
+        rt.spawn_future("images: replication", async move {
+            r.run(store).await;
+            Ok(())
+        });
+    }
+}
+
+/// The other hosts to fetch images from, and the TLS to reach them with.
+pub struct Replication {
+    pub urls: Vec<String>,
+    pub tls: Option<ureq::tls::TlsConfig>,
 }
 
 #[cfg(test)]

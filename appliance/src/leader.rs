@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use paddock_store::election::{Election, Leader, Tenure};
 use paddock_store::{Compare, Store, StoreError};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Why this host may do leader work now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,9 +96,9 @@ pub struct Elector {
 }
 
 impl Elector {
-    /// Runs until `stop` turns true (SIGTERM): then resigns, so that another host takes
+    /// Runs until `stop` is cancelled (SIGTERM): then resigns, so that another host takes
     /// over at once rather than after the lease runs out.
-    pub async fn run(self, tx: LeaderTx, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, tx: LeaderTx, stop: CancellationToken) {
         let election = Arc::new(Election::new(self.store.clone(), "pxe"));
         let clock = self.clock.clone();
         let ttl = clock.ttl;
@@ -106,7 +107,7 @@ impl Elector {
             move || c.now_ms()
         };
         loop {
-            if *stop.borrow() {
+            if stop.is_cancelled() {
                 return;
             }
             let sent = now_ms();
@@ -116,7 +117,7 @@ impl Elector {
                     tracing::warn!(error = %e, "leader: cannot get a lease; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                        _ = stop.changed() => return,
+                        () = stop.cancelled() => return,
                     }
                 }
             };
@@ -167,7 +168,7 @@ impl Elector {
                             break Err(StoreError::LeaseNotFound(lease));
                         }
                     }
-                    _ = stop.changed() => {
+                    () = stop.cancelled() => {
                         keeper.abort();
                         let _ = self.store.lease_revoke(lease).await;
                         return;
@@ -187,7 +188,7 @@ impl Elector {
                                 }
                             }
                             _ = lost.notified() => break "the lease is gone",
-                            _ = stop.changed() => {
+                            () = stop.cancelled() => {
                                 clock.leading.store(false, Ordering::SeqCst);
                                 tx.send_replace(None);
                                 keeper.abort();
@@ -212,7 +213,7 @@ impl Elector {
             });
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = stop.changed() => return,
+                () = stop.cancelled() => return,
             }
         }
     }

@@ -411,349 +411,241 @@ fn report(res: anyhow::Result<()>) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.cmd {
+    match Cli::parse().cmd {
         Cmd::Config {
             cmd: ConfigCmd::Check { file },
-        } => match FileConfig::load(&file).and_then(FileConfig::validate) {
-            Ok(c) => {
-                println!("{}: ok", file.display());
-                println!("  data_dir   {}", c.data_dir.display());
-                println!("  http       {} (public {})", c.http_listen, c.public_url);
-                match &c.security {
-                    paddock::config::SecurityConfig::Tls(t) => println!(
-                        "  https      {} (public {}), certificates in {}",
-                        t.listen,
-                        t.public_url,
-                        t.dir.display()
-                    ),
-                    paddock::config::SecurityConfig::Insecure => {
-                        println!("  security   INSECURE: plain HTTP, every method open to anyone")
-                    }
-                }
-                match &c.dhcp {
-                    Some(d) => println!(
-                        "  dhcp       on {} port {}: {} subnet(s), {} reservation(s)",
-                        d.interfaces.join(","),
-                        d.port,
-                        d.subnets.len(),
-                        d.reservations.len()
-                    ),
-                    None => println!("  dhcp       off"),
-                }
-                match &c.tftp {
-                    Some(t) => println!(
-                        "  tftp       {} serving {}",
-                        t.listen
-                            .iter()
-                            .map(|a| a.to_string())
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        t.server
-                            .roots
-                            .iter()
-                            .map(|r| r.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(":")
-                    ),
-                    None => println!("  tftp       off"),
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{}: invalid configuration", file.display());
-                for p in e.problems {
-                    eprintln!("  - {p}");
-                }
-                ExitCode::from(2)
-            }
-        },
-        Cmd::Ramdisk {
-            cmd:
-                RamdiskCmd::Build {
-                    agent,
-                    out,
-                    cache,
-                    add_modules,
-                    busybox,
-                },
-        } => {
-            let mut spec = paddock_ramdisk::initramfs::BuildSpec::new(&agent, &out, &cache);
-            spec.busybox = busybox;
-            spec.modules.extend(add_modules);
-            match paddock_ramdisk::initramfs::build(&spec) {
-                Ok(b) => {
-                    println!("kernel   {}", b.kernel_version);
-                    println!("vmlinuz  {}", b.vmlinuz.display());
-                    println!("initrd   {}", b.initrd.display());
-                    println!("modules  {}", b.modules.join(" "));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("paddock: building the ramdisk: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Cmd::Firewall {
-            api,
-            cmd: FirewallCmd::Status,
-        } => match api.connect().and_then(paddock::cli::firewall_status) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("paddock: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Cmd::Image { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let res = match cmd {
-                ImageCmd::Add {
-                    name,
-                    tarball,
-                    filter,
-                    triggers,
-                    expires_in,
-                } => paddock::cli::image_add(
-                    &api,
-                    &paddock::cli::ImageAdd {
-                        name: &name,
-                        tarball: &tarball,
-                        filter: filter.as_deref(),
-                        triggers: triggers.as_deref(),
-                        expires_in_secs: expires_in,
-                    },
-                ),
-                ImageCmd::List => paddock::cli::image_list(&api),
-                ImageCmd::Show { name } => paddock::cli::image_show(&api, &name),
-                ImageCmd::Delete { name } => paddock::cli::image_delete(&api, &name),
-                ImageCmd::Gc => paddock::cli::image_gc(&api),
-                ImageCmd::Check { name } => paddock::cli::image_check(&api, &name),
-            };
-            report(res)
-        }
-        Cmd::Mdb { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let res = match cmd {
-                MdbCmd::List => paddock::cli::mdb_list(&api),
-                MdbCmd::Set {
-                    hostname,
-                    ip,
-                    required_image,
-                    planned_image,
-                    disable_updates,
-                } => paddock::cli::mdb_set(
-                    &api,
-                    &paddock_image::Machine {
-                        hostname,
-                        ip_address: ip.unwrap_or_default(),
-                        required_image: required_image.unwrap_or_default(),
-                        planned_image: planned_image.unwrap_or_default(),
-                        disable_updates,
-                        ..paddock_image::Machine::default()
-                    },
-                ),
-                MdbCmd::Delete { hostname } => paddock::cli::mdb_delete(&api, &hostname),
-            };
-            report(res)
-        }
-        Cmd::Sub { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            report(match cmd {
-                SubCmd::List => paddock::cli::sub_list(&api),
-                SubCmd::Show { hostname } => paddock::cli::sub_show(&api, &hostname),
-                SubCmd::Pause { hostname, reason } => {
-                    paddock::cli::sub_pause(&api, &hostname, &reason)
-                }
-                SubCmd::Resume { hostname } => paddock::cli::sub_resume(&api, &hostname),
-                SubCmd::ClearSafety { hostname } => paddock::cli::sub_clear_safety(&api, &hostname),
-                SubCmd::Update { hostname, image } => {
-                    paddock::cli::sub_update(&api, &hostname, &image)
-                }
-            })
-        }
-        Cmd::Dominator { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            report(match cmd {
-                DominatorCmd::Status => paddock::cli::dominator_status(&api),
-                DominatorCmd::Pause { reason } => paddock::cli::dominator_pause(&api, &reason),
-                DominatorCmd::Resume => paddock::cli::dominator_resume(&api),
-            })
-        }
-        Cmd::Spec { api, cmd } => {
-            use paddock::roles_cli::{self as r, SpecCmd};
-            // `spec check` reads files only: no appliance, no credentials.
-            if let SpecCmd::Check { files } = &cmd {
-                return report(r::spec_check(files));
-            }
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            report(match cmd {
-                SpecCmd::Check { .. } => unreachable!("checked offline above"),
-                SpecCmd::Plan { file } => r::spec_plan(&api, file.as_deref()),
-                SpecCmd::Apply { file } => r::spec_apply(&api, &file),
-                SpecCmd::Show => r::spec_show(&api),
-                SpecCmd::Rounds { limit, json } => r::spec_rounds(&api, limit, json),
-            })
-        }
-        Cmd::Census { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            use paddock::roles_cli::{self as r, CensusCmd};
-            report(match cmd {
-                None => r::census_list(&api),
-                Some(CensusCmd::Hold {
-                    url,
-                    role,
-                    instance,
-                    host,
-                    ttl,
-                }) => r::census_hold(
-                    url.as_deref().unwrap_or(&api),
-                    paddock::census::Register {
-                        role,
-                        instance,
-                        host,
-                        ttl_secs: Some(ttl),
-                    },
-                ),
-            })
-        }
-        Cmd::Node { api, cmd } => {
-            let api = match api.connect() {
-                Ok(u) => u.to_string(),
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let res = match cmd {
-                NodeCmd::List => paddock::cli::node_list(&api),
-                NodeCmd::Show { node } => paddock::cli::node_show(&api, &node),
-                NodeCmd::Inspect { node } => paddock::cli::node_inspect(&api, &node),
-                NodeCmd::Abort { node } => paddock::cli::node_abort(&api, &node),
-                NodeCmd::Provision { node, image } => {
-                    paddock::cli::node_provision(&api, &node, &image)
-                }
-                NodeCmd::Reimage { node, image } => {
-                    paddock::cli::node_reimage(&api, &node, image.as_deref())
-                }
-                NodeCmd::Clean { node } => paddock::cli::node_clean(&api, &node),
-                NodeCmd::Power { node, action } => paddock::cli::node_power(&api, &node, &action),
-                NodeCmd::Set {
-                    node,
-                    name,
-                    driver,
-                    resource_class,
-                    description,
-                    bmc_address,
-                    properties,
-                    extra,
-                    driver_info,
-                    instance_info,
-                    reset_interfaces,
-                } => paddock::cli::node_set(
-                    &api,
-                    &node,
-                    &paddock::cli::NodeSet {
-                        name: name.as_deref(),
-                        driver: driver.as_deref(),
-                        resource_class: resource_class.as_deref(),
-                        description: description.as_deref(),
-                        bmc_address: bmc_address.as_deref(),
-                        properties: &properties,
-                        extra: &extra,
-                        driver_info: &driver_info,
-                        instance_info: &instance_info,
-                        reset_interfaces,
-                    },
-                ),
-            };
-            match res {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("paddock: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        } => config_check(&file),
+        Cmd::Ramdisk { cmd } => report(ramdisk(cmd)),
         Cmd::Certs {
             config,
             overrides,
             cmd,
-        } => {
-            let cfg = match load_config(config.as_deref(), &overrides) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("paddock: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
+        } => match load_config(config.as_deref(), &overrides) {
+            Ok(cfg) => report(block_on(paddock::certs_cli::run(&cfg, cmd))),
+            Err(code) => code,
+        },
+        Cmd::Serve { config, overrides } => match load_config(config.as_deref(), &overrides) {
+            Ok(cfg) => {
+                serve::init_logging(cfg.log_format);
+                let res = block_on(serve::run(cfg));
+                if let Err(e) = &res {
+                    tracing::error!("{e:#}");
                 }
-            };
-            report(rt.block_on(paddock::certs_cli::run(&cfg, cmd)))
-        }
+                report(res)
+            }
+            Err(code) => code,
+        },
+        // `spec check` reads files only: no appliance, no credentials.
+        Cmd::Spec {
+            cmd: paddock::roles_cli::SpecCmd::Check { files },
+            ..
+        } => report(paddock::roles_cli::spec_check(&files)),
+        Cmd::Spec { api, cmd } => report(api.connect().and_then(|u| spec(u, cmd))),
+        Cmd::Census { api, cmd } => report(api.connect().and_then(|u| census(u, cmd))),
         Cmd::Audit { api, limit, json } => report(
             api.connect()
                 .and_then(|url| paddock::cli::audit(url, limit, json).map_err(Into::into)),
         ),
-        Cmd::Serve { config, overrides } => {
-            let cfg = match load_config(config.as_deref(), &overrides) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            serve::init_logging(cfg.log_format);
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("paddock: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(serve::run(cfg)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("paddock: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        Cmd::Firewall {
+            api,
+            cmd: FirewallCmd::Status,
+        } => report(api.connect().and_then(paddock::cli::firewall_status)),
+        Cmd::Image { api, cmd } => report(api.connect().and_then(|u| image(u, cmd))),
+        Cmd::Mdb { api, cmd } => report(api.connect().and_then(|u| mdb(u, cmd))),
+        Cmd::Sub { api, cmd } => report(api.connect().and_then(|u| sub(u, cmd))),
+        Cmd::Dominator { api, cmd } => report(api.connect().and_then(|u| dominator(u, cmd))),
+        Cmd::Node { api, cmd } => report(api.connect().and_then(|u| node(u, cmd))),
+    }
+}
+
+/// Runs `f` on a fresh runtime (commands that talk to the store or serve).
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Runtime::new()
+        .map_err(|e| anyhow::anyhow!("cannot start the runtime: {e}"))?
+        .block_on(f)
+}
+
+fn config_check(file: &std::path::Path) -> ExitCode {
+    match FileConfig::load(file).and_then(FileConfig::validate) {
+        Ok(c) => {
+            println!("{}: ok", file.display());
+            print!("{}", paddock::config::summary(&c));
+            ExitCode::SUCCESS
         }
+        Err(e) => {
+            eprintln!("{}: invalid configuration", file.display());
+            for p in e.problems {
+                eprintln!("  - {p}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn ramdisk(cmd: RamdiskCmd) -> anyhow::Result<()> {
+    let RamdiskCmd::Build {
+        agent,
+        out,
+        cache,
+        add_modules,
+        busybox,
+    } = cmd;
+    let mut spec = paddock_ramdisk::initramfs::BuildSpec::new(&agent, &out, &cache);
+    spec.busybox = busybox;
+    spec.modules.extend(add_modules);
+    let b = paddock_ramdisk::initramfs::build(&spec)
+        .map_err(|e| anyhow::anyhow!("building the ramdisk: {e}"))?;
+    println!("kernel   {}", b.kernel_version);
+    println!("vmlinuz  {}", b.vmlinuz.display());
+    println!("initrd   {}", b.initrd.display());
+    println!("modules  {}", b.modules.join(" "));
+    Ok(())
+}
+
+fn image(api: &str, cmd: ImageCmd) -> anyhow::Result<()> {
+    use paddock::cli;
+    match cmd {
+        ImageCmd::Add {
+            name,
+            tarball,
+            filter,
+            triggers,
+            expires_in,
+        } => cli::image_add(
+            api,
+            &cli::ImageAdd {
+                name: &name,
+                tarball: &tarball,
+                filter: filter.as_deref(),
+                triggers: triggers.as_deref(),
+                expires_in_secs: expires_in,
+            },
+        ),
+        ImageCmd::List => cli::image_list(api),
+        ImageCmd::Show { name } => cli::image_show(api, &name),
+        ImageCmd::Delete { name } => cli::image_delete(api, &name),
+        ImageCmd::Gc => cli::image_gc(api),
+        ImageCmd::Check { name } => cli::image_check(api, &name),
+    }
+}
+
+fn mdb(api: &str, cmd: MdbCmd) -> anyhow::Result<()> {
+    use paddock::cli;
+    match cmd {
+        MdbCmd::List => cli::mdb_list(api),
+        MdbCmd::Set {
+            hostname,
+            ip,
+            required_image,
+            planned_image,
+            disable_updates,
+        } => cli::mdb_set(
+            api,
+            &paddock_image::Machine {
+                hostname,
+                ip_address: ip.unwrap_or_default(),
+                required_image: required_image.unwrap_or_default(),
+                planned_image: planned_image.unwrap_or_default(),
+                disable_updates,
+                ..paddock_image::Machine::default()
+            },
+        ),
+        MdbCmd::Delete { hostname } => cli::mdb_delete(api, &hostname),
+    }
+}
+
+fn sub(api: &str, cmd: SubCmd) -> anyhow::Result<()> {
+    use paddock::cli;
+    match cmd {
+        SubCmd::List => cli::sub_list(api),
+        SubCmd::Show { hostname } => cli::sub_show(api, &hostname),
+        SubCmd::Pause { hostname, reason } => cli::sub_pause(api, &hostname, &reason),
+        SubCmd::Resume { hostname } => cli::sub_resume(api, &hostname),
+        SubCmd::ClearSafety { hostname } => cli::sub_clear_safety(api, &hostname),
+        SubCmd::Update { hostname, image } => cli::sub_update(api, &hostname, &image),
+    }
+}
+
+fn dominator(api: &str, cmd: DominatorCmd) -> anyhow::Result<()> {
+    use paddock::cli;
+    match cmd {
+        DominatorCmd::Status => cli::dominator_status(api),
+        DominatorCmd::Pause { reason } => cli::dominator_pause(api, &reason),
+        DominatorCmd::Resume => cli::dominator_resume(api),
+    }
+}
+
+fn spec(api: &str, cmd: paddock::roles_cli::SpecCmd) -> anyhow::Result<()> {
+    use paddock::roles_cli::{self as r, SpecCmd};
+    match cmd {
+        SpecCmd::Check { files } => r::spec_check(&files),
+        SpecCmd::Plan { file } => r::spec_plan(api, file.as_deref()),
+        SpecCmd::Apply { file } => r::spec_apply(api, &file),
+        SpecCmd::Show => r::spec_show(api),
+        SpecCmd::Rounds { limit, json } => r::spec_rounds(api, limit, json),
+    }
+}
+
+fn census(api: &str, cmd: Option<paddock::roles_cli::CensusCmd>) -> anyhow::Result<()> {
+    use paddock::roles_cli::{self as r, CensusCmd};
+    match cmd {
+        None => r::census_list(api),
+        Some(CensusCmd::Hold {
+            url,
+            role,
+            instance,
+            host,
+            ttl,
+        }) => r::census_hold(
+            url.as_deref().unwrap_or(api),
+            paddock::census::Register {
+                role,
+                instance,
+                host,
+                ttl_secs: Some(ttl),
+            },
+        ),
+    }
+}
+
+fn node(api: &str, cmd: NodeCmd) -> anyhow::Result<()> {
+    use paddock::cli;
+    match cmd {
+        NodeCmd::List => cli::node_list(api),
+        NodeCmd::Show { node } => cli::node_show(api, &node),
+        NodeCmd::Inspect { node } => cli::node_inspect(api, &node),
+        NodeCmd::Abort { node } => cli::node_abort(api, &node),
+        NodeCmd::Provision { node, image } => cli::node_provision(api, &node, &image),
+        NodeCmd::Reimage { node, image } => cli::node_reimage(api, &node, image.as_deref()),
+        NodeCmd::Clean { node } => cli::node_clean(api, &node),
+        NodeCmd::Power { node, action } => cli::node_power(api, &node, &action),
+        NodeCmd::Set {
+            node,
+            name,
+            driver,
+            resource_class,
+            description,
+            bmc_address,
+            properties,
+            extra,
+            driver_info,
+            instance_info,
+            reset_interfaces,
+        } => cli::node_set(
+            api,
+            &node,
+            &cli::NodeSet {
+                name: name.as_deref(),
+                driver: driver.as_deref(),
+                resource_class: resource_class.as_deref(),
+                description: description.as_deref(),
+                bmc_address: bmc_address.as_deref(),
+                properties: &properties,
+                extra: &extra,
+                driver_info: &driver_info,
+                instance_info: &instance_info,
+                reset_interfaces,
+            },
+        ),
     }
 }

@@ -1150,24 +1150,16 @@ pub fn add_metrics(text: String, v: &ThrottleView) -> String {
 }
 
 /// The periodic sync and the throttle, leader-only.
-pub fn spawn(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-    power: Arc<Power>,
-    leader: crate::leader::LeaderRx,
-) {
-    let (p, l) = (power.clone(), leader.clone());
-    tasks.spawn(async move {
+pub fn start(rt: &mut crate::runtime::Runtime, power: Arc<Power>) {
+    let (p, l) = (power.clone(), rt.context().leader.clone());
+    rt.spawn_future("power: throttle", async move {
         p.run_throttle(l).await;
         Ok(())
     });
-    tasks.spawn(async move {
-        let mut tick = tokio::time::interval(power.config.sync_every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if leader.borrow().is_none() {
-                continue;
-            }
+    let every = power.config.sync_every;
+    rt.every_while_leading("power: sync", every, move |_fence| {
+        let power = power.clone();
+        async move {
             let n = power.sync().await;
             tracing::debug!(nodes = n, "power: states synced");
         }

@@ -69,8 +69,6 @@ use paddock_wire::{ApiError, unix_ms};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::leader::LeaderRx;
-
 pub const PREFIX: &str = "provisioning/";
 pub const RULES: &str = "provisioning-rules/";
 /// The timeline entries' kind.
@@ -747,47 +745,38 @@ impl Provisioner {
     }
 }
 
-/// While this host leads, ends the runs that timed out, every [`expire_every`].
-pub fn expire_runs(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-    p: Arc<Provisioner>,
-    leader: LeaderRx,
-) {
-    tasks.spawn(async move {
-        let mut tick = tokio::time::interval(expire_every(&p.timeouts));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(leadership) = leader.borrow().clone() else {
-                continue;
-            };
-            if let Err(e) = p.expire_runs(now_ms(), leadership.fence()).await {
-                tracing::warn!(error = %e, "provisioning: the timeout check failed");
-            }
-        }
-    });
-}
-
-/// While this host leads, looks at the census every second for runs it shows synced.
-pub fn watch_census(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+/// The leader's work: ends the runs that timed out (every [`expire_every`]) and looks at
+/// the census every second for runs it shows synced.
+pub fn start(
+    rt: &mut crate::runtime::Runtime,
     p: Arc<Provisioner>,
     census: paddock_dominator::Census,
-    leader: LeaderRx,
 ) {
-    tasks.spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if leader.borrow().is_none() {
-                continue;
+    let e = p.clone();
+    rt.every_while_leading(
+        "provisioning: timeouts",
+        expire_every(&p.timeouts),
+        move |fence| {
+            let e = e.clone();
+            async move {
+                if let Err(err) = e.expire_runs(now_ms(), fence).await {
+                    tracing::warn!(error = %err, "provisioning: the timeout check failed");
+                }
             }
-            if let Err(e) = p.census_synced(&census).await {
-                tracing::warn!(error = %e, "provisioning: reading the census failed");
+        },
+    );
+    rt.every_while_leading(
+        "provisioning: census",
+        Duration::from_secs(1),
+        move |_fence| {
+            let (p, census) = (p.clone(), census.clone());
+            async move {
+                if let Err(e) = p.census_synced(&census).await {
+                    tracing::warn!(error = %e, "provisioning: reading the census failed");
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// Acts on `set-image` wishes when an introspection finishes (a node observer: it runs
@@ -969,6 +958,12 @@ async fn register(
         ));
     }
     Ok(Json(p.register(&node, &req.address).await?.record))
+}
+
+/// Provisioning: how long a run may go without a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProvisioningConfig {
+    pub timeouts: paddock_birther::Timeouts,
 }
 
 #[cfg(test)]

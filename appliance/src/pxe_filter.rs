@@ -780,6 +780,122 @@ impl ClientPolicy for Admit {
     }
 }
 
+#[derive(Clone, Debug)]
+pub struct FirewallConfig {
+    pub interface: String,
+    pub discovery: bool,
+    pub reconcile: Duration,
+}
+
+/// Starts the filter on `fw.interface` and the work that keeps it true: the pass rule
+/// follows leadership, the leader's element follows its tenure, changes made through other
+/// hosts arrive through the store, and a periodic reconcile repairs drift.
+pub async fn start_filter(
+    rt: &mut crate::runtime::Runtime,
+    fw: &FirewallConfig,
+    inspector: Arc<Inspector>,
+    tenure: Option<Arc<crate::leader::TenureClock>>,
+) -> anyhow::Result<Arc<PxeFilter>> {
+    use anyhow::Context as _;
+    let leader = rt.context().leader.clone();
+    let clustered = tenure.is_some();
+    let f = PxeFilter::start(
+        Nft::local(),
+        fw.interface.clone(),
+        fw.discovery,
+        inspector,
+        leader.borrow().is_some(),
+        tenure,
+    )
+    .await
+    .context("starting the PXE filter (nftables)")?;
+    if clustered {
+        let kf = f.clone();
+        rt.spawn_future("pxe filter: leader element", async move {
+            kf.keep_leader_element().await;
+            Ok(())
+        });
+        let wf = f.clone();
+        rt.spawn(
+            "pxe filter: node watch",
+            crate::runtime::Policy::Restart,
+            move |ctx| {
+                let wf = wf.clone();
+                async move {
+                    crate::runtime::until_cancelled(ctx.cancel, follow_nodes(ctx.store, wf)).await;
+                    Ok(())
+                }
+            },
+        );
+    }
+    let (lf, mut lrx) = (f.clone(), leader);
+    rt.spawn_future("pxe filter: pass rule", async move {
+        while lrx.changed().await.is_ok() {
+            let leads = lrx.borrow_and_update().is_some();
+            lf.set_pass(leads).await;
+        }
+        // One host: leadership never changes (the sender is gone).
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let r = f.clone();
+    rt.every("pxe filter: reconcile", fw.reconcile, move || {
+        let r = r.clone();
+        async move {
+            if let Err(e) = r.reconcile().await {
+                tracing::error!(error = %e, "pxe filter: reconcile failed");
+            }
+        }
+    });
+    tracing::info!(interface = %fw.interface, discovery = fw.discovery, "pxe filter: on");
+    Ok(f)
+}
+
+/// Keeps this host's filter sets in step with node changes made through any host: every
+/// change under `nodes/` triggers an update (bursts are folded into one).
+async fn follow_nodes(store: Arc<dyn paddock_store::Store>, filter: Arc<PxeFilter>) {
+    loop {
+        let mut w = match store.watch("nodes/", 0).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "pxe filter: cannot watch nodes; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        // Changes that happened before the watch started are caught by this full update.
+        if let Err(e) = filter.update(&[]).await {
+            tracing::warn!(error = %e, "pxe filter: update failed");
+        }
+        loop {
+            match w.next().await {
+                Some(Ok(first)) => {
+                    // Fold a burst: take whatever else is already queued; read only the
+                    // nodes that changed.
+                    let mut keys = vec![first.kv.key];
+                    while let Ok(Some(Ok(ev))) =
+                        tokio::time::timeout(Duration::from_millis(5), w.next()).await
+                    {
+                        keys.push(ev.kv.key);
+                    }
+                    let uuids: Vec<uuid::Uuid> = keys
+                        .iter()
+                        .filter_map(|k| k.strip_prefix("nodes/")?.parse().ok())
+                        .collect();
+                    if let Err(e) = filter.update(&uuids).await {
+                        tracing::warn!(error = %e, "pxe filter: update failed");
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "pxe filter: node watch ended; watching again");
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

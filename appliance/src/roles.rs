@@ -416,16 +416,29 @@ impl Roles {
             .collect())
     }
 
-    /// The leader's loop: a round on every census or spec change (after `debounce`) and
-    /// every `round_every`; nothing while this host does not lead.
-    pub async fn run(self: Arc<Self>) {
+    /// Starts the role loop when it is configured: watches of the census and the spec that
+    /// wake it, and the loop itself.
+    pub fn start(self: &Arc<Self>, rt: &mut crate::runtime::Runtime) {
         let Some(cfg) = self.config.clone() else {
             return;
         };
         for prefix in [crate::census::HOSTS, crate::census::INSTANCES, SPEC_KEY] {
             let me = self.clone();
-            tokio::spawn(async move { me.follow(prefix).await });
+            rt.spawn_future("roles: watch", async move {
+                me.follow(prefix).await;
+                Ok(())
+            });
         }
+        let me = self.clone();
+        rt.spawn_future("roles", async move {
+            me.run(cfg).await;
+            Ok(())
+        });
+    }
+
+    /// The leader's loop: a round on every census or spec change (after `debounce`) and
+    /// every `round_every`; nothing while this host does not lead.
+    async fn run(self: Arc<Self>, cfg: RolesConfig) {
         loop {
             tokio::select! {
                 _ = self.wake.notified() => tokio::time::sleep(cfg.debounce).await,

@@ -245,18 +245,48 @@ pub use crate::limits::Limits;
 use crate::limits::{MinRate, SourceSlots};
 
 /// Serves `app` on `listener`: over TLS when `tls` is given, else plain. Runs until the
-/// listener fails.
+/// process ends.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     app: Router,
     limits: Limits,
 ) -> std::io::Result<()> {
+    serve_until(
+        listener,
+        tls,
+        app,
+        limits,
+        std::future::pending(),
+        Duration::ZERO,
+    )
+    .await;
+    Ok(())
+}
+
+/// [`serve`] until `stop` resolves, then drains: the listener closes (new connections are
+/// refused), idle connections close, each request in flight gets its answer before its
+/// connection closes, and this returns when every connection has closed or `grace` has
+/// passed, whichever is first.
+pub async fn serve_until(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: Router,
+    limits: Limits,
+    stop: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let sources = Arc::new(SourceSlots::default());
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    tokio::pin!(stop);
     loop {
-        let (tcp, addr) = match listener.accept().await {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, addr) = match accepted {
             Ok(c) => c,
             // Out of descriptors and the like: wait a little rather than spin.
             Err(e) => {
@@ -278,6 +308,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let app = app.clone();
+        let closing = closing.clone();
         tokio::spawn(async move {
             let _held = (permit, source);
             // From accept to the end of the first request's headers, handshake included:
@@ -309,7 +340,7 @@ pub async fn serve(
                         identity,
                         certificate_error,
                     };
-                    connection(TokioIo::new(tls), peer, app, limits, deadline).await;
+                    connection(TokioIo::new(tls), peer, app, limits, deadline, closing).await;
                 }
                 None => {
                     let peer = Peer {
@@ -318,11 +349,26 @@ pub async fn serve(
                         identity: None,
                         certificate_error: None,
                     };
-                    connection(TokioIo::new(tcp), peer, app, limits, deadline).await;
+                    connection(TokioIo::new(tcp), peer, app, limits, deadline, closing).await;
                 }
             }
         });
     }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    // Every connection holds a slot: all slots back means every connection has closed.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(grace, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(?grace, "connections still open after the grace period");
+    }
+}
+
+/// Resolves once the server drains (or is gone).
+async fn closed(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
 }
 
 async fn connection<I>(
@@ -331,6 +377,7 @@ async fn connection<I>(
     app: Router,
     limits: Limits,
     deadline: tokio::time::Instant,
+    mut closing: tokio::sync::watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -358,13 +405,29 @@ async fn connection<I>(
     let b = b.http1_only();
     let conn = b.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        () = first.notified() => conn.await,
+    // Closing (the server drains): the request in flight, if any, gets its answer, then the
+    // connection closes; an idle one closes at once.
+    let early = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        () = first.notified() => None,
         () = tokio::time::sleep_until(deadline) => {
             tracing::debug!(%addr, "connection closed: no request headers in time");
             return;
         }
+        () = closed(&mut closing) => {
+            conn.as_mut().graceful_shutdown();
+            Some(conn.as_mut().await)
+        }
+    };
+    let result = match early {
+        Some(r) => r,
+        None => tokio::select! {
+            r = conn.as_mut() => r,
+            () = closed(&mut closing) => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        },
     };
     if let Err(e) = result {
         tracing::debug!(%addr, error = %e, "connection ended with an error");

@@ -85,3 +85,6 @@ pub const SECURITY_HEADER_TIMEOUT_SECS: u64 = 10;
 pub const HTTP_MAX_CONNECTIONS_PER_SOURCE: usize = 128;
 /// 1 KiB/s: a ten-second stall after the grace is cut; any real upload is far faster.
 pub const HTTP_MIN_BODY_RATE: u64 = 1024;
+/// Ten seconds: an API call answers well within it, and a supervisor's stop timeout
+/// (systemd's is 90 s) is far longer.
+pub const HTTP_SHUTDOWN_GRACE_SECS: u64 = 10;

@@ -195,6 +195,9 @@ pub struct HttpFile {
     /// Bytes per second a request body must keep up once its grace (the header timeout)
     /// is spent (0: no minimum; [`super::defaults::HTTP_MIN_BODY_RATE`]).
     pub min_body_rate: Option<u64>,
+    /// At SIGTERM, how long requests in flight may take to finish before the appliance
+    /// exits anyway ([`super::defaults::HTTP_SHUTDOWN_GRACE_SECS`]).
+    pub shutdown_grace_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

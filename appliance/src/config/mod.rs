@@ -2,14 +2,11 @@
 //! environment [`overrides`], and the validated [`Config`] that everything after start-up
 //! uses ([`validate`], one function per section). Every default is in [`defaults`].
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use paddock_dhcp::{BootPolicy, Reservation, Subnet};
-use paddock_inspector::service::TimelineLimits;
-use paddock_inventory::MacAddr;
+use paddock_dhcp::BootPolicy;
 
 pub mod defaults;
 pub mod file;
@@ -18,6 +15,16 @@ mod validate;
 
 pub use file::*;
 pub use overrides::Overrides;
+
+// Each section is defined by the domain that reads it; this module assembles them.
+pub use crate::boot::{Discovery, TftpConfig};
+pub use crate::cluster::ClusterConfig;
+pub use crate::dhcp::DhcpConfig;
+pub use crate::dominator::DominatorConfig;
+pub use crate::images::ImagesConfig;
+pub use crate::inspection::TimelineConfig;
+pub use crate::provisioning::ProvisioningConfig;
+pub use crate::pxe_filter::FirewallConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -37,6 +44,8 @@ pub struct Config {
     pub http_max_per_source: usize,
     /// `[http] min_body_rate`, bytes per second (0: no minimum).
     pub http_min_body_rate: u64,
+    /// `[http] shutdown_grace_secs`: how long SIGTERM waits for requests in flight.
+    pub http_shutdown_grace: Duration,
     pub dhcp: Option<DhcpConfig>,
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
@@ -106,92 +115,60 @@ impl Config {
     }
 }
 
-/// Provisioning: how long a run may go without a report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProvisioningConfig {
-    pub timeouts: paddock_birther::Timeouts,
-}
-
-/// What the timeline keeps, and how often the leader prunes it.
-#[derive(Clone, Debug)]
-pub struct TimelineConfig {
-    pub limits: TimelineLimits,
-    pub prune_every: Duration,
-}
-
-/// Several hosts on one etcd cluster (`None`: one host on the embedded store).
-#[derive(Clone, Debug)]
-pub struct ClusterConfig {
-    pub etcd_endpoints: Vec<String>,
-    /// `(ca, cert, key)` files for TLS to etcd.
-    pub etcd_tls: Option<(PathBuf, PathBuf, PathBuf)>,
-    pub host: String,
-    pub lease_ttl: Duration,
-}
-
-/// The dominator: how it reaches subs and how hard it pushes.
-#[derive(Clone, Debug)]
-pub struct DominatorConfig {
-    pub subd_port: u16,
-    pub max_updates: usize,
-    pub max_polls: usize,
-    pub poll_interval: Duration,
-    pub fetch_speed_percent: f64,
-    /// Share of the subs that may run a high-impact or reboot update at once.
-    pub high_impact_share: f64,
-}
-
-#[derive(Clone, Debug)]
-pub struct ImagesConfig {
-    pub dir: PathBuf,
-    pub mdb_file: Option<PathBuf>,
-    pub mdb_poll: Duration,
-    pub record_enrolled: bool,
-    pub expire_check: Duration,
-}
-
-#[derive(Clone, Debug)]
-pub struct FirewallConfig {
-    pub interface: String,
-    pub discovery: bool,
-    pub reconcile: Duration,
-}
-
-#[derive(Clone, Debug)]
-pub struct DhcpConfig {
-    pub interfaces: Vec<String>,
-    pub port: u16,
-    pub client_port: u16,
-    pub relay_port: u16,
-    pub deny_macs: BTreeSet<MacAddr>,
-    pub subnets: Vec<Subnet>,
-    pub reservations: Vec<Reservation>,
-    /// Per-client and new-lease rate limits.
-    pub rate_limits: paddock_dhcp::RateLimits,
-}
-
-#[derive(Clone, Debug)]
-pub struct TftpConfig {
-    pub listen: Vec<SocketAddr>,
-    pub server: paddock_tftp::TftpConfig,
-}
-
-/// The discovery ramdisk entry of the boot script.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Discovery {
-    pub kernel: Option<String>,
-    pub initrd: Option<String>,
-    pub cmdline: String,
-    /// `paddock.url` for the agent when there are several hosts (this one first); empty:
-    /// the public URL alone.
-    pub agent_urls: Vec<String>,
-}
-
 /// All problems found in a configuration, each with the setting it concerns.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .problems.join("\n"))]
 pub struct ConfigError {
     pub problems: Vec<String>,
+}
+
+/// What `paddock config check` prints of a valid configuration: one line a subsystem.
+pub fn summary(c: &Config) -> String {
+    let mut out = format!(
+        "  data_dir   {}\n  http       {} (public {})\n",
+        c.data_dir.display(),
+        c.http_listen,
+        c.public_url
+    );
+    out += &match &c.security {
+        SecurityConfig::Tls(t) => format!(
+            "  https      {} (public {}), certificates in {}\n",
+            t.listen,
+            t.public_url,
+            t.dir.display()
+        ),
+        SecurityConfig::Insecure => {
+            "  security   INSECURE: plain HTTP, every method open to anyone\n".to_string()
+        }
+    };
+    out += &match &c.dhcp {
+        Some(d) => format!(
+            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s)\n",
+            d.interfaces.join(","),
+            d.port,
+            d.subnets.len(),
+            d.reservations.len()
+        ),
+        None => "  dhcp       off\n".to_string(),
+    };
+    out += &match &c.tftp {
+        Some(t) => {
+            let listen: Vec<String> = t.listen.iter().map(|a| a.to_string()).collect();
+            let roots: Vec<String> = t
+                .server
+                .roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect();
+            format!(
+                "  tftp       {} serving {}\n",
+                listen.join(","),
+                roots.join(":")
+            )
+        }
+        None => "  tftp       off\n".to_string(),
+    };
+    out
 }
 
 #[cfg(test)]

@@ -80,6 +80,11 @@ impl FileConfig {
                 .http
                 .min_body_rate
                 .unwrap_or(defaults::HTTP_MIN_BODY_RATE),
+            http_shutdown_grace: Duration::from_secs(
+                self.http
+                    .shutdown_grace_secs
+                    .unwrap_or(defaults::HTTP_SHUTDOWN_GRACE_SECS),
+            ),
             dhcp,
             tftp,
             boot,

@@ -1,0 +1,180 @@
+//! The DHCP server's shell in the appliance: its configuration section, the listeners on
+//! the configured interfaces, disjoint pools across hosts, and the timeline entries it files.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use dhcproto::v4::MessageType;
+use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
+use paddock_dhcp::{BootPolicy, Leases, Reservation, Server, ServerConfig, Subnet};
+use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector};
+use paddock_inventory::MacAddr;
+use paddock_store::Store;
+use paddock_wire::unix_ms as now_ms;
+
+use crate::runtime::Runtime;
+
+#[derive(Clone, Debug)]
+pub struct DhcpConfig {
+    pub interfaces: Vec<String>,
+    pub port: u16,
+    pub client_port: u16,
+    pub relay_port: u16,
+    pub deny_macs: BTreeSet<MacAddr>,
+    pub subnets: Vec<Subnet>,
+    pub reservations: Vec<Reservation>,
+    /// Per-client and new-lease rate limits.
+    pub rate_limits: paddock_dhcp::RateLimits,
+}
+
+/// What the DHCP service is started with besides its section.
+pub struct Start<'a> {
+    pub boot: &'a BootPolicy,
+    /// `Some(host)` when several hosts share the lease records.
+    pub cluster_host: Option<&'a str>,
+    pub policy: Arc<dyn paddock_dhcp::ClientPolicy>,
+    pub inspector: Arc<Inspector>,
+}
+
+/// Binds the listeners and runs the server (fatal: an appliance that cannot answer DHCP
+/// must not look healthy).
+pub async fn start(
+    rt: &mut Runtime,
+    d: &DhcpConfig,
+    s: Start<'_>,
+) -> anyhow::Result<Arc<DhcpService>> {
+    let store = rt.context().store.clone();
+    if let Some(host) = s.cluster_host {
+        claim_pools(&store, host, d).await?;
+    }
+    let listeners = d
+        .interfaces
+        .iter()
+        .map(|i| {
+            Ok(Listener {
+                interface: i.clone(),
+                address: interface_address(i, d)?,
+                port: d.port,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let leases = Leases::new(d.subnets.clone(), d.reservations.clone())?;
+    let server = Server::new(
+        leases,
+        ServerConfig {
+            boot: s.boot.clone(),
+            client_port: d.client_port,
+            relay_port: d.relay_port,
+        },
+    )
+    .with_limits(d.rate_limits);
+    let observer = Arc::new(TimelineObserver::start(rt, s.inspector));
+    let service = DhcpService::new(server, store, s.policy, Some(observer)).await?;
+    let run = service.clone().run(listeners);
+    rt.spawn_future("dhcp", async move { run.await.context("DHCP server") });
+    Ok(service)
+}
+
+/// Files "PXE client answered" entries in the machine's timeline, off the packet path: the
+/// answers go, in order, to one task that files whatever has queued up in one write
+/// (renewals counted, see `Inspector::dhcp_answered`).
+struct TimelineObserver(tokio::sync::mpsc::Sender<DhcpAnswer>);
+
+/// Answers waiting to be filed; past this (a store that stopped answering) they are dropped.
+const TIMELINE_QUEUE: usize = 65_536;
+/// Answers filed per write.
+const TIMELINE_BATCH: usize = 256;
+
+impl TimelineObserver {
+    fn start(rt: &mut Runtime, inspector: Arc<Inspector>) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(TIMELINE_QUEUE);
+        rt.spawn_future("dhcp timeline", async move {
+            let mut batch = Vec::with_capacity(TIMELINE_BATCH);
+            while rx.recv_many(&mut batch, TIMELINE_BATCH).await > 0 {
+                if let Err(e) = inspector.dhcp_answered(&batch).await {
+                    tracing::warn!(answers = batch.len(), error = %e, "dhcp: timeline entries not recorded");
+                }
+                batch.clear();
+            }
+            // Every sender is gone: the DHCP server stopped, which stops the appliance.
+            std::future::pending().await
+        });
+        TimelineObserver(tx)
+    }
+}
+
+impl DhcpObserver for TimelineObserver {
+    fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str) {
+        let reply = match reply {
+            MessageType::Offer => DhcpReply::Offer,
+            MessageType::Ack => DhcpReply::Ack,
+            MessageType::Nak => DhcpReply::Nak,
+            other => {
+                tracing::debug!(%mac, ?other, "dhcp: no timeline entry for this reply");
+                return;
+            }
+        };
+        let answer = DhcpAnswer {
+            mac,
+            reply,
+            ip,
+            boot: boot.to_string(),
+            at_ms: now_ms(),
+        };
+        if let Err(e) = self.0.try_send(answer) {
+            tracing::warn!(%mac, error = %e, "dhcp: timeline entry not recorded");
+        }
+    }
+}
+
+/// The IPv4 address that identifies this server on `interface`: the first one inside a
+/// configured subnet, else the first one.
+fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Addr> {
+    let addrs: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+        .context("listing interface addresses")?
+        .filter(|a| a.interface_name == interface)
+        .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| cfg.subnets.iter().any(|s| s.network.contains(*ip)))
+        .or(addrs.first())
+        .copied()
+        .with_context(|| format!("interface {interface} has no IPv4 address; add one or remove it from dhcp.interfaces"))
+}
+
+/// Several hosts share the lease records, so their DHCP pools must not overlap: each host
+/// records its pools under `cluster/pools/<host>` and refuses to start when another host's
+/// pools overlap its own.
+async fn claim_pools(store: &Arc<dyn Store>, host: &str, d: &DhcpConfig) -> anyhow::Result<()> {
+    let mine: Vec<(u32, u32)> = d
+        .subnets
+        .iter()
+        .flat_map(|s| s.pools.iter())
+        .map(|p| (u32::from(p.start), u32::from(p.end)))
+        .collect();
+    for kv in store.range("cluster/pools/").await? {
+        let other = kv.key.trim_start_matches("cluster/pools/");
+        if other == host {
+            continue;
+        }
+        let theirs: Vec<(u32, u32)> = serde_json::from_slice(&kv.value).unwrap_or_default();
+        for (a, b) in &mine {
+            if let Some((c, e)) = theirs.iter().find(|(c, e)| a <= e && c <= b) {
+                bail!(
+                    "DHCP pool {}-{} overlaps host {other}'s pool {}-{}: hosts of one appliance need disjoint pools",
+                    Ipv4Addr::from(*a),
+                    Ipv4Addr::from(*b),
+                    Ipv4Addr::from(*c),
+                    Ipv4Addr::from(*e)
+                );
+            }
+        }
+    }
+    store
+        .put(&format!("cluster/pools/{host}"), serde_json::to_vec(&mine)?)
+        .await?;
+    Ok(())
+}
