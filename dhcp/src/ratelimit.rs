@@ -26,7 +26,10 @@
 //!
 //! A request over a limit is dropped: no reply, nothing held, nothing stored.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::num::{NonZeroU64, NonZeroUsize};
+
+use lru::LruCache;
 
 use crate::MacAddr;
 
@@ -34,7 +37,7 @@ use crate::MacAddr;
 pub const CLIENT_REPORT_EVERY_MS: u64 = 60_000;
 
 /// The largest `max_tracked_clients` and `new_leases_per_window` accepted (memory: about
-/// 64 bytes per tracked client, 8 bytes per new lease in the window).
+/// 100 bytes per tracked client, 8 bytes per new lease in the window).
 pub const MAX_TABLE: u64 = 1_000_000;
 
 /// The rate-limit settings (`[dhcp]` in the appliance's configuration).
@@ -60,7 +63,7 @@ impl Default for RateLimits {
     /// 20 at once and 2/s is never reached by a healthy client. 1,024 new addresses per
     /// minute lets `bench/storm.sh`'s 1,000 machines (or five racks of 200) power on at once
     /// unthrottled, then holds a flood to about 17 addresses a second. 10,000 tracked clients
-    /// is more than one appliance's fleet and costs well under 1 MiB.
+    /// is more than one appliance's fleet and costs about 1 MiB.
     fn default() -> Self {
         RateLimits {
             per_client_burst: 20,
@@ -133,66 +136,56 @@ const COST: u64 = 1000;
 
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
-    mac: MacAddr,
     milli: u64,
     last_ms: u64,
     /// Requests dropped since the last report.
     dropped: u64,
     reported_ms: Option<u64>,
-    /// The neighbours in recency order (indices into `slots`; `NIL` at the ends).
-    newer: usize,
-    older: usize,
 }
 
-const NIL: usize = usize::MAX;
-
 /// Per-client token buckets in a table of bounded size, least recently seen evicted first
-/// (a hash map into a slab threaded by a recency list: O(1) per request).
+/// (O(1) per request).
 #[derive(Debug)]
 pub struct ClientLimiter {
     burst_milli: u64,
     per_sec: u64,
-    capacity: usize,
-    index: HashMap<MacAddr, usize>,
-    slots: Vec<Bucket>,
-    newest: usize,
-    oldest: usize,
+    table: LruCache<MacAddr, Bucket>,
 }
 
 impl ClientLimiter {
     /// `None` when the per-client limit is off (`per_client_burst` 0).
     pub fn new(limits: &RateLimits) -> Option<Self> {
-        if limits.per_client_burst == 0 {
-            return None;
-        }
+        let burst = NonZeroU64::new(u64::from(limits.per_client_burst))?;
+        let capacity = usize::try_from(limits.max_tracked_clients)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .unwrap_or(NonZeroUsize::MIN);
+        // Unbounded, then bounded: `LruCache::new` would size its map for the whole
+        // capacity at once, and the table should cost memory only for the clients it has.
+        let mut table = LruCache::unbounded();
+        table.resize(capacity);
         Some(ClientLimiter {
-            burst_milli: u64::from(limits.per_client_burst) * COST,
+            burst_milli: burst.get() * COST,
             per_sec: u64::from(limits.per_client_per_sec),
-            capacity: usize::try_from(limits.max_tracked_clients.max(1)).unwrap_or(usize::MAX),
-            index: HashMap::new(),
-            slots: Vec::new(),
-            newest: NIL,
-            oldest: NIL,
+            table,
         })
     }
 
     /// Clients currently remembered.
     pub fn tracked(&self) -> usize {
-        self.index.len()
+        self.table.len()
     }
 
-    /// Charges one request from `mac` at `now_ms`.
+    /// Charges one request from `mac` at `now_ms`. A client not in the table starts with a
+    /// full bucket; when the table is full, the least recently seen client is forgotten.
     pub fn check(&mut self, mac: MacAddr, now_ms: u64) -> Verdict {
-        let i = match self.index.get(&mac) {
-            Some(&i) => {
-                self.unlink(i);
-                i
-            }
-            None => self.insert(mac, now_ms),
-        };
-        self.push_newest(i);
         let (burst, per_sec) = (self.burst_milli, self.per_sec);
-        let b = &mut self.slots[i];
+        let b = self.table.get_or_insert_mut(mac, || Bucket {
+            milli: burst,
+            last_ms: now_ms,
+            dropped: 0,
+            reported_ms: None,
+        });
         // A clock that stepped back gives no refill, and refills resume from the new time.
         let elapsed = now_ms.saturating_sub(b.last_ms);
         b.milli = burst.min(b.milli.saturating_add(elapsed.saturating_mul(per_sec)));
@@ -212,55 +205,6 @@ impl ClientLimiter {
         let n = std::mem::take(&mut b.dropped);
         b.reported_ms = Some(now_ms);
         Verdict::Drop { report: Some(n) }
-    }
-
-    /// A slot for a client not in the table, full: a new one, or the least recently seen's.
-    fn insert(&mut self, mac: MacAddr, now_ms: u64) -> usize {
-        let fresh = Bucket {
-            mac,
-            milli: self.burst_milli,
-            last_ms: now_ms,
-            dropped: 0,
-            reported_ms: None,
-            newer: NIL,
-            older: NIL,
-        };
-        let i = if self.slots.len() < self.capacity {
-            self.slots.push(fresh);
-            self.slots.len() - 1
-        } else {
-            let i = self.oldest;
-            self.unlink(i);
-            self.index.remove(&self.slots[i].mac);
-            self.slots[i] = fresh;
-            i
-        };
-        self.index.insert(mac, i);
-        i
-    }
-
-    fn unlink(&mut self, i: usize) {
-        let (newer, older) = (self.slots[i].newer, self.slots[i].older);
-        match newer {
-            NIL => self.newest = older,
-            n => self.slots[n].older = older,
-        }
-        match older {
-            NIL => self.oldest = newer,
-            o => self.slots[o].newer = newer,
-        }
-        self.slots[i].newer = NIL;
-        self.slots[i].older = NIL;
-    }
-
-    fn push_newest(&mut self, i: usize) {
-        self.slots[i].older = self.newest;
-        self.slots[i].newer = NIL;
-        match self.newest {
-            NIL => self.oldest = i,
-            n => self.slots[n].newer = i,
-        }
-        self.newest = i;
     }
 }
 
@@ -473,18 +417,10 @@ mod tests {
             }
         }
         assert_eq!(l.tracked(), 1000);
-        assert!(l.slots.len() <= 1000 && l.index.len() == 1000);
         assert!(
             mine.iter().all(|v| *v == A),
             "the real client is never limited"
         );
-        // The recency list is intact: walking it from the newest visits every slot once.
-        let (mut n, mut i) = (0, l.newest);
-        while i != NIL {
-            n += 1;
-            i = l.slots[i].older;
-        }
-        assert_eq!(n, 1000);
     }
 
     #[test]
