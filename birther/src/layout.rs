@@ -9,8 +9,6 @@
 use paddock_inventory::Disk;
 use serde::{Deserialize, Serialize};
 
-use crate::probe::PartitionTable;
-
 pub const MIB: u64 = 1 << 20;
 /// Every partition starts and ends on a 1 MiB boundary (a multiple of any physical sector,
 /// erase block or RAID stripe unit worth aligning to; what sfdisk and parted do by default).
@@ -491,54 +489,6 @@ impl Layout {
             .chain(second)
             .chain([step(config, true)])
             .collect()
-    }
-
-    /// How `table` (as `sfdisk --json` read it) differs from this plan: `None` when it is
-    /// this very layout (after writing it, or on a disk a previous birth laid out).
-    pub fn mismatch(&self, table: &PartitionTable) -> Option<String> {
-        if !table.label.eq_ignore_ascii_case("gpt") {
-            return Some(format!("the partition table is {:?}, not gpt", table.label));
-        }
-        if let Some(s) = table.sector_size
-            && s != self.geometry.logical_sector
-        {
-            return Some(format!(
-                "the table was written with {s}-byte sectors, the disk has {}",
-                self.geometry.logical_sector
-            ));
-        }
-        let ours = self.partitions();
-        if table.partitions.len() != ours.len() {
-            return Some(format!(
-                "the table has {} partitions, the layout {}",
-                table.partitions.len(),
-                ours.len()
-            ));
-        }
-        for (have, want) in table.partitions.iter().zip(ours) {
-            if have.node != want.device {
-                return Some(format!(
-                    "partition {} is {}, expected {}",
-                    want.number, have.node, want.device
-                ));
-            }
-            if !have.type_guid.eq_ignore_ascii_case(&want.type_guid)
-                || have.start != want.start
-                || have.size != want.size
-            {
-                return Some(format!(
-                    "{} is type {} at sectors {}+{}, the layout has type {} at {}+{}",
-                    have.node,
-                    have.type_guid,
-                    have.start,
-                    have.size,
-                    want.type_guid,
-                    want.start,
-                    want.size
-                ));
-            }
-        }
-        None
     }
 }
 

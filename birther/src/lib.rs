@@ -23,7 +23,7 @@
 //! 1. `choose_disk` — [`choose_root_disk`] (pure) on the agent's inventory.
 //! 2. `partition` — [`plan`] (pure), then the shell runs [`Layout::commands`] (`sfdisk` with
 //!    the script on stdin, no shell), reads the table back with `sfdisk --json`
-//!    ([`probe::parse_sfdisk_json`], pure) and checks it is the plan ([`Layout::mismatch`]).
+//!    ([`probe::parse_sfdisk_json`], pure) and checks it is the plan ([`probe::mismatch`]).
 //! 3. `filesystems` — the `mkfs` commands of the same list; `blkid -o export`
 //!    ([`probe::parse_blkid_export`], pure) gives the UUIDs the identity step writes.
 //! 4. `start_subd`, `register` — shell: mount root at the target and the EFI system partition

@@ -32,13 +32,13 @@ fuzz_target!(|data: &[u8]| {
         }
         let json = serde_json::to_string(t).unwrap();
         assert_eq!(&serde_json::from_str::<PartitionTable>(&json).unwrap(), t);
-        let _ = layout.mismatch(t);
+        let _ = probe::mismatch(&layout, t);
     }
     let signatures = probe::parse_blkid_export(right).unwrap_or_default();
     assert!(signatures.iter().all(|s| !s.tags.is_empty()));
     if let Reuse::Root { device } = probe::reuse(&layout, table.as_ref(), &signatures) {
         assert_eq!(device, layout.root.device);
-        assert!(table.is_some_and(|t| layout.mismatch(&t).is_none()));
+        assert!(table.is_some_and(|t| probe::mismatch(&layout, &t).is_none()));
     }
 
     let Ok(event) = serde_json::from_slice::<Event>(data) else {

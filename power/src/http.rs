@@ -7,8 +7,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
-use crate::redfish::{Method, RedfishBmc, Request, Response, TlsVerify, Transport};
 use crate::text::quote;
+use crate::transport::{Method, RedfishBmc, Request, Response, TlsVerify, Transport};
 use crate::{ErrorKind, PowerError};
 
 /// A BMC's answer larger than this is refused (a System is a few KiB).

@@ -18,6 +18,7 @@ pub mod retry;
 pub mod settings;
 pub mod text;
 pub mod throttle;
+mod transport;
 
 pub use credentials::{Credentials, Secret};
 pub use ipmi::{Ipmi, IpmiBmc};

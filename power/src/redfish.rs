@@ -16,74 +16,10 @@ use std::sync::Mutex;
 use serde_json::{Value, json};
 
 use crate::text::quote;
-use crate::{Credentials, ErrorKind, PowerDriver, PowerError, PowerState, RetryPolicy};
+pub use crate::transport::{Method, RedfishBmc, Request, Response, TlsVerify, Transport};
+use crate::{ErrorKind, PowerDriver, PowerError, PowerState, RetryPolicy};
 
 pub const SYSTEMS: &str = "/redfish/v1/Systems";
-
-/// A BMC spoken to over Redfish.
-#[derive(Debug, Clone)]
-pub struct RedfishBmc {
-    /// `https://host[:port]` (or `http://`); with no scheme, `https://`.
-    pub address: String,
-    /// The System's id or path (`/redfish/v1/Systems/…`); `None`: the only one there is.
-    pub system: Option<String>,
-    pub credentials: Credentials,
-    pub tls: TlsVerify,
-}
-
-/// How the BMC's certificate is checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TlsVerify {
-    /// Against the public web roots (webpki-roots).
-    Verify,
-    /// Against the CA certificates in this PEM file (a BMC's self-signed certificate).
-    CaFile(std::path::PathBuf),
-    /// Not at all (many BMCs ship self-signed certificates); the connection is still
-    /// encrypted.
-    Insecure,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    Get,
-    Post,
-    Patch,
-}
-
-/// One request to the BMC, relative to its base address.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Request {
-    pub method: Method,
-    /// An absolute path (`/redfish/v1/…`).
-    pub path: String,
-    pub body: Option<Value>,
-    pub if_match: Option<String>,
-}
-
-impl Request {
-    pub fn get(path: &str) -> Request {
-        Request {
-            method: Method::Get,
-            path: path.to_string(),
-            body: None,
-            if_match: None,
-        }
-    }
-}
-
-/// The BMC's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub etag: Option<String>,
-    pub body: Vec<u8>,
-}
-
-/// Sends a request and brings back the answer, whatever its status; a failure here is one
-/// of reaching the BMC (unreachable, TLS).
-pub trait Transport: Send + Sync {
-    fn send(&self, request: &Request) -> Result<Response, PowerError>;
-}
 
 /// The answer's status as an error when it is one, with the BMC's own message (Redfish's
 /// `error.@Message.ExtendedInfo[].Message`, else `error.message`, else the text).

@@ -25,17 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Role, Spec};
-
-/// A host the spec may allocate: an enrolled machine (or an appliance host).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Host {
-    pub name: String,
-    #[serde(default)]
-    pub traits: BTreeSet<String>,
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
+pub use crate::model::Host;
+use crate::model::{Role, Spec};
 
 /// A live role instance (its registration's lease is alive).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

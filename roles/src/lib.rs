@@ -5,6 +5,7 @@
 //! (`appliance/src/roles.rs`) is the shell.
 
 pub mod engine;
+mod model;
 pub mod spec;
 
 pub use engine::{

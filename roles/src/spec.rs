@@ -27,6 +27,8 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+pub use crate::model::{Hook, Role, Selector, Spec};
+
 /// One problem in a spec file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecError {
@@ -67,73 +69,6 @@ impl fmt::Display for SpecErrors {
         }
         Ok(())
     }
-}
-
-/// A hook: a program under the hooks directory and the arguments it is given.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hook {
-    /// Relative to the hooks directory; no `..`, no leading `/`.
-    pub path: String,
-    /// BlacKnight's keys: `h`/`host`, `i`/`instance`, or a global argument's name.
-    pub args: Vec<String>,
-}
-
-/// Which hosts a role that runs on a host may take. Empty: every idle host.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Selector {
-    /// The host must have every one of these traits.
-    pub traits: BTreeSet<String>,
-    /// The host's property must equal the value.
-    pub properties: BTreeMap<String, String>,
-    /// If not empty, the host's name must be one of these.
-    pub names: BTreeSet<String>,
-}
-
-impl Selector {
-    pub fn matches(&self, host: &crate::Host) -> bool {
-        (self.names.is_empty() || self.names.contains(&host.name))
-            && self.traits.is_subset(&host.traits)
-            && self
-                .properties
-                .iter()
-                .all(|(k, v)| host.properties.get(k) == Some(v))
-    }
-}
-
-/// One role, validated.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Role {
-    pub name: String,
-    /// As declared; the engine also infers one from the dependers' minimums.
-    pub min: u32,
-    pub max: Option<u32>,
-    pub priority: i32,
-    pub start: Option<Hook>,
-    pub stop: Option<Hook>,
-    /// Dependee → how many instances of this role one dependee instance serves.
-    pub depends: BTreeMap<String, u32>,
-    pub image: Option<String>,
-    pub hosts: Selector,
-    /// Each instance takes a host of its own: a role without dependencies (BlacKnight's
-    /// leaf), or one with an `image` or a `hosts` selector.
-    pub on_host: bool,
-    /// The line of the role's table (for messages about the role as a whole).
-    pub line: usize,
-}
-
-impl Role {
-    /// Each instance takes a host of its own.
-    pub fn on_host(&self) -> bool {
-        self.on_host
-    }
-}
-
-/// A validated spec.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Spec {
-    pub file: String,
-    pub args: BTreeMap<String, String>,
-    pub roles: BTreeMap<String, Role>,
 }
 
 #[derive(Deserialize)]

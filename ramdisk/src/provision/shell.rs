@@ -365,7 +365,7 @@ impl<'a> Run<'a> {
                         layout.device
                     ),
                 })?;
-            if let Some(m) = layout.mismatch(&table) {
+            if let Some(m) = probe::mismatch(&layout, &table) {
                 return fail(
                     Step::Partition,
                     format!("the table read back is not the plan: {m}"),
@@ -1267,7 +1267,7 @@ mod tests {
         let commands = layout.commands(false);
         run(&commands[0]).unwrap();
         let table = read_table(&dev).unwrap().expect("a table");
-        assert_eq!(layout.mismatch(&table), None);
+        assert_eq!(probe::mismatch(&layout, &table), None);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !layout
             .partitions()
