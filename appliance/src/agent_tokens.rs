@@ -163,7 +163,7 @@ impl AgentTokens {
                 return Ok(c.key.clone());
             }
         }
-        let key = crate::security::ensure_agent_key(self.store.as_ref()).await?;
+        let key = ensure_agent_key(self.store.as_ref()).await?;
         *self.key.write().unwrap_or_else(|p| p.into_inner()) = CachedKey {
             key: key.clone(),
             read: tokio::time::Instant::now(),
@@ -190,30 +190,17 @@ impl AgentTokens {
         tok: &str,
         caller: IpAddr,
         lease: impl FnOnce(MacAddr) -> Option<IpAddr>,
-    ) -> Result<MacAddr, String> {
-        let key = self
-            .key()
-            .await
-            .map_err(|e| format!("agent token: the key is unavailable ({e})"))?;
-        let t = token::verify_agent(&key, tok).map_err(|e| format!("agent token: {e}"))?;
-        let mac: MacAddr = t
-            .mac
-            .parse()
-            .map_err(|_| "agent token: malformed MAC".to_string())?;
-        let store_err = |e: paddock_store::StoreError| format!("agent token: store: {e}");
-        let claim = match self.store.get(&claim_key(&t)).await.map_err(store_err)? {
-            Some(kv) => Some(
-                serde_json::from_slice::<Claim>(&kv.value)
-                    .map_err(|_| "agent token: its claim does not parse".to_string())?,
-            ),
+    ) -> Result<MacAddr, Refusal> {
+        let key = self.key().await.map_err(Refusal::Key)?;
+        let t = token::verify_agent(&key, tok)?;
+        let mac: MacAddr = t.mac.parse().map_err(|_| Refusal::Mac)?;
+        let claim = match self.store.get(&claim_key(&t)).await? {
+            Some(kv) => {
+                Some(serde_json::from_slice::<Claim>(&kv.value).map_err(|_| Refusal::Claim)?)
+            }
             None => None,
         };
-        let revoked_ms = match self
-            .store
-            .get(&format!("{REVOKED}{}", t.mac))
-            .await
-            .map_err(store_err)?
-        {
+        let revoked_ms = match self.store.get(&format!("{REVOKED}{}", t.mac)).await? {
             Some(kv) => std::str::from_utf8(&kv.value)
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -234,30 +221,22 @@ impl AgentTokens {
         match verdict {
             Verdict::Valid => Ok(mac),
             Verdict::Renew(c) => {
-                self.store
-                    .put(&claim_key(&t), write(&c))
-                    .await
-                    .map_err(store_err)?;
+                self.store.put(&claim_key(&t), write(&c)).await?;
                 Ok(mac)
             }
             Verdict::Claim(c) => {
                 // Two first calls at once: the store decides which came first.
-                if self
-                    .store
-                    .create(&claim_key(&t), write(&c))
-                    .await
-                    .map_err(store_err)?
-                {
+                if self.store.create(&claim_key(&t), write(&c)).await? {
                     Ok(mac)
                 } else {
-                    Err("agent token: claimed by another call at the same moment".into())
+                    Err(Refusal::Raced)
                 }
             }
             Verdict::Refused { why, conflict } => {
                 if conflict {
                     self.conflict(mac, &why).await;
                 }
-                Err(why)
+                Err(Refusal::Verdict(why))
             }
         }
     }
@@ -302,15 +281,52 @@ impl AgentTokens {
     /// A new signing key: every outstanding token is void on every host within seconds.
     pub async fn rotate(&self) -> anyhow::Result<()> {
         let k = AgentKey::from_bytes(token::random::<32>());
-        self.store
-            .put(crate::security::AGENT_KEY, k.to_hex().into_bytes())
-            .await?;
+        self.store.put(AGENT_KEY, k.to_hex().into_bytes()).await?;
         *self.key.write().unwrap_or_else(|p| p.into_inner()) = CachedKey {
             key: k,
             read: tokio::time::Instant::now(),
         };
         Ok(())
     }
+}
+
+/// Where the shared agent-token key lives in the store.
+pub const AGENT_KEY: &str = "security/agent-key";
+
+/// The shared agent-token key, created if absent.
+pub async fn ensure_agent_key(store: &dyn Store) -> anyhow::Result<AgentKey> {
+    if let Some(kv) = store.get(AGENT_KEY).await? {
+        return Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?);
+    }
+    let k = AgentKey::from_bytes(token::random::<32>());
+    if store.create(AGENT_KEY, k.to_hex().into_bytes()).await? {
+        return Ok(k);
+    }
+    let kv = store
+        .get(AGENT_KEY)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the agent key vanished"))?;
+    Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?)
+}
+
+/// Why an agent token is refused for a call.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("agent token: the key is unavailable ({0:#})")]
+    Key(anyhow::Error),
+    #[error("agent token: {0}")]
+    Token(#[from] token::TokenError),
+    #[error("agent token: malformed MAC")]
+    Mac,
+    #[error("agent token: store: {0}")]
+    Store(#[from] paddock_store::StoreError),
+    #[error("agent token: its claim does not parse")]
+    Claim,
+    #[error("agent token: claimed by another call at the same moment")]
+    Raced,
+    /// The pure decision's reason (a second address, expiry, revocation …).
+    #[error("{0}")]
+    Verdict(String),
 }
 
 #[cfg(test)]

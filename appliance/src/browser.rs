@@ -49,24 +49,40 @@ fn simple_body(headers: &HeaderMap) -> bool {
 
 /// Checks a request whose credential the browser attached by itself (the console's cookie,
 /// or a client certificate without an `Authorization` header). `Err` says why it is refused.
-pub fn check_ambient(method: &Method, path: &str, headers: &HeaderMap) -> Result<(), String> {
+pub fn check_ambient(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<(), AmbientRefusal> {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return Ok(());
     }
+    let call = || (method.to_string(), path.to_string());
     if !same_origin(headers) {
-        return Err(format!(
-            "{method} {path}: a request from another site is refused (its Origin or \
-             Sec-Fetch-Site is not this console's)"
-        ));
+        let (method, path) = call();
+        return Err(AmbientRefusal::OtherSite { method, path });
     }
     // The console's forms are form posts by design; the API takes JSON or binary bodies.
     if !path.starts_with("/ui/") && simple_body(headers) {
-        return Err(format!(
-            "{method} {path}: a form or text body is refused on the API with a cookie or \
-             a browser's certificate; send application/json"
-        ));
+        let (method, path) = call();
+        return Err(AmbientRefusal::SimpleBody { method, path });
     }
     Ok(())
+}
+
+/// Why a request carrying a browser's ambient credential is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AmbientRefusal {
+    #[error(
+        "{method} {path}: a request from another site is refused (its Origin or \
+         Sec-Fetch-Site is not this console's)"
+    )]
+    OtherSite { method: String, path: String },
+    #[error(
+        "{method} {path}: a form or text body is refused on the API with a cookie or a \
+         browser's certificate; send application/json"
+    )]
+    SimpleBody { method: String, path: String },
 }
 
 /// Headers every answer carries: no framing by other sites, no content sniffing.

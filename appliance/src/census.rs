@@ -81,14 +81,14 @@ pub struct LeaseRef {
 
 impl Register {
     /// The key and value this registration puts, or why it is refused.
-    pub fn entry(&self, now_ms: i64) -> Result<(String, Vec<u8>), String> {
+    pub fn entry(&self, now_ms: i64) -> Result<(String, Vec<u8>), RegisterError> {
         if let Some(h) = &self.host {
-            check_word("host", h).map_err(|e| e.to_string())?;
+            check_word("host", h)?;
         }
         let value = match (&self.role, &self.instance) {
             (Some(role), Some(instance)) => {
-                check_name(role).map_err(|e| e.to_string())?;
-                check_word("instance", instance).map_err(|e| e.to_string())?;
+                check_name(role)?;
+                check_word("instance", instance)?;
                 let e = InstanceEntry {
                     role: role.clone(),
                     instance: instance.clone(),
@@ -99,7 +99,7 @@ impl Register {
             }
             (None, None) => {
                 let Some(host) = &self.host else {
-                    return Err("register a role instance (role and instance) or a host".into());
+                    return Err(RegisterError::Nothing);
                 };
                 let e = HostEntry {
                     host: host.clone(),
@@ -107,19 +107,32 @@ impl Register {
                 };
                 (format!("{HOSTS}{host}"), json(&e))
             }
-            _ => return Err("a role instance needs both role and instance".into()),
+            _ => return Err(RegisterError::HalfAnInstance),
         };
         Ok(value)
     }
 
-    pub fn ttl(&self) -> Result<u64, String> {
+    pub fn ttl(&self) -> Result<u64, RegisterError> {
         let ttl = self.ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
         if (1..=MAX_TTL_SECS).contains(&ttl) {
             Ok(ttl)
         } else {
-            Err(format!("ttl_secs {ttl} must be 1 to {MAX_TTL_SECS}"))
+            Err(RegisterError::Ttl(ttl))
         }
     }
+}
+
+/// Why a registration is refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Name(#[from] paddock_roles::NameError),
+    #[error("register a role instance (role and instance) or a host")]
+    Nothing,
+    #[error("a role instance needs both role and instance")]
+    HalfAnInstance,
+    #[error("ttl_secs {0} must be 1 to {MAX_TTL_SECS}")]
+    Ttl(u64),
 }
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -139,8 +152,10 @@ pub struct CensusService {
 
 impl CensusService {
     pub async fn register(&self, r: &Register) -> Result<Registered, ApiError> {
-        let ttl = r.ttl().map_err(ApiError::bad_request)?;
-        let (key, value) = r.entry(unix_ms()).map_err(ApiError::bad_request)?;
+        let ttl = r.ttl().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let (key, value) = r
+            .entry(unix_ms())
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let lease = self
             .store
             .lease_grant(Duration::from_secs(ttl))

@@ -262,7 +262,7 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
     match cmd {
         CertsCmd::Init { sans, admin } => {
             let admin = (admin != "-").then_some(admin.as_str());
-            let r = security::init(store.as_ref(), cfg, &sans, admin).await?;
+            let r = security::init(store.as_ref(), &cfg.reach(), &sans, admin).await?;
             println!(
                 "{} the CA; sha256 {}",
                 if r.created_ca { "created" } else { "joined" },

@@ -1061,22 +1061,6 @@ pub fn power_text(node: &str, a: &Value) -> String {
     out
 }
 
-/// A sub as the census holds it, for the tests of what shows subs.
-#[cfg(test)]
-pub(crate) fn test_sub(
-    hostname: &str,
-    state: paddock_dominator::SubState,
-) -> paddock_dominator::SubStatus {
-    paddock_dominator::SubStatus {
-        hostname: hostname.into(),
-        address: "198.18.0.9:6969".into(),
-        required_image: Some("debian/minbase.1".into()),
-        summary: state.to_string(),
-        failures: u32::from(!matches!(state, paddock_dominator::SubState::Synced { .. })) * 2,
-        state,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1119,7 +1103,7 @@ mod tests {
     fn the_sub_table_reads_substatus_and_escapes_what_subs_said() {
         use paddock_dominator::SubState;
         let hostile = "disk gone\x1b[2J\x1b]0;pwned\x07\r\nfake line\u{202e}";
-        let status = test_sub(
+        let status = crate::dominator::test_sub(
             "web-1",
             SubState::Unreachable {
                 error: hostile.into(),

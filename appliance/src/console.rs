@@ -1453,13 +1453,13 @@ mod tests {
     fn the_subs_page_escapes_what_subs_said() {
         use paddock_dominator::SubState;
         let hostile = r#"<script>alert("x&y")</script>"#;
-        let st = crate::cli::test_sub(
+        let st = crate::dominator::test_sub(
             "web-1",
             SubState::Unreachable {
                 error: hostile.into(),
             },
         );
-        let synced = crate::cli::test_sub(
+        let synced = crate::dominator::test_sub(
             "web-2",
             SubState::Synced {
                 image: "debian/minbase.1".into(),

@@ -68,13 +68,10 @@ impl NodeView {
         }
     }
 
-    async fn load_and_watch(&self, store: &Arc<dyn Store>) -> Result<(), String> {
-        let rev = store.revision().await.map_err(|e| e.to_string())?;
-        let mut w = store
-            .watch(NODES, rev + 1)
-            .await
-            .map_err(|e| e.to_string())?;
-        let kvs = store.range(NODES).await.map_err(|e| e.to_string())?;
+    async fn load_and_watch(&self, store: &Arc<dyn Store>) -> anyhow::Result<()> {
+        let rev = store.revision().await?;
+        let mut w = store.watch(NODES, rev + 1).await?;
+        let kvs = store.range(NODES).await?;
         let mut map = HashMap::with_capacity(kvs.len());
         for kv in kvs {
             if let Ok(n) = serde_json::from_slice::<Node>(&kv.value) {
@@ -86,8 +83,8 @@ impl NodeView {
         loop {
             let ev = match w.next().await {
                 Some(Ok(ev)) => ev,
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("the store's watch ended".into()),
+                Some(Err(e)) => return Err(e.into()),
+                None => anyhow::bail!("the store's watch ended"),
             };
             let rev = ev.kv.mod_revision;
             let node = match ev.kind {

@@ -552,6 +552,22 @@ pub struct DominatorConfig {
     pub high_impact_share: f64,
 }
 
+/// A sub as the census holds it, for the tests of what shows subs.
+#[cfg(test)]
+pub(crate) fn test_sub(
+    hostname: &str,
+    state: paddock_dominator::SubState,
+) -> paddock_dominator::SubStatus {
+    paddock_dominator::SubStatus {
+        hostname: hostname.into(),
+        address: "198.18.0.9:6969".into(),
+        required_image: Some("debian/minbase.1".into()),
+        summary: state.to_string(),
+        failures: u32::from(!matches!(state, paddock_dominator::SubState::Synced { .. })) * 2,
+        state,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,9 @@ pub fn router(state: AppState) -> Router {
     let power = crate::power::router(state.power.clone());
     let roles = crate::roles::router(state.roles.clone())
         .merge(crate::census::router(state.roles.census.clone()));
+    let roles_page = axum::Router::new()
+        .route("/ui/roles", get(crate::roles_page::page))
+        .with_state(state.roles.clone());
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),
         dhcp: state.dhcp.clone(),
@@ -100,6 +103,8 @@ pub fn router(state: AppState) -> Router {
         .merge(power)
         .merge(roles)
         .merge(console)
+        .merge(roles_page)
+        .merge(crate::console_access::router(security.clone()))
         .layer(axum::middleware::from_fn_with_state(
             security,
             crate::security::authorize,
@@ -475,7 +480,7 @@ mod tests {
             census
                 .write()
                 .unwrap()
-                .insert(host.into(), crate::cli::test_sub(host, state));
+                .insert(host.into(), crate::dominator::test_sub(host, state));
         }
         let dominator = DominatorGauges::read(&census, true);
         let text = render_metrics(

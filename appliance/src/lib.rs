@@ -14,6 +14,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod console_access;
 pub mod dhcp;
 pub mod dominator;
 pub mod http;

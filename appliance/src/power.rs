@@ -62,9 +62,9 @@ pub struct PowerConfig {
 impl Default for PowerConfig {
     fn default() -> Self {
         PowerConfig {
-            max_power_ons: crate::config::defaults::POWER_MAX_POWER_ONS,
-            interval: Duration::from_secs(crate::config::defaults::POWER_INTERVAL_SECS),
-            sync_every: Duration::from_secs(crate::config::defaults::POWER_SYNC_SECS),
+            max_power_ons: POWER_MAX_POWER_ONS,
+            interval: Duration::from_secs(POWER_INTERVAL_SECS),
+            sync_every: Duration::from_secs(POWER_SYNC_SECS),
             answer_within: Duration::from_secs(60),
         }
     }
@@ -1213,6 +1213,13 @@ async fn act(State(p): State<Arc<Power>>, Path(ident): Path<String>, body: Bytes
 async fn throttle(State(p): State<Arc<Power>>) -> Json<ThrottleView> {
     Json(p.throttle_now().await)
 }
+
+/// Power-ons started in any window of `POWER_INTERVAL_SECS`, appliance-wide.
+pub const POWER_MAX_POWER_ONS: u32 = 10;
+/// Seconds of the power-on throttle's window.
+pub const POWER_INTERVAL_SECS: u64 = 10;
+/// Seconds between the leader's reads of every managed node's power state.
+pub const POWER_SYNC_SECS: u64 = 60;
 
 #[cfg(test)]
 mod tests {

@@ -238,11 +238,11 @@ pub fn register_machine(
     address: &str,
     image: &str,
     node: Uuid,
-) -> std::result::Result<Machine, String> {
+) -> std::result::Result<Machine, ProvisionError> {
     let ip: IpAddr = address
         .trim()
         .parse()
-        .map_err(|_| format!("address {address:?} is not an IP address"))?;
+        .map_err(|_| ProvisionError::NotAnAddress(address.to_string()))?;
     let mut m = existing.unwrap_or_default();
     m.hostname = hostname.to_string();
     m.ip_address = ip.to_string();
@@ -263,6 +263,8 @@ pub enum ProvisionError {
     Refused(#[from] TransitionError),
     #[error("{0}")]
     BadRequest(String),
+    #[error("address {0:?} is not an IP address")]
+    NotAnAddress(String),
     #[error("the provisioning record of node {0} changed too often underneath; try again")]
     Busy(Uuid),
     #[error("{0}")]
@@ -280,7 +282,8 @@ impl From<ProvisionError> for ApiError {
         let status = match &e {
             ProvisionError::NoNode(_) | ProvisionError::NoImage(_) => 404,
             ProvisionError::Refused(TransitionError::BadImage(_))
-            | ProvisionError::BadRequest(_) => 400,
+            | ProvisionError::BadRequest(_)
+            | ProvisionError::NotAnAddress(_) => 400,
             ProvisionError::Refused(_) | ProvisionError::Busy(_) => 409,
             ProvisionError::Internal(_) => 500,
         };
@@ -619,8 +622,7 @@ impl Provisioner {
             .map_err(|e| ProvisionError::Internal(e.to_string()))?
             .remove(&host)
             .map(|e| e.machine);
-        let machine = register_machine(existing, &host, address, &image, node.uuid)
-            .map_err(ProvisionError::BadRequest)?;
+        let machine = register_machine(existing, &host, address, &image, node.uuid)?;
         self.mdb
             .set(machine, Source::Api)
             .await

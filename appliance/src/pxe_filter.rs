@@ -502,7 +502,7 @@ impl PxeFilter {
     }
 
     /// Adds or removes the pass rule in the kernel, and records it as applied.
-    async fn apply_pass(&self, pass: bool) -> Result<(), String> {
+    async fn apply_pass(&self, pass: bool) -> anyhow::Result<()> {
         let nft = self.nft.clone();
         let batch = render_changes(&[Change::Pass(pass)]);
         match tokio::task::spawn_blocking(move || nft.apply(&batch)).await {
@@ -517,8 +517,8 @@ impl PxeFilter {
                 }
                 Ok(())
             }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(e.into()),
         }
     }
 

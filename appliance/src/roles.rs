@@ -49,16 +49,16 @@ const OUTPUT_TAIL: usize = 4096;
 pub struct RolesFile {
     /// The hooks directory; the role loop runs only when it is set.
     pub hooks_dir: Option<PathBuf>,
-    /// Seconds a hook may run before it is killed ([`crate::config::defaults::ROLES_HOOK_TIMEOUT_SECS`]).
+    /// Seconds a hook may run before it is killed ([`ROLES_HOOK_TIMEOUT_SECS`]).
     pub hook_timeout_secs: Option<u64>,
-    /// Seconds between rounds when nothing changes ([`crate::config::defaults::ROLES_ROUND_SECS`]).
+    /// Seconds between rounds when nothing changes ([`ROLES_ROUND_SECS`]).
     pub round_secs: Option<u64>,
-    /// Milliseconds a census or spec change waits for more before the round ([`crate::config::defaults::ROLES_DEBOUNCE_MS`]).
+    /// Milliseconds a census or spec change waits for more before the round ([`ROLES_DEBOUNCE_MS`]).
     pub debounce_ms: Option<u64>,
-    /// Seconds a host where a start failed is left alone ([`crate::config::defaults::ROLES_QUARANTINE_SECS`]).
+    /// Seconds a host where a start failed is left alone ([`ROLES_QUARANTINE_SECS`]).
     pub quarantine_secs: Option<u64>,
     /// Seconds a started instance has to register before the plan counts it missing
-    /// ([`crate::config::defaults::ROLES_REGISTER_GRACE_SECS`]).
+    /// ([`ROLES_REGISTER_GRACE_SECS`]).
     pub register_grace_secs: Option<u64>,
     /// The hooks' state directory, `PADDOCK_HOOK_STATE` (default `<data_dir>/hooks`).
     pub state_dir: Option<PathBuf>,
@@ -81,7 +81,6 @@ pub fn validate(
     data_dir: &std::path::Path,
     p: &mut Vec<String>,
 ) -> Option<RolesConfig> {
-    use crate::config::defaults as D;
     let hooks_dir = f.hooks_dir.clone()?;
     if !hooks_dir.is_absolute() {
         p.push(format!(
@@ -99,21 +98,21 @@ pub fn validate(
     let hook_timeout = secs(
         "hook_timeout_secs",
         f.hook_timeout_secs,
-        D::ROLES_HOOK_TIMEOUT_SECS,
+        ROLES_HOOK_TIMEOUT_SECS,
         3_600,
     );
-    let round = secs("round_secs", f.round_secs, D::ROLES_ROUND_SECS, 3_600);
-    let debounce = secs("debounce_ms", f.debounce_ms, D::ROLES_DEBOUNCE_MS, 60_000);
+    let round = secs("round_secs", f.round_secs, ROLES_ROUND_SECS, 3_600);
+    let debounce = secs("debounce_ms", f.debounce_ms, ROLES_DEBOUNCE_MS, 60_000);
     let quarantine = secs(
         "quarantine_secs",
         f.quarantine_secs,
-        D::ROLES_QUARANTINE_SECS,
+        ROLES_QUARANTINE_SECS,
         86_400,
     );
     let grace = secs(
         "register_grace_secs",
         f.register_grace_secs,
-        D::ROLES_REGISTER_GRACE_SECS,
+        ROLES_REGISTER_GRACE_SECS,
         3_600,
     );
     Some(RolesConfig {
@@ -591,7 +590,7 @@ impl Roles {
         };
         let outcome = self.execute_inner(cfg, spec, action, &mut r).await;
         if let Err(e) = outcome {
-            r.error = Some(e);
+            r.error = Some(e.to_string());
         } else {
             r.ok = true;
         }
@@ -605,27 +604,29 @@ impl Roles {
         spec: &Spec,
         action: &Action,
         r: &mut ActionResult,
-    ) -> Result<(), String> {
+    ) -> Result<(), ActionError> {
         let key = format!("{IMAGES}{}/{}", action.role, action.instance);
         if let (Kind::Start, Some(image)) = (action.kind, &action.image) {
-            let host = action
-                .host
-                .as_deref()
-                .ok_or("an image role's instance has no host")?;
+            let host = action.host.as_deref().ok_or(ActionError::NoHost)?;
             crate::dominator::set_required_image(&self.dominator, host, image)
                 .await
-                .map_err(|e| {
-                    format!("setting {host}'s required image to {image}: {}", e.message)
+                .map_err(|e| ActionError::RequiredImage {
+                    host: host.to_string(),
+                    image: image.clone(),
+                    message: e.message,
                 })?;
             let a = ImageInstance {
                 host: host.to_string(),
                 image: image.clone(),
             };
-            let value = serde_json::to_vec(&a).map_err(|e| e.to_string())?;
+            let value = serde_json::to_vec(&a).unwrap_or_default();
             self.store
                 .put(&key, value)
                 .await
-                .map_err(|e| format!("recording {key}: {e}"))?;
+                .map_err(|source| ActionError::Record {
+                    key: key.clone(),
+                    source,
+                })?;
         }
         if action.kind == Kind::Stop
             && spec
@@ -636,9 +637,12 @@ impl Roles {
             self.store
                 .delete(&key)
                 .await
-                .map_err(|e| format!("removing {key}: {e}"))?;
+                .map_err(|source| ActionError::Record {
+                    key: key.clone(),
+                    source,
+                })?;
         }
-        let Some(argv) = action.command(spec).map_err(|e| e.to_string())? else {
+        let Some(argv) = action.command(spec)? else {
             return Ok(());
         };
         r.argv = Some(argv.clone());
@@ -648,8 +652,8 @@ impl Roles {
         r.stderr = out.stderr;
         match out.exit {
             Some(0) => Ok(()),
-            Some(code) => Err(format!("the hook exited with status {code}")),
-            None => Err("the hook was killed by a signal".into()),
+            Some(code) => Err(ActionError::Exit(code)),
+            None => Err(ActionError::Signal),
         }
     }
 }
@@ -669,8 +673,8 @@ pub async fn run_hook(
     public_url: &str,
     action: &Action,
     argv: &[String],
-) -> Result<HookRun, String> {
-    let (first, args) = argv.split_first().ok_or("an empty command line")?;
+) -> Result<HookRun, ActionError> {
+    let (first, args) = argv.split_first().ok_or(ActionError::EmptyCommand)?;
     let program = cfg.hooks_dir.join(first);
     let _ = std::fs::create_dir_all(&cfg.state_dir);
     let me = std::env::current_exe()
@@ -696,9 +700,10 @@ pub async fn run_hook(
     if let Some(h) = &action.host {
         cmd.env("PADDOCK_HOST", h);
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+    let mut child = cmd.spawn().map_err(|source| ActionError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
     let pid = child.id();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -720,7 +725,7 @@ pub async fn run_hook(
     };
     match tokio::time::timeout(cfg.hook_timeout, read).await {
         Ok((o, e, status)) => Ok(HookRun {
-            exit: status.map_err(|e| e.to_string())?.code(),
+            exit: status.map_err(ActionError::Wait)?.code(),
             stdout: tail(&o),
             stderr: tail(&e),
         }),
@@ -731,10 +736,7 @@ pub async fn run_hook(
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            Err(format!(
-                "the hook ran longer than {} s and was killed",
-                cfg.hook_timeout.as_secs()
-            ))
+            Err(ActionError::Timeout(cfg.hook_timeout))
         }
     }
 }
@@ -760,7 +762,6 @@ pub fn router(roles: Arc<Roles>) -> Router {
         .route("/api/v1/spec", get(show).post(apply))
         .route("/api/v1/spec/plan", post(preview))
         .route("/api/v1/spec/rounds", get(rounds))
-        .route("/ui/roles", get(crate::roles_page::page))
         .with_state(roles)
 }
 
@@ -813,6 +814,89 @@ async fn rounds(
             .await
             .map_err(internal)?,
     ))
+}
+
+/// `[roles]` (the role loop runs only with a `hooks_dir`). Seconds unless named.
+pub const ROLES_HOOK_TIMEOUT_SECS: u64 = 60;
+pub const ROLES_ROUND_SECS: u64 = 30;
+pub const ROLES_DEBOUNCE_MS: u64 = 500;
+pub const ROLES_QUARANTINE_SECS: u64 = 60;
+pub const ROLES_REGISTER_GRACE_SECS: u64 = 15;
+
+/// A plan as the CLI prints it: the outcome, then one line per action with its command.
+pub fn plan_text(plan: &Plan, commands: &[Option<Vec<String>>]) -> String {
+    let mut out = match &plan.outcome {
+        Outcome::Optimal => "outcome: optimal (every root at its max)\n".to_string(),
+        Outcome::Viable => "outcome: viable (some root could grow with more hosts)\n".to_string(),
+        Outcome::FailStop(r) => format!("outcome: FAIL-STOP, nothing will run: {r}\n"),
+    };
+    out.push_str("role                 current  minimum  max      target\n");
+    for (role, c) in &plan.roles {
+        let max = c.max.map_or("-".to_string(), |m| m.to_string());
+        out.push_str(&format!(
+            "{role:<20} {:<8} {:<8} {max:<8} {}\n",
+            c.current, c.minimum, c.target
+        ));
+    }
+    if plan.actions.is_empty() {
+        out.push_str("no actions\n");
+    }
+    for (i, a) in plan.actions.iter().enumerate() {
+        let image = a
+            .image
+            .as_deref()
+            .map(|m| format!(", image {m}"))
+            .unwrap_or_default();
+        let cmd = match commands.get(i).cloned().flatten() {
+            Some(argv) => argv.join(" "),
+            None => "(no hook)".into(),
+        };
+        out.push_str(&format!(
+            "{:>3}. {} ({:?}{image}): {cmd}\n",
+            i + 1,
+            a.label(),
+            a.why
+        ));
+    }
+    for n in &plan.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// Why an action of a round failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("an image role's instance has no host")]
+    NoHost,
+    #[error("setting {host}'s required image to {image}: {message}")]
+    RequiredImage {
+        host: String,
+        image: String,
+        message: String,
+    },
+    #[error("recording {key}: {source}")]
+    Record {
+        key: String,
+        source: paddock_store::StoreError,
+    },
+    #[error(transparent)]
+    Command(#[from] paddock_roles::CommandError),
+    #[error("an empty command line")]
+    EmptyCommand,
+    #[error("cannot run {}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("waiting for the hook: {0}")]
+    Wait(std::io::Error),
+    #[error("the hook ran longer than {} s and was killed", .0.as_secs())]
+    Timeout(Duration),
+    #[error("the hook exited with status {0}")]
+    Exit(i32),
+    #[error("the hook was killed by a signal")]
+    Signal,
 }
 
 #[cfg(test)]
@@ -889,7 +973,7 @@ mod tests {
             .await
             .err()
             .unwrap();
-        assert_eq!(e, "the hook ran longer than 1 s and was killed");
+        assert_eq!(e.to_string(), "the hook ran longer than 1 s and was killed");
         assert!(t.elapsed() < Duration::from_secs(10));
         let missing = run_hook(
             &cfg(dir.path(), 1),
@@ -900,7 +984,7 @@ mod tests {
         .await
         .err()
         .unwrap();
-        assert!(missing.starts_with("cannot run "), "{missing}");
+        assert!(missing.to_string().starts_with("cannot run "), "{missing}");
     }
 
     #[test]

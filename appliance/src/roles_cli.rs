@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use paddock_roles::{Outcome, Plan, Spec, minimums};
+use paddock_roles::{Spec, minimums};
+
+use crate::roles::plan_text;
 
 use crate::census::{CensusView, LeaseRef, Register, Registered};
 use crate::cli::{CallError, get_json, post_json};
@@ -93,47 +95,6 @@ pub fn spec_check(files: &[PathBuf]) -> anyhow::Result<()> {
         bail!("{bad} spec file(s) with problems");
     }
     Ok(())
-}
-
-/// A plan as the CLI prints it: the outcome, then one line per action with its command.
-pub fn plan_text(plan: &Plan, commands: &[Option<Vec<String>>]) -> String {
-    let mut out = match &plan.outcome {
-        Outcome::Optimal => "outcome: optimal (every root at its max)\n".to_string(),
-        Outcome::Viable => "outcome: viable (some root could grow with more hosts)\n".to_string(),
-        Outcome::FailStop(r) => format!("outcome: FAIL-STOP, nothing will run: {r}\n"),
-    };
-    out.push_str("role                 current  minimum  max      target\n");
-    for (role, c) in &plan.roles {
-        let max = c.max.map_or("-".to_string(), |m| m.to_string());
-        out.push_str(&format!(
-            "{role:<20} {:<8} {:<8} {max:<8} {}\n",
-            c.current, c.minimum, c.target
-        ));
-    }
-    if plan.actions.is_empty() {
-        out.push_str("no actions\n");
-    }
-    for (i, a) in plan.actions.iter().enumerate() {
-        let image = a
-            .image
-            .as_deref()
-            .map(|m| format!(", image {m}"))
-            .unwrap_or_default();
-        let cmd = match commands.get(i).cloned().flatten() {
-            Some(argv) => argv.join(" "),
-            None => "(no hook)".into(),
-        };
-        out.push_str(&format!(
-            "{:>3}. {} ({:?}{image}): {cmd}\n",
-            i + 1,
-            a.label(),
-            a.why
-        ));
-    }
-    for n in &plan.notes {
-        out.push_str(&format!("note: {n}\n"));
-    }
-    out
 }
 
 pub fn spec_plan(api: &str, file: Option<&Path>) -> anyhow::Result<()> {

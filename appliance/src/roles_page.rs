@@ -10,8 +10,8 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, html};
 use paddock_inspector::node::iso;
 
+use crate::roles::plan_text;
 use crate::roles::{Roles, SpecBody, describe};
-use crate::roles_cli::plan_text;
 
 const ROUNDS_SHOWN: usize = 5;
 

@@ -9,28 +9,63 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use paddock_inspector::api::Speaker;
 use paddock_inventory::MacAddr;
-use paddock_security::token::{self, AgentKey};
+use paddock_security::token;
 use paddock_security::{Identity, Permissions, Proof, ca, tls};
 use paddock_store::Store;
 use serde::{Deserialize, Serialize};
 
 use crate::access::{self, Access, Caller, Decision};
+use crate::agent_tokens::ensure_agent_key;
 use crate::audit::{Audit, AuditEntry, Kind};
-use crate::config::{Config, SecurityConfig, TlsConfig};
+
+/// TLS, or the explicit insecure mode.
+#[derive(Clone, Debug)]
+pub enum SecurityConfig {
+    Insecure,
+    Tls(TlsConfig),
+}
+
+/// The HTTPS listener and what it enforces.
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    /// `https://…` as machines reach this host.
+    pub public_url: String,
+    /// The agent's URLs: this host's, then its peers' (their HTTP URLs with this scheme
+    /// and port).
+    pub agent_urls: Vec<String>,
+    pub inspector_noauth: bool,
+    pub agent_token_ttl: Duration,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+}
+
+/// What this domain reads beyond its own section: where this host is reached.
+#[derive(Clone, Debug)]
+pub struct Reach {
+    pub security: SecurityConfig,
+    pub http_listen: SocketAddr,
+    /// The plain-HTTP URL machines use.
+    pub public_url: String,
+    /// The discovery agent's URLs (this host's, then its peers').
+    pub agent_urls: Vec<String>,
+    /// This host's name in a cluster.
+    pub host: Option<String>,
+}
 
 pub const CA_KEY: &str = "security/ca";
 /// The CA that signs provisioned machines' subd certificates, and nothing else.
 pub const SUBD_CA_KEY: &str = "security/subd-ca";
-pub const AGENT_KEY: &str = "security/agent-key";
 pub const TOKENS: &str = "security/tokens/";
 
 /// The files `paddock certs init` writes into `[security] dir`.
@@ -216,22 +251,6 @@ async fn ensure_ca_at(
     }
 }
 
-/// The shared agent-token key, created if absent.
-pub async fn ensure_agent_key(store: &dyn Store) -> anyhow::Result<AgentKey> {
-    if let Some(kv) = store.get(AGENT_KEY).await? {
-        return Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?);
-    }
-    let k = AgentKey::from_bytes(token::random::<32>());
-    if store.create(AGENT_KEY, k.to_hex().into_bytes()).await? {
-        return Ok(k);
-    }
-    let kv = store
-        .get(AGENT_KEY)
-        .await?
-        .context("the agent key vanished")?;
-    Ok(AgentKey::from_hex(std::str::from_utf8(&kv.value)?)?)
-}
-
 /// Writes a file with `mode`, whole or not at all (temporary file, then rename).
 pub fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
@@ -264,7 +283,7 @@ pub struct InitReport {
 /// admin operator certificate when asked.
 pub async fn init(
     store: &dyn Store,
-    cfg: &Config,
+    cfg: &Reach,
     extra_sans: &[String],
     admin: Option<&str>,
 ) -> anyhow::Result<InitReport> {
@@ -280,8 +299,8 @@ pub async fn init(
         "::1".into(),
         "localhost".into(),
     ];
-    if let Some(c) = &cfg.cluster {
-        sans.push(c.host.clone());
+    if let Some(h) = &cfg.host {
+        sans.push(h.clone());
     }
     if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         sans.push(h.trim().to_string());
@@ -296,10 +315,7 @@ pub async fn init(
     let mut seen = std::collections::BTreeSet::new();
     sans.retain(|s| seen.insert(s.clone()));
     let now = time::OffsetDateTime::now_utc();
-    let host_name = cfg
-        .cluster
-        .as_ref()
-        .map_or_else(|| "paddock".to_string(), |c| c.host.clone());
+    let host_name = cfg.host.clone().unwrap_or_else(|| "paddock".to_string());
     let host = ca::issue(
         &authority,
         &ca::Request {
@@ -362,12 +378,12 @@ pub async fn init(
 
 /// The names and addresses this appliance answers for: its certificate's SANs, and the
 /// hosts of its and its peers' URLs (sorted, once each).
-fn appliance_names(host_sans: Vec<String>, cfg: &Config, t: &TlsConfig) -> Vec<String> {
+fn appliance_names(host_sans: Vec<String>, cfg: &Reach, t: &TlsConfig) -> Vec<String> {
     let mut names = host_sans;
     for u in std::iter::once(&t.public_url)
         .chain(&t.agent_urls)
         .chain(std::iter::once(&cfg.public_url))
-        .chain(&cfg.discovery.agent_urls)
+        .chain(&cfg.agent_urls)
     {
         names.extend(url_host(u));
     }
@@ -474,7 +490,7 @@ pub fn host_material(dir: &Path) -> anyhow::Result<tls::Material> {
 impl Security {
     /// At start: insecure (said loudly), or this host's material, checked against the CA
     /// in the store (a host with another CA's certificates refuses to start).
-    pub async fn load(store: Arc<dyn Store>, cfg: &Config) -> anyhow::Result<Arc<Self>> {
+    pub async fn load(store: Arc<dyn Store>, cfg: &Reach) -> anyhow::Result<Arc<Self>> {
         let t = match &cfg.security {
             SecurityConfig::Insecure => {
                 tracing::warn!(
@@ -658,7 +674,7 @@ impl Security {
         }))
     }
 
-    async fn operator_token(&self, tok: &str) -> Result<Identity, &'static str> {
+    pub(crate) async fn operator_token(&self, tok: &str) -> Result<Identity, &'static str> {
         let digest = token::operator_digest(tok).ok_or("malformed token")?;
         let kv = self
             .store
@@ -822,7 +838,7 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
             let lease = |mac| sec.lease_of(mac);
             match t.agent_tokens.check(tok, peer.addr.ip(), lease).await {
                 Ok(mac) => agent_mac = Some(mac),
-                Err(why) => refused = Some(why),
+                Err(why) => refused = Some(why.to_string()),
             }
         } else {
             match sec.operator_token(tok).await {
@@ -850,7 +866,7 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
         sec.audit
             .record(Kind::Refused, entry(&who, proof, method, status))
             .await;
-        return refuse(status, why, "");
+        return refuse(status, why.to_string(), "");
     }
     let caller = match (&identity, &agent_mac, &refused) {
         (_, _, Some(why)) => Caller::Refused(why),
@@ -920,69 +936,6 @@ async fn audit_list(
 /// against the fingerprint on its command line).
 pub fn ca_pem(sec: &Security) -> Option<String> {
     sec.tls.as_ref().map(|t| t.material.ca_pem.clone())
-}
-
-#[derive(Deserialize)]
-struct LoginForm {
-    token: String,
-}
-
-async fn login_page() -> Response {
-    let page = maud::html! {
-        (maud::DOCTYPE)
-        html { head { title { "Paddock: sign in" } } body {
-            h1 { "Paddock" }
-            p { "Paste an operator token (" code { "paddock certs token NAME --role read-only" } "), or use a client certificate." }
-            form method="post" action="/ui/login" {
-                input type="password" name="token" size="80" autocomplete="off";
-                button type="submit" { "Sign in" }
-            }
-        } }
-    };
-    axum::response::Html(page.into_string()).into_response()
-}
-
-async fn login(State(sec): State<Arc<Security>>, form: axum::Form<LoginForm>) -> Response {
-    let tok = form.0.token.trim().to_string();
-    match sec.operator_token(&tok).await {
-        Ok(_) => Response::builder()
-            .status(StatusCode::SEE_OTHER)
-            .header(header::LOCATION, "/ui")
-            .header(
-                header::SET_COOKIE,
-                format!("paddock_token={tok}; HttpOnly; Secure; SameSite=Strict; Path=/"),
-            )
-            .body(Body::empty())
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()),
-        Err(e) => (StatusCode::UNAUTHORIZED, format!("sign-in refused: {e}\n")).into_response(),
-    }
-}
-
-/// `/ui/audit`: the newest entries, who did what to what, and the result.
-async fn audit_page(State(sec): State<Arc<Security>>) -> Response {
-    let entries = match sec.audit.log(200).await {
-        Ok(e) => e,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
-    let body = maud::html! {
-        p { "Every mutating call (and every refused one by a known caller), newest first; "
-            code { "paddock audit" } " shows the same." }
-        table #audit {
-            tr { th { "When (UTC)" } th { "Who" } th { "Proof" } th { "Method" } th { "On" } th { "Status" } th { "From" } }
-            @for e in &entries {
-                tr {
-                    td { (httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(e.at_ms).unwrap_or(0)))) }
-                    td { (e.who) }
-                    td { (e.proof) }
-                    td { code { (e.method) } }
-                    td { code { (e.target) } }
-                    td { (e.status) }
-                    td { (e.peer) }
-                }
-            }
-        }
-    };
-    crate::console::page("Audit log", false, body).into_response()
 }
 
 /// The methods of the operator behind a request (TLS on): a token or certificate it
@@ -1148,13 +1101,11 @@ pub fn router(
         });
     axum::Router::new()
         .route("/api/v1/audit", axum::routing::get(audit_list))
-        .route("/ui/audit", axum::routing::get(audit_page))
         .route(
             "/api/v1/tokens",
             axum::routing::get(tokens_list).post(tokens_create),
         )
         .route("/api/v1/tokens/revoke", axum::routing::post(tokens_revoke))
-        .route("/ui/login", axum::routing::get(login_page).post(login))
         .with_state(sec)
         .merge(agent_tokens)
 }

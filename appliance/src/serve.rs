@@ -167,7 +167,7 @@ impl Core {
         use anyhow::Context as _;
         let inspector = Arc::new(Inspector::new(store.clone(), cfg.inspector.clone()));
         // Certificates and tokens first: with TLS on and no certificates, nothing starts.
-        let security = Security::load(store.clone(), &cfg).await?;
+        let security = Security::load(store.clone(), &cfg.reach()).await?;
         let objects = paddock_imageserver::objects::ObjectStore::open(&cfg.images.dir)
             .with_context(|| format!("opening the object store at {}", cfg.images.dir.display()))?;
         let images = ImageServer::new(store.clone(), Arc::new(objects));

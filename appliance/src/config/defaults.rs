@@ -41,13 +41,6 @@ pub const PROVISIONING_STEP_TIMEOUT_SECS: u64 = 30 * 60;
 /// Seconds from `register` until the dominator finds subd synced.
 pub const PROVISIONING_SYNC_TIMEOUT_SECS: u64 = 2 * 60 * 60;
 
-/// Power-ons started in any window of `POWER_INTERVAL_SECS`, appliance-wide.
-pub const POWER_MAX_POWER_ONS: u32 = 10;
-/// Seconds of the power-on throttle's window.
-pub const POWER_INTERVAL_SECS: u64 = 10;
-/// Seconds between the leader's reads of every managed node's power state.
-pub const POWER_SYNC_SECS: u64 = 60;
-
 pub const DOMINATOR_ENABLED: bool = true;
 /// subd's default port (Dominator's).
 pub const DOMINATOR_SUBD_PORT: u16 = 6969;
@@ -63,13 +56,6 @@ pub const CLUSTER_STORE: &str = "sqlite";
 pub const CLUSTER_LEASE_TTL_SECS: u64 = 3;
 /// This host's name when neither the file nor the kernel names it.
 pub const CLUSTER_HOST: &str = "paddock";
-
-/// `[roles]` (the role loop runs only with a `hooks_dir`). Seconds unless named.
-pub const ROLES_HOOK_TIMEOUT_SECS: u64 = 60;
-pub const ROLES_ROUND_SECS: u64 = 30;
-pub const ROLES_DEBOUNCE_MS: u64 = 500;
-pub const ROLES_QUARANTINE_SECS: u64 = 60;
-pub const ROLES_REGISTER_GRACE_SECS: u64 = 15;
 
 /// `[security] dir` under `data_dir`.
 pub const SECURITY_SUBDIR: &str = "certs";
@@ -88,3 +74,10 @@ pub const HTTP_MIN_BODY_RATE: u64 = 1024;
 /// Ten seconds: an API call answers well within it, and a supervisor's stop timeout
 /// (systemd's is 90 s) is far longer.
 pub const HTTP_SHUTDOWN_GRACE_SECS: u64 = 10;
+
+// Defaults of the sections a domain defines, where that domain keeps them.
+pub use crate::power::{POWER_INTERVAL_SECS, POWER_MAX_POWER_ONS, POWER_SYNC_SECS};
+pub use crate::roles::{
+    ROLES_DEBOUNCE_MS, ROLES_HOOK_TIMEOUT_SECS, ROLES_QUARANTINE_SECS, ROLES_REGISTER_GRACE_SECS,
+    ROLES_ROUND_SECS,
+};

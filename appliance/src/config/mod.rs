@@ -25,6 +25,7 @@ pub use crate::images::ImagesConfig;
 pub use crate::inspection::TimelineConfig;
 pub use crate::provisioning::ProvisioningConfig;
 pub use crate::pxe_filter::FirewallConfig;
+pub use crate::security::{Reach, SecurityConfig, TlsConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -67,29 +68,6 @@ pub struct Config {
     pub security: SecurityConfig,
 }
 
-/// TLS, or the explicit insecure mode.
-#[derive(Clone, Debug)]
-pub enum SecurityConfig {
-    Insecure,
-    Tls(TlsConfig),
-}
-
-/// The HTTPS listener and what it enforces.
-#[derive(Clone, Debug)]
-pub struct TlsConfig {
-    pub dir: PathBuf,
-    pub listen: SocketAddr,
-    /// `https://…` as machines reach this host.
-    pub public_url: String,
-    /// The agent's URLs: this host's, then its peers' (their HTTP URLs with this scheme
-    /// and port).
-    pub agent_urls: Vec<String>,
-    pub inspector_noauth: bool,
-    pub agent_token_ttl: Duration,
-    pub max_connections: usize,
-    pub header_timeout: Duration,
-}
-
 impl Config {
     /// What one client may hold of either listener.
     pub fn listener_limits(&self) -> paddock_security::limits::Limits {
@@ -104,6 +82,17 @@ impl Config {
             l.header_read_timeout = t.header_timeout;
         }
         l
+    }
+
+    /// What the security domain reads beyond its own section: where this host is reached.
+    pub fn reach(&self) -> Reach {
+        Reach {
+            security: self.security.clone(),
+            http_listen: self.http_listen,
+            public_url: self.public_url.clone(),
+            agent_urls: self.discovery.agent_urls.clone(),
+            host: self.cluster.as_ref().map(|c| c.host.clone()),
+        }
     }
 
     /// The base URL the agent, subs and hooks call: HTTPS when TLS is on.

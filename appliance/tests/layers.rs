@@ -1,0 +1,234 @@
+//! The import map stays one-way: inside `appliance/src` every module sits on a layer and
+//! imports only from its own layer or below, and no crate of the workspace has an import
+//! circle between its modules. Read from the sources, so a new module must be placed on a
+//! layer here before it builds green.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Bottom to top. A module not listed fails the test: place it.
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "base: the runtime, leadership, files at rest, and the pure tables",
+        &[
+            "runtime", "leader", "at_rest", "assets", "audit", "cluster", "access", "browser",
+        ],
+    ),
+    (
+        "domains: store-aware shells, each owning its configuration section and routes",
+        &[
+            "boot",
+            "images",
+            "census",
+            "agent_tokens",
+            "security",
+            "power",
+            "provisioning",
+            "pxe_filter",
+            "dominator",
+            "roles",
+            "dhcp",
+            "inspection",
+        ],
+    ),
+    ("config: assembles the domains' sections", &["config"]),
+    (
+        "console: the web pages",
+        &[
+            "console",
+            "console_access",
+            "console_dashboard",
+            "console_images",
+            "console_live",
+            "console_nodes",
+            "console_power",
+            "console_rules",
+            "console_subs",
+            "roles_page",
+        ],
+    ),
+    ("http: the router and its listeners", &["http"]),
+    (
+        "cli: the client and the commands",
+        &["cli", "certs_cli", "roles_cli"],
+    ),
+    ("serve: the recipe", &["serve"]),
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `.rs` file under `dir`, as (top-level module name, text without its tests).
+fn modules(src: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "bin") {
+                    stack.push(p);
+                }
+                continue;
+            }
+            if p.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let rel = p.strip_prefix(src).unwrap();
+            let top = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string();
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            out.push((top, without_tests(&std::fs::read_to_string(&p).unwrap())));
+        }
+    }
+    out
+}
+
+/// The text before a trailing `#[cfg(test)] mod tests`, comments removed.
+fn without_tests(text: &str) -> String {
+    let code = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    code.lines()
+        .map(|l| l.split_once("//").map_or(l, |(a, _)| a))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules `code` names through `crate::` (paths and brace groups).
+fn imports(code: &str) -> BTreeSet<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                out.insert(ident(item));
+            }
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty() && m != "self");
+    out
+}
+
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mods = modules(src);
+    let names: BTreeSet<String> = mods.iter().map(|(m, _)| m.clone()).collect();
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, code) in mods {
+        let e = g.entry(m.clone()).or_default();
+        e.extend(
+            imports(&code)
+                .into_iter()
+                .filter(|t| *t != m && names.contains(t)),
+        );
+    }
+    g
+}
+
+/// A circle in `g`, if there is one (depth-first search).
+fn circle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut c = path[i..].to_vec();
+            c.push(n.to_string());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for t in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(t, g, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    g.keys()
+        .find_map(|n| visit(n, g, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn appliance_modules_import_only_from_their_layer_or_below() {
+    let g = graph(&root().join("appliance/src"));
+    let rank = |m: &str| LAYERS.iter().position(|(_, ms)| ms.contains(&m));
+    let mut problems = Vec::new();
+    for (m, targets) in &g {
+        let Some(r) = rank(m) else {
+            problems.push(format!("{m} is on no layer: add it to LAYERS"));
+            continue;
+        };
+        for t in targets {
+            if let Some(tr) = rank(t)
+                && tr > r
+            {
+                problems.push(format!(
+                    "{m} ({}) imports {t} ({}), a layer above",
+                    LAYERS[r].0, LAYERS[tr].0
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let mut circles = Vec::new();
+    for e in std::fs::read_dir(root()).unwrap() {
+        let dir = e.unwrap().path();
+        for src in [dir.join("src"), dir.join("storm/src")] {
+            if src.is_dir()
+                && let Some(c) = circle(&graph(&src))
+            {
+                circles.push(format!("{}: {}", src.display(), c.join(" → ")));
+            }
+        }
+    }
+    assert!(circles.is_empty(), "{}", circles.join("\n"));
+}
+
+#[test]
+fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
+    let code = without_tests(
+        "use crate::a::X;\nuse crate::{b, c::Y};\n// crate::d\nfn f() { crate::e::g(); }\n\
+         #[cfg(test)]\nmod tests { use crate::h; }\n",
+    );
+    assert_eq!(
+        imports(&code).into_iter().collect::<Vec<_>>(),
+        ["a", "b", "c", "e"]
+    );
+    let g: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["a".to_string()])),
+    ]
+    .into();
+    assert_eq!(circle(&g).unwrap(), ["a", "b", "a"]);
+}
