@@ -4,34 +4,19 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use paddock_image::{Filter, ObjectId, Triggers};
+use paddock_image::{Filter, ObjectId};
 use paddock_imageserver::images::{ImageError, ImageServer};
 use paddock_imageserver::objects::ObjectStore;
 use paddock_store::SqliteStore;
 
+mod support;
+use support::{add, base_files, tarball};
+
 /// Longest wait for something that must happen.
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-fn tarball(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, &data[..]).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 fn full_image(extra: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let mut files = vec![
-        ("etc/passwd", b"root:x:0:0::/root:/bin/sh\n".to_vec()),
-        ("usr/bin/true", b"\x7fELF true".to_vec()),
-    ];
+    let mut files = base_files();
     files.extend(extra.iter().cloned());
     tarball(&files)
 }
@@ -49,25 +34,6 @@ fn env() -> Env {
         server: ImageServer::new(store, objects),
         _dir: dir,
     }
-}
-
-async fn add(
-    s: &Arc<ImageServer>,
-    name: &str,
-    tar: Vec<u8>,
-    filter: Option<Filter>,
-) -> Result<paddock_imageserver::images::AddSummary, ImageError> {
-    s.add(
-        name.into(),
-        Box::new(std::io::Cursor::new(tar)),
-        filter,
-        Triggers::default(),
-        "test".into(),
-        None,
-        Box::new(|_| {}),
-        1_000,
-    )
-    .await
 }
 
 #[tokio::test]
@@ -213,7 +179,7 @@ async fn garbage_collection_waits_for_an_add_in_flight() {
                 "slow".into(),
                 Box::new(Fed(rx, Vec::new(), Some(reading_tx))),
                 None,
-                Triggers::default(),
+                paddock_image::Triggers::default(),
                 String::new(),
                 None,
                 Box::new(|_| {}),

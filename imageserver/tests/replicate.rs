@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use paddock_image::Triggers;
 use paddock_imageserver::api::{ImageServerState, router};
 use paddock_imageserver::images::ImageServer;
 use paddock_imageserver::mdb::MdbService;
@@ -13,20 +12,8 @@ use paddock_imageserver::objects::ObjectStore;
 use paddock_imageserver::replicate::{Pass, Replicator};
 use paddock_store::{SqliteStore, Store};
 
-fn tarball(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, &data[..]).unwrap();
-    }
-    b.into_inner().unwrap()
-}
+mod support;
+use support::{add, base_files, tarball};
 
 /// A host: its own object store, the shared store, its image server on a loopback port.
 async fn host(
@@ -61,29 +48,15 @@ async fn a_host_fetches_every_object_it_lacks_from_a_peer_that_has_it() {
     let (b, _) = host(dir.path(), "b", store.clone(), false).await;
 
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let mut files = vec![
-        ("etc/passwd", b"root:x:0:0::/root:/bin/sh\n".to_vec()),
-        ("usr/bin/true", b"\x7fELF true".to_vec()),
-        ("usr/lib/big", big),
-    ];
+    let mut files = base_files();
+    files.push(("usr/lib/big", big));
     for i in 0..700 {
         files.push((
             Box::leak(format!("usr/share/f{i}").into_boxed_str()),
             format!("file {i}\n").into_bytes(),
         ));
     }
-    a.add(
-        "base".into(),
-        Box::new(std::io::Cursor::new(tarball(&files))),
-        None,
-        Triggers::default(),
-        "test".into(),
-        None,
-        Box::new(|_| {}),
-        1_000,
-    )
-    .await
-    .unwrap();
+    add(&a, "base", tarball(&files), None).await.unwrap();
 
     // Before: b knows the record (shared store) but holds none of its objects.
     let detail = b.show("base").await;
@@ -118,22 +91,8 @@ async fn with_no_peer_holding_the_objects_the_pass_says_what_is_missing() {
     let (a, _) = host(dir.path(), "a", store.clone(), false).await;
     let (_empty, empty_url) = host(dir.path(), "empty", store.clone(), true).await;
     let (b, _) = host(dir.path(), "b", store.clone(), false).await;
-    let files = vec![
-        ("etc/passwd", b"root:x:0:0::/root:/bin/sh\n".to_vec()),
-        ("usr/bin/true", b"\x7fELF true".to_vec()),
-    ];
-    a.add(
-        "lonely".into(),
-        Box::new(std::io::Cursor::new(tarball(&files))),
-        None,
-        Triggers::default(),
-        "test".into(),
-        None,
-        Box::new(|_| {}),
-        1_000,
-    )
-    .await
-    .unwrap();
+    let files = base_files();
+    add(&a, "lonely", tarball(&files), None).await.unwrap();
     let err = Replicator::new(b.clone(), vec![empty_url])
         .pass()
         .await
