@@ -319,7 +319,6 @@ fn count(n: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::sim::file;
-    use paddock_image::Triggers;
     use paddock_image::plan::untouchable;
 
     fn tree(files: &[(&str, &str)]) -> FileSystem {
@@ -336,15 +335,7 @@ mod tests {
     }
 
     fn image_of(name: &str, fs: FileSystem, filter: Option<Filter>) -> Image {
-        Image {
-            name: name.into(),
-            fs,
-            filter,
-            triggers: Triggers::default(),
-            created_on_ms: 0,
-            created_by: String::new(),
-            expires_at_ms: None,
-        }
+        Image::new(name, fs, filter)
     }
 
     fn id(content: &str) -> ObjectId {

@@ -20,15 +20,7 @@ fn tree(prefix: &str, n: usize) -> FileSystem {
 }
 
 fn image(name: &str, fs: FileSystem) -> Image {
-    Image {
-        name: name.into(),
-        fs,
-        filter: Some(Filter::parse("").unwrap()),
-        triggers: Triggers::default(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
-    }
+    Image::new(name, fs, Some(Filter::parse("").unwrap()))
 }
 
 fn spec(i: usize, image: &str, paused: Option<&str>) -> SubSpec {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use paddock_dominator::HttpSubRpc;
 use paddock_dominator::herd::SubRpc;
-use paddock_image::{FileSystem, Filter, Image, Inode, Triggers};
+use paddock_image::{FileSystem, Filter, Image, Inode};
 use paddock_security::ca::{self, Ca};
 use paddock_security::tls;
 use paddock_subd::service::{PollRequest, PollResponse};
@@ -107,15 +107,7 @@ fn image_with_new_dir(sub: &FileSystem) -> Image {
         },
     )
     .unwrap();
-    Image {
-        name: "with-dir".into(),
-        fs,
-        filter: Some(Filter::empty()),
-        triggers: Triggers::default(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
-    }
+    Image::new("with-dir", fs, Some(Filter::empty()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use libfuzzer_sys::fuzz_target;
 use paddock_image::plan::{UpdateRequest, plan};
-use paddock_image::{FileSystem, Filter, Image, Triggers};
+use paddock_image::{FileSystem, Filter, Image};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(req) = serde_json::from_slice::<UpdateRequest>(data) {
@@ -35,15 +35,7 @@ fuzz_target!(|data: &[u8]| {
         1 => Some(Filter::empty()),
         _ => Some(Filter::parse("/var/.*\n/etc/keep$\n/x").unwrap()),
     };
-    let image = Image {
-        name: "fuzz".into(),
-        fs,
-        filter,
-        triggers: Triggers::default(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
-    };
+    let image = Image::new("fuzz", fs, filter);
     let req = plan(&sub, &BTreeSet::new(), &image);
     if let Err(e) = paddock_subd::update::validate(&req) {
         panic!("the planner made a request subd refuses: {e}\n{req:#?}");

@@ -25,6 +25,22 @@ pub struct Image {
     pub expires_at_ms: Option<i64>,
 }
 
+impl Image {
+    /// An image of `fs` with no triggers, made by no one at the epoch and never expiring: all
+    /// that planning needs, so tests, fuzzers and benches build theirs this way.
+    pub fn new(name: impl Into<String>, fs: FileSystem, filter: Option<Filter>) -> Image {
+        Image {
+            name: name.into(),
+            fs,
+            filter,
+            triggers: Triggers::default(),
+            created_on_ms: 0,
+            created_by: String::new(),
+            expires_at_ms: None,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
     "bad image name {0:?}: use letters, digits and . _ - + @ in /-separated parts (no leading /, no . or .. parts, at most 255 bytes)"

@@ -93,15 +93,7 @@ fn links(mut fs: FileSystem, l: &[(&str, &str)]) -> FileSystem {
 }
 
 fn image_with(fs: FileSystem, filter: Option<Filter>) -> Image {
-    Image {
-        name: "test.0".into(),
-        fs,
-        filter,
-        triggers: Triggers::default(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
-    }
+    Image::new("test.0", fs, filter)
 }
 
 /// A full image with an empty filter: the sub must end up exactly this tree.

@@ -41,7 +41,7 @@ use paddock_dominator::{
     Census, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, Polled, PreparedImage,
     RpcError, SubRpc, SubSpec, SubState,
 };
-use paddock_image::{FileSystem, Filter, Image, Inode, ObjectId, Triggers, UpdateRequest};
+use paddock_image::{FileSystem, Filter, Image, Inode, ObjectId, UpdateRequest};
 use paddock_subd::rpc::{POLL_MEDIA_TYPE, poll_binary};
 use paddock_subd::service::{
     CleanupReply, FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport,
@@ -276,15 +276,7 @@ fn cpu_ms() -> u64 {
 
 /// The image every sub is kept on: the tree, as a full image.
 fn minbase_image(fs: FileSystem) -> Image {
-    Image {
-        name: IMAGE.into(),
-        fs,
-        filter: Some(Filter::empty()),
-        triggers: Triggers::default(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
-    }
+    Image::new(IMAGE, fs, Some(Filter::empty()))
 }
 
 /// A full poll's answer, as subd sends it.

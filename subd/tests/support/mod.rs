@@ -86,13 +86,8 @@ pub fn scan_tree(root: &Path) -> Scan {
 /// A full image (empty filter: nothing filtered, extras deleted) of the tree at `dir`.
 pub fn image_of(name: &str, fs_: FileSystem, triggers: &str) -> Image {
     Image {
-        name: name.into(),
-        fs: fs_,
-        filter: Some(Filter::empty()),
         triggers: Triggers::parse(triggers).unwrap(),
-        created_on_ms: 0,
-        created_by: String::new(),
-        expires_at_ms: None,
+        ..Image::new(name, fs_, Some(Filter::empty()))
     }
 }
 
