@@ -33,32 +33,13 @@ NS=pdk-bench-console
 URL=http://127.0.0.1:8080
 BIN=$ROOT/target/release/paddock
 [[ $EUID -eq 0 ]] || { echo "run as root (network namespace)" >&2; exit 1; }
-log() { echo "# $*" >&2; }
+source bench/lib.sh
 in_ns() { ip netns exec "$NS" "$@"; }
 
-APP_PID= SCRATCH=
-cleanup() {
-    local rc=$?
-    set +e
-    if [[ -n $APP_PID ]]; then
-        kill "$APP_PID" 2>/dev/null
-        wait "$APP_PID" 2>/dev/null
-    fi
-    ip netns del "$NS" 2>/dev/null
-    if [[ -n $SCRATCH && -d $SCRATCH ]]; then
-        if [[ $rc -ne 0 ]]; then log "exit $rc; logs kept in $SCRATCH"; else rm -rf "$SCRATCH"; fi
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+lone_ns_trap "$NS"
 
 cargo build --release --locked -q -p paddock --bin paddock
-mkdir -p bench/out
-SCRATCH=$(mktemp -d "$ROOT/bench/out/console.XXXXXX")
-[[ -e /run/netns/$NS ]] && ip netns del "$NS"
-ip netns add "$NS"
-ip -n "$NS" link set lo up
+lone_ns_up console
 
 cat >"$SCRATCH/paddock.toml" <<EOF
 data_dir = "$SCRATCH/data"
@@ -70,9 +51,9 @@ enabled = false
 enabled = false
 EOF
 in_ns env PADDOCK_LOG=warn PADDOCK_INSECURE=true "$BIN" serve --config "$SCRATCH/paddock.toml" >"$SCRATCH/paddock.log" 2>&1 &
-APP_PID=$!
+BG_PID=$!
 for ((i = 0; i < 200; i++)); do
-    kill -0 "$APP_PID" 2>/dev/null || { cat "$SCRATCH/paddock.log" >&2; exit 1; }
+    kill -0 "$BG_PID" 2>/dev/null || { cat "$SCRATCH/paddock.log" >&2; exit 1; }
     in_ns curl -sf -m 1 -o /dev/null "$URL/healthz" && break
     sleep 0.1
 done

@@ -57,32 +57,16 @@ NS=pdk-bench-dom
 DIR=target/images/minbase
 BIN=$ROOT/target/release/paddock-dominator-bench
 [[ $EUID -eq 0 ]] || { echo "run as root (network namespace, the root-owned tree)" >&2; exit 1; }
-log() { echo "# $*" >&2; }
+source bench/lib.sh
 
-SIM_PID= SCRATCH=
-cleanup() {
-    local rc=$?
-    set +e
-    if [[ -n $SIM_PID ]]; then
-        kill "$SIM_PID" 2>/dev/null
-        wait "$SIM_PID" 2>/dev/null
-    fi
-    ip netns del "$NS" 2>/dev/null
-    if [[ -n $SCRATCH && -d $SCRATCH ]]; then
-        if [[ $rc -ne 0 ]]; then log "exit $rc; logs kept in $SCRATCH"; else rm -rf "$SCRATCH"; fi
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+lone_ns_trap "$NS"
 
 cargo build --release --locked -q -p paddock-dominator --bin paddock-dominator-bench
 if [[ ! -d $DIR/etc ]]; then
     log "building the minbase tree: scripts/test-images.sh"
     bash scripts/test-images.sh >&2
 fi
-mkdir -p bench/out
-SCRATCH=$(mktemp -d "$ROOT/bench/out/dominator.XXXXXX")
+lone_ns_up dominator
 "$BIN" scan "$DIR" "$SCRATCH/tree.json"
 
 # A keep-alive connection per sub on each side (SUBS descriptors each), and fresh ones when a
@@ -91,18 +75,15 @@ SCRATCH=$(mktemp -d "$ROOT/bench/out/dominator.XXXXXX")
 hard=$(ulimit -Hn)
 [[ $hard == unlimited || $hard -gt 65536 ]] && hard=65536
 ulimit -n "$hard"
-[[ -e /run/netns/$NS ]] && ip netns del "$NS"
-ip netns add "$NS"
-ip -n "$NS" link set lo up
 ip netns exec "$NS" sysctl -qw net.ipv4.ip_local_port_range="1024 65535" \
     net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096
 
 for subs in $SIZES; do
     ip netns exec "$NS" "$BIN" sim "$SCRATCH/tree.json" --subs "$subs" \
         >"$SCRATCH/sim-$subs.log" 2>&1 &
-    SIM_PID=$!
+    BG_PID=$!
     for ((i = 0; i < 300; i++)); do
-        kill -0 "$SIM_PID" 2>/dev/null || { cat "$SCRATCH/sim-$subs.log" >&2; exit 1; }
+        kill -0 "$BG_PID" 2>/dev/null || { cat "$SCRATCH/sim-$subs.log" >&2; exit 1; }
         ip netns exec "$NS" ss -Hltn "sport = :6969" | grep -q . && break
         sleep 0.1
     done
@@ -111,7 +92,7 @@ for subs in $SIZES; do
         --poll-interval-ms "$POLL_INTERVAL_MS" --poll-slots "$POLL_SLOTS" \
         --churn-permille "$CHURN_PERMILLE" --cycles "$CYCLES" \
         --batch "$BATCH" --full-polls "$FULL_POLLS"
-    kill "$SIM_PID"
-    wait "$SIM_PID" 2>/dev/null || true
-    SIM_PID=
+    kill "$BG_PID"
+    wait "$BG_PID" 2>/dev/null || true
+    BG_PID=
 done

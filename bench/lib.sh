@@ -1,9 +1,11 @@
-# Shared helpers for bench/dhcp.sh and bench/tftp.sh (sourced, not run).
+# Shared helpers for the benches (sourced, not run).
 #
 # Provides: package installation, two network namespaces joined by a veth
 # pair (server 198.18.0.1/24 on veth-srv, client 198.18.0.2/24 on veth-cli),
 # server start/stop with readiness polling, and a cleanup trap that kills
 # everything the script started and deletes the namespaces, even on failure.
+# For the benches with no peer (console.sh, dominator.sh): one namespace with
+# only lo and one background process, with the same kind of cleanup trap.
 # shellcheck shell=bash
 
 SRV_NS=pdk-bench-srv
@@ -42,6 +44,39 @@ bench_cleanup() {
         fi
     fi
     exit "$rc"
+}
+
+# lone_ns_trap NS: for a bench in one namespace NS (lo only) with one background process
+# ($BG_PID): an EXIT trap that stops the process, deletes NS and removes $SCRATCH (kept, and
+# said so, when the script failed).
+lone_ns_trap() {
+    LONE_NS=$1
+    BG_PID=
+    trap lone_ns_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+lone_ns_cleanup() {
+    local rc=$?
+    set +e
+    if [[ -n $BG_PID ]]; then
+        kill "$BG_PID" 2>/dev/null
+        wait "$BG_PID" 2>/dev/null
+    fi
+    ip netns del "$LONE_NS" 2>/dev/null
+    if [[ -n $SCRATCH && -d $SCRATCH ]]; then
+        if [[ $rc -ne 0 ]]; then log "exit $rc; logs kept in $SCRATCH"; else rm -rf "$SCRATCH"; fi
+    fi
+    exit "$rc"
+}
+
+# lone_ns_up NAME: the scratch directory (bench/out/NAME.XXXXXX) and the namespace, afresh.
+lone_ns_up() {
+    mkdir -p "$ROOT/bench/out"
+    SCRATCH=$(mktemp -d "$ROOT/bench/out/$1.XXXXXX")
+    [[ -e /run/netns/$LONE_NS ]] && ip netns del "$LONE_NS"
+    ip netns add "$LONE_NS"
+    ip -n "$LONE_NS" link set lo up
 }
 
 # bench_deps: every package the benches use, from the one list (scripts/install-deps.sh --bench).
