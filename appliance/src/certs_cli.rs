@@ -102,20 +102,20 @@ fn permissions(methods: Option<&str>, role: Option<&str>) -> anyhow::Result<Perm
 
 /// `certs token|tokens|revoke` against the running appliance on this host.
 fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
-    let url = match &cfg.security {
+    let api = match &cfg.security {
         SecurityConfig::Tls(t) => {
             let read = |name: &str| {
                 let p = t.dir.join(name);
                 std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
             };
-            crate::cli::set_credentials(crate::cli::Credentials {
+            let creds = crate::cli::Credentials {
                 ca_pem: Some(read(security::CA_FILE)?),
                 identity: Some((read("admin.pem")?, read("admin.key")?)),
                 token: None,
-            })?;
-            t.public_url.clone()
+            };
+            crate::cli::client(&t.public_url, &creds)?
         }
-        SecurityConfig::Insecure => cfg.public_url.clone(),
+        SecurityConfig::Insecure => crate::cli::client(&cfg.public_url, &Default::default())?,
     };
     match cmd {
         CertsCmd::Token {
@@ -125,8 +125,7 @@ fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             days,
         } => {
             let perms = permissions(methods.as_deref(), role.as_deref())?;
-            let t: security::CreatedToken = crate::cli::post_json(
-                &url,
+            let t: security::CreatedToken = api.post(
                 "/api/v1/tokens",
                 &security::NewToken {
                     name,
@@ -137,28 +136,25 @@ fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             println!("{}", t.token);
         }
         CertsCmd::Tokens => {
-            let list: Vec<security::TokenRecord> = crate::cli::get_json(&url, "/api/v1/tokens")?;
+            let list: Vec<security::TokenRecord> = api.get("/api/v1/tokens")?;
             print_tokens(&list);
         }
         CertsCmd::Revoke { name } => {
-            let r: security::Revoked = crate::cli::post_json(
-                &url,
+            let r: security::Revoked = api.post(
                 "/api/v1/tokens/revoke",
                 &security::RevokeTokens { name: name.clone() },
             )?;
             println!("revoked {} token(s) named {name}", r.revoked);
         }
         CertsCmd::RevokeAgent { node } => {
-            let r: security::RevokedAgent = crate::cli::post_json(
-                &url,
+            let r: security::RevokedAgent = api.post(
                 "/api/v1/agent-tokens/revoke",
                 &security::RevokeAgent { node: node.clone() },
             )?;
             println!("voided the agent tokens of {node} ({})", r.macs.join(", "));
         }
         CertsCmd::RotateAgentKey => {
-            let _: security::RotateAgentKey = crate::cli::post_json(
-                &url,
+            let _: security::RotateAgentKey = api.post(
                 "/api/v1/agent-tokens/rotate",
                 &security::RotateAgentKey { rotate: true },
             )?;

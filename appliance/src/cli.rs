@@ -14,169 +14,7 @@ use serde_json::Value;
 use crate::dominator::{DominatorStatus, Pause, SubControl};
 use crate::pxe_filter::FirewallAnswer;
 
-/// Why a call to the appliance's API failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    #[error("cannot reach the appliance at {api} (set --api or PADDOCK_API)")]
-    Unreachable {
-        api: String,
-        #[source]
-        source: ureq::Error,
-    },
-    /// The API answered with an error status.
-    #[error("{method} {path}: {status}: {message}")]
-    Api {
-        method: &'static str,
-        path: String,
-        status: u16,
-        message: String,
-    },
-    #[error("{method} {path}: reading the answer: {source}")]
-    Read {
-        method: &'static str,
-        path: String,
-        #[source]
-        source: ureq::Error,
-    },
-    #[error("{method} {path}: the answer is not what was expected: {source}")]
-    Decode {
-        method: &'static str,
-        path: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl CallError {
-    /// The status of an error answer (none when there was no answer).
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            CallError::Api { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-}
-
-/// A request to the API: method, path and query; the answer is read as `T`.
-struct Call<'a> {
-    api: &'a str,
-    method: &'static str,
-    path: String,
-    query: Vec<(&'static str, &'a str)>,
-}
-
-impl<'a> Call<'a> {
-    fn new(api: &'a str, method: &'static str, path: impl Into<String>) -> Self {
-        Call {
-            api,
-            method,
-            path: path.into(),
-            query: Vec::new(),
-        }
-    }
-
-    fn query(mut self, key: &'static str, value: &'a str) -> Self {
-        self.query.push((key, value));
-        self
-    }
-
-    fn url(&self) -> String {
-        format!("{}{}", self.api.trim_end_matches('/'), self.path)
-    }
-
-    fn unreachable(&self, source: ureq::Error) -> CallError {
-        CallError::Unreachable {
-            api: self.api.to_string(),
-            source,
-        }
-    }
-
-    /// Sends no body (`GET`, or `POST` without one).
-    fn send<T: DeserializeOwned>(self) -> Result<T, CallError> {
-        let agent = agent(Some(std::time::Duration::from_secs(30)));
-        let url = self.url();
-        let resp = if self.method == "POST" {
-            agent
-                .post(&url)
-                .query_pairs(self.query.clone())
-                .send_empty()
-        } else {
-            agent.get(&url).query_pairs(self.query.clone()).call()
-        }
-        .map_err(|e| self.unreachable(e))?;
-        self.answer(resp)
-    }
-
-    /// Sends a JSON body (`POST` or `PATCH`).
-    fn send_json<T: DeserializeOwned>(self, body: &impl Serialize) -> Result<T, CallError> {
-        let agent = agent(Some(std::time::Duration::from_secs(600)));
-        let url = self.url();
-        let resp = if self.method == "PATCH" {
-            agent
-                .patch(&url)
-                .query_pairs(self.query.clone())
-                .send_json(body)
-        } else {
-            agent
-                .post(&url)
-                .query_pairs(self.query.clone())
-                .send_json(body)
-        }
-        .map_err(|e| self.unreachable(e))?;
-        self.answer(resp)
-    }
-
-    /// An error status becomes [`CallError::Api`] with the envelope's message; anything else
-    /// is read as `T` (an empty body as JSON `null`).
-    fn answer<T: DeserializeOwned>(
-        self,
-        resp: ureq::http::Response<ureq::Body>,
-    ) -> Result<T, CallError> {
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .with_config()
-            .limit(u64::MAX)
-            .read_to_vec()
-            .map_err(|source| CallError::Read {
-                method: self.method,
-                path: self.path.clone(),
-                source,
-            })?;
-        if status >= 400 {
-            return Err(CallError::Api {
-                method: self.method,
-                path: self.path,
-                status,
-                message: paddock_wire::error_message(&body),
-            });
-        }
-        let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-            b"null"
-        } else {
-            &body
-        };
-        serde_json::from_slice(body).map_err(|source| CallError::Decode {
-            method: self.method,
-            path: self.path,
-            source,
-        })
-    }
-}
-
-/// `GET path` read as `T`, for the commands of other modules (`roles_cli`).
-pub fn get_json<T: DeserializeOwned>(api: &str, path: &str) -> Result<T, CallError> {
-    Call::new(api, "GET", path).send()
-}
-
-/// `POST path` with a JSON body, read as `T`.
-pub fn post_json<T: DeserializeOwned>(
-    api: &str,
-    path: &str,
-    body: &impl Serialize,
-) -> Result<T, CallError> {
-    Call::new(api, "POST", path).send_json(body)
-}
+pub use paddock_client::{CallError, Client};
 
 /// How the CLI proves who it is: the CA it checks the appliance against, a client
 /// certificate and key (PEM), an operator token.
@@ -187,53 +25,28 @@ pub struct Credentials {
     pub token: Option<String>,
 }
 
-static CREDENTIALS: std::sync::OnceLock<(Option<ureq::tls::TlsConfig>, Option<String>)> =
-    std::sync::OnceLock::new();
-
-/// Sets the credentials every later call of this process uses (once).
-pub fn set_credentials(c: Credentials) -> anyhow::Result<()> {
+/// The client of the API at `base` with `c`. Per read or write the CLI waits up to ten
+/// minutes (an image check or a garbage collection answers when done).
+pub fn client(base: &str, c: &Credentials) -> anyhow::Result<Client> {
     let tls = match &c.ca_pem {
-        Some(ca) => Some(
-            paddock_security::tls::ureq_tls(
-                ca,
-                c.identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
-            )
-            .map_err(anyhow::Error::msg)?,
-        ),
+        Some(ca) => Some(paddock_security::tls::ureq_tls(
+            ca,
+            c.identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+        )?),
         None => None,
     };
-    let _ = CREDENTIALS.set((tls, c.token));
-    Ok(())
-}
-
-fn agent(timeout: Option<std::time::Duration>) -> ureq::Agent {
-    let mut b = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(timeout);
-    if let Some((tls, token)) = CREDENTIALS.get() {
-        if let Some(tls) = tls {
-            b = b.tls_config(tls.clone());
-        }
-        if let Some(token) = token.clone() {
-            b = b.middleware(
-                move |mut req: ureq::http::Request<ureq::SendBody>,
-                      next: ureq::middleware::MiddlewareNext| {
-                    if let Ok(v) = format!("Bearer {token}").parse() {
-                        req.headers_mut()
-                            .insert(ureq::http::header::AUTHORIZATION, v);
-                    }
-                    next.handle(req)
-                },
-            );
-        }
-    }
-    b.build().into()
+    Ok(paddock_client::Builder::new()
+        .tls(tls)
+        .token(c.token.clone())
+        .io_timeout(std::time::Duration::from_secs(600))
+        .client(base))
 }
 
 /// `paddock audit`: the newest entries of the audit log.
-pub fn audit(api: &str, limit: usize, json: bool) -> Result<(), CallError> {
+pub fn audit(api: &Client, limit: usize, json: bool) -> Result<(), CallError> {
     let limit = limit.to_string();
-    let entries: Vec<crate::audit::AuditEntry> = Call::new(api, "GET", "/api/v1/audit")
+    let entries: Vec<crate::audit::AuditEntry> = api
+        .call("GET", "/api/v1/audit")
         .query("limit", &limit)
         .send()?;
     if json {
@@ -296,8 +109,8 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1048576.0
 }
 
-pub fn node_list(api: &str) -> anyhow::Result<()> {
-    let nodes: Vec<Node> = Call::new(api, "GET", "/api/v1/nodes").send()?;
+pub fn node_list(api: &Client) -> anyhow::Result<()> {
+    let nodes: Vec<Node> = api.call("GET", "/api/v1/nodes").send()?;
     println!(
         "{:<36}  {:<16}  {:<10}  {:>4}  {:>7}  {:>6}  MACS",
         "UUID", "NAME", "STATE", "CPUS", "MEM_MB", "DISK_G"
@@ -326,8 +139,8 @@ struct NodeShown {
     timeline: Vec<TimelineEvent>,
 }
 
-pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
-    let shown: NodeShown = Call::new(api, "GET", format!("/api/v1/nodes/{node}")).send()?;
+pub fn node_show(api: &Client, node: &str) -> anyhow::Result<()> {
+    let shown: NodeShown = api.call("GET", format!("/api/v1/nodes/{node}")).send()?;
     let n = &shown.node;
     let error = n.introspection.as_ref().and_then(|i| i.error.as_deref());
     println!("uuid        {}", n.uuid);
@@ -341,7 +154,8 @@ pub fn node_show(api: &str, node: &str) -> anyhow::Result<()> {
     println!("properties  {}", Value::Object(n.properties.clone()));
     println!("extra       {}", Value::Object(n.extra.clone()));
     // The provisioning record (an appliance without provisioning answers 404: "-").
-    match Call::new(api, "GET", format!("/api/v1/nodes/{node}/provisioning"))
+    match api
+        .call("GET", format!("/api/v1/nodes/{node}/provisioning"))
         .send::<paddock_birther::Provisioning>()
     {
         Ok(p) => print!("{}", provisioning_text(&p)),
@@ -417,9 +231,9 @@ pub fn node_set_patch(s: &NodeSet) -> anyhow::Result<Vec<Value>> {
 }
 
 /// `paddock node set`: one PATCH with every change (Ironic's semantics, all or nothing).
-pub fn node_set(api: &str, node: &str, s: &NodeSet) -> anyhow::Result<()> {
+pub fn node_set(api: &Client, node: &str, s: &NodeSet) -> anyhow::Result<()> {
     let ops = node_set_patch(s)?;
-    let mut call = Call::new(api, "PATCH", format!("/api/v1/nodes/{node}"));
+    let mut call = api.call("PATCH", format!("/api/v1/nodes/{node}"));
     if s.reset_interfaces {
         call = call.query("reset_interfaces", "true");
     }
@@ -428,23 +242,24 @@ pub fn node_set(api: &str, node: &str, s: &NodeSet) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn node_inspect(api: &str, node: &str) -> anyhow::Result<()> {
-    Call::new(api, "POST", format!("/v1/introspection/{node}")).send::<serde::de::IgnoredAny>()?;
+pub fn node_inspect(api: &Client, node: &str) -> anyhow::Result<()> {
+    api.call("POST", format!("/v1/introspection/{node}"))
+        .send::<serde::de::IgnoredAny>()?;
     println!(
         "introspection of {node} started: it boots the discovery ramdisk at its next PXE boot"
     );
     Ok(())
 }
 
-pub fn node_abort(api: &str, node: &str) -> anyhow::Result<()> {
-    Call::new(api, "POST", format!("/v1/introspection/{node}/abort"))
+pub fn node_abort(api: &Client, node: &str) -> anyhow::Result<()> {
+    api.call("POST", format!("/v1/introspection/{node}/abort"))
         .send::<serde::de::IgnoredAny>()?;
     println!("introspection of {node} aborted");
     Ok(())
 }
 
-pub fn firewall_status(api: &str) -> anyhow::Result<()> {
-    let st = match Call::new(api, "GET", "/api/v1/firewall").send()? {
+pub fn firewall_status(api: &Client) -> anyhow::Result<()> {
+    let st = match api.call("GET", "/api/v1/firewall").send()? {
         FirewallAnswer::On(st) => st,
         FirewallAnswer::Off { .. } => {
             println!("PXE filter: off ([firewall] enabled = false)");
@@ -525,7 +340,7 @@ struct AddHeader<'a> {
     created_by: String,
 }
 
-pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
+pub fn image_add(api: &Client, a: &ImageAdd) -> anyhow::Result<()> {
     use std::io::Read;
     let read_text = |p: Option<&std::path::Path>| -> anyhow::Result<Option<String>> {
         p.map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
@@ -550,7 +365,8 @@ pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
     }
     // The server refuses a taken or retired name before reading the upload; ask first so
     // that the answer is a message, not a broken pipe half-way through the tarball.
-    match Call::new(api, "GET", "/rpc/ImageServer.ShowImage")
+    match api
+        .call("GET", "/rpc/ImageServer.ShowImage")
         .query("name", a.name)
         .send::<ImageDetail>()
     {
@@ -581,14 +397,10 @@ pub fn image_add(api: &str, a: &ImageAdd) -> anyhow::Result<()> {
         bar: bar.clone(),
     });
     eprintln!("adding image {} from {}", a.name, a.tarball.display());
-    let call = Call::new(api, "POST", "/rpc/ImageServer.AddImage");
-    let resp = agent(None)
-        .post(call.url())
-        .header("content-type", "application/octet-stream")
-        .send(ureq::SendBody::from_reader(&mut body))
-        .map_err(|e| call.unreachable(e))?;
+    let summary: AddSummary = api
+        .call("POST", "/rpc/ImageServer.AddImage")
+        .send_reader("application/octet-stream", &mut body)?;
     bar.finish();
-    let summary: AddSummary = call.answer(resp)?;
     let st = &summary.stats;
     println!("image {} added in {:.1} s", a.name, summary.seconds);
     println!(
@@ -610,8 +422,8 @@ struct ImageList {
     images: Vec<ImageRecord>,
 }
 
-pub fn image_list(api: &str) -> anyhow::Result<()> {
-    let list: ImageList = Call::new(api, "GET", "/rpc/ImageServer.ListImages").send()?;
+pub fn image_list(api: &Client) -> anyhow::Result<()> {
+    let list: ImageList = api.call("GET", "/rpc/ImageServer.ListImages").send()?;
     println!(
         "{:<32}  {:>8}  {:>10}  {:>8}  {:<7}  CREATED",
         "IMAGE", "FILES", "MIB", "OBJECTS", "FILTER"
@@ -630,8 +442,9 @@ pub fn image_list(api: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn image_show(api: &str, name: &str) -> anyhow::Result<()> {
-    let d: ImageDetail = Call::new(api, "GET", "/rpc/ImageServer.ShowImage")
+pub fn image_show(api: &Client, name: &str) -> anyhow::Result<()> {
+    let d: ImageDetail = api
+        .call("GET", "/rpc/ImageServer.ShowImage")
         .query("name", name)
         .send()?;
     let r = &d.record;
@@ -668,8 +481,8 @@ pub fn image_show(api: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
-    Call::new(api, "POST", "/rpc/ImageServer.DeleteImage")
+pub fn image_delete(api: &Client, name: &str) -> anyhow::Result<()> {
+    api.call("POST", "/rpc/ImageServer.DeleteImage")
         .query("name", name)
         .send::<serde::de::IgnoredAny>()?;
     println!(
@@ -678,9 +491,10 @@ pub fn image_delete(api: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn image_gc(api: &str) -> anyhow::Result<()> {
-    let r: GcReport =
-        Call::new(api, "POST", "/rpc/ImageServer.DeleteUnreferencedObjects").send_json(&())?;
+pub fn image_gc(api: &Client) -> anyhow::Result<()> {
+    let r: GcReport = api
+        .call("POST", "/rpc/ImageServer.DeleteUnreferencedObjects")
+        .send_json(&())?;
     println!(
         "deleted {} unreferenced object(s), {:.1} MiB; {} kept",
         r.deleted_objects,
@@ -704,8 +518,9 @@ struct BadObject {
     problem: String,
 }
 
-pub fn image_check(api: &str, name: &str) -> anyhow::Result<()> {
-    let r: ImageCheck = Call::new(api, "POST", "/rpc/ImageServer.CheckImage")
+pub fn image_check(api: &Client, name: &str) -> anyhow::Result<()> {
+    let r: ImageCheck = api
+        .call("POST", "/rpc/ImageServer.CheckImage")
         .query("name", name)
         .send_json(&())?;
     if r.ok {
@@ -723,8 +538,8 @@ struct MachineList {
     machines: Vec<Entry>,
 }
 
-pub fn mdb_list(api: &str) -> anyhow::Result<()> {
-    let list: MachineList = Call::new(api, "GET", "/rpc/Mdb.ListMachines").send()?;
+pub fn mdb_list(api: &Client) -> anyhow::Result<()> {
+    let list: MachineList = api.call("GET", "/rpc/Mdb.ListMachines").send()?;
     println!(
         "{:<28}  {:<15}  {:<24}  {:<24}  SOURCE",
         "HOSTNAME", "IP", "REQUIRED", "PLANNED"
@@ -754,14 +569,15 @@ pub fn mdb_list(api: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn mdb_set(api: &str, machine: &paddock_image::Machine) -> anyhow::Result<()> {
-    Call::new(api, "POST", "/rpc/Mdb.SetMachine").send_json::<serde::de::IgnoredAny>(machine)?;
+pub fn mdb_set(api: &Client, machine: &paddock_image::Machine) -> anyhow::Result<()> {
+    api.call("POST", "/rpc/Mdb.SetMachine")
+        .send_json::<serde::de::IgnoredAny>(machine)?;
     println!("mdb: {} set", machine.hostname);
     Ok(())
 }
 
-pub fn mdb_delete(api: &str, hostname: &str) -> anyhow::Result<()> {
-    Call::new(api, "POST", "/rpc/Mdb.DeleteMachine")
+pub fn mdb_delete(api: &Client, hostname: &str) -> anyhow::Result<()> {
+    api.call("POST", "/rpc/Mdb.DeleteMachine")
         .query("hostname", hostname)
         .send::<serde::de::IgnoredAny>()?;
     println!("mdb: {hostname} deleted");
@@ -822,8 +638,8 @@ pub fn sub_table(subs: &[SubView]) -> String {
     out
 }
 
-pub fn sub_list(api: &str) -> anyhow::Result<()> {
-    let subs: Vec<SubView> = Call::new(api, "GET", "/rpc/Dominator.ListSubs").send()?;
+pub fn sub_list(api: &Client) -> anyhow::Result<()> {
+    let subs: Vec<SubView> = api.call("GET", "/rpc/Dominator.ListSubs").send()?;
     print!("{}", sub_table(&subs));
     if subs.is_empty() {
         println!("(no subs: none in the MDB with an address, or this host does not lead)");
@@ -831,8 +647,9 @@ pub fn sub_list(api: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn sub_show(api: &str, hostname: &str) -> anyhow::Result<()> {
-    let s: SubView = Call::new(api, "GET", "/rpc/Dominator.GetSub")
+pub fn sub_show(api: &Client, hostname: &str) -> anyhow::Result<()> {
+    let s: SubView = api
+        .call("GET", "/rpc/Dominator.GetSub")
         .query("hostname", hostname)
         .send()?;
     println!("hostname    {}", printable(&s.hostname));
@@ -852,14 +669,15 @@ pub fn sub_show(api: &str, hostname: &str) -> anyhow::Result<()> {
 
 /// A `Dominator.*` control with a JSON body; the answer read as `T`.
 fn dominator_post<T: DeserializeOwned>(
-    api: &str,
+    api: &Client,
     method: &str,
     body: Value,
 ) -> Result<T, CallError> {
-    Call::new(api, "POST", format!("/rpc/Dominator.{method}")).send_json(&body)
+    api.call("POST", format!("/rpc/Dominator.{method}"))
+        .send_json(&body)
 }
 
-pub fn sub_pause(api: &str, hostname: &str, reason: &str) -> anyhow::Result<()> {
+pub fn sub_pause(api: &Client, hostname: &str, reason: &str) -> anyhow::Result<()> {
     let c: SubControl = dominator_post(
         api,
         "PauseSub",
@@ -873,13 +691,13 @@ pub fn sub_pause(api: &str, hostname: &str, reason: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-pub fn sub_resume(api: &str, hostname: &str) -> anyhow::Result<()> {
+pub fn sub_resume(api: &Client, hostname: &str) -> anyhow::Result<()> {
     dominator_post::<SubControl>(api, "ResumeSub", serde_json::json!({"hostname": hostname}))?;
     println!("sub {} resumed", printable(hostname));
     Ok(())
 }
 
-pub fn sub_clear_safety(api: &str, hostname: &str) -> anyhow::Result<()> {
+pub fn sub_clear_safety(api: &Client, hostname: &str) -> anyhow::Result<()> {
     let c: SubControl = dominator_post(
         api,
         "ClearSafety",
@@ -893,7 +711,7 @@ pub fn sub_clear_safety(api: &str, hostname: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn sub_update(api: &str, hostname: &str, image: &str) -> anyhow::Result<()> {
+pub fn sub_update(api: &Client, hostname: &str, image: &str) -> anyhow::Result<()> {
     let m: Value = dominator_post(
         api,
         "UpdateSub",
@@ -942,13 +760,13 @@ pub fn dominator_status_text(st: &DominatorStatus) -> String {
     out
 }
 
-pub fn dominator_status(api: &str) -> anyhow::Result<()> {
-    let st: DominatorStatus = Call::new(api, "GET", "/rpc/Dominator.Status").send()?;
+pub fn dominator_status(api: &Client) -> anyhow::Result<()> {
+    let st: DominatorStatus = api.call("GET", "/rpc/Dominator.Status").send()?;
     print!("{}", dominator_status_text(&st));
     Ok(())
 }
 
-pub fn dominator_pause(api: &str, reason: &str) -> anyhow::Result<()> {
+pub fn dominator_pause(api: &Client, reason: &str) -> anyhow::Result<()> {
     let p: Pause = dominator_post(api, "Pause", serde_json::json!({"reason": reason}))?;
     println!(
         "dominator paused: every update held ({})",
@@ -957,7 +775,7 @@ pub fn dominator_pause(api: &str, reason: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn dominator_resume(api: &str) -> anyhow::Result<()> {
+pub fn dominator_resume(api: &Client) -> anyhow::Result<()> {
     dominator_post::<serde::de::IgnoredAny>(api, "Resume", serde_json::json!({}))?;
     println!("dominator resumed");
     Ok(())
@@ -1002,29 +820,31 @@ pub fn provisioning_text(p: &paddock_birther::Provisioning) -> String {
 }
 
 /// `paddock node provision|reimage|clean`: the request, then the record it made.
-fn provisioning_request(api: &str, node: &str, what: &str, body: Value) -> anyhow::Result<()> {
-    let p: paddock_birther::Provisioning =
-        Call::new(api, "POST", format!("/api/v1/nodes/{node}/{what}")).send_json(&body)?;
+fn provisioning_request(api: &Client, node: &str, what: &str, body: Value) -> anyhow::Result<()> {
+    let p: paddock_birther::Provisioning = api
+        .call("POST", format!("/api/v1/nodes/{node}/{what}"))
+        .send_json(&body)?;
     print!("node {}: {}", printable(node), provisioning_text(&p));
     Ok(())
 }
 
-pub fn node_provision(api: &str, node: &str, image: &str) -> anyhow::Result<()> {
+pub fn node_provision(api: &Client, node: &str, image: &str) -> anyhow::Result<()> {
     provisioning_request(api, node, "provision", serde_json::json!({"image": image}))
 }
 
-pub fn node_reimage(api: &str, node: &str, image: Option<&str>) -> anyhow::Result<()> {
+pub fn node_reimage(api: &Client, node: &str, image: Option<&str>) -> anyhow::Result<()> {
     provisioning_request(api, node, "reimage", serde_json::json!({"image": image}))
 }
 
-pub fn node_clean(api: &str, node: &str) -> anyhow::Result<()> {
+pub fn node_clean(api: &Client, node: &str) -> anyhow::Result<()> {
     provisioning_request(api, node, "clean", serde_json::json!({}))
 }
 
 /// `paddock node power NODE on|off|cycle|status`: through the node's BMC (power-ons wait
 /// for the appliance's throttle).
-pub fn node_power(api: &str, node: &str, action: &str) -> anyhow::Result<()> {
-    let a: Value = Call::new(api, "POST", format!("/api/v1/nodes/{node}/power"))
+pub fn node_power(api: &Client, node: &str, action: &str) -> anyhow::Result<()> {
+    let a: Value = api
+        .call("POST", format!("/api/v1/nodes/{node}/power"))
         .send_json(&serde_json::json!({"action": action}))?;
     print!("{}", power_text(node, &a));
     Ok(())

@@ -235,44 +235,34 @@ struct Api {
 }
 
 impl Api {
-    /// Sets the process's API credentials, then gives the URL.
-    fn connect(&self) -> anyhow::Result<&str> {
+    /// The client of the appliance these flags name, with their credentials.
+    fn connect(&self) -> anyhow::Result<paddock::cli::Client> {
         const DIR: &str = "/var/lib/paddock/certs";
+        let mut creds = paddock::cli::Credentials {
+            token: self.token.clone(),
+            ..Default::default()
+        };
         if self.url.starts_with("https://") {
             let ca = self
                 .ca
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(DIR).join("ca.pem"));
-            let ca_pem = std::fs::read_to_string(&ca)
-                .map_err(|e| anyhow::anyhow!("{}: {e} (give --ca, or PADDOCK_CA)", ca.display()))?;
+            creds.ca_pem = Some(std::fs::read_to_string(&ca).map_err(|e| {
+                anyhow::anyhow!("{}: {e} (give --ca, or PADDOCK_CA)", ca.display())
+            })?);
             let cert = self.cert.clone().or_else(|| {
                 let d = PathBuf::from(DIR).join("admin.pem");
                 (self.token.is_none() && d.exists()).then_some(d)
             });
-            let pair = match cert {
-                Some(c) => {
-                    let k = self.key.clone().unwrap_or_else(|| c.with_extension("key"));
-                    let read = |p: &PathBuf| {
-                        std::fs::read_to_string(p)
-                            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
-                    };
-                    Some((read(&c)?, read(&k)?))
-                }
-                None => None,
-            };
-            paddock::cli::set_credentials(paddock::cli::Credentials {
-                ca_pem: Some(ca_pem),
-                identity: pair,
-                token: self.token.clone(),
-            })?;
-        } else if self.token.is_some() {
-            paddock::cli::set_credentials(paddock::cli::Credentials {
-                ca_pem: None,
-                identity: None,
-                token: self.token.clone(),
-            })?;
+            if let Some(c) = cert {
+                let k = self.key.clone().unwrap_or_else(|| c.with_extension("key"));
+                let read = |p: &PathBuf| {
+                    std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+                };
+                creds.identity = Some((read(&c)?, read(&k)?));
+            }
         }
-        Ok(&self.url)
+        paddock::cli::client(&self.url, &creds)
     }
 }
 
@@ -440,21 +430,24 @@ fn main() -> ExitCode {
             cmd: paddock::roles_cli::SpecCmd::Check { files },
             ..
         } => report(paddock::roles_cli::spec_check(&files)),
-        Cmd::Spec { api, cmd } => report(api.connect().and_then(|u| spec(u, cmd))),
-        Cmd::Census { api, cmd } => report(api.connect().and_then(|u| census(u, cmd))),
+        Cmd::Spec { api, cmd } => report(api.connect().and_then(|c| spec(&c, cmd))),
+        Cmd::Census { api, cmd } => report(api.connect().and_then(|c| census(&c, cmd))),
         Cmd::Audit { api, limit, json } => report(
             api.connect()
-                .and_then(|url| paddock::cli::audit(url, limit, json).map_err(Into::into)),
+                .and_then(|c| paddock::cli::audit(&c, limit, json).map_err(Into::into)),
         ),
         Cmd::Firewall {
             api,
             cmd: FirewallCmd::Status,
-        } => report(api.connect().and_then(paddock::cli::firewall_status)),
-        Cmd::Image { api, cmd } => report(api.connect().and_then(|u| image(u, cmd))),
-        Cmd::Mdb { api, cmd } => report(api.connect().and_then(|u| mdb(u, cmd))),
-        Cmd::Sub { api, cmd } => report(api.connect().and_then(|u| sub(u, cmd))),
-        Cmd::Dominator { api, cmd } => report(api.connect().and_then(|u| dominator(u, cmd))),
-        Cmd::Node { api, cmd } => report(api.connect().and_then(|u| node(u, cmd))),
+        } => report(
+            api.connect()
+                .and_then(|c| paddock::cli::firewall_status(&c)),
+        ),
+        Cmd::Image { api, cmd } => report(api.connect().and_then(|c| image(&c, cmd))),
+        Cmd::Mdb { api, cmd } => report(api.connect().and_then(|c| mdb(&c, cmd))),
+        Cmd::Sub { api, cmd } => report(api.connect().and_then(|c| sub(&c, cmd))),
+        Cmd::Dominator { api, cmd } => report(api.connect().and_then(|c| dominator(&c, cmd))),
+        Cmd::Node { api, cmd } => report(api.connect().and_then(|c| node(&c, cmd))),
     }
 }
 
@@ -502,7 +495,7 @@ fn ramdisk(cmd: RamdiskCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn image(api: &str, cmd: ImageCmd) -> anyhow::Result<()> {
+fn image(api: &paddock::cli::Client, cmd: ImageCmd) -> anyhow::Result<()> {
     use paddock::cli;
     match cmd {
         ImageCmd::Add {
@@ -529,7 +522,7 @@ fn image(api: &str, cmd: ImageCmd) -> anyhow::Result<()> {
     }
 }
 
-fn mdb(api: &str, cmd: MdbCmd) -> anyhow::Result<()> {
+fn mdb(api: &paddock::cli::Client, cmd: MdbCmd) -> anyhow::Result<()> {
     use paddock::cli;
     match cmd {
         MdbCmd::List => cli::mdb_list(api),
@@ -554,7 +547,7 @@ fn mdb(api: &str, cmd: MdbCmd) -> anyhow::Result<()> {
     }
 }
 
-fn sub(api: &str, cmd: SubCmd) -> anyhow::Result<()> {
+fn sub(api: &paddock::cli::Client, cmd: SubCmd) -> anyhow::Result<()> {
     use paddock::cli;
     match cmd {
         SubCmd::List => cli::sub_list(api),
@@ -566,7 +559,7 @@ fn sub(api: &str, cmd: SubCmd) -> anyhow::Result<()> {
     }
 }
 
-fn dominator(api: &str, cmd: DominatorCmd) -> anyhow::Result<()> {
+fn dominator(api: &paddock::cli::Client, cmd: DominatorCmd) -> anyhow::Result<()> {
     use paddock::cli;
     match cmd {
         DominatorCmd::Status => cli::dominator_status(api),
@@ -575,7 +568,7 @@ fn dominator(api: &str, cmd: DominatorCmd) -> anyhow::Result<()> {
     }
 }
 
-fn spec(api: &str, cmd: paddock::roles_cli::SpecCmd) -> anyhow::Result<()> {
+fn spec(api: &paddock::cli::Client, cmd: paddock::roles_cli::SpecCmd) -> anyhow::Result<()> {
     use paddock::roles_cli::{self as r, SpecCmd};
     match cmd {
         SpecCmd::Check { files } => r::spec_check(&files),
@@ -586,7 +579,10 @@ fn spec(api: &str, cmd: paddock::roles_cli::SpecCmd) -> anyhow::Result<()> {
     }
 }
 
-fn census(api: &str, cmd: Option<paddock::roles_cli::CensusCmd>) -> anyhow::Result<()> {
+fn census(
+    api: &paddock::cli::Client,
+    cmd: Option<paddock::roles_cli::CensusCmd>,
+) -> anyhow::Result<()> {
     use paddock::roles_cli::{self as r, CensusCmd};
     match cmd {
         None => r::census_list(api),
@@ -597,7 +593,7 @@ fn census(api: &str, cmd: Option<paddock::roles_cli::CensusCmd>) -> anyhow::Resu
             host,
             ttl,
         }) => r::census_hold(
-            url.as_deref().unwrap_or(api),
+            &url.as_deref().map_or_else(|| api.clone(), |u| api.at(u)),
             paddock::census::Register {
                 role,
                 instance,
@@ -608,7 +604,7 @@ fn census(api: &str, cmd: Option<paddock::roles_cli::CensusCmd>) -> anyhow::Resu
     }
 }
 
-fn node(api: &str, cmd: NodeCmd) -> anyhow::Result<()> {
+fn node(api: &paddock::cli::Client, cmd: NodeCmd) -> anyhow::Result<()> {
     use paddock::cli;
     match cmd {
         NodeCmd::List => cli::node_list(api),

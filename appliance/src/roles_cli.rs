@@ -11,7 +11,7 @@ use paddock_roles::{Spec, minimums};
 use crate::roles::plan_text;
 
 use crate::census::{CensusView, LeaseRef, Register, Registered};
-use crate::cli::{CallError, get_json, post_json};
+use crate::cli::{CallError, Client};
 use crate::roles::{Applied, PlanPreview, Round, SpecBody, StoredSpec};
 
 #[derive(Subcommand)]
@@ -97,7 +97,7 @@ pub fn spec_check(files: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_plan(api: &str, file: Option<&Path>) -> anyhow::Result<()> {
+pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
     let body = match file {
         Some(f) => {
             let (file, text) = read_spec(f)?;
@@ -108,7 +108,7 @@ pub fn spec_plan(api: &str, file: Option<&Path>) -> anyhow::Result<()> {
         }
         None => SpecBody::default(),
     };
-    let p: PlanPreview = post_json(api, "/api/v1/spec/plan", &body)?;
+    let p: PlanPreview = api.post("/api/v1/spec/plan", &body)?;
     println!(
         "spec {}: {} hosts, {} instances in the census",
         p.spec_file,
@@ -119,14 +119,13 @@ pub fn spec_plan(api: &str, file: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_apply(api: &str, file: &Path) -> anyhow::Result<()> {
+pub fn spec_apply(api: &Client, file: &Path) -> anyhow::Result<()> {
     let (file, text) = read_spec(file)?;
     // Checked here first, so the errors name the operator's file even offline.
     if let Err(e) = Spec::parse(&file, &text) {
         bail!("{e}\nnothing applied");
     }
-    let a: Applied = post_json(
-        api,
+    let a: Applied = api.post(
         "/api/v1/spec",
         &SpecBody {
             file: Some(file),
@@ -137,15 +136,15 @@ pub fn spec_apply(api: &str, file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_show(api: &str) -> anyhow::Result<()> {
-    let s: StoredSpec = get_json(api, "/api/v1/spec")?;
+pub fn spec_show(api: &Client) -> anyhow::Result<()> {
+    let s: StoredSpec = api.get("/api/v1/spec")?;
     println!("# {} (applied {} ms since the epoch)", s.file, s.applied_ms);
     print!("{}", s.text);
     Ok(())
 }
 
-pub fn spec_rounds(api: &str, limit: usize, json: bool) -> anyhow::Result<()> {
-    let rounds: Vec<Round> = get_json(api, &format!("/api/v1/spec/rounds?limit={limit}"))?;
+pub fn spec_rounds(api: &Client, limit: usize, json: bool) -> anyhow::Result<()> {
+    let rounds: Vec<Round> = api.get(&format!("/api/v1/spec/rounds?limit={limit}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rounds)?);
         return Ok(());
@@ -167,8 +166,8 @@ pub fn spec_rounds(api: &str, limit: usize, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn census_list(api: &str) -> anyhow::Result<()> {
-    let v: CensusView = get_json(api, "/api/v1/census")?;
+pub fn census_list(api: &Client) -> anyhow::Result<()> {
+    let v: CensusView = api.get("/api/v1/census")?;
     println!("{} hosts alive", v.hosts.len());
     for h in &v.hosts {
         println!("  {}", h.host);
@@ -188,20 +187,20 @@ pub fn census_list(api: &str) -> anyhow::Result<()> {
 
 /// `paddock census hold`: register, keep alive every TTL/3 (registering again if the lease
 /// was lost), revoke at SIGTERM/SIGINT.
-pub fn census_hold(api: &str, r: Register) -> anyhow::Result<()> {
+pub fn census_hold(api: &Client, r: Register) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let api = api.to_string();
+        let api = api.clone();
         let register = {
             let (api, r) = (api.clone(), r.clone());
             move || {
                 let (api, r) = (api.clone(), r.clone());
                 async move {
                     tokio::task::spawn_blocking(move || {
-                        post_json::<Registered>(&api, "/api/v1/census/register", &r)
+                        api.post::<Registered>("/api/v1/census/register", &r)
                     })
                     .await?
                     .map_err(anyhow::Error::from)
@@ -222,7 +221,7 @@ pub fn census_hold(api: &str, r: Register) -> anyhow::Result<()> {
             }
             let (a, lease) = (api.clone(), LeaseRef { lease: held.lease });
             let kept = tokio::task::spawn_blocking(move || {
-                post_json::<LeaseRef>(&a, "/api/v1/census/keepalive", &lease)
+                a.post::<LeaseRef>("/api/v1/census/keepalive", &lease)
             })
             .await?;
             match kept {
@@ -236,7 +235,7 @@ pub fn census_hold(api: &str, r: Register) -> anyhow::Result<()> {
         }
         let (a, lease) = (api.clone(), LeaseRef { lease: held.lease });
         let _ = tokio::task::spawn_blocking(move || {
-            post_json::<LeaseRef>(&a, "/api/v1/census/revoke", &lease)
+            a.post::<LeaseRef>("/api/v1/census/revoke", &lease)
         })
         .await;
         eprintln!("revoked {}", held.key);

@@ -60,11 +60,9 @@ fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
+    paddock_client::Builder::new()
+        .timeout(Duration::from_secs(30))
+        .agent()
 }
 
 /// A call from inside `ns`: the status and the JSON answer (`null` if none).
@@ -859,12 +857,7 @@ fn walk(dir: &Path) -> Vec<String> {
 /// A form post to the console from inside `ns` (ureq follows no redirect here): the status.
 fn post_form(ns: &str, url: &str, origin: &str, form: &str) -> u16 {
     in_ns(ns, || {
-        let a: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
+        let a = agent();
         a.post(url)
             .header("origin", origin)
             .header("content-type", "application/x-www-form-urlencoded")
