@@ -454,7 +454,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                 spec.hostname.clone(),
                                 Slot {
                                     spec,
-                                    sub: Sub::new(),
+                                    sub: Sub::new(self.policy.backoff()),
                                     computed: None,
                                     queued: None,
                                     report: None,

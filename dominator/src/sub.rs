@@ -9,10 +9,13 @@
 //! plan again, which proves the sub equals its image (an empty plan: synced). A synced sub
 //! is polled every `poll_interval_ms`; a change of its tree or of its required image starts
 //! the cycle again. Failures back off per sub, doubling from `backoff_min_ms` to
-//! `backoff_max_ms`; other subs are not slowed.
+//! `backoff_max_ms` with jitter (so that subs a network outage failed together do not come
+//! back together); other subs are not slowed.
 
 use std::fmt;
+use std::time::Duration;
 
+use paddock_clock::Backoff;
 use serde::{Deserialize, Serialize};
 
 /// What the MDB and the operator want of this sub now.
@@ -40,6 +43,16 @@ pub struct Policy {
     /// Updates in a row that leave the sub still different from its image before the sub
     /// is put in error (something on the machine undoes them).
     pub max_update_attempts: u32,
+}
+
+impl Policy {
+    /// A sub's backoff; a fresh one per sub, each drawing its own jitter.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(
+            Duration::from_millis(self.backoff_min_ms),
+            Duration::from_millis(self.backoff_max_ms),
+        )
+    }
 }
 
 impl Default for Policy {
@@ -306,6 +319,9 @@ pub struct Sub {
     synced_image: Option<String>,
     next_at_ms: u64,
     failures: u32,
+    /// The delays after failures; reset by a sync. Handed in by the shell ([`Policy::backoff`])
+    /// so that the state machine itself never reads a clock or a random source.
+    backoff: Backoff,
     update_attempts: u32,
     safety_cleared: bool,
     /// The planned image whose objects were fetched ahead.
@@ -319,14 +335,8 @@ pub struct Sub {
     replan: bool,
 }
 
-impl Default for Sub {
-    fn default() -> Self {
-        Sub::new()
-    }
-}
-
 impl Sub {
-    pub fn new() -> Self {
+    pub fn new(backoff: Backoff) -> Self {
         Sub {
             state: SubState::Polling,
             pending: None,
@@ -335,6 +345,7 @@ impl Sub {
             synced_image: None,
             next_at_ms: 0,
             failures: 0,
+            backoff,
             update_attempts: 0,
             safety_cleared: false,
             preloaded: None,
@@ -358,7 +369,7 @@ impl Sub {
         self.pending.is_some()
     }
 
-    /// Consecutive failures (the backoff's exponent).
+    /// Consecutive failures.
     pub fn failures(&self) -> u32 {
         self.failures
     }
@@ -380,17 +391,11 @@ impl Sub {
             )
     }
 
-    fn backoff_ms(&self, p: &Policy) -> u64 {
-        let exp = self.failures.saturating_sub(1).min(32);
-        p.backoff_min_ms
-            .saturating_mul(1u64 << exp)
-            .min(p.backoff_max_ms)
-    }
-
-    fn fail(&mut self, state: SubState, now_ms: u64, p: &Policy) -> Action {
+    fn fail(&mut self, state: SubState, now_ms: u64) -> Action {
         self.failures = self.failures.saturating_add(1);
         self.state = state;
-        self.next_at_ms = now_ms.saturating_add(self.backoff_ms(p));
+        let delay = u64::try_from(self.backoff.next_delay().as_millis()).unwrap_or(u64::MAX);
+        self.next_at_ms = now_ms.saturating_add(delay);
         Action::Wait
     }
 
@@ -414,11 +419,11 @@ impl Sub {
             }
             Event::PollFailed(error) => {
                 self.pending = None;
-                self.fail(SubState::Unreachable { error }, now_ms, p)
+                self.fail(SubState::Unreachable { error }, now_ms)
             }
             Event::ImageMissing(image) => {
                 self.pending = None;
-                self.fail(SubState::ImageMissing { image }, now_ms, p)
+                self.fail(SubState::ImageMissing { image }, now_ms)
             }
             Event::Planned(plan) => {
                 self.pending = None;
@@ -429,7 +434,7 @@ impl Sub {
             | Event::UpdateFailed(message)
             | Event::CleanupFailed(message) => {
                 self.pending = None;
-                self.fail(SubState::Error { message }, now_ms, p)
+                self.fail(SubState::Error { message }, now_ms)
             }
             Event::Started => {
                 if let SubState::Queued {
@@ -590,6 +595,7 @@ impl Sub {
             self.synced_image = Some(plan.image.clone());
             self.state = SubState::Synced { image: plan.image };
             self.failures = 0;
+            self.backoff.reset();
             self.update_attempts = 0;
             self.safety_cleared = false;
             if plan.unused_cache_objects > 0 && !self.cleaned && want.paused.is_none() {
@@ -653,7 +659,6 @@ impl Sub {
                     ),
                 },
                 now_ms,
-                p,
             );
         }
         self.state = SubState::Queued {
@@ -745,7 +750,7 @@ mod tests {
     #[test]
     fn a_drifted_sub_is_fetched_updated_and_proved_synced() {
         let w = want("minbase2");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         run(
             &mut s,
             &w,
@@ -803,7 +808,7 @@ mod tests {
 
     #[test]
     fn a_new_required_image_is_picked_up_at_once_and_the_tree_is_asked_for() {
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         let a = want("minbase");
         run(
             &mut s,
@@ -830,7 +835,7 @@ mod tests {
     fn safety_holds_big_deletions_and_small_images_until_cleared() {
         // More than half deleted.
         let w = want("tiny");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         s.handle(answer(1, 1), &w, 1, &P);
         let a = s.handle(Event::Planned(update_of("tiny", 51, 0, 0)), &w, 2, &P);
@@ -865,7 +870,7 @@ mod tests {
                 disable_safety_check: tag,
                 ..want("tiny")
             };
-            let mut s = Sub::new();
+            let mut s = Sub::new(P.backoff());
             s.handle(Event::Tick, &w, 0, &P);
             s.handle(answer(1, 1), &w, 1, &P);
             let p = PlanSummary {
@@ -887,7 +892,7 @@ mod tests {
             paused: Some("freeze".into()),
             ..want("m")
         };
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &paused, 0, &P);
         s.handle(answer(4, 1), &paused, 0, &P);
         s.handle(Event::Planned(update_of("m", 1, 0, 0)), &paused, 0, &P);
@@ -914,7 +919,7 @@ mod tests {
     #[test]
     fn objects_that_do_not_fit_are_not_fetched() {
         let w = want("big");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         s.handle(answer(1, 1), &w, 1, &P);
         let p = PlanSummary {
@@ -937,21 +942,24 @@ mod tests {
     #[test]
     fn failures_back_off_per_sub_and_a_sync_resets_them() {
         let w = want("minbase");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         let mut now = 0;
-        for expect in [1_000, 2_000, 4_000, 8_000, 8_000] {
+        for step in [1_000, 2_000, 4_000, 8_000, 8_000] {
             assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
             assert_eq!(
                 s.handle(Event::PollFailed("connection refused".into()), &w, now, &P),
                 Action::Wait
             );
             assert_eq!(s.state().name(), "unreachable");
-            assert_eq!(s.next_at_ms() - now, expect);
-            assert_eq!(
-                s.handle(Event::Tick, &w, now + expect - 1, &P),
-                Action::Wait
+            // Doubling up to the cap, each delay jittered within [step/2, step].
+            let delay = s.next_at_ms() - now;
+            assert!(
+                (step / 2..=step).contains(&delay),
+                "{delay} ms outside [{}, {step}]",
+                step / 2
             );
-            now += expect;
+            assert_eq!(s.handle(Event::Tick, &w, now + delay - 1, &P), Action::Wait);
+            now += delay;
         }
         assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
         assert_eq!(s.handle(answer(3, 1), &w, now, &P), plan_a("minbase"));
@@ -986,7 +994,7 @@ mod tests {
             ),
         ];
         for (w, text) in cases {
-            let mut s = Sub::new();
+            let mut s = Sub::new(P.backoff());
             s.handle(Event::Tick, &w, 0, &P);
             s.handle(answer(1, 1), &w, 0, &P);
             assert_eq!(
@@ -998,7 +1006,7 @@ mod tests {
             assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(1));
         }
         let w = want("gone");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         s.handle(answer(1, 1), &w, 0, &P);
         s.handle(Event::ImageMissing("gone".into()), &w, 0, &P);
@@ -1006,7 +1014,7 @@ mod tests {
             s.state().to_string(),
             "image gone is not on the image server"
         );
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         let none = Desired::default();
         assert_eq!(
             s.handle(Event::Tick, &none, 0, &P),
@@ -1023,7 +1031,7 @@ mod tests {
     #[test]
     fn a_busy_or_unscanned_sub_is_left_alone() {
         let w = want("m");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         let busy = Event::Polled(PollAnswer {
             generation: 4,
@@ -1039,7 +1047,7 @@ mod tests {
     #[test]
     fn updates_that_do_not_stick_end_in_error() {
         let w = want("m");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         let mut scan = 1;
         for _ in 0..P.max_update_attempts {
             s.handle(Event::Tick, &w, 0, &P);
@@ -1069,7 +1077,7 @@ mod tests {
             planned_image: Some("next".into()),
             ..want("m")
         };
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         s.handle(answer(1, 1), &w, 0, &P);
         let done = PlanSummary {
@@ -1096,7 +1104,7 @@ mod tests {
     #[test]
     fn a_queued_sub_says_what_it_waits_for_and_keeps_its_fetch() {
         let w = want("minbase2");
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         s.handle(Event::Tick, &w, 0, &P);
         s.handle(answer(7, 3), &w, 10, &P);
         s.handle(
@@ -1154,7 +1162,7 @@ mod tests {
             planned_objects_to_fetch: 5,
             ..synced(image)
         };
-        let mut s = Sub::new();
+        let mut s = Sub::new(P.backoff());
         run(
             &mut s,
             &w,

@@ -12,11 +12,16 @@
 
 use std::time::{Duration, Instant};
 
-/// The first retry after a failure; each further failure doubles the wait, up to the cap
-/// the caller gives (the reconcile period).
-pub const FIRST_RETRY: Duration = Duration::from_millis(500);
+use paddock_clock::Backoff;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The first retry after a failure; each further failure doubles the wait (jittered, so
+/// that hosts closed by one outage do not all retry at once), up to the cap the caller gives
+/// (the reconcile period).
+pub const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// Where the doubling stops whatever the caller's cap: sixteen doublings (about nine hours).
+const LONGEST_RETRY: Duration = Duration::from_millis(500 << 16);
+
+#[derive(Clone, Debug, Default)]
 pub enum Health {
     /// The last sync succeeded: the right to serve may be held.
     #[default]
@@ -25,7 +30,7 @@ pub enum Health {
     ClosedAfterError(Closed),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Closed {
     /// What the latest failed attempt said.
     pub error: String,
@@ -35,13 +40,18 @@ pub struct Closed {
     pub attempts: u32,
     /// When the latest attempt failed (monotonic: the retry schedule runs from it).
     pub failed_at: Instant,
+    /// How long after `failed_at` the next attempt is due (before the caller's cap): drawn
+    /// once per failure, so that every reading of the schedule agrees.
+    pub retry_after: Duration,
+    /// Seeded with the first failure's Unix ms rather than a random source: the core stays
+    /// pure, and hosts closed by one outage (at different milliseconds) draw different waits.
+    backoff: Backoff,
 }
 
 impl Closed {
     /// How long after the latest failure the next attempt is due.
     pub fn backoff(&self, cap: Duration) -> Duration {
-        let doublings = self.attempts.saturating_sub(1).min(16);
-        FIRST_RETRY.saturating_mul(1 << doublings).min(cap)
+        self.retry_after.min(cap)
     }
 }
 
@@ -63,11 +73,14 @@ impl Health {
         let error = error.into();
         match self {
             Health::Serving => {
+                let mut backoff = Backoff::with_seed(FIRST_RETRY, LONGEST_RETRY, now_ms as u64);
                 *self = Health::ClosedAfterError(Closed {
                     error,
                     since_ms: now_ms,
                     attempts: 1,
                     failed_at: now,
+                    retry_after: backoff.next_delay(),
+                    backoff,
                 });
                 true
             }
@@ -75,6 +88,7 @@ impl Health {
                 c.error = error;
                 c.attempts = c.attempts.saturating_add(1);
                 c.failed_at = now;
+                c.retry_after = c.backoff.next_delay();
                 false
             }
         }
@@ -141,30 +155,32 @@ mod tests {
         let mut h = Health::default();
         assert_eq!(h.next_retry(t0, CAP), None, "serving: nothing to retry");
         assert!(h.failed("nft refused the batch: busy", t0, 1_000), "closes");
-        // (failure at, delay expected from the failure)
+        // (failure at, the step doubled from the first retry); the delay from the failure
+        // is the step jittered, [step/2, step], then capped.
         let steps = [
             (0, 500),
             (500, 1_000),
             (1_500, 2_000),
             (3_500, 4_000),
             (7_500, 8_000),
-            (15_500, 10_000),
-            (25_500, 10_000),
+            (15_500, 16_000),
+            (25_500, 32_000),
         ];
-        for (i, (at, delay)) in steps.iter().enumerate() {
+        for (i, (at, step)) in steps.iter().enumerate() {
             if i > 0 {
                 assert!(!h.failed(format!("try {i}"), t0 + ms(*at), 9_999), "stays");
             }
             let c = h.closed().unwrap();
             assert_eq!(c.attempts, i as u32 + 1);
             assert_eq!(c.since_ms, 1_000, "since the first failure");
-            assert_eq!(
-                h.next_retry(t0 + ms(*at), CAP),
-                Some(ms(*delay)),
-                "step {i}"
+            let (lo, hi) = (ms(step / 2).min(CAP), ms(*step).min(CAP));
+            let delay = h.next_retry(t0 + ms(*at), CAP).unwrap();
+            assert!(
+                delay >= lo && delay <= hi,
+                "step {i}: {delay:?} outside [{lo:?}, {hi:?}]"
             );
             assert_eq!(
-                h.next_retry(t0 + ms(at + delay + 5), CAP),
+                h.next_retry(t0 + ms(*at) + hi + ms(5), CAP),
                 Some(Duration::ZERO),
                 "overdue: at once"
             );
@@ -173,17 +189,25 @@ mod tests {
         let was = h.succeeded().expect("reopens");
         assert_eq!((was.attempts, was.since_ms), (7, 1_000));
         assert!(h.is_serving());
-        assert_eq!(h.succeeded(), None, "a second success is no transition");
+        assert!(h.succeeded().is_none(), "a second success is no transition");
         assert_eq!(h.next_retry(t0, CAP), None);
         // A new failure starts the schedule again.
         h.failed("again", t0 + ms(30_000), 31_000);
-        assert_eq!(h.next_retry(t0 + ms(30_000), CAP), Some(FIRST_RETRY));
+        let first = h.next_retry(t0 + ms(30_000), CAP).unwrap();
+        assert!(
+            first >= FIRST_RETRY / 2 && first <= FIRST_RETRY,
+            "{first:?}"
+        );
         // A short period caps even the first wait; an absurd run of failures does not overflow.
         assert_eq!(h.next_retry(t0 + ms(30_000), ms(200)), Some(ms(200)));
         for _ in 0..100 {
             h.failed("x", t0, 0);
         }
-        assert_eq!(h.closed().unwrap().backoff(Duration::MAX), ms(500 << 16));
+        let longest = h.closed().unwrap().backoff(Duration::MAX);
+        assert!(
+            longest >= ms(500 << 15) && longest <= ms(500 << 16),
+            "{longest:?}"
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Bounded retries: transient failures ([`crate::ErrorKind::transient`]: unreachable, busy)
 //! are tried again after growing pauses, at most `attempts` times in all; any other failure
-//! ends at once (a wrong password tried again can lock the BMC's account).
+//! ends at once (a wrong password tried again can lock the BMC's account). The pauses are
+//! jittered: the BMCs of a rack that went down together are not all retried together.
 
 use std::time::Duration;
+
+use paddock_clock::Backoff;
 
 use crate::PowerError;
 
@@ -10,7 +13,8 @@ use crate::PowerError;
 pub struct RetryPolicy {
     /// Tries in all, the first included (at least 1).
     pub attempts: u32,
-    /// The pause after the first failure; each next pause doubles, up to `max_delay`.
+    /// The pause after the first failure; each next pause doubles, up to `max_delay` (each
+    /// jittered within [half, all] of its step).
     pub first_delay: Duration,
     pub max_delay: Duration,
 }
@@ -34,18 +38,23 @@ impl RetryPolicy {
         max_delay: Duration::ZERO,
     };
 
-    /// The pause before try number `failed + 1` after `failed` tries ended in `error`, or
-    /// `None` if there is none to make.
-    pub fn delay_after(&self, failed: u32, error: &PowerError) -> Option<Duration> {
+    /// A fresh schedule of pauses for one operation's tries.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.first_delay, self.max_delay)
+    }
+
+    /// The pause before try number `failed + 1` after `failed` tries ended in `error` (the
+    /// next of `backoff`), or `None` if there is none to make.
+    pub fn delay_after(
+        &self,
+        failed: u32,
+        error: &PowerError,
+        backoff: &mut Backoff,
+    ) -> Option<Duration> {
         if !error.kind.transient() || failed >= self.attempts.max(1) {
             return None;
         }
-        let doubling = 2u32.saturating_pow(failed.saturating_sub(1));
-        Some(
-            self.first_delay
-                .saturating_mul(doubling)
-                .min(self.max_delay),
-        )
+        Some(backoff.next_delay())
     }
 
     /// Runs `op` until it succeeds, fails for good, or the tries are spent; `sleep` makes
@@ -55,13 +64,14 @@ impl RetryPolicy {
         mut sleep: impl FnMut(Duration),
         mut op: impl FnMut() -> Result<T, PowerError>,
     ) -> Result<T, PowerError> {
+        let mut backoff = self.backoff();
         let mut failed = 0;
         loop {
             match op() {
                 Ok(v) => return Ok(v),
                 Err(e) => {
                     failed += 1;
-                    match self.delay_after(failed, &e) {
+                    match self.delay_after(failed, &e, &mut backoff) {
                         Some(d) => sleep(d),
                         None if failed > 1 => {
                             return Err(PowerError {
@@ -102,7 +112,14 @@ mod tests {
             },
         );
         assert_eq!(tries, 4);
-        assert_eq!(slept, [1, 2, 3].map(Duration::from_secs));
+        // 1 s doubling, capped at 3 s; each pause within [step/2, step].
+        assert_eq!(slept.len(), 3, "{slept:?}");
+        for (d, step) in slept.iter().zip([1_000, 2_000, 3_000]) {
+            assert!(
+                (step / 2..=step).contains(&d.as_millis()),
+                "{d:?} outside its step of {step} ms"
+            );
+        }
         let e = r.unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unreachable);
         assert_eq!(e.message, "x (after 4 tries)");
@@ -135,7 +152,10 @@ mod tests {
         let mut slept = Vec::new();
         let r = RetryPolicy::default().run(|d| slept.push(d), || answers.pop().unwrap());
         assert_eq!(r, Ok(7));
-        assert_eq!(slept, [Duration::from_secs(1)]);
+        assert!(
+            matches!(slept[..], [d] if d >= Duration::from_millis(500) && d <= Duration::from_secs(1)),
+            "one pause of 1 s, jittered: {slept:?}"
+        );
         let once: Result<(), _> =
             RetryPolicy::ONCE.run(|_| panic!("no pause"), || Err(err(ErrorKind::Busy)));
         assert_eq!(once.unwrap_err().message, "x");

@@ -21,7 +21,7 @@ use nix::sys::time::TimeVal;
 use paddock_inventory::IntrospectionData;
 use serde_json::{Value, json};
 
-use crate::api::{self, Action, Event, IPA_BACKOFF};
+use crate::api::{self, Action, Event};
 use crate::cmdline::{self, Cmdline, LogLevel};
 use crate::collect::{self, Collected, Context};
 use crate::console::Console;
@@ -592,6 +592,7 @@ impl Agent<'_> {
             }
             std::thread::sleep(Duration::from_millis(250));
         };
+        let mut backoff = api::ipa_backoff();
         let mut round = 0u32;
         loop {
             for (ifname, mac) in &candidates {
@@ -626,13 +627,11 @@ impl Agent<'_> {
                     Err(e) => self.say(&format!("no DHCP lease on {ifname}: {e}")),
                 }
             }
-            let pause = IPA_BACKOFF.delay(round);
             round += 1;
-            self.say(&format!(
-                "no address yet (round {round}); trying again in {} s",
-                pause.as_secs()
-            ));
-            std::thread::sleep(pause);
+            self.wait_to_retry(
+                &mut backoff,
+                &format!("no address yet (round {round}); trying again"),
+            );
         }
     }
 
@@ -649,7 +648,7 @@ impl Agent<'_> {
                 client,
                 data,
                 api::CONTINUE_TRIES,
-                IPA_BACKOFF,
+                &mut api::ipa_backoff(),
                 &mut |d, why| {
                     console.say(&format!(
                         "post failed ({why}); retrying in {} s",
@@ -675,15 +674,22 @@ impl Agent<'_> {
         }
     }
 
+    /// Says what is retried and after how long (`… in N s`), then waits that long.
+    fn wait_to_retry(&mut self, backoff: &mut paddock_clock::Backoff, what: &str) {
+        let pause = backoff.next_delay();
+        self.say(&format!("{what} in {} s", pause.as_secs()));
+        std::thread::sleep(pause);
+    }
+
     /// Asks what to do next until told to power off or reboot.
     fn follow(&mut self, uuid: &str) -> Result<Never, AgentError> {
-        let mut failures = 0u32;
+        let mut backoff = api::ipa_backoff();
         let mut waits = 0u32;
         loop {
             let client = self.client.as_mut().ok_or(AgentError::NoNetwork)?;
             match api::next_action(client, uuid) {
                 Ok(Action::Wait) => {
-                    failures = 0;
+                    backoff.reset();
                     if waits.is_multiple_of(6) {
                         self.say(&format!(
                             "the appliance says wait; asking again every {} s",
@@ -703,15 +709,10 @@ impl Agent<'_> {
                     let Err(errno) = reboot(mode);
                     return Err(AgentError::Reboot { step, errno });
                 }
-                Err(e) => {
-                    let pause = IPA_BACKOFF.delay(failures);
-                    failures += 1;
-                    self.say(&format!(
-                        "cannot learn the next action ({e}); asking again in {} s",
-                        pause.as_secs()
-                    ));
-                    std::thread::sleep(pause);
-                }
+                Err(e) => self.wait_to_retry(
+                    &mut backoff,
+                    &format!("cannot learn the next action ({e}); asking again"),
+                ),
             }
         }
     }

@@ -9,32 +9,18 @@
 
 use std::time::Duration;
 
+use paddock_clock::Backoff;
 use paddock_inventory::IntrospectionData;
 use serde::{Deserialize, Serialize};
 
 use crate::http::{HttpError, Response, Transport};
 
-/// Exponential backoff: `first`, doubling, capped at `max`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub first: Duration,
-    pub max: Duration,
+/// IPA's retry delays: 5 s doubling to 30 s, jittered so that a rack of machines booted
+/// together does not retry together.
+pub fn ipa_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(5), Duration::from_secs(30))
 }
-
-/// IPA's: 5 s doubling to 30 s.
-pub const IPA_BACKOFF: Backoff = Backoff {
-    first: Duration::from_secs(5),
-    max: Duration::from_secs(30),
-};
 pub const CONTINUE_TRIES: u32 = 5;
-
-impl Backoff {
-    /// The pause after failed attempt number `attempt` (0-based).
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
-        self.first.saturating_mul(factor).min(self.max)
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContinueError {
@@ -83,7 +69,7 @@ pub fn post_continue(
     t: &mut dyn Transport,
     data: &IntrospectionData,
     tries: u32,
-    backoff: Backoff,
+    backoff: &mut Backoff,
     pause: &mut dyn FnMut(Duration, &str),
 ) -> Result<String, ContinueError> {
     let body = serde_json::to_vec(data).map_err(ContinueError::Encode)?;
@@ -100,7 +86,7 @@ pub fn post_continue(
             Verdict::Retry(why) => {
                 last = why;
                 if attempt + 1 < tries {
-                    pause(backoff.delay(attempt), &last);
+                    pause(backoff.next_delay(), &last);
                 }
             }
         }
@@ -235,11 +221,24 @@ pub(crate) mod tests {
         })
     }
 
+    /// Each pause lies within its step's jitter: [step/2, step], the steps in seconds.
+    pub(crate) fn assert_jittered(pauses: &[Duration], steps: &[u64], what: &str) {
+        assert_eq!(pauses.len(), steps.len(), "{what}: {pauses:?}");
+        for (d, step) in pauses.iter().zip(steps) {
+            let step = Duration::from_secs(*step);
+            assert!(
+                *d >= step / 2 && *d <= step,
+                "{what}: {d:?} outside [{:?}, {step:?}] in {pauses:?}",
+                step / 2
+            );
+        }
+    }
+
     #[test]
     fn backoff_is_ipa_like() {
-        let d: Vec<u64> = (0..6).map(|a| IPA_BACKOFF.delay(a).as_secs()).collect();
-        assert_eq!(d, vec![5, 10, 20, 30, 30, 30]);
-        assert_eq!(IPA_BACKOFF.delay(u32::MAX).as_secs(), 30);
+        let mut b = ipa_backoff();
+        let d: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
+        assert_jittered(&d, &[5, 10, 20, 30, 30, 30], "IPA");
     }
 
     #[test]
@@ -309,15 +308,19 @@ pub(crate) mod tests {
                 error: Some("x".into()),
                 ..Default::default()
             };
-            let got = post_continue(&mut s, &data, CONTINUE_TRIES, IPA_BACKOFF, &mut |d, _| {
-                pauses.push(d.as_secs())
-            });
+            let got = post_continue(
+                &mut s,
+                &data,
+                CONTINUE_TRIES,
+                &mut ipa_backoff(),
+                &mut |d, _| pauses.push(d),
+            );
             match (&got, c.want) {
                 (Ok(u), Ok(w)) => assert_eq!(u, w, "{}", c.what),
                 (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{}: {e}", c.what),
                 _ => panic!("{}: got {got:?}", c.what),
             }
-            assert_eq!(pauses, c.pauses, "{}", c.what);
+            assert_jittered(&pauses, c.pauses, c.what);
             let (m, p, body) = &s.requests[0];
             assert_eq!((m.as_str(), p.as_str()), ("POST", "/v1/continue"));
             assert_eq!(

@@ -136,7 +136,7 @@ pub fn fetch(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::api::tests::{Script, refused, resp};
+    use crate::api::tests::{Script, assert_jittered, refused, resp};
     use crate::cmdline;
     use paddock_security::ca;
 
@@ -251,8 +251,8 @@ pub(crate) mod tests {
         let body = a.cert_pem.as_str();
         let mut s = Script::new(vec![refused(), resp(503, "starting"), resp(200, body)]);
         let mut pauses = Vec::new();
-        assert!(fetch(&mut s, &url, &want, 0, &mut |d, _| pauses.push(d.as_secs())).is_ok());
-        assert_eq!(pauses, [1, 2]);
+        assert!(fetch(&mut s, &url, &want, 0, &mut |d, _| pauses.push(d)).is_ok());
+        assert_jittered(&pauses, &[1, 2], "CA fetch");
         assert_eq!(s.requests[0].0, "GET");
         assert_eq!(s.requests[0].1, "");
         let mut s = Script::new(vec![resp(404, "no CA here")]);

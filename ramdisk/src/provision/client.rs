@@ -6,18 +6,18 @@
 use std::time::Duration;
 
 use paddock_birther::Event;
+use paddock_clock::Backoff;
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{Assignment, NextRequest, Register, Report};
-use crate::api::Backoff;
 use crate::http::{HttpError, Response, Transport};
 
-/// Reports and registration: 1 s doubling to 15 s.
-pub const BACKOFF: Backoff = Backoff {
-    first: Duration::from_secs(1),
-    max: Duration::from_secs(15),
-};
+/// Reports and registration: 1 s doubling to 15 s, jittered (a rack provisioned at once
+/// does not retry at once).
+pub fn backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(1), Duration::from_secs(15))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -54,6 +54,7 @@ pub fn call(
     pause: &mut dyn FnMut(Duration, &str),
 ) -> Result<Response, CallError> {
     let what = format!("{method} {path}");
+    let mut backoff = backoff();
     let mut attempt = 0u32;
     loop {
         let why = match t.send(method, path, body) {
@@ -80,7 +81,7 @@ pub fn call(
                 last: why,
             });
         }
-        pause(BACKOFF.delay(attempt - 1), &why);
+        pause(backoff.next_delay(), &why);
     }
 }
 
@@ -161,7 +162,7 @@ pub fn record(t: &mut dyn Transport, node: &str) -> Result<Value, CallError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::tests::{Script, refused, resp};
+    use crate::api::tests::{Script, assert_jittered, refused, resp};
     use paddock_birther::{Operation, Step};
     use serde_json::json;
 
@@ -177,12 +178,12 @@ mod tests {
         ]);
         let mut pauses = Vec::new();
         let a = next(&mut s, &["52:54:00:00:00:01".into()], 0, &mut |d, _| {
-            pauses.push(d.as_secs())
+            pauses.push(d)
         })
         .unwrap();
         assert_eq!(a.mode, Some(Operation::Birth));
         assert_eq!(a.node.as_deref(), Some("n-1"));
-        assert_eq!(pauses, [1, 2]);
+        assert_jittered(&pauses, &[1, 2], "next");
         let (m, p, body) = &s.requests[0];
         assert_eq!((m.as_str(), p.as_str()), ("POST", "/api/v1/provision/next"));
         assert_eq!(
