@@ -9,7 +9,7 @@ use std::time::Duration;
 use paddock_image::Machine;
 use paddock_imageserver::mdb::{MdbService, MdbServiceError, Source};
 use paddock_inspector::node::Node;
-use paddock_inspector::service::{DATA, Inspector, InspectorError, NodeObserver};
+use paddock_inspector::service::{Changed, DATA, Inspector, InspectorError, NodeObserver};
 use paddock_inspector::state::State;
 use paddock_inventory::IntrospectionData;
 
@@ -20,7 +20,7 @@ type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '
 pub struct Observers(pub Vec<Arc<dyn NodeObserver>>);
 
 impl NodeObserver for Observers {
-    fn nodes_changed<'a>(&'a self, changed: &'a [uuid::Uuid]) -> Fut<'a> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Fut<'a> {
         Box::pin(async move {
             for o in &self.0 {
                 o.nodes_changed(changed).await;
@@ -92,12 +92,10 @@ impl MdbRecorder {
         self.recorded.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records the finished nodes among `changed` (every node when `changed` is empty: the
-    /// observer contract's "not known").
-    async fn record(&self, changed: &[uuid::Uuid]) -> Result<(), RecordError> {
-        let nodes = if changed.is_empty() {
-            self.inspector.list().await.map_err(RecordError::Nodes)?
-        } else {
+    /// Records the finished nodes among `changed` (every node for [`Changed::All`]), and
+    /// those an earlier attempt failed on.
+    async fn record(&self, changed: Changed<'_>) -> Result<(), RecordError> {
+        let nodes = if let Changed::Nodes(changed) = changed {
             let retry: Vec<uuid::Uuid> = self.failed().iter().copied().collect();
             let mut nodes = Vec::with_capacity(changed.len() + retry.len());
             let wanted: BTreeSet<uuid::Uuid> = changed.iter().chain(&retry).copied().collect();
@@ -115,6 +113,8 @@ impl MdbRecorder {
                 }
             }
             nodes
+        } else {
+            self.inspector.list().await.map_err(RecordError::Nodes)?
         };
         let mut first_error = None;
         for node in nodes {
@@ -201,7 +201,7 @@ fn enrolled_machine(node: &Node, processed: Option<&IntrospectionData>) -> Machi
 }
 
 impl NodeObserver for MdbRecorder {
-    fn nodes_changed<'a>(&'a self, changed: &'a [uuid::Uuid]) -> Fut<'a> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Fut<'a> {
         Box::pin(async move {
             if let Err(e) = self.record(changed).await {
                 tracing::error!(error = %e, "mdb: recording enrolled machines failed");

@@ -27,7 +27,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use paddock_inspector::node::{Node, Secrets};
 use paddock_inspector::service::{
-    ENROLL_DRIVER, Inspector, NODES, NodeObserver, Subject, timeline_op,
+    Changed, ENROLL_DRIVER, Inspector, NODES, NodeObserver, Subject, timeline_op,
 };
 use paddock_inspector::state::State as IState;
 use paddock_power::{Bmc, ErrorKind, PowerError, PowerState, RetryPolicy, Throttle};
@@ -1084,10 +1084,24 @@ pub struct ManageBoot(pub Arc<Power>);
 impl NodeObserver for ManageBoot {
     fn nodes_changed<'a>(
         &'a self,
-        changed: &'a [Uuid],
+        changed: Changed<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            for &uuid in changed {
+            let all: Vec<Uuid>;
+            let nodes = match changed {
+                Changed::Nodes(n) => n,
+                Changed::All => match self.0.inspector.list().await {
+                    Ok(list) => {
+                        all = list.into_iter().map(|n| n.uuid).collect();
+                        &all
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "power: cannot list nodes to follow");
+                        return;
+                    }
+                },
+            };
+            for &uuid in nodes {
                 self.0.follow(uuid).await;
             }
         })

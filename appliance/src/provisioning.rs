@@ -62,7 +62,7 @@ use paddock_imageserver::images::{ImageRecord, ImageServer};
 use paddock_imageserver::mdb::{MdbService, Source};
 use paddock_inspector::api::Speaker;
 use paddock_inspector::node::Node;
-use paddock_inspector::service::{Inspector, NodeObserver, Subject, timeline_op};
+use paddock_inspector::service::{Changed, Inspector, NodeObserver, Subject, timeline_op};
 use paddock_inventory::MacAddr;
 use paddock_store::{Compare, Op, Revision, Store, StoreError, Txn};
 use paddock_wire::{ApiError, unix_ms};
@@ -788,11 +788,14 @@ pub struct RuleWishes(pub Arc<Provisioner>);
 impl NodeObserver for RuleWishes {
     fn nodes_changed<'a>(
         &'a self,
-        changed: &'a [Uuid],
+        changed: Changed<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            // An empty list ("not known") follows a failed /v1/continue, which finishes no
-            // introspection: nothing to act on.
+            // A wish acts when its node's introspection finishes, and the inspector names
+            // every node it finishes: "not known which" holds no finished introspection.
+            let Changed::Nodes(changed) = changed else {
+                return;
+            };
             for uuid in changed {
                 let node = match self.0.inspector.get(&uuid.to_string()).await {
                     Ok(Some(v)) => v.node,

@@ -654,10 +654,14 @@ impl PxeFilter {
 impl NodeObserver for PxeFilter {
     fn nodes_changed<'a>(
         &'a self,
-        changed: &'a [uuid::Uuid],
+        changed: paddock_inspector::service::Changed<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        let changed = match changed {
+            paddock_inspector::service::Changed::All => Changed::All,
+            paddock_inspector::service::Changed::Nodes(n) => Changed::Nodes(n),
+        };
         Box::pin(async move {
-            if let Err(e) = self.update(changed).await {
+            if let Err(e) = self.update_with(changed).await {
                 tracing::error!(error = %e, "pxe filter: update after a node change failed");
             }
         })

@@ -204,7 +204,9 @@ async fn measure(fleet: usize) -> Figures {
     // The observer alone (a fresh recorder: nothing recorded yet), told about one node.
     let fresh = MdbRecorder::new(inspector.clone(), mdb.clone());
     let before = store.snapshot();
-    fresh.nodes_changed(&enrolled[..1]).await;
+    fresh
+        .nodes_changed(paddock_inspector::service::Changed::Nodes(&enrolled[..1]))
+        .await;
     let observer_node_records = store.snapshot().1 - before.1;
 
     times.sort();

@@ -89,7 +89,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<ReportRequest>(body);
     let _ = serde_json::from_slice::<RegisterRequest>(body);
     // An inventory from the token's machine: it speaks for that MAC alone.
-    if let Ok(inv) = IntrospectionData::parse(body) {
+    if let Ok((inv, raw)) = IntrospectionData::read(body) {
         let speaker: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         let mut node = Node::new(uuid::Uuid::nil(), 0);
         node.macs = vec![speaker];
@@ -104,6 +104,7 @@ fuzz_target!(|data: &[u8]| {
         let input = Input {
             data: &inv,
             body,
+            raw: &raw,
             enrolled: false,
             pre_failure: None,
             speaker: Some(speaker),

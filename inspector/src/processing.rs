@@ -73,8 +73,10 @@ impl Conflict {
 #[derive(Clone, Copy, Debug)]
 pub struct Input<'a> {
     pub data: &'a IntrospectionData,
-    /// The body as posted: rules see it, not Paddock's reading of it.
+    /// The body as posted (stored as it came).
     pub body: &'a [u8],
+    /// The body's JSON, parsed once with `data`: rules see it, not Paddock's reading of it.
+    pub raw: &'a Value,
     /// The node was enrolled from this very data.
     pub enrolled: bool,
     /// A failure known before processing (the ramdisk's error, unusable interfaces).
@@ -216,8 +218,7 @@ fn run_hooks(input: Input<'_>, state: State, node: &mut Node) -> Result<Value, P
     let hinted = hints
         .and_then(Value::as_object)
         .is_some_and(|h| !h.is_empty());
-    let raw: Value = serde_json::from_slice(input.body).unwrap_or(Value::Null);
-    let processed = hooks::processed(&raw, &ifaces, root.as_ref(), hinted, input.enrolled);
+    let processed = hooks::processed(input.raw, &ifaces, root.as_ref(), hinted, input.enrolled);
     node.properties.extend(hooks::properties(&processed));
     let caps = hooks::capabilities(inv);
     if !caps.is_empty() {
@@ -447,10 +448,12 @@ mod tests {
         ];
         for case in cases {
             let (data, body) = data(case.ramdisk_error);
+            let raw: Value = serde_json::from_slice(&body).unwrap();
             let pre = hooks::ramdisk_error(&data).err().map(ProcessingError::from);
             let input = Input {
                 data: &data,
                 body: &body,
+                raw: &raw,
                 enrolled: case.enrolled,
                 pre_failure: pre.as_ref(),
                 speaker: None,
@@ -493,9 +496,11 @@ mod tests {
     /// The test data (no ramdisk error) processed for a waiting node with `rules`.
     fn waiting_with(rules: &[Rule]) -> Processing {
         let (data, body) = data(None);
+        let raw: Value = serde_json::from_slice(&body).unwrap();
         let input = Input {
             data: &data,
             body: &body,
+            raw: &raw,
             enrolled: false,
             pre_failure: None,
             speaker: None,
@@ -525,6 +530,7 @@ mod tests {
             let input = Input {
                 data: &data,
                 body: &raw,
+                raw: &body,
                 enrolled: false,
                 pre_failure: None,
                 speaker,

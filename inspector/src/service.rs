@@ -138,13 +138,21 @@ impl From<StoreError> for InspectorError {
 
 type Result<T> = std::result::Result<T, InspectorError>;
 
+/// Which node records changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed<'a> {
+    /// Not known which: look at every node.
+    All,
+    /// These (none: nothing changed).
+    Nodes(&'a [Uuid]),
+}
+
 /// Told after every change of node records (the PXE filter follows them). Awaited before
-/// the API call that caused the change returns. `changed` names the nodes whose records
-/// changed; empty means "not known: look at every node".
+/// the API call that caused the change returns.
 pub trait NodeObserver: Send + Sync {
     fn nodes_changed<'a>(
         &'a self,
-        changed: &'a [Uuid],
+        changed: Changed<'a>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 }
 
@@ -172,8 +180,10 @@ impl Inspector {
     }
 
     async fn changed(&self, nodes: &[Uuid]) {
-        if let Some(o) = self.observer.get() {
-            o.nodes_changed(nodes).await;
+        if let Some(o) = self.observer.get()
+            && !nodes.is_empty()
+        {
+            o.nodes_changed(Changed::Nodes(nodes)).await;
         }
     }
 

@@ -268,11 +268,17 @@ impl IntrospectionData {
     /// inventory's presence is checked by [`IntrospectionData::inventory_checked`], because a
     /// ramdisk error report may come without one.
     pub fn parse(body: &[u8]) -> Result<Self, DataError> {
+        Ok(Self::read(body)?.0)
+    }
+
+    /// The data and the JSON as posted, from one parse of the body: rules and the
+    /// processed data read the JSON, the hooks the typed data.
+    pub fn read(body: &[u8]) -> Result<(Self, Value), DataError> {
         let value: Value = serde_json::from_slice(body)?;
         if !value.is_object() {
             return Err(DataError::NotObject);
         }
-        Ok(serde_json::from_value(value)?)
+        Ok((serde_json::from_value(value.clone())?, value))
     }
 
     /// The inventory, which must exist and list at least one interface.

@@ -115,17 +115,17 @@ impl Inspector {
         speaker: Option<MacAddr>,
     ) -> Result<Uuid> {
         let res = self.process_inner(body, now, speaker).await;
-        // A failure may have marked a node we cannot name here: look at every node.
-        match &res {
-            Ok(uuid) => self.changed(&[*uuid]).await,
-            Err(_) => self.changed(&[]).await,
+        // A refused post changes no node; one whose processing failed is told where it
+        // marks the node failed.
+        if let Ok(uuid) = &res {
+            self.changed(&[*uuid]).await;
         }
         res
     }
 
     async fn process_inner(&self, body: &[u8], now: i64, speaker: Option<MacAddr>) -> Result<Uuid> {
-        let data =
-            IntrospectionData::parse(body).map_err(|e| InspectorError::invalid(e.to_string()))?;
+        let (data, raw) =
+            IntrospectionData::read(body).map_err(|e| InspectorError::invalid(e.to_string()))?;
         let ramdisk_error = hooks::ramdisk_error(&data).err().map(ProcessingError::from);
         let interfaces = data
             .inventory_checked()
@@ -271,6 +271,7 @@ impl Inspector {
             let input = Input {
                 data: &data,
                 body,
+                raw: &raw,
                 enrolled,
                 pre_failure: pre_failure.as_ref(),
                 speaker,
@@ -279,7 +280,10 @@ impl Inspector {
 
             match self.record_processing(input, node, rev, now).await? {
                 Recorded::Finished(uuid) => return Ok(uuid),
-                Recorded::Failed(e) => return Err(InspectorError::invalid(e.to_string())),
+                Recorded::Failed(uuid, e) => {
+                    self.changed(&[uuid]).await;
+                    return Err(InspectorError::invalid(e.to_string()));
+                }
                 Recorded::Raced => continue, // lost a race with another writer: look up again
             }
         }
@@ -336,7 +340,7 @@ impl Inspector {
         tracing::info!(node = %uuid, enrolled = input.enrolled, result = ?result, "inspector: inventory processed");
         Ok(match outcome.result {
             Ok(()) => Recorded::Finished(uuid),
-            Err(e) => Recorded::Failed(e),
+            Err(e) => Recorded::Failed(uuid, e),
         })
     }
 
@@ -386,8 +390,8 @@ impl Inspector {
                 state.as_str()
             )));
         }
-        let data =
-            IntrospectionData::parse(&raw).map_err(|e| InspectorError::invalid(e.to_string()))?;
+        let (data, json) =
+            IntrospectionData::read(&raw).map_err(|e| InspectorError::invalid(e.to_string()))?;
         let mut node = v.node.clone();
         if let Some(i) = node.introspection.as_mut() {
             i.state = State::Waiting;
@@ -396,6 +400,7 @@ impl Inspector {
         let input = Input {
             data: &data,
             body: &raw,
+            raw: &json,
             enrolled: false,
             pre_failure: pre.as_ref(),
             speaker: None,
@@ -406,7 +411,7 @@ impl Inspector {
                 "node changed during reapply, try again",
             )),
             // A failed processing is recorded on the node; the request itself succeeded.
-            Recorded::Finished(_) | Recorded::Failed(_) => Ok(()),
+            Recorded::Finished(_) | Recorded::Failed(..) => Ok(()),
         };
         self.changed(&[v.node.uuid]).await;
         res
@@ -508,8 +513,8 @@ fn end_in_error(
 enum Recorded {
     /// Written: the introspection finished.
     Finished(Uuid),
-    /// Written: the introspection failed, for this reason.
-    Failed(ProcessingError),
+    /// Written: the node's introspection failed, for this reason.
+    Failed(Uuid, ProcessingError),
     /// The node's record changed underneath; nothing was written.
     Raced,
 }
