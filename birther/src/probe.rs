@@ -73,15 +73,24 @@ fn string(obj: &serde_json::Map<String, Value>, key: &str, at: &str) -> Result<S
     }
 }
 
+/// A field that may be missing or null; present, `read` checks it.
+fn optional<T>(
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+    read: impl FnOnce(&Value) -> Result<T, ProbeError>,
+) -> Result<Option<T>, ProbeError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => read(v).map(Some),
+    }
+}
+
 fn opt_string(
     obj: &serde_json::Map<String, Value>,
     key: &str,
     at: &str,
 ) -> Result<Option<String>, ProbeError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(_) => string(obj, key, at).map(Some),
-    }
+    optional(obj, key, |_| string(obj, key, at))
 }
 
 fn opt_u64(
@@ -89,13 +98,10 @@ fn opt_u64(
     key: &str,
     at: &str,
 ) -> Result<Option<u64>, ProbeError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| shape(format!("{at}.{key} is {v}, not a whole number of sectors"))),
-    }
+    optional(obj, key, |v| {
+        v.as_u64()
+            .ok_or_else(|| shape(format!("{at}.{key} is {v}, not a whole number of sectors")))
+    })
 }
 
 fn u64_field(obj: &serde_json::Map<String, Value>, key: &str, at: &str) -> Result<u64, ProbeError> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use paddock_store::election::Election;
 use paddock_store::{
-    Compare, EtcdStore, EventKind, LeaseId, Op, SqliteStore, Store, StoreError, Txn,
+    Compare, EtcdStore, Event, EventKind, LeaseId, Op, SqliteStore, Store, StoreError, Txn, Watch,
 };
 
 /// etcd in its own namespace; removed on drop.
@@ -163,6 +163,15 @@ both!(watch_under_concurrent_writes, watch_concurrent);
 both!(leases_delete_their_keys, leases);
 both!(election_has_one_winner, election);
 
+/// The watch's next event, which must come within `wait`.
+async fn next_event(w: &mut Watch, wait: Duration) -> Event {
+    tokio::time::timeout(wait, w.next())
+        .await
+        .expect("events stopped")
+        .expect("the watch ended")
+        .unwrap()
+}
+
 async fn revisions(s: Arc<dyn Store>, p: String) {
     let r0 = s.revision().await.unwrap();
     let r1 = s.put(&format!("{p}a"), b"1".to_vec()).await.unwrap();
@@ -307,11 +316,7 @@ async fn watch_history(s: Arc<dyn Store>, p: String) {
     let rd = s.delete(&format!("{p}w/a")).await.unwrap();
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let ev = next_event(&mut w, Duration::from_secs(5)).await;
         seen.push((ev.kind, ev.kv.key.clone(), ev.kv.mod_revision));
     }
     assert_eq!(
@@ -325,11 +330,7 @@ async fn watch_history(s: Arc<dyn Store>, p: String) {
     // From 0: only what happens next.
     let mut w = s.watch(&format!("{p}w/"), 0).await.unwrap();
     let r = s.put(&format!("{p}w/c"), b"3".to_vec()).await.unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let ev = next_event(&mut w, Duration::from_secs(5)).await;
     assert_eq!(
         (ev.kv.key, ev.kv.mod_revision, ev.kv.value),
         (format!("{p}w/c"), r, b"3".to_vec())
@@ -354,11 +355,7 @@ async fn watch_concurrent(s: Arc<dyn Store>, p: String) {
     let mut values = Vec::new();
     let mut last = 0;
     while values.len() < 300 {
-        let ev = tokio::time::timeout(Duration::from_secs(10), w.next())
-            .await
-            .expect("events stopped")
-            .unwrap()
-            .unwrap();
+        let ev = next_event(&mut w, Duration::from_secs(10)).await;
         assert!(ev.kv.mod_revision > last, "in revision order");
         last = ev.kv.mod_revision;
         values.push(u32::from_be_bytes(ev.kv.value[..4].try_into().unwrap()));
@@ -406,11 +403,7 @@ async fn leases(s: Arc<dyn Store>, p: String) {
         assert!(Instant::now() < deadline, "the lease never expired");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let ev = next_event(&mut w, Duration::from_secs(5)).await;
     assert_eq!(
         (ev.kind, ev.kv.key),
         (EventKind::Delete, format!("{p}l/eph"))

@@ -200,6 +200,18 @@ fn read(path: &Path) -> Result<Vec<u8>, BuildError> {
     })
 }
 
+/// Reads a binary that goes into the image as /init's or the shell's: the ramdisk has no
+/// dynamic loader, so it must be static.
+fn read_static(what: &'static str, path: &Path) -> Result<Vec<u8>, BuildError> {
+    let elf = read(path)?;
+    check_static(&elf).map_err(|why| BuildError::NotStatic {
+        what,
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    })?;
+    Ok(elf)
+}
+
 fn run(cmd: &mut Command) -> Result<String, BuildError> {
     let shown = format!("{cmd:?}");
     let out = cmd.output().map_err(|e| BuildError::Command {
@@ -226,18 +238,8 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
         KernelSource::Apt { package } => extract_kernel_package(package, &spec.cache_dir)?,
     };
     let (version, vmlinuz_src) = find_kernel(&tree)?;
-    let agent = read(&spec.agent)?;
-    check_static(&agent).map_err(|why| BuildError::NotStatic {
-        what: "agent",
-        path: spec.agent.clone(),
-        why: why.to_string(),
-    })?;
-    let busybox = read(&spec.busybox)?;
-    check_static(&busybox).map_err(|why| BuildError::NotStatic {
-        what: "busybox",
-        path: spec.busybox.clone(),
-        why: why.to_string(),
-    })?;
+    let agent = read_static("agent", &spec.agent)?;
+    let busybox = read_static("busybox", &spec.busybox)?;
 
     let moddir = tree.join("lib/modules").join(&version);
     let index = kmod::ModuleIndex::scan(&moddir)?;

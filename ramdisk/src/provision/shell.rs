@@ -540,24 +540,29 @@ impl<'a> Run<'a> {
     }
 
     fn mount_fs(&mut self, dev: &str, at: &str, fstype: &str) -> Result<(), ShellError> {
-        mkdir(at)?;
-        mount(Some(dev), at, Some(fstype), MsFlags::empty(), None::<&str>).map_err(|source| {
-            ShellError::Mount {
-                args: format!("-t {fstype} {dev} {at}"),
-                source,
-            }
-        })?;
-        self.mounts.push(at.to_string());
-        Ok(())
+        self.mount_at(dev, at, Some(fstype), MsFlags::empty())
     }
 
     fn bind(&mut self, from: &str, at: &str) -> Result<(), ShellError> {
+        self.mount_at(from, at, None, MsFlags::MS_BIND)
+    }
+
+    /// Mounts `source` at `at` (made if missing) and remembers it for the unmount; an error
+    /// names the mount as mount(8)'s arguments would.
+    fn mount_at(
+        &mut self,
+        source: &str,
+        at: &str,
+        fstype: Option<&str>,
+        flags: MsFlags,
+    ) -> Result<(), ShellError> {
         mkdir(at)?;
-        mount(Some(from), at, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(|source| {
-            ShellError::Mount {
-                args: format!("--bind {from} {at}"),
-                source,
-            }
+        mount(Some(source), at, fstype, flags, None::<&str>).map_err(|e| ShellError::Mount {
+            args: match fstype {
+                Some(t) => format!("-t {t} {source} {at}"),
+                None => format!("--bind {source} {at}"),
+            },
+            source: e,
         })?;
         self.mounts.push(at.to_string());
         Ok(())
