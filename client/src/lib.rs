@@ -27,6 +27,8 @@ pub struct Builder {
     global: Option<Duration>,
     io: Option<Duration>,
     fresh_connections: bool,
+    user_agent: Option<&'static str>,
+    accept: Option<&'static str>,
 }
 
 impl Builder {
@@ -70,6 +72,18 @@ impl Builder {
         self
     }
 
+    /// `User-Agent` (default: ureq's).
+    pub fn user_agent(mut self, ua: &'static str) -> Self {
+        self.user_agent = Some(ua);
+        self
+    }
+
+    /// `Accept` (default: `*/*`).
+    pub fn accept(mut self, accept: &'static str) -> Self {
+        self.accept = Some(accept);
+        self
+    }
+
     pub fn agent(self) -> ureq::Agent {
         let mut b = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -81,6 +95,12 @@ impl Builder {
             .timeout_per_write(self.io);
         if self.fresh_connections {
             b = b.max_idle_connections(0).max_idle_connections_per_host(0);
+        }
+        if let Some(ua) = self.user_agent {
+            b = b.user_agent(ua);
+        }
+        if let Some(a) = self.accept {
+            b = b.accept(a);
         }
         if let Some(tls) = self.tls {
             b = b.tls_config(tls);

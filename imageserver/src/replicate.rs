@@ -93,13 +93,10 @@ impl Replicator {
         peers: Vec<String>,
         tls: Option<ureq::tls::TlsConfig>,
     ) -> Self {
-        let mut b = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(5)));
-        if let Some(t) = tls {
-            b = b.tls_config(t);
-        }
-        let agent = b.build().into();
+        let agent = paddock_client::Builder::new()
+            .tls(tls)
+            .connect_timeout(Duration::from_secs(5))
+            .agent();
         Replicator {
             images,
             peers,

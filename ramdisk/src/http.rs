@@ -223,25 +223,16 @@ impl Client {
     ) -> Option<Self> {
         let mut it = urls.into_iter();
         let url = it.next()?;
-        let mut config = ureq::Agent::config_builder();
         let secured = tls.is_some();
-        if let Some(tls) = tls {
-            config = config.tls_config(tls);
-        }
-        let agent = config
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .max_redirects_will_error(false)
-            // One request per connection, as before: nothing stale after an appliance restart.
-            .max_idle_connections(0)
-            .max_idle_connections_per_host(0)
-            .timeout_connect(Some(connect_timeout))
-            .timeout_per_read(Some(io_timeout))
-            .timeout_per_write(Some(io_timeout))
+        let agent = paddock_client::Builder::new()
+            .tls(tls)
+            // One request per connection: nothing stale after an appliance restart.
+            .fresh_connections()
+            .connect_timeout(connect_timeout)
+            .io_timeout(io_timeout)
             .user_agent(concat!("paddock-agent/", env!("CARGO_PKG_VERSION")))
             .accept("application/json")
-            .build()
-            .new_agent();
+            .agent();
         Some(Self {
             url,
             others: it.collect(),

@@ -107,14 +107,11 @@ pub struct ObjectClient {
 impl ObjectClient {
     pub fn new(tls: Option<ureq::tls::TlsConfig>) -> Self {
         let with_tls = tls.is_some();
-        let mut b = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)));
-        if let Some(t) = tls {
-            b = b.tls_config(t);
-        }
         ObjectClient {
-            agent: b.build().into(),
+            agent: paddock_client::Builder::new()
+                .tls(tls)
+                .connect_timeout(Duration::from_secs(10))
+                .agent(),
             tls: with_tls,
         }
     }
