@@ -79,6 +79,18 @@ pub struct Limited {
 }
 
 impl Outcome {
+    /// A reply that changes nothing durable.
+    fn replied(
+        kind: Option<MessageType>,
+        reply: (Message, SocketAddrV4),
+        note: impl Into<String>,
+    ) -> Self {
+        Outcome {
+            reply: Some(reply),
+            ..Outcome::ignore(kind, note)
+        }
+    }
+
     fn ignore(kind: Option<MessageType>, note: impl Into<String>) -> Self {
         Outcome {
             kind,
@@ -256,12 +268,8 @@ impl Server {
                 let (reply, note, boot) =
                     self.reply(msg, MessageType::Offer, ip, subnet, local, mac);
                 Outcome {
-                    limited: None,
-                    kind,
-                    reply: Some(reply),
-                    change: None,
                     boot,
-                    note: format!("offer {ip} to {mac}{note}"),
+                    ..Outcome::replied(kind, reply, format!("offer {ip} to {mac}{note}"))
                 }
             }
             Some(MessageType::Request) => self.request(msg, subnet, local, mac, now_ms),
@@ -309,14 +317,8 @@ impl Server {
                 ] {
                     reply.0.opts_mut().remove(code);
                 }
-                Outcome {
-                    limited: None,
-                    kind,
-                    reply: Some(reply),
-                    change: None,
-                    boot: None,
-                    note: format!("inform {mac} at {}{note}", msg.ciaddr()),
-                }
+                let note = format!("inform {mac} at {}{note}", msg.ciaddr());
+                Outcome::replied(kind, reply, note)
             }
             other => Outcome::ignore(kind, format!("message type {other:?} is not for a server")),
         }
@@ -374,24 +376,15 @@ impl Server {
                 }
                 let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
                 Outcome {
-                    limited: None,
-                    kind,
-                    reply: Some(reply),
                     change: Some(LeaseChange::Put(lease)),
                     boot,
-                    note: format!("ack {ip} to {mac} ({state}){note}"),
+                    ..Outcome::replied(kind, reply, format!("ack {ip} to {mac} ({state}){note}"))
                 }
             }
             Err(refusal) => {
                 let reply = self.nak(msg, local);
-                Outcome {
-                    limited: None,
-                    kind,
-                    reply: Some(reply),
-                    change: None,
-                    boot: None,
-                    note: format!("nak {ip} to {mac} ({state}): {refusal:?}"),
-                }
+                let note = format!("nak {ip} to {mac} ({state}): {refusal:?}");
+                Outcome::replied(kind, reply, note)
             }
         }
     }
@@ -614,6 +607,27 @@ mod tests {
         m
     }
 
+    /// The offer to a discover from MAC with `opts`.
+    fn offer_to(s: &mut Server, opts: Vec<DhcpOption>) -> Message {
+        let out = s.handle(&msg(MessageType::Discover, MAC, opts), LOCAL, 0, &AllowAll);
+        out.reply.expect("an offer").0
+    }
+
+    /// The message's boot file option (67), as text.
+    fn bootfile(m: &Message) -> Option<String> {
+        match opt(m, OptionCode::BootfileName)? {
+            DhcpOption::BootfileName(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// A message from a client that holds `ciaddr` (a renewal, a release, an inform).
+    fn msg_from(mtype: MessageType, mac: [u8; 6], ciaddr: Ipv4Addr) -> Message {
+        let mut m = msg(mtype, mac, vec![]);
+        m.set_ciaddr(ciaddr);
+        m
+    }
+
     fn opt(m: &Message, code: OptionCode) -> Option<&DhcpOption> {
         m.opts().get(code)
     }
@@ -732,8 +746,7 @@ mod tests {
         let mut s = server();
         let ip = Ipv4Addr::new(198, 18, 0, 120);
         bind(&mut s, ip);
-        let mut renew = msg(MessageType::Request, MAC, vec![]);
-        renew.set_ciaddr(ip);
+        let renew = msg_from(MessageType::Request, MAC, ip);
         let out = s.handle(&renew, LOCAL, 1800, &AllowAll);
         let (ack, to) = out.reply.unwrap();
         assert_eq!(
@@ -811,16 +824,10 @@ mod tests {
             if let Some(c) = class {
                 opts.push(DhcpOption::ClassIdentifier(c.to_vec()));
             }
-            let (offer, _) = s
-                .handle(&msg(MessageType::Discover, MAC, opts), LOCAL, 0, &AllowAll)
-                .reply
-                .unwrap();
+            let offer = offer_to(&mut s, opts);
             assert_eq!(offer.siaddr(), LOCAL, "arch {arch}");
             assert_eq!(offer.fname_str().unwrap().unwrap(), *file, "arch {arch}");
-            assert_eq!(
-                opt(&offer, OptionCode::BootfileName),
-                Some(&DhcpOption::BootfileName(file.as_bytes().to_vec()))
-            );
+            assert_eq!(bootfile(&offer).as_deref(), Some(*file));
             assert_eq!(
                 opt(&offer, OptionCode::TFTPServerName),
                 Some(&DhcpOption::TFTPServerName(b"198.18.0.1".to_vec()))
@@ -835,15 +842,10 @@ mod tests {
             DhcpOption::ClientSystemArchitecture(Architecture::from(16)),
             DhcpOption::ClassIdentifier(b"HTTPClient:Arch:00016".to_vec()),
         ];
-        let (offer, _) = s
-            .handle(&msg(MessageType::Discover, MAC, opts), LOCAL, 0, &AllowAll)
-            .reply
-            .unwrap();
+        let offer = offer_to(&mut s, opts);
         assert_eq!(
-            opt(&offer, OptionCode::BootfileName),
-            Some(&DhcpOption::BootfileName(
-                b"http://198.18.0.1:8080/boot/assets/ipxe.efi".to_vec()
-            ))
+            bootfile(&offer).as_deref(),
+            Some("http://198.18.0.1:8080/boot/assets/ipxe.efi")
         );
         assert_eq!(
             opt(&offer, OptionCode::ClassIdentifier),
@@ -866,15 +868,10 @@ mod tests {
             opts.push(DhcpOption::ClassIdentifier(
                 b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
             ));
-            let (offer, _) = s
-                .handle(&msg(MessageType::Discover, MAC, opts), LOCAL, 0, &AllowAll)
-                .reply
-                .unwrap();
+            let offer = offer_to(&mut s, opts);
             assert_eq!(
-                opt(&offer, OptionCode::BootfileName),
-                Some(&DhcpOption::BootfileName(
-                    b"http://198.18.0.1:8080/boot/52:54:00:00:00:01.ipxe".to_vec()
-                ))
+                bootfile(&offer).as_deref(),
+                Some("http://198.18.0.1:8080/boot/52:54:00:00:00:01.ipxe")
             );
         }
     }
@@ -908,9 +905,12 @@ mod tests {
         let mut s = server();
         let ip = Ipv4Addr::new(198, 18, 0, 100);
         bind(&mut s, ip);
-        let mut rel = msg(MessageType::Release, MAC, vec![]);
-        rel.set_ciaddr(ip);
-        let out = s.handle(&rel, LOCAL, 10, &AllowAll);
+        let out = s.handle(
+            &msg_from(MessageType::Release, MAC, ip),
+            LOCAL,
+            10,
+            &AllowAll,
+        );
         assert!(out.reply.is_none());
         assert!(matches!(
             out.change,
@@ -934,8 +934,7 @@ mod tests {
             }))
         ));
 
-        let mut inf = msg(MessageType::Inform, [3; 6], vec![]);
-        inf.set_ciaddr(Ipv4Addr::new(198, 18, 0, 77));
+        let inf = msg_from(MessageType::Inform, [3; 6], Ipv4Addr::new(198, 18, 0, 77));
         let out = s.handle(&inf, LOCAL, 12, &AllowAll);
         let (ack, to) = out.reply.unwrap();
         assert_eq!(ack.yiaddr(), Ipv4Addr::UNSPECIFIED);
@@ -1027,8 +1026,7 @@ mod tests {
         let ip = dora(&mut s, MAC, 0).unwrap();
         assert_eq!(dora(&mut s, MAC, 10), Some(ip));
         assert_eq!(dora(&mut s, MAC, 20), Some(ip));
-        let mut renew = msg(MessageType::Request, MAC, vec![]);
-        renew.set_ciaddr(ip);
+        let renew = msg_from(MessageType::Request, MAC, ip);
         assert!(s.handle_ms(&renew, LOCAL, 30, &AllowAll).change.is_some());
         // A reservation takes nothing from the pool.
         assert_eq!(
