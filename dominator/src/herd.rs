@@ -797,19 +797,21 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     /// Sends a fetch, update or cleanup whose slot is granted.
     fn launch(&self, host: &str, slot: &mut Slot, action: Action, tasks: &Tasks) {
         let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
+        // What the plan says to send; nothing if there is no plan (the sub asks again).
+        let planned = |part: fn(&Computed) -> &Vec<ObjectId>| {
+            slot.computed
+                .as_deref()
+                .map(part)
+                .cloned()
+                .unwrap_or_default()
+        };
         match action {
             Action::Fetch { image: _, preload } => {
-                let objects = slot
-                    .computed
-                    .as_ref()
-                    .map(|c| {
-                        if preload {
-                            c.preload.clone()
-                        } else {
-                            c.fetch.clone()
-                        }
-                    })
-                    .unwrap_or_default();
+                let objects = if preload {
+                    planned(|c| &c.preload)
+                } else {
+                    planned(|c| &c.fetch)
+                };
                 let req = FetchRequest {
                     server: self.limits.image_server.clone(),
                     objects,
@@ -834,11 +836,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 });
             }
             Action::Cleanup => {
-                let objects = slot
-                    .computed
-                    .as_ref()
-                    .map(|c| c.unused.clone())
-                    .unwrap_or_default();
+                let objects = planned(|c| &c.unused);
                 tokio::spawn(async move {
                     let r = rpc.cleanup(&address, objects).await;
                     let _ = tx.send((host, Outcome::CleanedUp(r)));

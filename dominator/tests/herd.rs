@@ -23,6 +23,30 @@ fn image(name: &str, fs: FileSystem) -> Image {
     Image::new(name, fs, Some(Filter::parse("").unwrap()))
 }
 
+/// A simulated fleet whose updates take `update_time`, holding `images` (handed back for the
+/// test to use).
+fn fleet_of<const N: usize>(
+    update_time: Duration,
+    images: [Image; N],
+) -> (Arc<SimFleet>, [Image; N]) {
+    let fleet = SimFleet::new(update_time);
+    for i in &images {
+        fleet.add_image(i.clone());
+    }
+    (fleet, images)
+}
+
+/// Makes the simulated sub at `address` refuse connections, or take them again.
+fn set_unreachable(fleet: &SimFleet, address: &str, unreachable: bool) {
+    fleet
+        .subs
+        .lock()
+        .unwrap()
+        .get_mut(address)
+        .unwrap()
+        .unreachable = unreachable;
+}
+
 fn spec(i: usize, image: &str, paused: Option<&str>) -> SubSpec {
     SubSpec {
         hostname: format!("sub{i}"),
@@ -123,11 +147,13 @@ impl Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
-    let fleet = SimFleet::new(Duration::from_millis(30));
-    let a = image("minbase", tree("a", 60));
-    let b = image("minbase2", tree("b", 60));
-    fleet.add_image(a.clone());
-    fleet.add_image(b.clone());
+    let (fleet, [a, b]) = fleet_of(
+        Duration::from_millis(30),
+        [
+            image("minbase", tree("a", 60)),
+            image("minbase2", tree("b", 60)),
+        ],
+    );
     for i in 0..40 {
         fleet.add_sub(&format!("198.18.7.{i}:6969"), a.fs.clone());
     }
@@ -201,9 +227,7 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_dominator_changes_nothing_until_resumed() {
-    let fleet = SimFleet::new(Duration::from_millis(1));
-    let a = image("a", tree("a", 20));
-    fleet.add_image(a.clone());
+    let (fleet, [a]) = fleet_of(Duration::from_millis(1), [image("a", tree("a", 20))]);
     for i in 0..3 {
         fleet.add_sub(&format!("198.18.7.{i}:6969"), a.fs.clone());
     }
@@ -229,20 +253,13 @@ async fn a_paused_dominator_changes_nothing_until_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges() {
-    let fleet = SimFleet::new(Duration::from_millis(1));
-    let big = image("big", tree("b", 40));
-    let tiny = image("tiny", tree("t", 3));
-    fleet.add_image(big.clone());
-    fleet.add_image(tiny.clone());
+    let (fleet, [big, tiny]) = fleet_of(
+        Duration::from_millis(1),
+        [image("big", tree("b", 40)), image("tiny", tree("t", 3))],
+    );
     fleet.add_sub("198.18.7.0:6969", big.fs.clone());
     fleet.add_sub("198.18.7.1:6969", tree("z", 5));
-    fleet
-        .subs
-        .lock()
-        .unwrap()
-        .get_mut("198.18.7.1:6969")
-        .unwrap()
-        .unreachable = true;
+    set_unreachable(&fleet, "198.18.7.1:6969", true);
     let both = vec![spec(0, "tiny", None), spec(1, "big", None)];
     let r = start(fleet.clone(), both, 2);
     r.until("held and unreachable", |r| {
@@ -268,13 +285,7 @@ async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges
     assert_eq!(*fleet.sub("198.18.7.0:6969").fs, tiny.fs);
     let failures = r.census.read().unwrap()["sub1"].failures;
     assert!(failures >= 1);
-    fleet
-        .subs
-        .lock()
-        .unwrap()
-        .get_mut("198.18.7.1:6969")
-        .unwrap()
-        .unreachable = false;
+    set_unreachable(&fleet, "198.18.7.1:6969", false);
     r.until("reachable again and synced", |r| {
         r.states().get(1).is_some_and(|s| s.1 == "synced to big")
     })
@@ -286,8 +297,6 @@ async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not() {
     // 20 subs, 4 update slots, share 0.1: at most 2 updates with a reboot trigger at once.
-    let fleet = SimFleet::new(Duration::from_millis(40));
-    let a = image("minbase", tree("a", 30));
     let mut b = image("kernel2", tree("b", 30));
     b.triggers = Triggers::new(vec![paddock_image::Trigger {
         match_lines: vec!["/f.*".into()],
@@ -296,10 +305,14 @@ async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not()
         ..paddock_image::Trigger::default()
     }])
     .unwrap();
-    let c = image("tools2", tree("c", 30));
-    fleet.add_image(a.clone());
-    fleet.add_image(b.clone());
-    fleet.add_image(c.clone());
+    let (fleet, [a, b, c]) = fleet_of(
+        Duration::from_millis(40),
+        [
+            image("minbase", tree("a", 30)),
+            b,
+            image("tools2", tree("c", 30)),
+        ],
+    );
     for i in 0..20 {
         fleet.add_sub(&format!("198.18.7.{i}:6969"), a.fs.clone());
     }
