@@ -43,35 +43,28 @@ fn start(root: &Path, dir: &Path, trigger: &Path, step_delay_ms: Option<u64>, n:
     }
 }
 
+/// Writes `count` files below `dir`: file `i`'s path and content are `file(i)`.
+fn write_each(dir: &Path, count: usize, mode: u32, file: impl Fn(usize) -> (String, String)) {
+    for i in 0..count {
+        let (path, content) = file(i);
+        write(dir, &path, content.as_bytes(), mode);
+    }
+}
+
 #[test]
 fn kill_9_during_an_update_then_a_restart_converges() {
     let (d, root, want, store) = dirs();
     // 120 files change content, 40 are removed, 40 arrive in new directories, a content
     // used three times, a hard-link group, a directory that becomes a file.
-    for i in 0..160 {
-        write(
-            &root,
-            &format!("app/f{i:03}"),
-            format!("old {i}\n").as_bytes(),
-            0o644,
-        );
-    }
-    for i in 0..120 {
-        write(
-            &want,
-            &format!("app/f{i:03}"),
-            format!("new {i}\n").as_bytes(),
-            0o644,
-        );
-    }
-    for i in 0..40 {
-        write(
-            &want,
-            &format!("new/d{}/g{i:02}", i % 4),
-            format!("g {i}\n").as_bytes(),
-            0o640,
-        );
-    }
+    write_each(&root, 160, 0o644, |i| {
+        (format!("app/f{i:03}"), format!("old {i}\n"))
+    });
+    write_each(&want, 120, 0o644, |i| {
+        (format!("app/f{i:03}"), format!("new {i}\n"))
+    });
+    write_each(&want, 40, 0o640, |i| {
+        (format!("new/d{}/g{i:02}", i % 4), format!("g {i}\n"))
+    });
     for i in 0..3 {
         write(&want, &format!("dup/{i}"), b"the same\n", 0o644);
     }

@@ -74,6 +74,14 @@ fn plan_and_fetch(sc: &Scenario) -> UpdateRequest {
     plan(&s.fs, &cache, &sc.image)
 }
 
+/// One of the update's errors is about `path` and says `what`.
+fn assert_an_error_says(errors: &[String], path: &str, what: &str) {
+    assert!(
+        errors.iter().any(|e| e.contains(path) && e.contains(what)),
+        "no error about {path} saying {what:?}: {errors:?}"
+    );
+}
+
 #[test]
 fn every_step_of_an_update() {
     let sc = scenario(false);
@@ -187,14 +195,7 @@ fn errors_are_recorded_and_the_update_goes_on() {
     let req = plan(&s.fs, &cache, &sc.image);
     let stats = update::apply(&sc.root, &req, ApplyOptions::default()).unwrap();
     assert!(stats.error_count >= 2, "{:?}", stats.errors);
-    assert!(
-        stats
-            .errors
-            .iter()
-            .any(|e| e.contains("/etc/motd") && e.contains("not in the cache")),
-        "{:?}",
-        stats.errors
-    );
+    assert_an_error_says(&stats.errors, "/etc/motd", "not in the cache");
     // Everything else happened.
     assert!(!sc.root.join("gone").exists());
     let m = fs::metadata(sc.root.join("etc/mode-change")).unwrap();
@@ -238,14 +239,7 @@ fn content_changed_since_the_scan_is_not_cached() {
     // The source of a copy into the cache changes after the scan.
     fs::write(sc.root.join("opt/shared-src"), b"tampered\n").unwrap();
     let stats = update::apply(&sc.root, &req, ApplyOptions::default()).unwrap();
-    assert!(
-        stats
-            .errors
-            .iter()
-            .any(|e| e.contains("/opt/shared-src") && e.contains("changed")),
-        "{:?}",
-        stats.errors
-    );
+    assert_an_error_says(&stats.errors, "/opt/shared-src", "changed");
     assert!(
         !sc.root.join("srv/copy").exists(),
         "never made from wrong bytes"
