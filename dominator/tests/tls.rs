@@ -43,13 +43,7 @@ type Connections = Arc<Mutex<Vec<u16>>>;
 /// subd on `root` over TLS (subd's router and authorize layer, as `rpc::serve` has them),
 /// noting each call's connection; its address.
 async fn serve(root: &Path, authority: &Ca) -> (SocketAddr, Connections) {
-    let mut c = SubdConfig::new(root);
-    c.configuration.scan_exclusions = Vec::new();
-    c.scanner.device_speed = Some(1 << 30);
-    c.scanner.fsbench_dir = root.join(".subd/fsbench-unused");
-    c.scanner.min_cycle = Duration::from_millis(20);
-    c.link_bytes_per_sec = Some(1 << 30);
-    let subd = Subd::start(c).unwrap();
+    let subd = Subd::start(SubdConfig::for_tests(root)).unwrap();
     let (cert_pem, key_pem) = leaf(authority, "subd-m1", &["ObjectServer.GetObjects"]);
     let material = tls::Material {
         ca_pem: authority.cert_pem.clone(),

@@ -64,11 +64,7 @@ fn minbase_becomes_the_second_image_exactly() {
 
     let log = d.path().join("trigger.log");
     let mut config = test_config(&root);
-    config.trigger_command = vec![
-        trigger_script(d.path(), &log, &d.path().join("none"))
-            .display()
-            .to_string(),
-    ];
+    config.trigger_command = trigger_command(d.path(), &log, &d.path().join("none"));
     let s = TestSubd::start(config);
     let (server, _) = object_server(&s.rt, &store);
     let c = s.client("dominator");

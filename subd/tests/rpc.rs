@@ -303,11 +303,7 @@ fn updates_run_triggers_and_the_health_check() {
     let marker = root.join("etc/web/new-marker");
     let health_out = d.path().join("health.out");
     let mut config = test_config(&root);
-    config.trigger_command = vec![
-        trigger_script(d.path(), &log, &marker)
-            .display()
-            .to_string(),
-    ];
+    config.trigger_command = trigger_command(d.path(), &log, &marker);
     config.health_command = Some(vec![
         "sh".into(),
         "-c".into(),
@@ -441,11 +437,7 @@ fn a_rebooting_update_stops_nothing_and_reboots_only_if_its_triggers_succeed() {
     let log = d.path().join("trigger.log");
     let rebooted = d.path().join("rebooted");
     let mut config = test_config(&root);
-    config.trigger_command = vec![
-        trigger_script(d.path(), &log, &d.path().join("none"))
-            .display()
-            .to_string(),
-    ];
+    config.trigger_command = trigger_command(d.path(), &log, &d.path().join("none"));
     config.reboot_command = vec!["touch".into(), rebooted.display().to_string()];
     config.health_command = Some(vec!["true".into()]);
     let s = TestSubd::start(config);

@@ -469,17 +469,12 @@ pub struct TestSubd {
     pub url: String,
 }
 
-/// A configuration for tests: no exclusions, no device benchmark, short cycles, a known
-/// link speed.
+/// [`SubdConfig::for_tests`], with trigger commands cut short after 30 s.
 pub fn test_config(root: &Path) -> SubdConfig {
-    let mut c = SubdConfig::new(root);
-    c.configuration.scan_exclusions = Vec::new();
-    c.scanner.device_speed = Some(1 << 30);
-    c.scanner.fsbench_dir = root.join(".subd/fsbench-unused");
-    c.scanner.min_cycle = Duration::from_millis(20);
-    c.link_bytes_per_sec = Some(1 << 30);
-    c.command_timeout = Duration::from_secs(30);
-    c
+    SubdConfig {
+        command_timeout: Duration::from_secs(30),
+        ..SubdConfig::for_tests(root)
+    }
 }
 
 impl TestSubd {
@@ -516,6 +511,11 @@ pub fn trigger_script(dir: &Path, log: &Path, marker: &Path) -> PathBuf {
     .unwrap();
     fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
     p
+}
+
+/// [`trigger_script`] as subd's trigger command.
+pub fn trigger_command(dir: &Path, log: &Path, marker: &Path) -> Vec<String> {
+    vec![trigger_script(dir, log, marker).display().to_string()]
 }
 
 pub fn read_lines(p: &Path) -> Vec<String> {
