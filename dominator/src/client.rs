@@ -238,13 +238,7 @@ pub fn call_timeout(method: &str) -> Duration {
 /// `host:port` or a URL → the URL of `Subd.<method>` (a bare `host:port` over `https`
 /// when `tls`).
 pub fn subd_url(address: &str, method: &str, tls: bool) -> String {
-    let a = address.trim().trim_end_matches('/');
-    if a.contains("://") {
-        format!("{a}/rpc/Subd.{method}")
-    } else {
-        let scheme = if tls { "https" } else { "http" };
-        format!("{scheme}://{a}/rpc/Subd.{method}")
-    }
+    paddock_wire::rpc_url(address, &format!("Subd.{method}"), tls)
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -86,13 +86,7 @@ pub fn link_speed(sys_class_net: &Path) -> Option<u64> {
 /// `host:port` or a URL → the URL of `ObjectServer.GetObjects` (a bare `host:port` over
 /// `https` when `tls`).
 pub fn objects_url(server: &str, tls: bool) -> String {
-    let s = server.trim().trim_end_matches('/');
-    if s.contains("://") {
-        format!("{s}/rpc/ObjectServer.GetObjects")
-    } else {
-        let scheme = if tls { "https" } else { "http" };
-        format!("{scheme}://{s}/rpc/ObjectServer.GetObjects")
-    }
+    paddock_wire::rpc_url(server, "ObjectServer.GetObjects", tls)
 }
 
 /// How subd reaches object servers: an agent whose errors are answers, not transport

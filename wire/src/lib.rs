@@ -4,7 +4,8 @@
 //!   every API of ours) with its status, and [`error_message`] to read one back;
 //! - [`frames`]: the length-prefixed stream that carries objects and files (an 8-byte
 //!   big-endian length, then that many bytes, for each);
-//! - [`unix_ms`]: timestamps are Unix milliseconds.
+//! - [`unix_ms`]: timestamps are Unix milliseconds;
+//! - [`rpc_url`]: where an RPC route (`/rpc/Service.Method`) of a server is.
 
 pub mod frames;
 
@@ -92,6 +93,18 @@ pub fn unix_ms() -> i64 {
         .ok()
         .and_then(|d| i64::try_from(d.as_millis()).ok())
         .unwrap_or(0)
+}
+
+/// The URL of the RPC route `/rpc/<method>` (`Service.Method`) of the server at `address`:
+/// under the URL given, or, for a bare `host:port`, over `https` when `tls` (else `http`).
+pub fn rpc_url(address: &str, method: &str, tls: bool) -> String {
+    let a = address.trim().trim_end_matches('/');
+    if a.contains("://") {
+        format!("{a}/rpc/{method}")
+    } else {
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{a}/rpc/{method}")
+    }
 }
 
 #[cfg(test)]
