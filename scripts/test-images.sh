@@ -353,6 +353,22 @@ unpack_image() {
   mv "$OUT/$2.tar.tmp" "$OUT/$2.tar"
 }
 
+# build_bootable NAME FROM RECIPE DEST WHAT: RECIPE run on a root unpacked from the tarball
+# FROM, filtered and packed as DEST in the cache (older recipes' NAME tarballs removed).
+build_bootable() {
+  local name=$1 from=$2 recipe=$3 dest=$4 what=$5 build
+  build=$(mktemp -d "$PADDOCK_CACHE/$name.XXXXXX")
+  BOOT_TMP+=("$build")
+  mkdir "$build/root"
+  tar --numeric-owner -C "$build/root" -xpf "$from"
+  echo "test-images: building $what" >&2
+  "$recipe" "$build/root" || exit 1
+  make_tarball "$build/root" "$OUT/bootable.filter" "$build/root.tar" || exit 1
+  rm -f "$PADDOCK_CACHE/debian-$SUITE-$name-"*.tar
+  mv "$build/root.tar" "$dest"
+  boot_cleanup
+}
+
 trap boot_cleanup EXIT
 trap 'exit 130' INT TERM
 if ! bootable_filter | cmp -s - "$OUT/bootable.filter"; then
@@ -375,16 +391,8 @@ if [[ ! -s $OUT/bootable.tar || $(cat "$OUT/bootable.key" 2>/dev/null) != "$key_
   rm -f "$OUT/bootable.key" "$OUT/bootable-changed-bytes" "$OUT/bootable-stats"
   if [[ ! -s $a ]]; then
     base=$(minbase_tarball) || { echo "test-images.sh: no minbase root" >&2; exit 1; }
-    build=$(mktemp -d "$PADDOCK_CACHE/bootable.XXXXXX")
-    BOOT_TMP+=("$build")
-    mkdir "$build/a"
-    tar --numeric-owner -C "$build/a" -xpf "$base"
-    echo "test-images: building the bootable image (kernel, GRUB, systemd from the mirror; minutes)" >&2
-    bootable_recipe "$build/a" || exit 1
-    make_tarball "$build/a" "$OUT/bootable.filter" "$build/a.tar" || exit 1
-    rm -f "$PADDOCK_CACHE/debian-$SUITE-bootable-"*.tar # older recipes' images
-    mv "$build/a.tar" "$a"
-    boot_cleanup
+    build_bootable bootable "$base" bootable_recipe "$a" \
+      "the bootable image (kernel, GRUB, systemd from the mirror; minutes)"
   fi
   unpack_image "$a" bootable
   echo "$key_a" >"$OUT/bootable.key"
@@ -392,17 +400,8 @@ fi
 if [[ ! -s $OUT/bootable2.tar || $(cat "$OUT/bootable2.key" 2>/dev/null) != "$key_b" ]]; then
   rm -f "$OUT/bootable2.key" "$OUT/bootable-changed-bytes" "$OUT/bootable-stats"
   if [[ ! -s $b ]]; then
-    build=$(mktemp -d "$PADDOCK_CACHE/bootable2.XXXXXX")
-    BOOT_TMP+=("$build")
-    mkdir "$build/b"
     # From A as shipped (what the image server holds of it), not from A's build root.
-    tar --numeric-owner -C "$build/b" -xpf "$a"
-    echo "test-images: building the second bootable image" >&2
-    bootable2_recipe "$build/b" || exit 1
-    make_tarball "$build/b" "$OUT/bootable.filter" "$build/b.tar" || exit 1
-    rm -f "$PADDOCK_CACHE/debian-$SUITE-bootable2-"*.tar
-    mv "$build/b.tar" "$b"
-    boot_cleanup
+    build_bootable bootable2 "$a" bootable2_recipe "$b" "the second bootable image"
   fi
   unpack_image "$b" bootable2
   echo "$key_b" >"$OUT/bootable2.key"

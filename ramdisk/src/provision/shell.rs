@@ -909,7 +909,6 @@ fn wait_for_partitions(layout: &Layout) -> Result<(), ShellError> {
 /// shell). The console lines are the bench's clock: `baseline: begins`, `baseline: streamed`,
 /// `baseline: synced`. Nothing is reported to the appliance.
 pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(), ShellError> {
-    const BUSYBOX: &str = "/bin/busybox";
     let disk = choose_root_disk(inventory, None, 0)?;
     let fw = firmware(Path::new("/sys/firmware/efi").exists());
     let layout = plan(&disk.name, Geometry::of_disk(&disk), fw)?;
@@ -949,29 +948,15 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         started.elapsed().as_secs_f64()
     ));
     let streaming = Instant::now();
-    let mut wget = Process::new(BUSYBOX)
-        .args(["wget", "-q", "-O-", url])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ShellError::Spawn {
-            command: "busybox wget".into(),
-            source,
-        })?;
+    let mut wget = spawn_busybox(&["wget", "-q", "-O-", url], Stdio::null(), Stdio::piped())?;
     let pipe = wget.stdout.take().ok_or_else(|| ShellError::NoStdout {
         command: "busybox wget".into(),
     })?;
-    let tar = Process::new(BUSYBOX)
-        .args(["tar", "-x", "-C", TARGET])
-        .stdin(Stdio::from(pipe))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ShellError::Spawn {
-            command: "busybox tar".into(),
-            source,
-        })?;
+    let tar = spawn_busybox(
+        &["tar", "-x", "-C", TARGET],
+        Stdio::from(pipe),
+        Stdio::null(),
+    )?;
     let tar_out = tar.wait_with_output().map_err(|source| ShellError::Wait {
         command: "busybox tar".into(),
         source,
@@ -1006,6 +991,20 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
         source,
     })?;
     Ok(())
+}
+
+/// Starts busybox applet `args[0]` with its standard error captured (for the error message).
+fn spawn_busybox(args: &[&str], stdin: Stdio, stdout: Stdio) -> Result<Child, ShellError> {
+    Process::new(crate::agent::BUSYBOX)
+        .args(args)
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| ShellError::Spawn {
+            command: format!("busybox {}", args[0]),
+            source,
+        })
 }
 
 fn zero_ends(dev: &str) -> Result<(), ShellError> {
