@@ -1263,6 +1263,32 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SameOrigin {
     }
 }
 
+/// A console form post about one thing (`/ui/…/{thing}/…`): the thing the path names and
+/// the form, from this console's own pages (another site's post is refused, 403, before the
+/// handler runs and before its body is read).
+pub struct ActionPost {
+    pub target: String,
+    pub form: ActionForm,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for ActionPost {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        use axum::extract::FromRequestParts;
+        let (mut parts, body) = req.into_parts();
+        SameOrigin::from_request_parts(&mut parts, state).await?;
+        let Path(target) = Path::<String>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let req = axum::extract::Request::from_parts(parts, body);
+        let axum::Form(form) = axum::Form::<ActionForm>::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(ActionPost { target, form })
+    }
+}
+
 /// A form post from another site is refused: a page elsewhere must not be able to re-image
 /// machines through an operator's browser.
 pub(crate) fn same_origin(headers: &axum::http::HeaderMap) -> bool {

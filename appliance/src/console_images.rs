@@ -10,14 +10,14 @@
 //! retired; a refusal is shown with the API's status and message.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use futures_util::TryStreamExt;
 use paddock_image::Triggers;
 use serde_json::json;
 
-use super::{ActionForm, Console, SameOrigin, confirm_page, done_or_refused, failure, same_origin};
+use super::{ActionPost, Console, confirm_page, done_or_refused, failure, same_origin};
 
 #[derive(serde::Deserialize)]
 pub struct UploadQuery {
@@ -95,9 +95,10 @@ pub async fn upload(
 /// `confirm=yes`) the image deleted and the list shown again.
 pub async fn delete(
     State(s): State<Console>,
-    Path(name): Path<String>,
-    _: SameOrigin,
-    axum::Form(f): axum::Form<ActionForm>,
+    ActionPost {
+        target: name,
+        form: f,
+    }: ActionPost,
 ) -> Response {
     if f.action != "delete" {
         return failure(

@@ -3,12 +3,12 @@
 //! on/off/cycle/status buttons, which post through the API's own `Power::act`. Off and
 //! cycle ask to confirm first, as deleting a rule does.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use maud::{Markup, html};
 use paddock_inspector::node::Node;
 
-use super::{ActionForm, Console, SameOrigin, confirm_page, node_answer};
+use super::{ActionPost, Console, confirm_page, node_answer};
 use crate::power::{Action, BmcSummary, Record, ThrottleView, bmc_of};
 
 /// A Unix-ms time as the console shows it (`-` when unknown).
@@ -114,9 +114,10 @@ pub fn throttle(v: &ThrottleView) -> Markup {
 /// asking to confirm. Then back to the node's page, or the API's refusal.
 pub async fn form(
     State(s): State<Console>,
-    Path(ident): Path<String>,
-    _: SameOrigin,
-    axum::Form(f): axum::Form<ActionForm>,
+    ActionPost {
+        target: ident,
+        form: f,
+    }: ActionPost,
 ) -> Response {
     let Some(action) = Action::parse(&f.action) else {
         return node_answer::<()>(

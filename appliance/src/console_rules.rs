@@ -3,7 +3,7 @@
 //! by the same validation, whose message the page shows above the text kept as typed), and
 //! deletion with a confirmation step.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
@@ -11,8 +11,8 @@ use paddock_inspector::rules::Rule;
 use serde_json::Value;
 
 use super::{
-    ActionForm, Console, SameOrigin, confirm_page, done_or_refused, failure, ms_iso, page,
-    refused_origin, same_origin,
+    ActionPost, Console, confirm_page, done_or_refused, failure, ms_iso, page, refused_origin,
+    same_origin,
 };
 
 /// An example the form starts with: a rule that tags machines with a lot of memory.
@@ -110,9 +110,10 @@ pub async fn create(
 /// it, the rule is deleted and the list shown again.
 pub async fn delete(
     State(s): State<Console>,
-    Path(uuid): Path<String>,
-    _: SameOrigin,
-    axum::Form(f): axum::Form<ActionForm>,
+    ActionPost {
+        target: uuid,
+        form: f,
+    }: ActionPost,
 ) -> Response {
     if !f.confirmed() {
         return confirm_page(

@@ -4,12 +4,12 @@
 //! confirmed on a page that asks for its reason (the subs pages refresh themselves, so the
 //! reason is not typed there); resuming is not destructive and needs no confirmation.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use maud::{Markup, html};
 
-use super::{ActionForm, Console, SameOrigin, confirm_page, done_or_refused, failure};
+use super::{ActionForm, ActionPost, Console, SameOrigin, confirm_page, done_or_refused, failure};
 use crate::dominator::{pause_all, pause_one, resume_all, resume_one};
 
 /// The pause or resume button of `what` ("all updates", "this sub's updates"), posting to
@@ -73,9 +73,10 @@ pub async fn all(
 /// `POST /ui/subs/{hostname}/pause` (`action=pause|resume`, `reason`): one sub.
 pub async fn one(
     State(s): State<Console>,
-    Path(hostname): Path<String>,
-    _: SameOrigin,
-    axum::Form(f): axum::Form<ActionForm>,
+    ActionPost {
+        target: hostname,
+        form: f,
+    }: ActionPost,
 ) -> Response {
     let back = format!("/ui/subs/{hostname}");
     let action = format!("{back}/pause");

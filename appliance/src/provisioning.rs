@@ -57,6 +57,7 @@ use paddock_birther::protocol::{NextAnswer, NextRequest, RegisterRequest, Report
 use paddock_birther::{
     Event, Operation, Provisioning, Serve, Step, Timeouts, Transition, TransitionError,
 };
+use paddock_clock::Clock;
 use paddock_image::Machine;
 use paddock_imageserver::images::{ImageRecord, ImageServer};
 use paddock_imageserver::mdb::{MdbService, Source};
@@ -65,7 +66,7 @@ use paddock_inspector::node::Node;
 use paddock_inspector::service::{Changed, Inspector, NodeObserver, Subject, timeline_op};
 use paddock_inventory::MacAddr;
 use paddock_store::{Compare, Op, Revision, Store, StoreError, Txn};
-use paddock_wire::{ApiError, unix_ms};
+use paddock_wire::ApiError;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -293,10 +294,6 @@ impl From<ProvisionError> for ApiError {
 
 type Result<T> = std::result::Result<T, ProvisionError>;
 
-fn now_ms() -> u64 {
-    u64::try_from(unix_ms()).unwrap_or(0)
-}
-
 /// The provisioning service: records, requests, the agent's protocol.
 pub struct Provisioner {
     pub store: Arc<dyn Store>,
@@ -313,6 +310,8 @@ pub struct Provisioner {
     pub security: Option<Arc<crate::security::Security>>,
     /// Reboots a node with a BMC into the ramdisk when an operator starts a run.
     pub power: Option<Arc<crate::power::Power>>,
+    /// When a run's steps are stamped (the system's; a manual one in tests).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// One write: the record's transition, and the wish it acts on.
@@ -418,7 +417,7 @@ impl Provisioner {
     pub async fn apply(&self, node: &Node, event: &Event, check_image: bool) -> Result<Transition> {
         for _ in 0..10 {
             let (current, rev) = self.record(node).await?;
-            let t = current.apply(event, now_ms())?;
+            let t = current.apply(event, self.now_ms())?;
             if !t.changed {
                 return Ok(t);
             }
@@ -482,7 +481,7 @@ impl Provisioner {
             let event = Event::ProvisionRequested {
                 image: wish.image.clone(),
             };
-            let outcome = match current.apply(&event, now_ms()) {
+            let outcome = match current.apply(&event, self.now_ms()) {
                 Ok(t) => match self.image(&wish.image).await {
                     Ok(_) => Ok(t),
                     Err(e) => Err(e.to_string()),
@@ -608,7 +607,7 @@ impl Provisioner {
             step: Step::Register,
         };
         // Refused before anything is written.
-        current.apply(&event, now_ms())?;
+        current.apply(&event, self.now_ms())?;
         let image = current
             .state
             .image()
@@ -720,6 +719,10 @@ pub fn expire_every(t: &Timeouts) -> Duration {
 }
 
 impl Provisioner {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now().0).unwrap_or(0)
+    }
+
     /// Ends in error every run that has gone without a report for longer than its timeout
     /// ([`Provisioning::expire`]): each in its own compare-and-swap on the record (a report
     /// that changed it meanwhile wins; the next look decides again) carrying `fence`.
@@ -761,7 +764,7 @@ pub fn start(
         move |fence| {
             let e = e.clone();
             async move {
-                if let Err(err) = e.expire_runs(now_ms(), fence).await {
+                if let Err(err) = e.expire_runs(e.now_ms(), fence).await {
                     tracing::warn!(error = %err, "provisioning: the timeout check failed");
                 }
             }
@@ -1283,5 +1286,80 @@ mod tests {
         );
         assert_eq!(status(ProvisionError::BadRequest("x".into())), 400);
         assert_eq!(status(ProvisionError::Busy(Uuid::nil())), 409);
+    }
+
+    /// The shell on a manual clock: a powered-off machine's run never times out, and once
+    /// its ramdisk asks, the step timeout holds to the millisecond.
+    #[tokio::test]
+    async fn a_run_times_out_only_once_its_ramdisk_has_asked() {
+        use paddock_clock::{ManualClock, UnixMs};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+        let inspector = Arc::new(Inspector::new(store.clone(), Default::default()));
+        let objects =
+            paddock_imageserver::objects::ObjectStore::open(dir.path().join("objects")).unwrap();
+        const T0: u64 = 1_000_000;
+        let clock = Arc::new(ManualClock::at(UnixMs(1_000_000)));
+        let p = Provisioner {
+            store: store.clone(),
+            inspector: inspector.clone(),
+            images: ImageServer::new(store.clone(), Arc::new(objects)),
+            mdb: MdbService::new(store.clone(), None),
+            public_url: "http://198.18.0.1:8080".into(),
+            subd_port: 6969,
+            timeouts: Timeouts {
+                step_ms: 2_000,
+                sync_ms: 600_000,
+            },
+            security: None,
+            power: None,
+            clock: clock.clone(),
+        };
+        let mut n = node(Some("r1"));
+        n.macs = vec!["52:54:00:00:00:01".parse().unwrap()];
+        inspector.create(&n).await.unwrap();
+        let provision = Event::ProvisionRequested {
+            image: "test/a".into(),
+        };
+        p.apply(&n, &provision, false).await.unwrap();
+        // Powered off: however late, there is nothing to time out.
+        clock.advance(Duration::from_secs(3_600));
+        assert_eq!(p.expire_runs(T0 + 86_400_000, None).await.unwrap(), 0);
+        // The ramdisk asks: the step's clock starts at its first call.
+        let started = T0 + 3_600_000;
+        let next = NextRequest {
+            macs: vec!["52:54:00:00:00:01".into()],
+        };
+        let answer = p.next(&next).await.unwrap();
+        assert_eq!(answer.mode, Some(paddock_birther::Operation::Birth));
+        assert_eq!(p.expire_runs(started + 2_000, None).await.unwrap(), 0);
+        assert_eq!(p.record(&n).await.unwrap().0.state.name(), "birth");
+        assert_eq!(p.expire_runs(started + 2_001, None).await.unwrap(), 1);
+        let (record, _) = p.record(&n).await.unwrap();
+        assert_eq!(record.state.name(), "error", "{record:?}");
+        assert_eq!(
+            p.expire_runs(started + 10_000, None).await.unwrap(),
+            0,
+            "once"
+        );
+
+        // Again, up to register: waiting for the sync, only the sync timeout applies.
+        clock.set(UnixMs(2_000_000));
+        p.apply(&n, &provision, false).await.unwrap();
+        p.next(&next).await.unwrap();
+        for step in [
+            Step::ChooseDisk,
+            Step::Partition,
+            Step::Filesystems,
+            Step::StartSubd,
+        ] {
+            p.apply(&n, &Event::StepDone { step }, false).await.unwrap();
+        }
+        p.register(&n, "198.18.0.150").await.unwrap();
+        assert_eq!(p.expire_runs(2_000_000 + 600_000, None).await.unwrap(), 0);
+        let (syncing, _) = p.record(&n).await.unwrap();
+        assert_eq!(syncing.state.name(), "birth", "{syncing:?}");
+        assert_eq!(p.expire_runs(2_000_000 + 600_001, None).await.unwrap(), 1);
     }
 }

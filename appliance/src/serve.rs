@@ -215,6 +215,7 @@ impl Core {
             timeouts: cfg.provisioning.timeouts,
             security: Some(self.security.clone()),
             power: Some(power.clone()),
+            clock: Arc::new(paddock_clock::SystemClock),
         })
     }
 

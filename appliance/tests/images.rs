@@ -12,24 +12,6 @@ fn images_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/images")
 }
 
-fn cli(link: &Link, args: &str) -> std::process::Output {
-    link.server.sh(&format!(
-        "PADDOCK_API={PUBLIC_URL} {} {args}",
-        env!("CARGO_BIN_EXE_paddock")
-    ))
-}
-
-fn cli_ok(link: &Link, args: &str) -> String {
-    let out = cli(link, args);
-    assert!(
-        out.status.success(),
-        "paddock {args}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn minbase_images_through_the_cli_and_the_api() {
     require(&["curl", "ip"]);
@@ -57,7 +39,7 @@ fn minbase_images_through_the_cli_and_the_api() {
     .unwrap();
 
     let out = cli_ok(
-        &link,
+        &link.server,
         &format!(
             "image add debian/minbase.1 {} --filter {} --triggers {}",
             dir.join("minbase.tar").display(),
@@ -114,12 +96,12 @@ fn minbase_images_through_the_cli_and_the_api() {
         unique <= changed,
         "bytes only the second image has ({unique}) exceed the truly changed bytes ({changed})"
     );
-    let list = cli_ok(&link, "image list");
+    let list = cli_ok(&link.server, "image list");
     assert!(
         list.contains("debian/minbase.1") && list.contains("debian/minbase.2"),
         "{list}"
     );
-    let show = cli_ok(&link, "image show debian/minbase.2");
+    let show = cli_ok(&link.server, "image show debian/minbase.2");
     assert!(show.contains("shared"), "{show}");
 
     // Objects stream back byte for byte; a missing one fails the request.
@@ -178,7 +160,7 @@ fn minbase_images_through_the_cli_and_the_api() {
     // Bad input: a clear error, nothing recorded.
     let junk = scratch.path("junk.tar");
     std::fs::write(&junk, b"not a tarball at all").unwrap();
-    let bad = cli(&link, &format!("image add junk {}", junk.display()));
+    let bad = cli(&link.server, &format!("image add junk {}", junk.display()));
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("tarball was refused"),
@@ -188,7 +170,7 @@ fn minbase_images_through_the_cli_and_the_api() {
     let bad_filter = scratch.path("bad-filter");
     std::fs::write(&bad_filter, "/ok\n/bad(\n").unwrap();
     let bad = cli(
-        &link,
+        &link.server,
         &format!(
             "image add x {} --filter {}",
             junk.display(),
@@ -200,12 +182,12 @@ fn minbase_images_through_the_cli_and_the_api() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
-    assert!(!cli_ok(&link, "image list").contains("junk"));
+    assert!(!cli_ok(&link.server, "image list").contains("junk"));
 
     // Delete: the name is retired; gc frees what only that image used.
-    cli_ok(&link, "image delete debian/minbase.1");
+    cli_ok(&link.server, "image delete debian/minbase.1");
     let again = cli(
-        &link,
+        &link.server,
         &format!(
             "image add debian/minbase.1 {}",
             dir.join("minbase.tar").display()
@@ -216,9 +198,9 @@ fn minbase_images_through_the_cli_and_the_api() {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
-    let gc = cli_ok(&link, "image gc");
+    let gc = cli_ok(&link.server, "image gc");
     assert!(gc.contains("deleted"), "{gc}");
-    assert!(cli_ok(&link, "image check debian/minbase.2").contains("intact"));
+    assert!(cli_ok(&link.server, "image check debian/minbase.2").contains("intact"));
 
     // The console.
     let page = http(&link.server, &scratch, "GET", "/ui/images", None, &[]);
@@ -280,7 +262,7 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     wait_for("the MDB file", || hostnames() == ["compute0", "mailhost"]);
     // The API adds a machine of its own.
     cli_ok(
-        &link,
+        &link.server,
         "mdb set api0 --ip 198.18.0.6 --required-image debian/minbase.2",
     );
     // A half-written file (an in-place writer caught mid-way) changes nothing and is reported.
@@ -331,7 +313,7 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     assert_eq!(entry["source"], "inspector");
     assert_eq!(entry["machine"]["IpAddress"], "198.18.0.150");
     assert_eq!(entry["machine"]["Tags"]["NodeUuid"], uuid.as_str());
-    cli_ok(&link, "mdb delete api0");
+    cli_ok(&link.server, "mdb delete api0");
     let page = http(&link.server, &scratch, "GET", "/ui/mdb", None, &[]);
     assert!(
         page.body.contains("compute0") && page.body.contains(&uuid) && !page.body.contains("api0"),

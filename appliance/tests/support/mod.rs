@@ -577,3 +577,21 @@ pub fn start_subd(ns: &Ns, scratch: &Scratch, root: &Path, extra: &str) -> Reap 
     }
     child
 }
+
+/// The real `paddock` CLI run inside `ns` against the appliance at [`PUBLIC_URL`].
+pub fn cli(ns: &Ns, args: &str) -> Output {
+    ns.sh(&cli_command(args))
+}
+
+/// As [`cli`], which must succeed: its standard output.
+#[track_caller]
+pub fn cli_ok(ns: &Ns, args: &str) -> String {
+    ns.sh_ok(&cli_command(args))
+}
+
+fn cli_command(args: &str) -> String {
+    format!(
+        "PADDOCK_API={PUBLIC_URL} {} {args}",
+        env!("CARGO_BIN_EXE_paddock")
+    )
+}
