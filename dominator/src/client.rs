@@ -14,10 +14,7 @@
 //! are plain `http://`. A client never mixes the two: an address naming the other scheme
 //! is refused.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,9 +22,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Uri};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use paddock_image::{ObjectId, UpdateRequest};
 use paddock_subd::rpc::{POLL_MEDIA_TYPE, poll_binary};
 use paddock_subd::service::{
@@ -35,10 +33,7 @@ use paddock_subd::service::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tower::Service;
 
 use crate::herd::{Polled, RpcError, SubRpc};
 
@@ -55,7 +50,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Clone)]
 pub struct HttpSubRpc {
-    http: Client<Connector, Full<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// How this controller names itself to subd's client lock.
     client: HeaderValue,
     /// Over TLS (`https://`), else plain `http://`.
@@ -71,8 +66,9 @@ impl HttpSubRpc {
 
     /// Over TLS with `tls`, the dominator's client configuration
     /// (`paddock_security::tls::client_config(ca, Some((cert, key)))`): each sub verified
-    /// against the CA under its address, the dominator's certificate presented. `timeout`
-    /// bounds connecting and, separately, the TLS handshake.
+    /// against the CA under its address (hyper-rustls takes the name from the URL's host,
+    /// an IP address or a DNS name), the dominator's certificate presented. `timeout`
+    /// bounds connecting; the call's own bound covers the handshake.
     pub fn with_tls(client: &str, timeout: Duration, tls: Arc<rustls::ClientConfig>) -> Self {
         Self::build(client, timeout, Some(tls))
     }
@@ -85,11 +81,14 @@ impl HttpSubRpc {
         // The scheme is ours to check (Connector), not the TCP connector's.
         tcp.enforce_http(false);
         let with_tls = tls.is_some();
-        let connector = Connector {
-            tcp,
-            tls: tls.map(tokio_rustls::TlsConnector::from),
-            handshake_timeout: timeout,
-        };
+        // A plain client has no roots: it could not verify any sub, and `exchange` refuses
+        // an https:// address before connecting anyway.
+        let config = tls.map_or_else(no_roots, |t| (*t).clone());
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
         let http = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -121,6 +120,18 @@ impl HttpSubRpc {
     ) -> Result<Answer, RpcError> {
         let url = subd_url(address, method, self.tls);
         let fail = |what: String| RpcError(format!("Subd.{method} at {url}: {what}"));
+        // A TLS dominator never downgrades to plain HTTP, and a plain one has no TLS.
+        match (url.starts_with("https://"), self.tls) {
+            (false, true) => {
+                return Err(fail(
+                    "plain http:// refused: this dominator calls subs over TLS".into(),
+                ));
+            }
+            (true, false) => {
+                return Err(fail("https:// needs the TLS client (with_tls)".into()));
+            }
+            _ => {}
+        }
         let uri: Uri = url.parse().map_err(|e| fail(format!("a bad URL: {e}")))?;
         let json = serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?;
         let req = Request::post(uri)
@@ -241,131 +252,13 @@ pub fn subd_url(address: &str, method: &str, tls: bool) -> String {
     paddock_wire::rpc_url(address, &format!("Subd.{method}"), tls)
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Connects to a sub: TCP, then, for `https`, TLS verified under the URL's host (an IP
-/// address or a DNS name). A client with TLS refuses `http` and one without refuses
-/// `https`, so an address never downgrades a TLS dominator.
-#[derive(Clone)]
-struct Connector {
-    tcp: HttpConnector,
-    tls: Option<tokio_rustls::TlsConnector>,
-    handshake_timeout: Duration,
-}
-
-impl Service<Uri> for Connector {
-    type Response = TokioIo<Stream>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.tcp.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let https = uri.scheme_str() == Some("https");
-        let tls = match (https, &self.tls) {
-            (true, Some(tls)) => Some(tls.clone()),
-            (false, None) => None,
-            (true, None) => {
-                return Box::pin(async { Err("https:// needs the TLS client (with_tls)".into()) });
-            }
-            (false, Some(_)) => {
-                return Box::pin(async {
-                    Err("plain http:// refused: this dominator calls subs over TLS".into())
-                });
-            }
-        };
-        let host = uri
-            .host()
-            .unwrap_or_default()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let handshake_timeout = self.handshake_timeout;
-        let connecting = self.tcp.call(uri);
-        Box::pin(async move {
-            let tcp = connecting.await?.into_inner();
-            let io: Pin<Box<dyn Io>> = match tls {
-                None => Box::pin(tcp),
-                Some(tls) => {
-                    let name = rustls::pki_types::ServerName::try_from(host)?;
-                    let s = tokio::time::timeout(handshake_timeout, tls.connect(name, tcp))
-                        .await
-                        .map_err(|_| "no TLS handshake within the connect timeout")??;
-                    Box::pin(s)
-                }
-            };
-            Ok(TokioIo::new(Stream { io }))
-        })
-    }
-}
-
-/// A connection to a sub: TCP, or TLS over TCP.
-trait Io: AsyncRead + AsyncWrite + Send {
-    fn connected(&self) -> Connected;
-}
-
-impl Io for TcpStream {
-    fn connected(&self) -> Connected {
-        Connection::connected(self)
-    }
-}
-
-impl Io for tokio_rustls::client::TlsStream<TcpStream> {
-    fn connected(&self) -> Connected {
-        Connection::connected(self.get_ref().0)
-    }
-}
-
-struct Stream {
-    io: Pin<Box<dyn Io>>,
-}
-
-impl Connection for Stream {
-    fn connected(&self) -> Connected {
-        self.io.connected()
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.io.as_mut().poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.io.as_mut().poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        self.io.as_mut().poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.io.as_mut().poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.io.as_mut().poll_shutdown(cx)
-    }
+/// The TLS settings of a plain client: ring, no roots, no certificate.
+fn no_roots() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
 }
 
 impl HttpSubRpc {
