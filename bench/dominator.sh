@@ -61,7 +61,7 @@ source bench/lib.sh
 
 lone_ns_trap "$NS"
 
-cargo build --release --locked -q -p paddock-dominator --bin paddock-dominator-bench
+cargo build --release --locked -q -p paddock-dominator --features bench --bin paddock-dominator-bench
 if [[ ! -d $DIR/etc ]]; then
     log "building the minbase tree: scripts/test-images.sh"
     bash scripts/test-images.sh >&2

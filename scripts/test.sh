@@ -21,6 +21,8 @@ scripts/build-ramdisk.sh   # the VM scenarios boot it
 scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The dominator's bench binary is behind a feature (it links subd's scanner).
+cargo clippy -p paddock-dominator --features bench --all-targets --locked -- -D warnings
 cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
 # The VM scenarios print each VM's power-on → enrolled time.
 cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture

@@ -1,6 +1,6 @@
 //! subd's RPC over HTTP (`POST /rpc/Subd.*`, JSON bodies, errors in the
 //! `{"error": {"message"}}` envelope; Poll answers in subd's binary form,
-//! [`paddock_subd::rpc::poll_binary`]).
+//! [`paddock_subd_proto::poll_binary`]).
 //!
 //! One async HTTP/1.1 client keeps a connection per sub alive between calls (a sub is
 //! polled every few seconds; a new TCP connection per poll cost more than the poll, and
@@ -27,8 +27,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use paddock_image::{ObjectId, UpdateRequest};
-use paddock_subd::rpc::{POLL_MEDIA_TYPE, poll_binary};
-use paddock_subd::service::{
+use paddock_subd_proto::poll_binary::{self, POLL_MEDIA_TYPE};
+use paddock_subd_proto::{
     CleanupReply, CleanupRequest, FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport,
 };
 use serde::Serialize;

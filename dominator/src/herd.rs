@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, ObjectId, UpdateRequest};
-use paddock_subd::fetch::FetchStats;
-use paddock_subd::service::{FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport};
+use paddock_subd_proto::{
+    FetchReply, FetchRequest, FetchStats, PollRequest, PollResponse, UpdateReport,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
@@ -958,14 +959,14 @@ mod tests {
         };
         update.apply.change_window_ms = 22.4;
         update.trigger_runs = vec![
-            paddock_subd::triggers::CommandOutcome {
+            paddock_subd_proto::CommandOutcome {
                 command: "systemctl restart ssh.service".into(),
                 ok: true,
                 exit_code: Some(0),
                 output: String::new(),
                 elapsed_ms: 40,
             },
-            paddock_subd::triggers::CommandOutcome {
+            paddock_subd_proto::CommandOutcome {
                 command: "systemctl start cron.service".into(),
                 ok: false,
                 exit_code: Some(1),

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, Inode, Mtime, ObjectId, UpdateRequest};
-use paddock_subd::fetch::FetchStats;
-use paddock_subd::service::{FetchReply, FetchRequest, PollRequest, PollResponse, UpdateReport};
+use paddock_subd_proto::{
+    FetchReply, FetchRequest, FetchStats, PollRequest, PollResponse, UpdateReport,
+};
 
 use crate::herd::{ImageSource, RpcError, SubRpc};
 

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use paddock_image::ObjectId;
 use paddock_wire::{error_message, frames};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
 
 use crate::ratelimit::{IoMeasure, Limits, Throttle, Usage};
@@ -30,14 +29,7 @@ use crate::ratelimit::{IoMeasure, Limits, Throttle, Usage};
 /// Bytes per read from the network.
 const CHUNK: usize = 256 << 10;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FetchStats {
-    pub objects: u64,
-    pub bytes: u64,
-    pub seconds: f64,
-    /// The pace asked for (bytes/s); `None`: unlimited.
-    pub rate_limit: Option<f64>,
-}
+pub use paddock_subd_proto::FetchStats;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {

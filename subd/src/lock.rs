@@ -4,8 +4,6 @@
 //! controllers cannot fight over one machine. Pure: the time is passed in (milliseconds from
 //! any origin the caller keeps).
 
-use serde::{Deserialize, Serialize};
-
 /// The longest a client may hold the lock (Dominator's 15 s cap).
 pub const MAX_LOCK_MS: u64 = 15_000;
 
@@ -21,16 +19,7 @@ pub struct Locked {
     pub ms_left: u64,
 }
 
-/// The lock as a caller sees it (reported by Poll).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockState {
-    /// Someone holds it now.
-    pub held: bool,
-    /// The caller holds it.
-    pub by_caller: bool,
-    pub holder: Option<String>,
-    pub ms_left: u64,
-}
+pub use paddock_subd_proto::LockState;
 
 impl ClientLock {
     /// Refuses when another client holds the lock at `now`.

@@ -33,16 +33,7 @@ use crate::ratelimit::{ThreadMeter, Throttle, Usage};
 pub const SUBD_DIR: &str = ".subd";
 /// The object cache, relative to the root.
 pub const OBJECTS_DIR: &str = ".subd/objects";
-/// Dominator's default scan exclusions (`lib/constants`).
-pub const DEFAULT_EXCLUSIONS: [&str; 7] = [
-    "/data/.*",
-    "/home/.*",
-    "/tmp/.*",
-    "/var/log/.*",
-    "/var/mail/.*",
-    "/var/spool/.*",
-    "/var/tmp/.*",
-];
+pub use paddock_subd_proto::DEFAULT_EXCLUSIONS;
 /// Bytes per `read` while hashing.
 pub const READ_CHUNK: usize = 1 << 20;
 /// Error messages kept per scan (the count is kept in full).

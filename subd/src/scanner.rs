@@ -22,8 +22,7 @@ use crate::ratelimit::{Limits, Throttle};
 use crate::scan::{self, OBJECTS_DIR, Scan, ScanOptions, ScanStats};
 
 /// Dominator's defaults (`lib/constants`).
-pub const DEFAULT_IO_PERCENT: f64 = 2.0;
-pub const DEFAULT_CPU_PERCENT: f64 = 50.0;
+pub use paddock_subd_proto::{DEFAULT_CPU_PERCENT, DEFAULT_IO_PERCENT};
 pub const DEFAULT_NICE: i32 = 15;
 pub const DEFAULT_MIN_CYCLE: Duration = Duration::from_secs(1);
 pub const DEFAULT_THREADS: usize = 2;

@@ -16,7 +16,6 @@
 //! - At start: leftovers of an interrupted update or fetch are removed, and services an
 //!   interrupted update stopped are started again (they ran before it).
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -25,29 +24,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use paddock_image::filter::FilterError;
 use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
-use paddock_image::{FileSystem, Filter, ObjectId};
 use paddock_wire::unix_ms;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+pub use paddock_subd_proto::{
+    CleanupReply, CleanupRequest, Configuration, ConfigurationError, DEFAULT_NETWORK_PERCENT,
+    FetchReply, FetchRequest, HealthCheck, PollRequest, PollResponse, UpdateReport,
+};
 
 use crate::fetch::{self, FetchStats};
-use crate::lock::{ClientLock, LockState, Locked};
+use crate::lock::{ClientLock, Locked};
 use crate::scan::{OBJECTS_DIR, SUBD_DIR, Scan};
-use crate::scanner::{
-    DEFAULT_CPU_PERCENT, DEFAULT_IO_PERCENT, Scanner, ScannerConfig, ScannerHandle,
-};
-use crate::triggers::{CommandOutcome, TriggerActions, Verb, run_command, trigger_actions};
+use crate::scanner::{Scanner, ScannerConfig, ScannerHandle};
+use crate::triggers::{CommandOutcome, Verb, run_command, trigger_actions};
 use crate::update::{
-    self, Applier, ApplyOptions, ApplyStats, Progress, patched_image, previous_triggers,
-    record_image, save_triggers,
+    self, Applier, ApplyOptions, Progress, patched_image, previous_triggers, record_image,
+    save_triggers,
 };
 
 /// Services stopped by an update that has not finished (JSON list), relative to the root.
 pub const STOPPED_SERVICES: &str = ".subd/stopped-services";
-/// Dominator's default share of the link for fetches.
-pub const DEFAULT_NETWORK_PERCENT: f64 = 10.0;
 /// Most paths per GetFiles.
 pub const MAX_GET_FILES: usize = 100_000;
 
@@ -104,179 +102,6 @@ impl SubdConfig {
         c.link_bytes_per_sec = Some(1 << 30);
         c
     }
-}
-
-/// What a controller reads and sets (Dominator's `sub.Configuration`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Configuration {
-    /// Scan CPU share after the first scan (× CPUs, capped at one CPU).
-    pub cpu_percent: f64,
-    /// Fetch share of the link (a request may ask for more).
-    pub network_speed_percent: f64,
-    /// Scan media reads after the first scan, as a share of the device speed.
-    pub scan_speed_percent: f64,
-    /// Scan exclusions (start-anchored regular expressions).
-    pub scan_exclusions: Vec<String>,
-    pub owner_groups: Vec<String>,
-    pub owner_users: Vec<String>,
-}
-
-impl Default for Configuration {
-    fn default() -> Self {
-        Configuration {
-            cpu_percent: DEFAULT_CPU_PERCENT,
-            network_speed_percent: DEFAULT_NETWORK_PERCENT,
-            scan_speed_percent: DEFAULT_IO_PERCENT,
-            scan_exclusions: crate::scan::DEFAULT_EXCLUSIONS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            owner_groups: Vec::new(),
-            owner_users: Vec::new(),
-        }
-    }
-}
-
-/// Why a [`Configuration`] is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigurationError {
-    #[error("{name} must be above 0 and at most 100, not {value}")]
-    Percent { name: &'static str, value: f64 },
-    #[error("scan_exclusions: {0}")]
-    Exclusions(#[from] FilterError),
-}
-
-impl Configuration {
-    /// Checks the percentages and compiles the exclusions.
-    pub fn check(&self) -> Result<Filter, ConfigurationError> {
-        for (name, value) in [
-            ("cpu_percent", self.cpu_percent),
-            ("network_speed_percent", self.network_speed_percent),
-            ("scan_speed_percent", self.scan_speed_percent),
-        ] {
-            if !(value > 0.0 && value <= 100.0) {
-                return Err(ConfigurationError::Percent { name, value });
-            }
-        }
-        Ok(Filter::from_lines(self.scan_exclusions.iter().cloned())?)
-    }
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PollRequest {
-    /// The generation the caller has; the tree follows only when it differs.
-    pub have_generation: u64,
-    /// Take the client lock for this long (capped at 15 s); 0: none.
-    pub lock_for_ms: u64,
-    /// Never send the tree.
-    pub short_poll_only: bool,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PollResponse {
-    /// 0 before the first scan; changes only when the tree or the object cache does.
-    pub generation: u64,
-    /// Complete scans since start (a controller waits for it to move after an update).
-    pub scan_count: u64,
-    pub start_time_ms: i64,
-    pub fetch_in_progress: bool,
-    pub update_in_progress: bool,
-    pub cleanup_in_progress: bool,
-    pub update_progress: Option<Progress>,
-    /// Bytes the fetch in progress (or the last) has written.
-    pub fetch_bytes: u64,
-    pub last_fetch: Option<FetchStats>,
-    pub last_fetch_error: Option<String>,
-    pub last_update: Option<UpdateReport>,
-    pub last_update_error: Option<String>,
-    pub last_update_had_trigger_failures: bool,
-    /// The last full image applied ([`crate::update::PATCHED_IMAGE`]).
-    pub last_successful_image_name: Option<String>,
-    /// The health command's result after the last update (none configured: `None`).
-    pub last_health_check: Option<HealthCheck>,
-    pub last_scan_error: Option<String>,
-    /// Services an interrupted update had stopped, started again when subd started.
-    pub recovered_services: Vec<CommandOutcome>,
-    pub lock: LockState,
-    /// Bytes free for unprivileged users on the root's file system.
-    pub free_space: Option<u64>,
-    pub configuration: Configuration,
-    pub file_system_follows: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub file_system: Option<FileSystem>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub object_cache: Option<BTreeSet<ObjectId>>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FetchRequest {
-    /// The image server (`host:port` or a URL).
-    pub server: String,
-    pub objects: Vec<ObjectId>,
-    /// Share of the link (the configured share if that is more).
-    #[serde(default)]
-    pub speed_percent: f64,
-    #[serde(default)]
-    pub lock_for_ms: u64,
-    /// Answer when done (default); false answers at once and reports in the next Poll.
-    #[serde(default = "yes")]
-    pub wait: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FetchReply {
-    /// Started in the background (`wait: false`).
-    pub started: bool,
-    pub stats: Option<FetchStats>,
-    /// The object cache listing changed (a new generation).
-    pub new_generation: bool,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CleanupRequest {
-    pub objects: Vec<ObjectId>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CleanupReply {
-    pub removed: u64,
-    pub absent: u64,
-    pub errors: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HealthCheck {
-    /// The image the update applied.
-    pub image_name: String,
-    pub at_ms: i64,
-    pub outcome: CommandOutcome,
-}
-
-/// An update's result (the Update reply, and `last_update` in Poll).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct UpdateReport {
-    pub image_name: String,
-    pub sparse: bool,
-    /// What the applier did, with the change window (`apply.change_window_ms`).
-    pub apply: ApplyStats,
-    pub total_ms: f64,
-    pub triggers: TriggerActions,
-    /// Every trigger command run, in order.
-    pub trigger_runs: Vec<CommandOutcome>,
-    pub trigger_failures: bool,
-    /// The reboot command ran.
-    pub rebooting: bool,
-    pub health: Option<HealthCheck>,
-    /// The last error (also `last_update_error` in Poll).
-    pub error: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

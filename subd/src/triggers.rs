@@ -18,66 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use paddock_image::{Trigger, Triggers};
-use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verb {
-    Stop,
-    Start,
-    Reload,
-    Restart,
-}
-
-impl Verb {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Stop => "stop",
-            Verb::Start => "start",
-            Verb::Reload => "reload",
-            Verb::Restart => "restart",
-        }
-    }
-}
-
-/// One `service NAME VERB`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Action {
-    pub service: String,
-    pub verb: Verb,
-    /// A failure does not count (the `reboot` trigger's start).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ignore_failure: bool,
-}
-
-impl Action {
-    fn new(service: &str, verb: Verb) -> Self {
-        Action {
-            service: service.to_string(),
-            verb,
-            ignore_failure: false,
-        }
-    }
-}
-
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.service, self.verb.as_str())
-    }
-}
-
-/// What an update does with services.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TriggerActions {
-    /// Before the change window.
-    pub stop: Vec<Action>,
-    /// After it (and after the image name is recorded).
-    pub start: Vec<Action>,
-    /// Reboot once `start` succeeded.
-    pub reboot: bool,
-    /// A matched trigger is HighImpact.
-    pub high_impact: bool,
-}
+pub use paddock_subd_proto::{Action, CommandOutcome, TriggerActions, Verb};
 
 /// The service that is never stopped, only restarted last.
 pub const SUBD_SERVICE: &str = "subd";
@@ -150,19 +92,6 @@ fn services<'a>(matched: &[&'a Trigger]) -> Vec<(&'a str, bool)> {
         }
     }
     out
-}
-
-/// How a command went.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommandOutcome {
-    /// The command line run.
-    pub command: String,
-    pub ok: bool,
-    /// The exit code (`None`: killed by a signal, timed out, or not started).
-    pub exit_code: Option<i32>,
-    /// The first [`OUTPUT_BYTES`] of its standard output and error, or why it did not run.
-    pub output: String,
-    pub elapsed_ms: u64,
 }
 
 /// Output kept per command.

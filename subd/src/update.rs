@@ -36,7 +36,6 @@ use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
 use paddock_image::triggers::TriggersError;
 use paddock_image::{Filter, Inode, Mtime, ObjectId, SpecialKind, Triggers};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
 
 use crate::scan::{OBJECTS_DIR, SUBD_DIR};
@@ -50,46 +49,7 @@ pub const TRIGGERS_PREVIOUS: &str = ".subd/triggers.previous";
 /// Scratch names under the root's `.subd` (same file system as the root).
 pub const TMP_INODE: &str = ".subd/tmp-inode";
 pub const TMP_HARDLINK: &str = ".subd/tmp-hardlink";
-/// Error messages kept per update (the count is kept in full).
-pub const MAX_ERRORS: usize = 100;
-
-/// Where the applier is (reported by Poll while an update runs).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Progress {
-    pub phase: String,
-    pub done: usize,
-    pub total: usize,
-}
-
-/// What the applier did.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ApplyStats {
-    pub copied_to_cache: u64,
-    pub copies_made: u64,
-    pub dirs_made: u64,
-    pub inodes_made: u64,
-    pub hardlinks_made: u64,
-    pub deleted: u64,
-    pub changed: u64,
-    /// Operations skipped because the scan exclusions cover their path.
-    pub excluded: u64,
-    pub prepare_ms: f64,
-    /// The change window (directories through metadata).
-    pub change_window_ms: f64,
-    pub errors: Vec<String>,
-    pub error_count: u64,
-}
-
-impl ApplyStats {
-    /// Records an error (the first [`MAX_ERRORS`] kept, all counted).
-    pub fn error(&mut self, msg: String) {
-        tracing::warn!("update: {msg}");
-        self.error_count += 1;
-        if self.errors.len() < MAX_ERRORS {
-            self.errors.push(msg);
-        }
-    }
-}
+pub use paddock_subd_proto::{ApplyStats, MAX_ERRORS, Progress};
 
 /// How to apply.
 #[derive(Default)]
