@@ -381,14 +381,21 @@ fn check_action_params(action: &str, params: &Map<String, Value>) -> Result<(), 
     }
 }
 
-fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, InvalidRule> {
-    let fail = |message: String| InvalidRule::Schema {
-        part: "conditions",
-        message,
-    };
-    let list = conditions
+/// A schema error in `part` of a rule (`conditions` or `actions`), as Inspector words it.
+fn schema_error(part: &'static str) -> impl Fn(String) -> InvalidRule {
+    move |message| InvalidRule::Schema { part, message }
+}
+
+/// `value` as the list `part` of a rule must be.
+fn schema_list<'a>(part: &'static str, value: &'a Value) -> Result<&'a Vec<Value>, InvalidRule> {
+    value
         .as_array()
-        .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(conditions))))?;
+        .ok_or_else(|| schema_error(part)(format!("{} is not of type 'array'", repr(value))))
+}
+
+fn conditions_schema(conditions: &Value) -> Result<&Vec<Value>, InvalidRule> {
+    let fail = schema_error("conditions");
+    let list = schema_list("conditions", conditions)?;
     for c in list {
         let m = c
             .as_object()
@@ -451,13 +458,8 @@ fn validate_conditions(conditions: &Value) -> Result<(), InvalidRule> {
 }
 
 fn validate_actions(actions: &Value) -> Result<(), InvalidRule> {
-    let fail = |message: String| InvalidRule::Schema {
-        part: "actions",
-        message,
-    };
-    let list = actions
-        .as_array()
-        .ok_or_else(|| fail(format!("{} is not of type 'array'", repr(actions))))?;
+    let fail = schema_error("actions");
+    let list = schema_list("actions", actions)?;
     if list.is_empty() {
         return Err(fail("[] is too short".into()));
     }
@@ -898,6 +900,11 @@ mod tests {
         })
     }
 
+    /// Why applying `rule` alone to `node` failed, if it did.
+    fn failure_of(rule: Rule, node: &Node) -> Option<String> {
+        apply(&[rule], &data(), node).failure_message()
+    }
+
     fn rule(conditions: Value, actions: Value) -> Rule {
         Rule {
             uuid: Uuid::from_u128(1),
@@ -1026,28 +1033,16 @@ mod tests {
         );
         node.properties
             .insert("inspection_scope".into(), json!("gpu"));
-        assert_eq!(
-            apply(&[scoped], &data(), &node)
-                .failure_message()
-                .as_deref(),
-            Some("no")
-        );
+        assert_eq!(failure_of(scoped, &node).as_deref(), Some("no"));
         let mut global = fail.clone();
         global.scope = Some(String::new());
-        assert_eq!(
-            apply(&[global], &data(), &node)
-                .failure_message()
-                .as_deref(),
-            Some("no")
-        );
+        assert_eq!(failure_of(global, &node).as_deref(), Some("no"));
         let bad_ref = rule(
             json!([]),
             json!([{"action": "set-attribute", "path": "/extra/x", "value": ["ok", "{data[nope]}"]}]),
         );
         assert_eq!(
-            apply(&[bad_ref], &data(), &node)
-                .failure_message()
-                .as_deref(),
+            failure_of(bad_ref, &node).as_deref(),
             Some("Invalid formatting variable key provided in value {data[nope]}: 'nope'")
         );
         let bad_path = rule(
@@ -1055,9 +1050,7 @@ mod tests {
             json!([{"action": "set-attribute", "path": "/extra/a/b", "value": 1}]),
         );
         assert_eq!(
-            apply(&[bad_path], &data(), &node)
-                .failure_message()
-                .as_deref(),
+            failure_of(bad_path, &node).as_deref(),
             Some(
                 "Unexpected exception BadRequestException during processing: Couldn't apply patch '{'op': 'add', 'path': '/extra/a/b', 'value': 1}'. Reason: member 'a' not found in {}"
             )
@@ -1067,8 +1060,7 @@ mod tests {
             json!([{"action": "set-attribute", "path": "/name", "value": "not a name"}]),
         );
         assert!(
-            apply(&[bad_name], &data(), &node)
-                .failure_message()
+            failure_of(bad_name, &node)
                 .unwrap()
                 .contains("Cannot change name to invalid name 'not a name'")
         );
