@@ -69,11 +69,7 @@ impl Election {
                     key: key.clone(),
                     revision: 0,
                 }],
-                success: vec![Op::Put {
-                    key: key.clone(),
-                    value,
-                    lease: Some(lease),
-                }],
+                success: vec![Op::put_leased(key.clone(), value, lease)],
                 failure: vec![],
             })
             .await?;

@@ -69,6 +69,14 @@ impl Op {
             lease: None,
         }
     }
+    /// A put whose key lives only as long as `lease`.
+    pub fn put_leased(key: impl Into<String>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Self {
+        Op::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: Some(lease),
+        }
+    }
     pub fn delete(key: impl Into<String>) -> Self {
         Op::Delete { key: key.into() }
     }

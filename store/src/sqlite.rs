@@ -943,11 +943,7 @@ mod tests {
     /// Puts `key` bound to `lease`.
     async fn put_leased(s: &SqliteStore, key: &str, lease: LeaseId) {
         s.txn(Txn {
-            success: vec![Op::Put {
-                key: key.into(),
-                value: b"x".to_vec(),
-                lease: Some(lease),
-            }],
+            success: vec![Op::put_leased(key, b"x".to_vec(), lease)],
             ..Txn::default()
         })
         .await

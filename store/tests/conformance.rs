@@ -371,11 +371,7 @@ async fn watch_concurrent(s: Arc<dyn Store>, p: String) {
 /// Puts `key` = "1" bound to `lease`.
 async fn put_leased(s: &dyn Store, key: &str, lease: LeaseId) {
     s.txn(Txn {
-        success: vec![Op::Put {
-            key: key.to_string(),
-            value: b"1".to_vec(),
-            lease: Some(lease),
-        }],
+        success: vec![Op::put_leased(key, b"1".to_vec(), lease)],
         ..Txn::default()
     })
     .await
