@@ -50,21 +50,20 @@ pub struct BadImageName(pub String);
 /// Image names are POSIX-like paths (`debian/minbase.1`), usable as file names below the
 /// image directory.
 pub fn check_name(name: &str) -> Result<(), BadImageName> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name.split('/').all(|p| {
-            !p.is_empty()
-                && p != "."
-                && p != ".."
-                && !p.starts_with('.')
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-+@".contains(&b))
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(BadImageName(name.chars().take(300).collect()))
-    }
+    check_bounded(
+        name,
+        |name| {
+            name.split('/').all(|p| {
+                !p.is_empty()
+                    && p != "."
+                    && p != ".."
+                    && !p.starts_with('.')
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-+@".contains(&b))
+            })
+        },
+        BadImageName,
+    )
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -77,15 +76,27 @@ pub struct BadName(pub String);
 /// characters. Node names and MDB hostnames both follow it, so a name can never carry a
 /// newline, `${…}`, `#`, `||` or a space into a boot script, a shell or a URL.
 pub fn check_logical_name(name: &str) -> Result<(), BadName> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
-    if ok {
+    check_bounded(
+        name,
+        |name| {
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+        },
+        BadName,
+    )
+}
+
+/// `Ok` for a name of 1 to 255 bytes that `valid` accepts, else `bad` of the name clipped to
+/// 300 characters (an error message never carries a name of any length).
+fn check_bounded<E>(
+    name: &str,
+    valid: impl FnOnce(&str) -> bool,
+    bad: fn(String) -> E,
+) -> Result<(), E> {
+    if !name.is_empty() && name.len() <= 255 && valid(name) {
         Ok(())
     } else {
-        Err(BadName(name.chars().take(300).collect()))
+        Err(bad(name.chars().take(300).collect()))
     }
 }
 
