@@ -50,7 +50,11 @@ enabled = false
 [tftp]
 enabled = false
 EOF
-in_ns env PADDOCK_LOG=warn PADDOCK_INSECURE=true "$BIN" serve --config "$SCRATCH/paddock.toml" >"$SCRATCH/paddock.log" 2>&1 &
+# Not through in_ns: a backgrounded function is a subshell, and $! would be that shell, which
+# the cleanup would stop while the server it started kept running. ip netns exec execs the
+# server, so $! is the server itself.
+ip netns exec "$NS" env PADDOCK_LOG=warn PADDOCK_INSECURE=true "$BIN" serve \
+    --config "$SCRATCH/paddock.toml" >"$SCRATCH/paddock.log" 2>&1 &
 BG_PID=$!
 for ((i = 0; i < 200; i++)); do
     kill -0 "$BG_PID" 2>/dev/null || { cat "$SCRATCH/paddock.log" >&2; exit 1; }
