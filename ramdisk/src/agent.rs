@@ -34,7 +34,7 @@ use paddock_birther::Operation;
 
 pub const MODULE_LIST: &str = "/etc/paddock/modules";
 pub const UDHCPC_SCRIPT: &str = "/etc/paddock/udhcpc.script";
-pub const BUSYBOX: &str = "/bin/busybox";
+pub use crate::provision::shell::BUSYBOX;
 const NIC_WAIT: Duration = Duration::from_secs(20);
 const WAIT_POLL: Duration = Duration::from_secs(10);
 

@@ -993,9 +993,12 @@ pub fn baseline(console: &Console, inventory: &Inventory, url: &str) -> Result<(
     Ok(())
 }
 
+/// The ramdisk's busybox, through which every applet runs (the agent's too).
+pub const BUSYBOX: &str = "/bin/busybox";
+
 /// Starts busybox applet `args[0]` with its standard error captured (for the error message).
 fn spawn_busybox(args: &[&str], stdin: Stdio, stdout: Stdio) -> Result<Child, ShellError> {
-    Process::new(crate::agent::BUSYBOX)
+    Process::new(BUSYBOX)
         .args(args)
         .stdin(stdin)
         .stdout(stdout)
