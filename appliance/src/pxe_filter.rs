@@ -803,12 +803,16 @@ pub async fn start_filter(
     use anyhow::Context as _;
     let leader = rt.context().leader.clone();
     let clustered = tenure.is_some();
+    // Read on its own line: a borrow in the call's arguments would hold the watch's read lock
+    // across the await below, and the elector's first send would then wait on it while the
+    // tasks it blocks are the ones that await needs.
+    let leads = leader.borrow().is_some();
     let f = PxeFilter::start(
         Nft::local(),
         fw.interface.clone(),
         fw.discovery,
         inspector,
-        leader.borrow().is_some(),
+        leads,
         tenure,
     )
     .await
