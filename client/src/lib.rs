@@ -182,14 +182,6 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
-    pub fn agent(&self) -> &ureq::Agent {
-        &self.agent
-    }
-
     /// The same agent (credentials, timeouts) for the API at another base URL.
     pub fn at(&self, base: &str) -> Client {
         Client {
