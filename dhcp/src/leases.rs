@@ -81,6 +81,20 @@ pub enum SubnetError {
 }
 
 impl Subnet {
+    /// A subnet handing out the one pool `start..=end`, with no exclusions, routers, DNS
+    /// servers or domain; callers that want those set them with struct update syntax.
+    pub fn with_pool(network: Ipv4Net, start: Ipv4Addr, end: Ipv4Addr, lease_time: u32) -> Self {
+        Self {
+            network,
+            pools: vec![Pool { start, end }],
+            exclude: BTreeSet::new(),
+            routers: vec![],
+            dns: vec![],
+            domain: None,
+            lease_time,
+        }
+    }
+
     /// Checks the subnet on its own: pools ordered, inside the network, not overlapping.
     pub fn validate(&self) -> Result<(), SubnetError> {
         if self.lease_time < 10 {

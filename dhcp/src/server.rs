@@ -537,7 +537,7 @@ mod tests {
     use dhcproto::v4::{Architecture, relay};
 
     use super::*;
-    use crate::{LeaseState, Pool, Reservation, Subnet};
+    use crate::{LeaseState, Reservation, Subnet};
 
     const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
     const MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
@@ -558,16 +558,10 @@ mod tests {
 
     fn server() -> Server {
         let subnet = |net: &str, a: [u8; 4], b: [u8; 4]| Subnet {
-            network: net.parse().unwrap(),
-            pools: vec![Pool {
-                start: a.into(),
-                end: b.into(),
-            }],
-            exclude: Default::default(),
             routers: vec![LOCAL],
             dns: vec![LOCAL],
             domain: Some("lab".into()),
-            lease_time: 3600,
+            ..Subnet::with_pool(net.parse().unwrap(), a.into(), b.into(), 3600)
         };
         let leases = Leases::new(
             vec![

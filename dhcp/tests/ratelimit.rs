@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
 use dhcproto::{Decodable, Decoder};
 use paddock_dhcp::shell::{DhcpService, LEASE_PREFIX, Listener};
-use paddock_dhcp::{AllowAll, BootPolicy, Leases, Pool, RateLimits, Server, ServerConfig, Subnet};
+use paddock_dhcp::{AllowAll, BootPolicy, Leases, RateLimits, Server, ServerConfig, Subnet};
 use paddock_store::Store;
 use tokio::net::UdpSocket;
 
@@ -49,18 +49,12 @@ async fn start(name: &str, limits: RateLimits) -> Harness {
     let sock = UdpSocket::bind((RELAY, 0)).await.unwrap();
     let relay_port = sock.local_addr().unwrap().port();
     let leases = Leases::new(
-        vec![Subnet {
-            network: "127.0.0.0/8".parse().unwrap(),
-            pools: vec![Pool {
-                start: Ipv4Addr::new(127, 0, 1, 1),
-                end: Ipv4Addr::new(127, 0, 1, 250),
-            }],
-            exclude: Default::default(),
-            routers: vec![],
-            dns: vec![],
-            domain: None,
-            lease_time: 3600,
-        }],
+        vec![Subnet::with_pool(
+            "127.0.0.0/8".parse().unwrap(),
+            Ipv4Addr::new(127, 0, 1, 1),
+            Ipv4Addr::new(127, 0, 1, 250),
+            3600,
+        )],
         vec![],
     )
     .unwrap();

@@ -404,6 +404,15 @@ impl Sub {
         Action::Wait
     }
 
+    /// After a fetch or an update: poll at once, and go on only from a scan made after it.
+    fn wait_for_scan(&mut self, now_ms: u64) -> Action {
+        self.state = SubState::WaitingForScan {
+            after_scan: self.scan_count,
+        };
+        self.next_at_ms = now_ms;
+        Action::Wait
+    }
+
     fn start(&mut self, pending: Pending, action: Action) -> Action {
         self.pending = Some(pending);
         action
@@ -468,21 +477,11 @@ impl Sub {
                     self.preloaded = Some(image);
                     self.wait(now_ms, p)
                 }
-                _ => {
-                    self.state = SubState::WaitingForScan {
-                        after_scan: self.scan_count,
-                    };
-                    self.next_at_ms = now_ms;
-                    Action::Wait
-                }
+                _ => self.wait_for_scan(now_ms),
             },
             Event::Updated => {
                 self.pending = None;
-                self.state = SubState::WaitingForScan {
-                    after_scan: self.scan_count,
-                };
-                self.next_at_ms = now_ms;
-                Action::Wait
+                self.wait_for_scan(now_ms)
             }
             Event::CleanedUp => {
                 self.pending = None;
@@ -724,6 +723,15 @@ mod tests {
     }
 
     /// Runs `steps` (event, time, expected action, expected state name) from a new sub.
+    /// A new sub ticked at 0, then answered at `at` with generation `generation` (scan
+    /// `scan`): next, its tree is planned.
+    fn answered(want: &Desired, generation: u64, scan: u64, at: u64) -> Sub {
+        let mut s = Sub::new(P.backoff());
+        s.handle(Event::Tick, want, 0, &P);
+        s.handle(answer(generation, scan), want, at, &P);
+        s
+    }
+
     fn run(sub: &mut Sub, want: &Desired, steps: &[(Event, u64, Action, &str)]) {
         for (i, (event, now, action, state)) in steps.iter().enumerate() {
             let got = sub.handle(event.clone(), want, *now, &P);
@@ -835,9 +843,7 @@ mod tests {
     fn safety_holds_big_deletions_and_small_images_until_cleared() {
         // More than half deleted.
         let w = want("tiny");
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &w, 0, &P);
-        s.handle(answer(1, 1), &w, 1, &P);
+        let mut s = answered(&w, 1, 1, 1);
         let a = s.handle(Event::Planned(update_of("tiny", 51, 0, 0)), &w, 2, &P);
         assert_eq!(a, Action::Wait);
         assert!(
@@ -870,9 +876,7 @@ mod tests {
                 disable_safety_check: tag,
                 ..want("tiny")
             };
-            let mut s = Sub::new(P.backoff());
-            s.handle(Event::Tick, &w, 0, &P);
-            s.handle(answer(1, 1), &w, 1, &P);
+            let mut s = answered(&w, 1, 1, 1);
             let p = PlanSummary {
                 sparse,
                 ..update_of("tiny", 90, 0, 0)
@@ -892,9 +896,7 @@ mod tests {
             paused: Some("freeze".into()),
             ..want("m")
         };
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &paused, 0, &P);
-        s.handle(answer(4, 1), &paused, 0, &P);
+        let mut s = answered(&paused, 4, 1, 0);
         s.handle(Event::Planned(update_of("m", 1, 0, 0)), &paused, 0, &P);
         assert_eq!(s.state().name(), "updates_disabled");
         // Polled with its generation; unchanged, it stays held without a plan.
@@ -919,9 +921,7 @@ mod tests {
     #[test]
     fn objects_that_do_not_fit_are_not_fetched() {
         let w = want("big");
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &w, 0, &P);
-        s.handle(answer(1, 1), &w, 1, &P);
+        let mut s = answered(&w, 1, 1, 1);
         let p = PlanSummary {
             free_bytes: Some(8_191),
             ..update_of("big", 0, 2, 8_192)
@@ -994,9 +994,7 @@ mod tests {
             ),
         ];
         for (w, text) in cases {
-            let mut s = Sub::new(P.backoff());
-            s.handle(Event::Tick, &w, 0, &P);
-            s.handle(answer(1, 1), &w, 0, &P);
+            let mut s = answered(&w, 1, 1, 0);
             assert_eq!(
                 s.handle(Event::Planned(update_of("m", 1, 1, 1)), &w, 0, &P),
                 Action::Wait
@@ -1006,9 +1004,7 @@ mod tests {
             assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(1));
         }
         let w = want("gone");
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &w, 0, &P);
-        s.handle(answer(1, 1), &w, 0, &P);
+        let mut s = answered(&w, 1, 1, 0);
         s.handle(Event::ImageMissing("gone".into()), &w, 0, &P);
         assert_eq!(
             s.state().to_string(),
@@ -1077,9 +1073,7 @@ mod tests {
             planned_image: Some("next".into()),
             ..want("m")
         };
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &w, 0, &P);
-        s.handle(answer(1, 1), &w, 0, &P);
+        let mut s = answered(&w, 1, 1, 0);
         let done = PlanSummary {
             unused_cache_objects: 3,
             planned_image: Some("next".into()),
@@ -1104,9 +1098,7 @@ mod tests {
     #[test]
     fn a_queued_sub_says_what_it_waits_for_and_keeps_its_fetch() {
         let w = want("minbase2");
-        let mut s = Sub::new(P.backoff());
-        s.handle(Event::Tick, &w, 0, &P);
-        s.handle(answer(7, 3), &w, 10, &P);
+        let mut s = answered(&w, 7, 3, 10);
         s.handle(
             Event::Planned(update_of("minbase2", 1, 12, 90_000)),
             &w,
@@ -1162,64 +1154,44 @@ mod tests {
             planned_objects_to_fetch: 5,
             ..synced(image)
         };
-        let mut s = Sub::new(P.backoff());
-        run(
-            &mut s,
-            &w,
-            &[
-                (Event::Tick, 0, poll(0), "polling"),
-                (answer(7, 3), 10, plan_a("minbase2"), "computing"),
+        // Polled at `t` (the sub `state` then): the tree (scan `scan`) is planned with
+        // `planned` as the planned image, and the next poll brings the preload of `planned`.
+        let plan_and_preload = |t: u64, state: &'static str, scan: u64, planned: &str| {
+            vec![
+                (Event::Tick, t, poll(0), state),
+                (answer(7, scan), t + 10, plan_a("minbase2"), "computing"),
                 (
-                    Event::Planned(with_planned("minbase2", "minbase3")),
-                    20,
+                    Event::Planned(with_planned("minbase2", planned)),
+                    t + 20,
                     Action::Wait,
                     "synced",
                 ),
-                (Event::Tick, 1_020, poll(7), "synced"),
+                (Event::Tick, t + 1_020, poll(7), "synced"),
                 (
-                    answer(7, 4),
-                    1_030,
+                    answer(7, scan + 1),
+                    t + 1_030,
                     Action::Fetch {
-                        image: "minbase3".into(),
+                        image: planned.into(),
                         preload: true,
                     },
                     "synced",
                 ),
-                (Event::Fetched, 1_040, Action::Wait, "synced"),
-            ],
-        );
+                (Event::Fetched, t + 1_040, Action::Wait, "synced"),
+            ]
+        };
+        let mut s = Sub::new(P.backoff());
+        run(&mut s, &w, &plan_and_preload(0, "polling", 3, "minbase3"));
         // The MDB's PlannedImage changes: the preload list of the last plan is for
         // minbase3, so the tree is asked for and planned again before any preload.
         w.planned_image = Some("minbase4".into());
         s.desired_changed(1_100);
-        run(
-            &mut s,
-            &w,
-            &[
-                (Event::Tick, 1_100, poll(0), "synced"),
-                (answer(7, 5), 1_110, plan_a("minbase2"), "computing"),
-                (
-                    Event::Planned(with_planned("minbase2", "minbase4")),
-                    1_120,
-                    Action::Wait,
-                    "synced",
-                ),
-                (Event::Tick, 2_120, poll(7), "synced"),
-                (
-                    answer(7, 6),
-                    2_130,
-                    Action::Fetch {
-                        image: "minbase4".into(),
-                        preload: true,
-                    },
-                    "synced",
-                ),
-                (Event::Fetched, 2_140, Action::Wait, "synced"),
-                // Preloaded and planned for: short polls only.
-                (Event::Tick, 3_140, poll(7), "synced"),
-                (answer(7, 7), 3_150, Action::Wait, "synced"),
-            ],
-        );
+        let mut steps = plan_and_preload(1_100, "synced", 5, "minbase4");
+        // Preloaded and planned for: short polls only.
+        steps.extend([
+            (Event::Tick, 3_140, poll(7), "synced"),
+            (answer(7, 7), 3_150, Action::Wait, "synced"),
+        ]);
+        run(&mut s, &w, &steps);
     }
 
     #[test]

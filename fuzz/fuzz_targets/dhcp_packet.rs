@@ -7,22 +7,15 @@ use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
 use libfuzzer_sys::fuzz_target;
-use paddock_dhcp::{AllowAll, BootPolicy, Leases, Pool, Server, ServerConfig, Subnet};
+use paddock_dhcp::{AllowAll, BootPolicy, Leases, Server, ServerConfig, Subnet};
 
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 
 fn server() -> Server {
     let subnet = |net: &str, a: [u8; 4], b: [u8; 4]| Subnet {
-        network: net.parse().unwrap(),
-        pools: vec![Pool {
-            start: a.into(),
-            end: b.into(),
-        }],
-        exclude: Default::default(),
         routers: vec![Ipv4Addr::new(198, 18, 0, 1)],
-        dns: vec![],
         domain: Some("lab".into()),
-        lease_time: 600,
+        ..Subnet::with_pool(net.parse().unwrap(), a.into(), b.into(), 600)
     };
     let leases = Leases::new(
         vec![

@@ -41,23 +41,18 @@ async fn names_are_never_reused_and_deleted_objects_are_collected() {
     let e = env();
     let s = &e.server;
     let filter = Some(Filter::parse("/tmp/.*\n").unwrap());
-    let a = add(
-        s,
-        "base.0",
-        full_image(&[("opt/a", b"only in a".to_vec())]),
-        filter.clone(),
-    )
-    .await
-    .unwrap();
+    // A full image with the filter and one file of its own.
+    let with_own = |name: &'static str, path: &'static str, content: &[u8]| {
+        add(
+            s,
+            name,
+            full_image(&[(path, content.to_vec())]),
+            filter.clone(),
+        )
+    };
+    let a = with_own("base.0", "opt/a", b"only in a").await.unwrap();
     assert_eq!(a.stats.new_objects, 3);
-    let b = add(
-        s,
-        "base.1",
-        full_image(&[("opt/b", b"only in b".to_vec())]),
-        filter.clone(),
-    )
-    .await
-    .unwrap();
+    let b = with_own("base.1", "opt/b", b"only in b").await.unwrap();
     assert_eq!((b.stats.new_objects, b.stats.dedup_bytes), (1, 26 + 9));
     assert!(matches!(
         add(s, "base.1", full_image(&[]), filter.clone()).await,

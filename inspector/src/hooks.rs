@@ -291,30 +291,24 @@ mod tests {
         }
     }
 
+    fn interface(name: &str, mac: Option<&str>) -> Interface {
+        Interface {
+            name: name.into(),
+            mac_address: mac.map(Into::into),
+            ..Interface::default()
+        }
+    }
+
     fn inventory() -> Inventory {
         Inventory {
             interfaces: vec![
+                interface("lo", Some("00:00:00:00:00:00")),
                 Interface {
-                    name: "lo".into(),
-                    mac_address: Some("00:00:00:00:00:00".into()),
-                    ..Interface::default()
-                },
-                Interface {
-                    name: "eth0".into(),
-                    mac_address: Some("52:54:00:00:00:01".into()),
                     ipv4_address: Some("198.18.0.100".into()),
-                    ..Interface::default()
+                    ..interface("eth0", Some("52:54:00:00:00:01"))
                 },
-                Interface {
-                    name: "eth1".into(),
-                    mac_address: Some("52:54:00:00:00:02".into()),
-                    ..Interface::default()
-                },
-                Interface {
-                    name: "ib0".into(),
-                    mac_address: None,
-                    ..Interface::default()
-                },
+                interface("eth1", Some("52:54:00:00:00:02")),
+                interface("ib0", None),
             ],
             cpu: Some(Cpu {
                 count: Some(4),

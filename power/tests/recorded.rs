@@ -591,11 +591,7 @@ fn ipmi_wrong_password_and_wrong_user_are_credentials_errors_never_retried() {
 
 #[test]
 fn ipmi_unreachable_bmc_is_named_and_retried_a_bounded_number_of_times() {
-    let runs = Recorded::new(&[
-        (Op::Status, "unreachable"),
-        (Op::Status, "unreachable"),
-        (Op::Status, "unreachable"),
-    ]);
+    let runs = Recorded::new(&[(Op::Status, "unreachable"); 3]);
     let e = ipmi(&runs).status().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unreachable, "{e}");
     assert!(e.message.contains("198.19.60.1:6230"), "{e}");

@@ -268,50 +268,64 @@ impl<'a> Applier<'a> {
     /// Steps 3 to 7, the change window; returns its length.
     pub fn change(&mut self, req: &UpdateRequest) -> Duration {
         let t = Instant::now();
-        let total = req.directories_to_make.len();
-        for (i, (p, inode)) in req.directories_to_make.iter().enumerate() {
-            if !self.excluded(p) {
-                self.make_dir(p, inode);
-            }
-            self.step("make directories", i + 1, total);
-        }
-        let total = req.inodes_to_make.len();
-        for (i, (p, inode)) in req.inodes_to_make.iter().enumerate() {
-            if !self.excluded(p) {
-                self.make_inode(p, inode);
-            }
-            self.step("make inodes", i + 1, total);
-        }
-        let total = req.hardlinks_to_make.len();
-        for (i, (new, existing)) in req.hardlinks_to_make.iter().enumerate() {
-            if !self.excluded(new) {
-                self.make_link(new, existing);
-            }
-            self.step("make hard links", i + 1, total);
-        }
-        let total = req.paths_to_delete.len();
-        for (i, p) in req.paths_to_delete.iter().enumerate() {
-            if !self.excluded(p) {
-                match remove_any(&self.host(p)) {
-                    Ok(()) => self.stats.deleted += 1,
-                    Err(e) => self.stats.error(format!("deleting {p}: {e}")),
+        self.each(
+            "make directories",
+            &req.directories_to_make,
+            first,
+            |s, (p, inode)| s.make_dir(p, inode),
+        );
+        self.each(
+            "make inodes",
+            &req.inodes_to_make,
+            first,
+            |s, (p, inode)| s.make_inode(p, inode),
+        );
+        self.each(
+            "make hard links",
+            &req.hardlinks_to_make,
+            first,
+            |s, (new, existing)| s.make_link(new, existing),
+        );
+        self.each(
+            "delete",
+            &req.paths_to_delete,
+            String::as_str,
+            |s, p| match remove_any(&s.host(p)) {
+                Ok(()) => s.stats.deleted += 1,
+                Err(e) => s.stats.error(format!("deleting {p}: {e}")),
+            },
+        );
+        self.each(
+            "change metadata",
+            &req.inodes_to_change,
+            first,
+            |s, (p, inode)| {
+                let h = s.host(p);
+                if s.set_metadata(&h, p, inode) {
+                    s.stats.changed += 1;
                 }
-            }
-            self.step("delete", i + 1, total);
-        }
-        let total = req.inodes_to_change.len();
-        for (i, (p, inode)) in req.inodes_to_change.iter().enumerate() {
-            if !self.excluded(p) {
-                let h = self.host(p);
-                if self.set_metadata(&h, p, inode) {
-                    self.stats.changed += 1;
-                }
-            }
-            self.step("change metadata", i + 1, total);
-        }
+            },
+        );
         let d = t.elapsed();
         self.stats.change_window_ms = d.as_secs_f64() * 1e3;
         d
+    }
+
+    /// One phase of the change window: `apply` to each of `items` whose path (`path`) is not
+    /// excluded, progress reported as `phase`.
+    fn each<T>(
+        &mut self,
+        phase: &str,
+        items: &[T],
+        path: fn(&T) -> &str,
+        mut apply: impl FnMut(&mut Self, &T),
+    ) {
+        for (i, item) in items.iter().enumerate() {
+            if !self.excluded(path(item)) {
+                apply(self, item);
+            }
+            self.step(phase, i + 1, items.len());
+        }
     }
 
     fn make_dir(&mut self, p: &str, inode: &Inode) {
@@ -506,6 +520,11 @@ impl<'a> Applier<'a> {
 }
 
 /// `<object>~k~`: the k-th extra copy of an object.
+/// The path of a `(path, …)` entry of a request.
+fn first<U>(entry: &(String, U)) -> &str {
+    &entry.0
+}
+
 fn copy_name(base: &Path, k: u64) -> PathBuf {
     let mut s = base.as_os_str().to_owned();
     s.push(format!("~{k}~"));
@@ -744,23 +763,19 @@ mod tests {
             ..UpdateRequest::default()
         };
         assert_eq!(validate(&ok), Ok(()));
+        let make = |path: &str, inode: &Inode| UpdateRequest {
+            inodes_to_make: vec![(path.into(), inode.clone())],
+            ..UpdateRequest::default()
+        };
+        let delete = |path: &str| UpdateRequest {
+            paths_to_delete: vec![path.into()],
+            ..UpdateRequest::default()
+        };
         let bad: Vec<UpdateRequest> = vec![
-            UpdateRequest {
-                inodes_to_make: vec![("/etc/../x".into(), file.clone())],
-                ..UpdateRequest::default()
-            },
-            UpdateRequest {
-                inodes_to_make: vec![("etc/x".into(), file.clone())],
-                ..UpdateRequest::default()
-            },
-            UpdateRequest {
-                paths_to_delete: vec!["/.subd/objects".into()],
-                ..UpdateRequest::default()
-            },
-            UpdateRequest {
-                paths_to_delete: vec!["/".into()],
-                ..UpdateRequest::default()
-            },
+            make("/etc/../x", &file),
+            make("etc/x", &file),
+            delete("/.subd/objects"),
+            delete("/"),
             UpdateRequest {
                 hardlinks_to_make: vec![("/a".into(), "/.subd/x".into())],
                 ..UpdateRequest::default()
@@ -773,10 +788,7 @@ mod tests {
                 }],
                 ..UpdateRequest::default()
             },
-            UpdateRequest {
-                inodes_to_make: vec![("/d".into(), dir.clone())],
-                ..UpdateRequest::default()
-            },
+            make("/d", &dir),
             UpdateRequest {
                 directories_to_make: vec![("/d".into(), file.clone())],
                 ..UpdateRequest::default()

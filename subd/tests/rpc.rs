@@ -44,13 +44,22 @@ fn store_with(store: &Path, contents: &[&[u8]]) -> Vec<ObjectId> {
         .collect()
 }
 
+/// A temporary root holding `files` (path, content; mode 0644), a subd on it with the test
+/// configuration, and a client of it named `dom`.
+fn subd_with(files: &[(&str, &[u8])]) -> (tempfile::TempDir, TestSubd, Client) {
+    let d = tempfile::tempdir().unwrap();
+    for (rel, content) in files {
+        write(d.path(), rel, content, 0o644);
+    }
+    let s = TestSubd::start(test_config(d.path()));
+    let c = s.client("dom");
+    (d, s, c)
+}
+
 #[test]
 fn poll_sends_the_tree_only_when_the_generation_changed() {
-    let d = tempfile::tempdir().unwrap();
+    let (d, _s, c) = subd_with(&[("etc/motd", b"hello\n")]);
     let root = d.path();
-    write(root, "etc/motd", b"hello\n", 0o644);
-    let s = TestSubd::start(test_config(root));
-    let c = s.client("dom");
     let p = c.wait_scan(0);
     let g = p.generation;
     assert!(g >= 1 && p.file_system_follows);
@@ -576,11 +585,8 @@ fn cleanup_get_files_and_configuration() {
 
 #[test]
 fn bad_updates_are_refused_before_anything_changes() {
-    let d = tempfile::tempdir().unwrap();
+    let (d, _s, c) = subd_with(&[("etc/a", b"a\n")]);
     let root = d.path();
-    write(root, "etc/a", b"a\n", 0o644);
-    let s = TestSubd::start(test_config(root));
-    let c = s.client("dom");
     c.wait_scan(0);
     for body in [
         json!({"paths_to_delete": ["/etc/../.."]}),

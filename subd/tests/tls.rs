@@ -161,50 +161,85 @@ fn old_and_new(root: &Path, want: &Path, store: &Path) -> paddock_image::Image {
     image_of("app.2", scan.fs, "[]")
 }
 
-#[test]
-fn a_dominator_certificate_polls_fetches_over_tls_and_updates() {
+/// An update to make over TLS: the sub at `root` and the image's tree at `want` (from
+/// [`old_and_new`]), its objects in `store`, subd running on the sub with `pki`'s material,
+/// and `dom`, a client with a certificate granting `Subd.*`.
+struct Updating {
+    root: PathBuf,
+    want: PathBuf,
+    store: PathBuf,
+    image: paddock_image::Image,
+    rt: tokio::runtime::Runtime,
+    pki: Pki,
+    subd: Running,
+    dom: Client,
+    // Last, so subd is stopped before its directories go.
+    _dir: tempfile::TempDir,
+}
+
+fn updating() -> Updating {
     let (d, root, want, store) = dirs();
     let pki = Pki::new(d.path());
     let image = old_and_new(&root, &want, &store);
-    let rt = runtime();
+    let subd = start(&root, &pki, &d.path().join("subd.log"));
+    let dominator = pki.issue("dominator", &["Subd.*"]);
+    let dom = Client::with_agent(&subd.url, "dom", pki.agent(Some(&dominator)));
+    Updating {
+        root,
+        want,
+        store,
+        image,
+        rt: runtime(),
+        pki,
+        subd,
+        dom,
+        _dir: d,
+    }
+}
+
+#[test]
+fn a_dominator_certificate_polls_fetches_over_tls_and_updates() {
+    let u = updating();
     // The object server trusts the same CA and wants ObjectServer.GetObjects.
-    let server_cert = pki.issue("objectserver", &[]);
+    let server_cert = u.pki.issue("objectserver", &[]);
     let material = tls::Material {
-        ca_pem: pki.ca.cert_pem.clone(),
+        ca_pem: u.pki.ca.cert_pem.clone(),
         cert_pem: server_cert.cert_pem.clone(),
         key_pem: server_cert.key_pem.clone(),
     };
     let config = tls::server_config(&material, tls::ClientAuth::Required).unwrap();
-    let (server, objects) = object_server_with(&rt, &store, Some(config));
-    let subd = start(&root, &pki, &d.path().join("subd.log"));
-    let dominator = pki.issue("dominator", &["Subd.*"]);
-    let c = Client::with_agent(&subd.url, "dom", pki.agent(Some(&dominator)));
+    let (server, objects) = object_server_with(&u.rt, &u.store, Some(config));
 
     // A bare host:port is https:// for a subd with TLS material.
-    let req = plan_with_fetch(&c, &image, &server);
+    let req = plan_with_fetch(&u.dom, &u.image, &server);
     assert_eq!(
         *objects.callers.lock().unwrap(),
         vec!["subd-m1".to_string()]
     );
-    let report = c.ok("Subd.Update", &serde_json::to_value(&req).unwrap());
+    let report = u
+        .dom
+        .ok("Subd.Update", &serde_json::to_value(&req).unwrap());
     assert!(report["error"].is_null(), "{report}");
-    c.fresh_scan();
-    assert_same_dirs(&root, &want);
+    u.dom.fresh_scan();
+    assert_same_dirs(&u.root, &u.want);
 }
 
 #[test]
 fn a_certificate_without_subd_update_cannot_update() {
-    let (d, root, want, store) = dirs();
-    let pki = Pki::new(d.path());
-    let image = old_and_new(&root, &want, &store);
-    let rt = runtime();
-    let (server, _) = object_server(&rt, &store);
-    let subd = start(&root, &pki, &d.path().join("subd.log"));
-    let dominator = pki.issue("dominator", &["Subd.*"]);
-    let dom = Client::with_agent(&subd.url, "dom", pki.agent(Some(&dominator)));
+    let Updating {
+        root,
+        store,
+        image,
+        rt,
+        pki,
+        subd,
+        dom,
+        ..
+    } = &updating();
+    let (server, _) = object_server(rt, store);
     // Planned and fetched by the dominator (plain http:// to the object server, named so),
     // so the Update refused below is one that would change the tree.
-    let req = plan_with_fetch(&dom, &image, &format!("http://{server}"));
+    let req = plan_with_fetch(dom, image, &format!("http://{server}"));
     let before = dom.fresh_scan().file_system.unwrap();
 
     let watcher = pki.issue("alice", &["Subd.Poll"]);

@@ -75,6 +75,16 @@ fn plan_and_fetch(sc: &Scenario) -> UpdateRequest {
 }
 
 /// One of the update's errors is about `path` and says `what`.
+/// A temporary sub root with subd's own directory and `files` (path, content; mode 0644).
+fn sub_root(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    fs::create_dir(d.path().join(".subd")).unwrap();
+    for (rel, content) in files {
+        write(d.path(), rel, content, 0o644);
+    }
+    d
+}
+
 fn assert_an_error_says(errors: &[String], path: &str, what: &str) {
     assert!(
         errors.iter().any(|e| e.contains(path) && e.contains(what)),
@@ -249,10 +259,8 @@ fn content_changed_since_the_scan_is_not_cached() {
 
 #[test]
 fn links_and_replacements_in_place() {
-    let d = tempfile::tempdir().unwrap();
+    let d = sub_root(&[("a", b"a")]);
     let root = d.path();
-    fs::create_dir(root.join(".subd")).unwrap();
-    write(root, "a", b"a", 0o644);
     fs::hard_link(root.join("a"), root.join("b")).unwrap();
     fs::create_dir_all(root.join("c/d")).unwrap();
     let file = |mode| Inode::Regular {
@@ -332,10 +340,8 @@ fn every_interruption_point_converges() {
 
 #[test]
 fn ownership_is_set_or_the_failure_recorded() {
-    let d = tempfile::tempdir().unwrap();
+    let d = sub_root(&[("f", b"f")]);
     let root = d.path();
-    fs::create_dir(root.join(".subd")).unwrap();
-    write(root, "f", b"f", 0o644);
     let m = fs::metadata(root.join("f")).unwrap();
     let req = UpdateRequest {
         image_name: "x".into(),

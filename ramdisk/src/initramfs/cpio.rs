@@ -256,54 +256,47 @@ mod tests {
         let bytes = sample().to_bytes(0);
         assert_eq!(bytes.len() % 4, 0);
         let parsed = parse(&bytes).unwrap();
-        type Row<'a> = (&'a str, u32, u32, u32, u32, u32, u32, (u32, u32), &'a [u8]);
-        let got: Vec<Row> = parsed
+        let got: Vec<(&str, Header, &[u8])> = parsed
             .iter()
-            .map(|p| {
-                let h = &p.header;
-                (
-                    p.name.as_str(),
-                    h.ino,
-                    h.mode,
-                    h.uid,
-                    h.gid,
-                    h.nlink,
-                    h.mtime,
-                    (h.rdevmajor, h.rdevminor),
-                    &p.data[..],
-                )
-            })
+            .map(|p| (p.name.as_str(), p.header.clone(), &p.data[..]))
             .collect();
-        let want: Vec<Row> = vec![
-            ("bin", 1, 0o040755, 0, 0, 2, 0, (0, 0), b""),
-            ("bin/sh", 2, 0o120777, 0, 0, 1, 0, (0, 0), b"busybox"),
-            ("dev", 3, 0o040755, 0, 0, 2, 0, (0, 0), b""),
-            ("dev/console", 4, 0o020600, 0, 0, 1, 0, (5, 1), b""),
-            ("etc", 5, 0o040755, 0, 0, 2, 0, (0, 0), b""),
-            ("etc/paddock", 6, 0o040755, 0, 0, 2, 0, (0, 0), b""),
-            (
+        // Owner, group and mtime are 0 throughout; the size is the data's.
+        let entry = |name, ino, mode, nlink, (rdevmajor, rdevminor), data: &'static [u8]| {
+            let header = Header {
+                ino,
+                mode,
+                nlink,
+                filesize: data.len() as u32,
+                rdevmajor,
+                rdevminor,
+                ..Header::default()
+            };
+            (name, header, data)
+        };
+        let want = vec![
+            entry("bin", 1, 0o040755, 2, (0, 0), b""),
+            entry("bin/sh", 2, 0o120777, 1, (0, 0), b"busybox"),
+            entry("dev", 3, 0o040755, 2, (0, 0), b""),
+            entry("dev/console", 4, 0o020600, 1, (5, 1), b""),
+            entry("etc", 5, 0o040755, 2, (0, 0), b""),
+            entry("etc/paddock", 6, 0o040755, 2, (0, 0), b""),
+            entry(
                 "etc/paddock/modules",
                 7,
                 0o100644,
-                0,
-                0,
                 1,
-                0,
                 (0, 0),
                 b"a.ko\nb.ko\n",
             ),
-            (
+            entry(
                 "init",
                 8,
                 0o100755,
-                0,
-                0,
                 1,
-                0,
                 (0, 0),
                 &[0x7f, b'E', b'L', b'F', 1, 2, 3],
             ),
-            ("proc", 9, 0o040755, 0, 0, 2, 0, (0, 0), b""),
+            entry("proc", 9, 0o040755, 2, (0, 0), b""),
         ];
         assert_eq!(got, want);
         for p in &parsed {
