@@ -56,15 +56,7 @@ pub enum CertsCmd {
         out: PathBuf,
     },
     /// Issue an operator token (printed once; only its digest is stored).
-    Token {
-        name: String,
-        #[arg(long)]
-        methods: Option<String>,
-        #[arg(long)]
-        role: Option<String>,
-        #[arg(long, default_value_t = 30)]
-        days: i64,
-    },
+    Token(TokenArgs),
     /// The operator tokens: name, methods, expiry (never the tokens).
     Tokens,
     /// Revoke every operator token named NAME.
@@ -76,6 +68,24 @@ pub enum CertsCmd {
     RotateAgentKey,
     /// This host's certificates and the CA's fingerprint.
     Show,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TokenArgs {
+    name: String,
+    #[arg(long)]
+    methods: Option<String>,
+    #[arg(long)]
+    role: Option<String>,
+    #[arg(long, default_value_t = 30)]
+    days: i64,
+}
+
+impl TokenArgs {
+    /// What the token may call: `--role`'s methods and `--methods`, together.
+    fn permissions(&self) -> anyhow::Result<Permissions> {
+        permissions(self.methods.as_deref(), self.role.as_deref())
+    }
 }
 
 fn permissions(methods: Option<&str>, role: Option<&str>) -> anyhow::Result<Permissions> {
@@ -118,19 +128,14 @@ fn tokens_via_api(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
         SecurityConfig::Insecure => crate::cli::client(&cfg.public_url, &Default::default())?,
     };
     match cmd {
-        CertsCmd::Token {
-            name,
-            methods,
-            role,
-            days,
-        } => {
-            let perms = permissions(methods.as_deref(), role.as_deref())?;
+        CertsCmd::Token(args) => {
+            let perms = args.permissions()?;
             let t: security::CreatedToken = api.post(
                 "/api/v1/tokens",
                 &security::NewToken {
-                    name,
+                    name: args.name,
                     methods: perms.patterns().join(","),
-                    days,
+                    days: args.days,
                 },
             )?;
             println!("{}", t.token);
@@ -243,7 +248,7 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
     // through its API (with the admin certificate `certs init` wrote).
     let writes_tokens = matches!(
         cmd,
-        CertsCmd::Token { .. } | CertsCmd::Tokens | CertsCmd::Revoke { .. }
+        CertsCmd::Token(_) | CertsCmd::Tokens | CertsCmd::Revoke { .. }
     );
     // Agent tokens live in a running appliance's hosts: always through its API.
     let agent_tokens = matches!(cmd, CertsCmd::RevokeAgent { .. } | CertsCmd::RotateAgentKey);
@@ -300,14 +305,9 @@ pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
             let issued = security::issue(store.as_ref(), &req, csr_pem.as_deref()).await?;
             write_pair(&out, &name, &issued)?;
         }
-        CertsCmd::Token {
-            name,
-            methods,
-            role,
-            days,
-        } => {
-            let perms = permissions(methods.as_deref(), role.as_deref())?;
-            let t = security::create_token(store.as_ref(), &name, &perms, days).await?;
+        CertsCmd::Token(args) => {
+            let perms = args.permissions()?;
+            let t = security::create_token(store.as_ref(), &args.name, &perms, args.days).await?;
             println!("{t}");
         }
         CertsCmd::Tokens => print_tokens(&security::list_tokens(store.as_ref()).await?),

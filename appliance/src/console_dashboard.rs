@@ -164,11 +164,7 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
             Ok(kvs) => kvs
                 .into_iter()
                 .filter_map(|kv| {
-                    let uuid = kv
-                        .key
-                        .strip_prefix(crate::provisioning::PREFIX)?
-                        .parse()
-                        .ok()?;
+                    let uuid = kv.name_under(crate::provisioning::PREFIX)?;
                     Some((uuid, serde_json::from_slice(&kv.value).ok()?))
                 })
                 .collect(),

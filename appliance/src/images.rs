@@ -9,18 +9,18 @@ use std::time::Duration;
 use paddock_image::Machine;
 use paddock_imageserver::mdb::{MdbService, MdbServiceError, Source};
 use paddock_inspector::node::Node;
-use paddock_inspector::service::{Changed, DATA, Inspector, InspectorError, NodeObserver};
+use paddock_inspector::service::{
+    Changed, DATA, Inspector, InspectorError, NodeObserver, Reaction,
+};
 use paddock_inspector::state::State;
 use paddock_inventory::IntrospectionData;
-
-type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 /// Several observers of node changes, told in order (the PXE filter first: it must be
 /// current before the API call returns).
 pub struct Observers(pub Vec<Arc<dyn NodeObserver>>);
 
 impl NodeObserver for Observers {
-    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Fut<'a> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Reaction<'a> {
         Box::pin(async move {
             for o in &self.0 {
                 o.nodes_changed(changed).await;
@@ -201,7 +201,7 @@ fn enrolled_machine(node: &Node, processed: Option<&IntrospectionData>) -> Machi
 }
 
 impl NodeObserver for MdbRecorder {
-    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Fut<'a> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Reaction<'a> {
         Box::pin(async move {
             if let Err(e) = self.record(changed).await {
                 tracing::error!(error = %e, "mdb: recording enrolled machines failed");

@@ -27,7 +27,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use paddock_inspector::node::{Node, Secrets};
 use paddock_inspector::service::{
-    Changed, ENROLL_DRIVER, Inspector, NODES, NodeObserver, Subject, timeline_op,
+    Changed, ENROLL_DRIVER, Inspector, NODES, NodeObserver, Reaction, Subject, timeline_op,
 };
 use paddock_inspector::state::State as IState;
 use paddock_power::{Bmc, ErrorKind, PowerError, PowerState, RetryPolicy, Throttle};
@@ -776,11 +776,7 @@ impl Power {
             queued.sort_by_key(|kv| kv.create_revision);
             let mut requests = std::collections::HashMap::new();
             for kv in queued {
-                let Some(id) = kv
-                    .key
-                    .strip_prefix(QUEUE)
-                    .and_then(|u| u.parse::<Uuid>().ok())
-                else {
+                let Some(id) = kv.name_under::<Uuid>(QUEUE) else {
                     continue;
                 };
                 match serde_json::from_slice::<Queued>(&kv.value) {
@@ -1082,10 +1078,7 @@ struct Steps {
 pub struct ManageBoot(pub Arc<Power>);
 
 impl NodeObserver for ManageBoot {
-    fn nodes_changed<'a>(
-        &'a self,
-        changed: Changed<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Reaction<'a> {
         Box::pin(async move {
             let all: Vec<Uuid>;
             let nodes = match changed {

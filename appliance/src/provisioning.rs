@@ -63,7 +63,9 @@ use paddock_imageserver::images::{ImageRecord, ImageServer};
 use paddock_imageserver::mdb::{MdbService, Source};
 use paddock_inspector::api::Speaker;
 use paddock_inspector::node::Node;
-use paddock_inspector::service::{Changed, Inspector, NodeObserver, Subject, timeline_op};
+use paddock_inspector::service::{
+    Changed, Inspector, NodeObserver, Reaction, Subject, timeline_op,
+};
 use paddock_inventory::MacAddr;
 use paddock_store::{Compare, Op, Revision, Store, StoreError, Txn};
 use paddock_wire::ApiError;
@@ -635,11 +637,7 @@ impl Provisioner {
     async fn records(&self) -> Result<Vec<(Uuid, Provisioning, Revision)>> {
         let mut out = Vec::new();
         for kv in self.store.range(PREFIX).await? {
-            let Some(uuid) = kv
-                .key
-                .strip_prefix(PREFIX)
-                .and_then(|u| u.parse::<Uuid>().ok())
-            else {
+            let Some(uuid) = kv.name_under::<Uuid>(PREFIX) else {
                 continue;
             };
             match serde_json::from_slice::<Provisioning>(&kv.value) {
@@ -789,10 +787,7 @@ pub fn start(
 pub struct RuleWishes(pub Arc<Provisioner>);
 
 impl NodeObserver for RuleWishes {
-    fn nodes_changed<'a>(
-        &'a self,
-        changed: Changed<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Reaction<'a> {
         Box::pin(async move {
             // A wish acts when its node's introspection finishes, and the inspector names
             // every node it finishes: "not known which" holds no finished introspection.

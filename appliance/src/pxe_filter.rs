@@ -18,7 +18,7 @@ use paddock_dhcp::{Admission, ClientPolicy};
 use paddock_firewall::{
     Change, Filter, Health, Nft, diff, leader_element, render_changes, render_closed,
 };
-use paddock_inspector::service::{Inspector, NodeObserver};
+use paddock_inspector::service::{Inspector, NodeObserver, Reaction};
 use paddock_inventory::MacAddr;
 use paddock_wire::unix_ms as now_ms;
 use serde::{Deserialize, Serialize};
@@ -655,7 +655,7 @@ impl NodeObserver for PxeFilter {
     fn nodes_changed<'a>(
         &'a self,
         changed: paddock_inspector::service::Changed<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    ) -> Reaction<'a> {
         let changed = match changed {
             paddock_inspector::service::Changed::All => Changed::All,
             paddock_inspector::service::Changed::Nodes(n) => Changed::Nodes(n),

@@ -800,19 +800,12 @@ async fn preview(
     Ok(Json(r.preview(&body).await?))
 }
 
-#[derive(Deserialize)]
-struct RoundsQuery {
-    limit: Option<usize>,
-}
-
 async fn rounds(
     State(r): State<Arc<Roles>>,
-    Query(q): Query<RoundsQuery>,
+    Query(q): Query<paddock_wire::Limit>,
 ) -> Result<Json<Vec<Round>>, ApiError> {
     Ok(Json(
-        r.rounds(q.limit.unwrap_or(20).min(ROUNDS_KEPT))
-            .await
-            .map_err(internal)?,
+        r.rounds(q.or(20, ROUNDS_KEPT)).await.map_err(internal)?,
     ))
 }
 

@@ -915,16 +915,11 @@ async fn decide_and_run(sec: &Arc<Security>, req: Request, next: Next) -> Respon
     resp
 }
 
-#[derive(Deserialize)]
-struct AuditQuery {
-    limit: Option<usize>,
-}
-
 async fn audit_list(
     State(sec): State<Arc<Security>>,
-    Query(q): Query<AuditQuery>,
+    Query(q): Query<paddock_wire::Limit>,
 ) -> Result<axum::Json<Vec<AuditEntry>>, paddock_wire::ApiError> {
-    let limit = q.limit.unwrap_or(100).min(crate::audit::KEEP);
+    let limit = q.or(100, crate::audit::KEEP);
     sec.audit
         .log(limit)
         .await

@@ -149,11 +149,11 @@ pub enum Changed<'a> {
 
 /// Told after every change of node records (the PXE filter follows them). Awaited before
 /// the API call that caused the change returns.
+/// What an observer's reaction to a change is: a future the inspector awaits.
+pub type Reaction<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
 pub trait NodeObserver: Send + Sync {
-    fn nodes_changed<'a>(
-        &'a self,
-        changed: Changed<'a>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+    fn nodes_changed<'a>(&'a self, changed: Changed<'a>) -> Reaction<'a>;
 }
 
 pub struct Inspector {

@@ -36,6 +36,14 @@ pub struct KeyValue {
     pub lease: Option<LeaseId>,
 }
 
+impl KeyValue {
+    /// What the key names below `prefix` (`prefix` + a node's UUID, say), parsed; `None` for a
+    /// key outside `prefix` or one whose rest does not parse.
+    pub fn name_under<T: std::str::FromStr>(&self, prefix: &str) -> Option<T> {
+        self.key.strip_prefix(prefix)?.parse().ok()
+    }
+}
+
 /// A condition a transaction checks before choosing its branch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Compare {

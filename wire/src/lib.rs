@@ -77,6 +77,19 @@ pub struct ErrorMessage {
     pub message: String,
 }
 
+/// `?limit=N` on a list: at most N entries, newest first, capped at what is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limit {
+    pub limit: Option<usize>,
+}
+
+impl Limit {
+    /// The asked-for count, or `default` when none was asked, never more than `kept`.
+    pub fn or(self, default: usize, kept: usize) -> usize {
+        self.limit.unwrap_or(default).min(kept)
+    }
+}
+
 /// The message of an error answer's body: the envelope's message when the body is one,
 /// else the body itself (trimmed), so that a proxy's or a peer's plain text still reads.
 pub fn error_message(body: &[u8]) -> String {

@@ -2,7 +2,9 @@
 //! problems it finds (with the setting they concern) and its defaults from [`defaults`].
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -307,11 +309,7 @@ fn firewall(
     let reconcile = f
         .reconcile_secs
         .unwrap_or(defaults::FIREWALL_RECONCILE_SECS);
-    if !(1..=15).contains(&reconcile) {
-        p.push(format!(
-            "firewall.reconcile_secs: {reconcile} is outside 1..=15"
-        ));
-    }
+    within("firewall.reconcile_secs", reconcile, 1..=15, p);
     match interface {
         Some(interface) => Some(FirewallConfig {
             interface,
@@ -322,6 +320,24 @@ fn firewall(
             p.push("firewall.interface: name the provisioning interface (there is no DHCP interface to default to)".into());
             None
         }
+    }
+}
+
+/// A setting that must lie in `range`.
+fn within<T>(what: &str, value: T, range: RangeInclusive<T>, p: &mut Problems)
+where
+    T: PartialOrd + Display,
+{
+    if !range.contains(&value) {
+        let (lo, hi) = range.into_inner();
+        p.push(format!("{what}: {value} is outside {lo}..={hi}"));
+    }
+}
+
+/// A share that must be above 0 and at most `max`.
+fn share(what: &str, value: f64, max: f64, p: &mut Problems) {
+    if !(value > 0.0 && value <= max) {
+        p.push(format!("{what}: {value} is not above 0 and at most {max}"));
     }
 }
 
@@ -349,27 +365,15 @@ fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
     let interval = f
         .poll_interval_ms
         .unwrap_or(defaults::DOMINATOR_POLL_INTERVAL_MS);
-    if !(10..=3_600_000).contains(&interval) {
-        p.push(format!(
-            "dominator.poll_interval_ms: {interval} is outside 10 to 3600000"
-        ));
-    }
+    within("dominator.poll_interval_ms", interval, 10..=3_600_000, p);
     let speed = f
         .fetch_speed_percent
         .unwrap_or(defaults::DOMINATOR_FETCH_SPEED_PERCENT);
-    if !(speed > 0.0 && speed <= 100.0) {
-        p.push(format!(
-            "dominator.fetch_speed_percent: {speed} is not above 0 and at most 100"
-        ));
-    }
+    share("dominator.fetch_speed_percent", speed, 100.0, p);
     let high_impact_share = f
         .high_impact_share
         .unwrap_or(defaults::DOMINATOR_HIGH_IMPACT_SHARE);
-    if !(high_impact_share > 0.0 && high_impact_share <= 1.0) {
-        p.push(format!(
-            "dominator.high_impact_share: {high_impact_share} is not above 0 and at most 1"
-        ));
-    }
+    share("dominator.high_impact_share", high_impact_share, 1.0, p);
     Some(DominatorConfig {
         subd_port: f.subd_port.unwrap_or(defaults::DOMINATOR_SUBD_PORT),
         max_updates,
@@ -522,9 +526,7 @@ fn cluster(f: &ClusterFile, p: &mut Problems) -> Option<ClusterConfig> {
                 ));
             }
             let ttl = f.lease_ttl_secs.unwrap_or(defaults::CLUSTER_LEASE_TTL_SECS);
-            if !(2..=60).contains(&ttl) {
-                p.push(format!("cluster.lease_ttl_secs: {ttl} is outside 2..=60"));
-            }
+            within("cluster.lease_ttl_secs", ttl, 2..=60, p);
             let host = f.host.clone().unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -710,12 +712,9 @@ fn tftp(f: TftpFile, p: &mut Problems) -> Option<TftpConfig> {
         .enumerate()
         .filter_map(|(i, s)| parse_or::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
         .collect();
-    if let Some(b) = f.block_size_limit
-        && !(8..=65464).contains(&b)
-    {
-        p.push(format!(
-            "tftp.block_size_limit: {b} is outside 8..=65464 (RFC 2348)"
-        ));
+    if let Some(b) = f.block_size_limit {
+        // RFC 2348's bounds.
+        within("tftp.block_size_limit", b, 8..=65464, p);
     }
     if f.window_size_limit == Some(0) {
         p.push("tftp.window_size_limit: must be at least 1".into());
