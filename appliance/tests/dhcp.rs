@@ -600,24 +600,16 @@ fn relayed_requests_are_answered_to_the_relay_with_option_82_recorded() {
     link.server.sh_ok(&format!(
         "ip addr add 198.18.1.1/24 dev {sr} && ip route add 198.19.5.0/24 via 198.18.1.2"
     ));
-    let config = format!(
-        r#"data_dir = "{data}"
-[http]
-listen = "{SERVER_IP}:8080"
-[dhcp]
-interfaces = ["{sr}"]
-[[dhcp.subnets]]
+    // The server's own link, and the relayed clients' subnet behind the relay.
+    let subnets = r#"[[dhcp.subnets]]
 network = "198.18.1.0/24"
 pools = ["198.18.1.100-198.18.1.110"]
 [[dhcp.subnets]]
 network = "198.19.5.0/24"
 pools = ["198.19.5.10-198.19.5.20"]
 routers = ["198.19.5.1"]
-[tftp]
-enabled = false
-"#,
-        data = scratch.path("data").display()
-    );
+"#;
+    let config = subnets_config(&sr, &scratch, subnets, "[tftp]\nenabled = false\n");
     let _app = Appliance::start(&link.server, &scratch, &config);
     // ISC dhcrelay: -a adds option 82 (circuit id = the client-side interface name).
     let mut dhcrelay = relay.spawn(

@@ -229,32 +229,12 @@ fn minbase_images_through_the_cli_and_the_api() {
 
 #[test]
 fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
-    require(&["curl", "ip"]);
-    let link = Link::new();
-    let scratch = Scratch::new(&link.tag);
-    let mdb = scratch.path("mdb.json");
-    let _app = start_with_mdb_file(&link, &scratch, &mdb);
-    let machines = || {
-        http(
-            &link.server,
-            &scratch,
-            "GET",
-            "/rpc/Mdb.ListMachines",
-            None,
-            &[],
-        )
-        .json()
-    };
-    let hostnames = || -> Vec<String> {
-        machines()["machines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["machine"]["Hostname"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let lab = MdbLab::start();
+    let (server, mdb) = (&lab.link.server, &lab.mdb);
+    let machines = || lab.machines();
+    let hostnames = || lab.hostnames();
     // Replaced atomically (write, then rename): loaded.
-    let write = |text: &str| replace_file(&mdb, text);
+    let write = |text: &str| replace_file(mdb, text);
     write(
         r#"[ {"Hostname": "mailhost", "RequiredImage": "mail.0", "PlannedImage": "mail.1", "Location": "ignored"},
   {"Hostname": "compute0", "IpAddress": "198.18.0.5", "RequiredImage": "debian/minbase.2", "Tags": {"DisableSafetyCheck": ""}} ]"#,
@@ -262,11 +242,11 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     wait_for("the MDB file", || hostnames() == ["compute0", "mailhost"]);
     // The API adds a machine of its own.
     cli_ok(
-        &link.server,
+        server,
         "mdb set api0 --ip 198.18.0.6 --required-image debian/minbase.2",
     );
     // A half-written file (an in-place writer caught mid-way) changes nothing and is reported.
-    std::fs::write(&mdb, r#"[ {"Hostname": "mailhost", "RequiredIm"#).unwrap();
+    std::fs::write(mdb, r#"[ {"Hostname": "mailhost", "RequiredIm"#).unwrap();
     wait_for("the parse error to be reported", || {
         machines()["file"]["last_error"].is_string()
     });
@@ -276,30 +256,20 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     wait_for("the new MDB file", || hostnames() == ["api0", "compute0"]);
     let m = machines();
     assert!(m["file"]["last_error"].is_null(), "{m}");
-    let text = http(&link.server, &scratch, "GET", "/rpc/Mdb.GetMdb", None, &[]).body;
+    let text = lab.call("GET", "/rpc/Mdb.GetMdb", None).body;
     let parsed = paddock_image::Mdb::parse(&text).expect("GetMdb is Dominator's JSON");
     assert_eq!(parsed.machines["compute0"].ip_address, "198.18.0.7");
     // A bad machine through the API: refused.
-    let r = http(
-        &link.server,
-        &scratch,
+    let r = lab.call(
         "POST",
         "/rpc/Mdb.SetMachine",
         Some(r#"{"IpAddress": "1.2.3.4"}"#),
-        &[],
     );
     assert_eq!(r.status, 400, "{}", r.body);
 
     // A machine that enrols is recorded, with its address.
     let inv = inventory(&["52:54:00:12:34:99"], 2, 1024, &[10]);
-    let r = http(
-        &link.server,
-        &scratch,
-        "POST",
-        "/v1/continue",
-        Some(&inv.to_string()),
-        &[],
-    );
+    let r = lab.call("POST", "/v1/continue", Some(&inv.to_string()));
     assert_eq!(r.status, 200, "{}", r.body);
     let uuid = r.json()["uuid"].as_str().unwrap().to_string();
     let entry = machines()["machines"]
@@ -313,8 +283,8 @@ fn the_mdb_file_is_watched_and_enrolment_is_recorded() {
     assert_eq!(entry["source"], "inspector");
     assert_eq!(entry["machine"]["IpAddress"], "198.18.0.150");
     assert_eq!(entry["machine"]["Tags"]["NodeUuid"], uuid.as_str());
-    cli_ok(&link.server, "mdb delete api0");
-    let page = http(&link.server, &scratch, "GET", "/ui/mdb", None, &[]);
+    cli_ok(server, "mdb delete api0");
+    let page = lab.call("GET", "/ui/mdb", None);
     assert!(
         page.body.contains("compute0") && page.body.contains(&uuid) && !page.body.contains("api0"),
         "{}",

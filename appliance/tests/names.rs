@@ -20,23 +20,11 @@ const EVIL: &[&str] = &[
 
 #[test]
 fn no_name_carrying_input_accepts_script_syntax() {
-    require(&["curl", "ip"]);
-    let link = Link::new();
-    let scratch = Scratch::new(&link.tag);
-    let mdb = scratch.path("mdb.json");
-    let _app = start_with_mdb_file(&link, &scratch, &mdb);
-    let call = |method: &str, path: &str, body: Option<String>| {
-        http(&link.server, &scratch, method, path, body.as_deref(), &[])
-    };
+    let lab = MdbLab::start();
+    let call =
+        |method: &str, path: &str, body: Option<String>| lab.call(method, path, body.as_deref());
     let nodes = || call("GET", "/api/v1/nodes", None).json();
-    let hostnames = || {
-        call("GET", "/rpc/Mdb.ListMachines", None).json()["machines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["machine"]["Hostname"].as_str().unwrap().to_string())
-            .collect::<Vec<_>>()
-    };
+    let hostnames = || lab.hostnames();
 
     // 1. The node API. ("-" is a valid name: it shows the good ones still pass.)
     for (i, name) in EVIL.iter().enumerate() {
@@ -135,7 +123,7 @@ fn no_name_carrying_input_accepts_script_syntax() {
     assert_eq!(hostnames(), before);
 
     // 4. The MDB file: a bad hostname is reported and changes nothing.
-    let write = |text: &str| replace_file(&mdb, text);
+    let write = |text: &str| replace_file(&lab.mdb, text);
     write(r#"[{"Hostname": "good0"}]"#);
     wait_for("the MDB file", || {
         hostnames().contains(&"good0".to_string())

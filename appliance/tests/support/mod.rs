@@ -328,20 +328,28 @@ impl Drop for Appliance {
 
 /// The usual single-subnet configuration, with extra TOML appended.
 pub fn base_config(link: &Link, scratch: &Scratch, extra: &str) -> String {
+    let subnet = format!(
+        r#"[[dhcp.subnets]]
+network = "198.18.0.0/24"
+pools = ["198.18.0.100-198.18.0.199"]
+routers = ["{SERVER_IP}"]
+lease_time = 3600
+"#
+    );
+    subnets_config(&link.server_if, scratch, &subnet, extra)
+}
+
+/// A configuration serving DHCP on `iface` for `subnets` (`[[dhcp.subnets]]` tables), with
+/// extra TOML appended.
+pub fn subnets_config(iface: &str, scratch: &Scratch, subnets: &str, extra: &str) -> String {
     format!(
         r#"data_dir = "{data}"
 [http]
 listen = "{SERVER_IP}:8080"
 [dhcp]
 interfaces = ["{iface}"]
-[[dhcp.subnets]]
-network = "198.18.0.0/24"
-pools = ["198.18.0.100-198.18.0.199"]
-routers = ["{SERVER_IP}"]
-lease_time = 3600
-{extra}"#,
+{subnets}{extra}"#,
         data = scratch.path("data").display(),
-        iface = link.server_if,
     )
 }
 
@@ -522,6 +530,51 @@ pub fn start_with_mdb_file(link: &Link, scratch: &Scratch, mdb: &Path) -> Applia
         ),
     );
     Appliance::start(&link.server, scratch, &config)
+}
+
+/// An appliance (TFTP off) that also reads the MDB from a file the test writes.
+pub struct MdbLab {
+    // Dropped first: the appliance goes before its namespace and scratch directory.
+    _app: Appliance,
+    pub mdb: PathBuf,
+    pub scratch: Scratch,
+    pub link: Link,
+}
+
+impl MdbLab {
+    pub fn start() -> MdbLab {
+        require(&["curl", "ip"]);
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let mdb = scratch.path("mdb.json");
+        let app = start_with_mdb_file(&link, &scratch, &mdb);
+        MdbLab {
+            _app: app,
+            mdb,
+            scratch,
+            link,
+        }
+    }
+
+    /// One call from the server's namespace (curl).
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Resp {
+        http(&self.link.server, &self.scratch, method, path, body, &[])
+    }
+
+    /// `Mdb.ListMachines`: the MDB's machines and the file's state.
+    pub fn machines(&self) -> serde_json::Value {
+        self.call("GET", "/rpc/Mdb.ListMachines", None).json()
+    }
+
+    /// The MDB's hostnames, sorted.
+    pub fn hostnames(&self) -> Vec<String> {
+        self.machines()["machines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["machine"]["Hostname"].as_str().unwrap().to_string())
+            .collect()
+    }
 }
 
 /// Replaces a file as an operator's tool should: written beside it, then renamed over it.
