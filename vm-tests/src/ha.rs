@@ -23,7 +23,8 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::{
-    Artifacts, Creds, Vm, VmSpec, bridge_namespace, curl_as, sh, sh_ok, start_vm, unique_tag,
+    Artifacts, Creds, Vm, VmSpec, bridge_namespace, curl_as, keep_or_remove, reap,
+    remove_namespace, sh, sh_ok, start_vm, unique_tag,
 };
 
 /// The fabric namespace's own address on the bridge, for clients that are not VMs.
@@ -406,8 +407,7 @@ peers = [{peers}]
     /// SIGKILL: the appliance gets no chance to remove its pass rule or resign.
     pub fn kill_appliance(&mut self, i: usize) {
         if let Some(mut c) = self.hosts[i].appliance.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            reap(&mut c);
         }
     }
 
@@ -597,31 +597,16 @@ peers = [{peers}]
 impl Drop for HaLab {
     fn drop(&mut self) {
         for vm in &mut self.vms {
-            let _ = vm.child.kill();
-            let _ = vm.child.wait();
+            reap(&mut vm.child);
         }
         for h in &mut self.hosts {
-            for c in [h.appliance.take(), h.etcd.take()].into_iter().flatten() {
-                let mut c = c;
-                let _ = c.kill();
-                let _ = c.wait();
+            for mut c in [h.appliance.take(), h.etcd.take()].into_iter().flatten() {
+                reap(&mut c);
             }
-            let _ = sh(&format!(
-                "ip netns pids {} | xargs -r kill -9 2>/dev/null",
-                h.ns
-            ));
-            let _ = sh(&format!("ip netns del {}", h.ns));
+            remove_namespace(&h.ns);
         }
-        let _ = sh(&format!(
-            "ip netns pids {} | xargs -r kill -9 2>/dev/null",
-            self.net
-        ));
-        let _ = sh(&format!("ip netns del {}", self.net));
-        if self.keep || std::thread::panicking() {
-            eprintln!("HA lab files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_namespace(&self.net);
+        keep_or_remove("HA lab", &self.dir, self.keep);
     }
 }
 

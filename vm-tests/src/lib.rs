@@ -123,6 +123,17 @@ pub fn subd_fetched_bytes(console: &str) -> Option<u64> {
 pub fn wait_for<T>(
     what: &str,
     timeout: Duration,
+    probe: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    wait_every(what, timeout, Duration::from_secs(2), probe, context)
+}
+
+/// [`wait_for`], polling every `every` (for what is timed, or cheap to ask).
+pub fn wait_every<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
     mut probe: impl FnMut() -> Option<T>,
     context: impl Fn() -> String,
 ) -> T {
@@ -136,8 +147,17 @@ pub fn wait_for<T>(
             "{what}: not within {timeout:?}\n{}",
             context()
         );
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(every);
     }
+}
+
+/// The node of a `GET /api/v1/nodes` answer that owns `mac`.
+pub fn node_with_mac<'a>(nodes: &'a Value, mac: &str) -> Option<&'a Value> {
+    nodes.as_array().into_iter().flatten().find(|n| {
+        n["macs"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|x| x == mac))
+    })
 }
 
 /// Runs `cmd` with `sh -c` (test-made strings only), capturing its output.
@@ -404,8 +424,7 @@ impl Vm {
     }
     /// Pulls the plug.
     pub fn power_off(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 
     pub fn console_text(&self) -> String {
@@ -859,16 +878,7 @@ impl Lab {
     /// The node that owns `mac`, if any.
     pub fn node_by_mac(&self, mac: &str) -> anyhow::Result<Option<Value>> {
         let nodes = self.api_json("GET", "/api/v1/nodes", None)?;
-        Ok(nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| {
-                n["macs"]
-                    .as_array()
-                    .is_some_and(|m| m.iter().any(|x| x == mac))
-            })
-            .cloned())
+        Ok(node_with_mac(&nodes, mac).cloned())
     }
 
     /// Waits until the node owning the VM's first MAC reaches `finished` or `error`; returns
@@ -982,22 +992,35 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         for vm in &mut self.vms {
-            let _ = vm.child.kill();
-            let _ = vm.child.wait();
+            reap(&mut vm.child);
         }
         if let Some(mut a) = self.appliance.take() {
-            let _ = a.kill();
-            let _ = a.wait();
+            reap(&mut a);
         }
-        let _ = sh(&format!(
-            "ip netns pids {} | xargs -r kill -9 2>/dev/null",
-            self.ns
-        ));
-        let _ = sh(&format!("ip netns del {}", self.ns));
-        if self.keep || std::thread::panicking() {
-            eprintln!("lab files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_namespace(&self.ns);
+        keep_or_remove("lab", &self.dir, self.keep);
+    }
+}
+
+/// Kills `child` and waits for it (what a lab's drop does with each process it started).
+pub fn reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Kills whatever still runs in namespace `ns`, then deletes it.
+pub fn remove_namespace(ns: &str) {
+    let _ = sh(&format!(
+        "ip netns pids {ns} | xargs -r kill -9 2>/dev/null"
+    ));
+    let _ = sh(&format!("ip netns del {ns}"));
+}
+
+/// A lab's files: kept (and said where) when asked to or when the test failed, else removed.
+pub fn keep_or_remove(what: &str, dir: &Path, keep: bool) {
+    if keep || std::thread::panicking() {
+        eprintln!("{what} files kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

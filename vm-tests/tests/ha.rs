@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use paddock_vm_tests::ha::HaLab;
-use paddock_vm_tests::{Artifacts, Creds, VmSpec};
+use paddock_vm_tests::{Artifacts, Creds, VmSpec, node_with_mac, wait_every};
 use serde_json::{Value, json};
 
 fn artifacts() -> Artifacts {
@@ -26,14 +26,28 @@ fn start(name: &str) -> HaLab {
     lab
 }
 
+/// Who leads once the lab's hosts have held their first election.
+fn first_leader(lab: &HaLab) -> usize {
+    lab.wait_leader(Duration::from_secs(20), None)
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()))
+}
+
+/// SIGKILL the leader (no resignation): when it happened, and who leads once its lease ran out.
+fn kill_leader(lab: &mut HaLab, leader: usize) -> (Instant, usize) {
+    let t = Instant::now();
+    lab.kill_appliance(leader);
+    let next = lab
+        .wait_leader(Duration::from_secs(15), Some(leader))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    (t, next)
+}
+
 #[test]
 fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
     let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
     let mut lab = start("lead");
     let sampler = lab.sampler();
-    let leader = lab
-        .wait_leader(Duration::from_secs(20), None)
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let leader = first_leader(&lab);
 
     // Every host knows who leads.
     for i in 0..3 {
@@ -44,11 +58,7 @@ fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
         assert_eq!(c["leader"]["host"], format!("h{}", leader + 1), "{c}");
     }
     // SIGKILL: no resignation; another host leads once the lease runs out.
-    let t = Instant::now();
-    lab.kill_appliance(leader);
-    let second = lab
-        .wait_leader(Duration::from_secs(15), Some(leader))
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let (t, second) = kill_leader(&mut lab, leader);
     println!(
         "ha: SIGKILL of the leader → new pass rule in {:.2} s",
         t.elapsed().as_secs_f64()
@@ -65,15 +75,13 @@ fn leadership_moves_on_kill_partition_and_sigterm_and_never_doubles() {
     // Partition: the leader's etcd member is cut off; it drops its pass rule by itself.
     let t = Instant::now();
     lab.partition(second, true).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lab.pass_rules()[second] {
-        assert!(
-            Instant::now() < deadline,
-            "a partitioned leader kept its pass rule\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_every(
+        "a partitioned leader to drop its pass rule",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || (!lab.pass_rules()[second]).then_some(()),
+        || lab.logs(),
+    );
     println!(
         "ha: partitioned leader dropped its pass rule after {:.2} s",
         t.elapsed().as_secs_f64()
@@ -241,57 +249,47 @@ fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
     let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
     let mut lab = start("vm");
     let sampler = lab.sampler();
-    let leader = lab
-        .wait_leader(Duration::from_secs(20), None)
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let leader = first_leader(&lab);
     let vm = lab.boot(VmSpec::bios("havm", "52:54:00:88:00:01")).unwrap();
     // Wait until the VM runs the discovery ramdisk (the agent prints its banner).
-    let deadline = Instant::now() + Duration::from_secs(150);
-    while !lab.vms[vm].console_text().contains("paddock-agent") {
-        assert!(
-            Instant::now() < deadline,
-            "the VM never reached the ramdisk:\n{}\n{}",
-            lab.vms[vm].console_text(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let t = Instant::now();
-    lab.kill_appliance(leader);
-    let next = lab
-        .wait_leader(Duration::from_secs(15), Some(leader))
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    wait_every(
+        "the VM to reach the ramdisk",
+        Duration::from_secs(150),
+        Duration::from_millis(200),
+        || {
+            lab.vms[vm]
+                .console_text()
+                .contains("paddock-agent")
+                .then_some(())
+        },
+        || format!("{}\n{}", lab.vms[vm].console_text(), lab.logs()),
+    );
+    let (t, next) = kill_leader(&mut lab, leader);
     println!(
         "ha: leader h{} killed while the VM was in the ramdisk; h{} leads after {:.2} s",
         leader + 1,
         next + 1,
         t.elapsed().as_secs_f64()
     );
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let node = loop {
-        let nodes = lab
-            .api_json_any("GET", "/api/v1/nodes", None)
-            .unwrap_or(Value::Null);
-        let found = nodes.as_array().into_iter().flatten().find(|n| {
-            n["macs"]
-                .as_array()
-                .is_some_and(|m| m.iter().any(|x| x == "52:54:00:88:00:01"))
-                && matches!(
-                    n["introspection"]["state"].as_str(),
-                    Some("finished" | "error")
-                )
-        });
-        if let Some(n) = found {
-            break n.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the VM's introspection did not complete:\n{}\n{}",
-            lab.vms[vm].console_text(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    };
+    let node = wait_every(
+        "the VM's introspection to complete",
+        Duration::from_secs(180),
+        Duration::from_secs(1),
+        || {
+            let nodes = lab
+                .api_json_any("GET", "/api/v1/nodes", None)
+                .unwrap_or(Value::Null);
+            node_with_mac(&nodes, "52:54:00:88:00:01")
+                .filter(|n| {
+                    matches!(
+                        n["introspection"]["state"].as_str(),
+                        Some("finished" | "error")
+                    )
+                })
+                .cloned()
+        },
+        || format!("{}\n{}", lab.vms[vm].console_text(), lab.logs()),
+    );
     assert_eq!(node["introspection"]["state"], "finished", "{node}");
     println!(
         "ha: the VM's introspection finished {:.1} s after power-on",
@@ -418,9 +416,7 @@ fn the_dominator_carries_on_under_a_new_leader() {
     for i in 0..3 {
         lab.start_appliance(i).expect("appliance");
     }
-    let leader = lab
-        .wait_leader(Duration::from_secs(20), None)
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let leader = first_leader(&lab);
 
     // Both images are added through a follower: the objects land on that host only, and
     // replication must bring them to the others.
@@ -560,11 +556,7 @@ fn the_dominator_carries_on_under_a_new_leader() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let before = census(&lab, leader);
-    let t = Instant::now();
-    lab.kill_appliance(leader);
-    let next = lab
-        .wait_leader(Duration::from_secs(15), Some(leader))
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    let (t, next) = kill_leader(&mut lab, leader);
     println!(
         "ha: h{} killed during a fetch ({before:?}); h{} leads after {:.2} s",
         leader + 1,

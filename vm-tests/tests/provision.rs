@@ -76,6 +76,15 @@ impl Installed {
             .unwrap_or(Value::Null)
     }
 
+    /// The dominator's view of the installed system (`Dominator.GetSub`).
+    fn sub(&self) -> anyhow::Result<Value> {
+        self.lab.api_json(
+            "GET",
+            &format!("/rpc/Dominator.GetSub?hostname={}", self.hostname),
+            None,
+        )
+    }
+
     fn name(&self) -> String {
         self.lab.vms[self.vm].spec.name.clone()
     }
@@ -141,14 +150,7 @@ impl Installed {
             self.name(),
             started.elapsed().as_secs_f64()
         );
-        let sub = self
-            .lab
-            .api_json(
-                "GET",
-                &format!("/rpc/Dominator.GetSub?hostname={}", self.hostname),
-                None,
-            )
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let sub = self.sub().unwrap_or_else(|e| panic!("{e:#}"));
         let address = sub["address"].as_str().unwrap_or("").to_string();
         let host = address.split(':').next().unwrap_or("").to_string();
         // subd speaks mutual TLS with the certificate the birther installed (from the subd
@@ -216,14 +218,7 @@ impl Installed {
             "the dominator to find the installed system synced",
             Duration::from_secs(600),
             || {
-                let s = self
-                    .lab
-                    .api_json(
-                        "GET",
-                        &format!("/rpc/Dominator.GetSub?hostname={}", self.hostname),
-                        None,
-                    )
-                    .ok()?;
+                let s = self.sub().ok()?;
                 (s["state"] == "synced" && s["image"] == image).then_some(s)
             },
             || tail(&self.lab.appliance_log(), 3000).to_string(),
