@@ -43,6 +43,11 @@ type Connections = Arc<Mutex<Vec<u16>>>;
 /// subd on `root` over TLS (subd's router and authorize layer, as `rpc::serve` has them),
 /// noting each call's connection; its address.
 async fn serve(root: &Path, authority: &Ca) -> (SocketAddr, Connections) {
+    serve_with(root, authority, tls::Limits::default()).await
+}
+
+/// [`serve`] with `limits`.
+async fn serve_with(root: &Path, authority: &Ca, limits: tls::Limits) -> (SocketAddr, Connections) {
     let subd = Subd::start(SubdConfig::for_tests(root)).unwrap();
     let (cert_pem, key_pem) = leaf(authority, "subd-m1", &["ObjectServer.GetObjects"]);
     let material = tls::Material {
@@ -64,12 +69,7 @@ async fn serve(root: &Path, authority: &Ca) -> (SocketAddr, Connections) {
         ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tls::serve(
-        listener,
-        Some(config),
-        app,
-        tls::Limits::default(),
-    ));
+    tokio::spawn(tls::serve(listener, Some(config), app, limits));
     (addr, connections)
 }
 
@@ -162,6 +162,37 @@ async fn only_a_certificate_granting_subd_update_updates() {
     assert!(
         ports.len() <= 3,
         "20 polls over {} connections",
+        ports.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_further_apart_than_the_header_timeout_keep_their_connection() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("motd"), b"hello\n").unwrap();
+    let authority = ca::new_ca("paddock-test-ca", OffsetDateTime::now_utc(), 10).unwrap();
+    // The header timeout stands for the 10 s default, the interval for a 30 s poll interval.
+    let header = Duration::from_millis(200);
+    let limits = tls::Limits {
+        header_read_timeout: header,
+        ..tls::Limits::default()
+    };
+    let (addr, connections) = serve_with(d.path(), &authority, limits).await;
+    let addr = addr.to_string();
+    let dominator = rpc(
+        &authority.cert_pem,
+        &leaf(&authority, "dominator", &["Subd.*"]),
+    );
+    for _ in 0..4 {
+        dominator.poll(&addr, PollRequest::default()).await.unwrap();
+        tokio::time::sleep(header * 3).await;
+    }
+    let ports: std::collections::BTreeSet<u16> =
+        connections.lock().unwrap().iter().copied().collect();
+    assert_eq!(
+        ports.len(),
+        1,
+        "4 polls over {} connections (handshakes)",
         ports.len()
     );
 }

@@ -9,6 +9,7 @@
 
 pub mod ca;
 pub mod identity;
+pub mod keepalive;
 pub mod limits;
 pub mod methods;
 pub mod tls;

@@ -24,8 +24,11 @@ pub struct Limits {
     /// Time for a TLS handshake.
     pub handshake_timeout: Duration,
     /// Time from accept to the end of the first request's headers (a silent connection is
-    /// closed then), and for each later request's headers.
+    /// closed then), and from the first byte of each later request to the end of its headers.
     pub header_read_timeout: Duration,
+    /// Time a kept-alive connection waits for its next request before it is closed: longer
+    /// than our clients keep an idle connection (90 s), so that they close it first.
+    pub idle_timeout: Duration,
     /// Bytes per second a request body must keep up, counted over the time spent waiting
     /// for the client (not while the handler is busy), after `header_read_timeout` of
     /// grace; 0: no minimum.
@@ -39,6 +42,7 @@ impl Default for Limits {
             max_per_source: 128,
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             min_body_rate: 1024,
         }
     }

@@ -3,10 +3,13 @@
 //! (neither axum nor axum-server exposes the peer's certificate), and the clients'
 //! configurations. The same loop serves plain connections, so both listeners share the
 //! [`Limits`]: connections per listener and per source, a deadline from accept to the end of
-//! the headers, and a minimum body rate.
+//! the headers, an idle timeout between requests (the [`Keepalive`] clocks), and a minimum
+//! body rate.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,10 +19,13 @@ use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::identity::{self, Identity, PemError};
+use crate::keepalive::{Expiry, Keepalive};
 
 /// Why TLS material did not make a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -311,9 +317,8 @@ pub async fn serve_until(
         let closing = closing.clone();
         tokio::spawn(async move {
             let _held = (permit, source);
-            // From accept to the end of the first request's headers, handshake included:
-            // hyper's own header timer starts only with the first byte.
-            let deadline = tokio::time::Instant::now() + limits.header_read_timeout;
+            // The first request's head is due from accept, the handshake included.
+            let accepted = Instant::now();
             match acceptor {
                 Some(acceptor) => {
                     let tls =
@@ -340,7 +345,7 @@ pub async fn serve_until(
                         identity,
                         certificate_error,
                     };
-                    connection(TokioIo::new(tls), peer, app, limits, deadline, closing).await;
+                    connection(tls, peer, app, limits, accepted, closing).await;
                 }
                 None => {
                     let peer = Peer {
@@ -349,7 +354,7 @@ pub async fn serve_until(
                         identity: None,
                         certificate_error: None,
                     };
-                    connection(TokioIo::new(tcp), peer, app, limits, deadline, closing).await;
+                    connection(tcp, peer, app, limits, accepted, closing).await;
                 }
             }
         });
@@ -371,63 +376,195 @@ async fn closed(closing: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = closing.wait_for(|c| *c).await;
 }
 
+/// A connection's [`Keepalive`], told by its stream, its requests and their answers, and
+/// read by its watchdog.
+struct Clocks {
+    keepalive: Mutex<Keepalive>,
+    /// A deadline moved (one permit is kept, so a move is never missed).
+    moved: tokio::sync::Notify,
+}
+
+impl Clocks {
+    fn with<T>(&self, f: impl FnOnce(&mut Keepalive) -> T) -> T {
+        f(&mut self.keepalive.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn bytes_read(&self) {
+        if self.with(|k| k.bytes_read(Instant::now())) {
+            self.moved.notify_one();
+        }
+    }
+
+    fn response_done(&self) {
+        if self.with(|k| k.response_done(Instant::now())) {
+            self.moved.notify_one();
+        }
+    }
+}
+
+/// The connection's stream, telling its clocks when the client sends.
+struct Watched<T> {
+    inner: T,
+    clocks: Arc<Clocks>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.clocks.bytes_read();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that tells the clocks when it is done with (sent, or dropped).
+struct Answered {
+    inner: axum::body::Body,
+    clocks: Arc<Clocks>,
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.clocks.response_done();
+    }
+}
+
+impl http_body::Body for Answered {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 async fn connection<I>(
     io: I,
     peer: Peer,
     app: Router,
     limits: Limits,
-    deadline: tokio::time::Instant,
+    accepted: Instant,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let addr = peer.addr;
-    let first = Arc::new(tokio::sync::Notify::new());
-    let headers_in = first.clone();
-    let service = app.map_request(move |req: axum::extract::Request<hyper::body::Incoming>| {
-        headers_in.notify_one();
-        let mut req = req.map(|b| {
-            axum::body::Body::new(MinRate::new(
-                b,
-                limits.min_body_rate,
-                limits.header_read_timeout,
-            ))
-        });
-        req.extensions_mut().insert(ConnectInfo(addr));
-        req.extensions_mut().insert(peer.clone());
-        req
+    let clocks = Arc::new(Clocks {
+        keepalive: Mutex::new(Keepalive::new(
+            accepted,
+            limits.header_read_timeout,
+            limits.idle_timeout,
+        )),
+        moved: tokio::sync::Notify::new(),
     });
+    let on_request = clocks.clone();
+    let on_answer = clocks.clone();
+    let service = app
+        .map_request(move |req: axum::extract::Request<hyper::body::Incoming>| {
+            on_request.with(Keepalive::request);
+            let mut req = req.map(|b| {
+                axum::body::Body::new(MinRate::new(
+                    b,
+                    limits.min_body_rate,
+                    limits.header_read_timeout,
+                ))
+            });
+            req.extensions_mut().insert(ConnectInfo(addr));
+            req.extensions_mut().insert(peer.clone());
+            req
+        })
+        .map_response(move |res: axum::response::Response| {
+            let clocks = on_answer.clone();
+            res.map(|inner| axum::body::Body::new(Answered { inner, clocks }))
+        });
     let service = hyper_util::service::TowerToHyperService::new(service);
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+    // hyper's header timer also runs while a kept-alive connection waits for its next
+    // request; the clocks keep the two apart.
+    b.http1().timer(TokioTimer::new()).header_read_timeout(None);
     let b = b.http1_only();
+    let io = TokioIo::new(Watched {
+        inner: io,
+        clocks: clocks.clone(),
+    });
     let conn = b.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    // Closing (the server drains): the request in flight, if any, gets its answer, then the
-    // connection closes; an idle one closes at once.
-    let early = tokio::select! {
-        r = conn.as_mut() => Some(r),
-        () = first.notified() => None,
-        () = tokio::time::sleep_until(deadline) => {
-            tracing::debug!(%addr, "connection closed: no request headers in time");
-            return;
-        }
-        () = closed(&mut closing) => {
-            conn.as_mut().graceful_shutdown();
-            Some(conn.as_mut().await)
-        }
-    };
-    let result = match early {
-        Some(r) => r,
-        None => tokio::select! {
-            r = conn.as_mut() => r,
+    // Closing (the server drains) or idle too long: the request in flight, if any, gets its
+    // answer, then the connection closes; an idle one closes at once.
+    let result = loop {
+        let due = clocks.with(|k| k.deadline());
+        let clock = async {
+            match due {
+                Some(due) => tokio::time::sleep_until(due).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            () = clocks.moved.notified() => {}
+            () = clock => match clocks.with(|k| k.expired(Instant::now())) {
+                Some(Expiry::Head) => {
+                    tracing::debug!(%addr, "connection closed: no request headers in time");
+                    return;
+                }
+                Some(Expiry::Idle) => {
+                    conn.as_mut().graceful_shutdown();
+                    break conn.as_mut().await;
+                }
+                None => {}
+            },
             () = closed(&mut closing) => {
                 conn.as_mut().graceful_shutdown();
-                conn.await
+                break conn.as_mut().await;
             }
-        },
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%addr, error = %e, "connection ended with an error");

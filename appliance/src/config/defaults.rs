@@ -74,6 +74,11 @@ pub const HTTP_MIN_BODY_RATE: u64 = 1024;
 /// Ten seconds: an API call answers well within it, and a supervisor's stop timeout
 /// (systemd's is 90 s) is far longer.
 pub const HTTP_SHUTDOWN_GRACE_SECS: u64 = 10;
+/// Above the dominator's and the agents' call intervals, so that they keep their connections
+/// (and pay no TLS handshake per call), and above the 90 s the dominator's own client keeps
+/// an idle connection, so that the client, not the server, closes it (a call never races
+/// the server's close).
+pub const HTTP_IDLE_TIMEOUT_SECS: u64 = 120;
 
 // Defaults of the sections a domain defines, where that domain keeps them.
 pub use crate::power::{POWER_INTERVAL_SECS, POWER_MAX_POWER_ONS, POWER_SYNC_SECS};

@@ -198,6 +198,9 @@ pub struct HttpFile {
     /// At SIGTERM, how long requests in flight may take to finish before the appliance
     /// exits anyway ([`super::defaults::HTTP_SHUTDOWN_GRACE_SECS`]).
     pub shutdown_grace_secs: Option<u64>,
+    /// How long a kept-alive connection waits for its next request before it is closed
+    /// ([`super::defaults::HTTP_IDLE_TIMEOUT_SECS`]).
+    pub idle_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

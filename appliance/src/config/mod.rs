@@ -47,6 +47,8 @@ pub struct Config {
     pub http_min_body_rate: u64,
     /// `[http] shutdown_grace_secs`: how long SIGTERM waits for requests in flight.
     pub http_shutdown_grace: Duration,
+    /// `[http] idle_timeout_secs`: how long a kept-alive connection waits for a request.
+    pub http_idle_timeout: Duration,
     pub dhcp: Option<DhcpConfig>,
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
@@ -74,6 +76,7 @@ impl Config {
         let mut l = paddock_security::limits::Limits {
             max_per_source: self.http_max_per_source,
             min_body_rate: self.http_min_body_rate,
+            idle_timeout: self.http_idle_timeout,
             ..Default::default()
         };
         if let SecurityConfig::Tls(t) = &self.security {

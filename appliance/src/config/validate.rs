@@ -62,6 +62,7 @@ impl FileConfig {
         let roles = crate::roles::validate(&self.roles, &data_dir, &mut p);
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
         let security = security(&self.security, http_listen, &data_dir, &agent_urls, &mut p);
+        let http_idle_timeout = http_idle_timeout(&self.http, &mut p);
         let Some(http_listen) = http_listen else {
             return Err(ConfigError { problems: p });
         };
@@ -87,6 +88,7 @@ impl FileConfig {
                     .shutdown_grace_secs
                     .unwrap_or(defaults::HTTP_SHUTDOWN_GRACE_SECS),
             ),
+            http_idle_timeout,
             dhcp,
             tftp,
             boot,
@@ -339,6 +341,14 @@ fn share(what: &str, value: f64, max: f64, p: &mut Problems) {
     if !(value > 0.0 && value <= max) {
         p.push(format!("{what}: {value} is not above 0 and at most {max}"));
     }
+}
+
+/// `[http] idle_timeout_secs`: at least 1.
+fn http_idle_timeout(f: &HttpFile, p: &mut Problems) -> Duration {
+    let secs = f
+        .idle_timeout_secs
+        .unwrap_or(defaults::HTTP_IDLE_TIMEOUT_SECS);
+    period("http.idle_timeout_secs", secs, p)
 }
 
 /// A period in seconds that must be at least 1.
