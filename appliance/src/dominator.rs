@@ -26,7 +26,7 @@ use paddock_dominator::{
 };
 use paddock_image::{Image, Machine, check_logical_name};
 use paddock_imageserver::images::{ImageError, ImageServer};
-use paddock_imageserver::mdb::{MdbService, MdbServiceError};
+use paddock_imageserver::mdb::{Entry, MdbService, MdbServiceError, Source};
 use paddock_inspector::service::{Inspector, Subject};
 use paddock_store::{Store, StoreError};
 use paddock_wire::{ApiError, unix_ms};
@@ -97,8 +97,7 @@ pub enum SpecsError {
     Mdb(#[from] MdbServiceError),
 }
 
-/// Every sub the herd should keep: the MDB's machines with an address, with the operator's
-/// pauses and clearances.
+/// Every sub the herd should keep ([`sub_specs`]), read from the store and the MDB.
 pub async fn specs(
     store: &dyn Store,
     mdb: &MdbService,
@@ -115,9 +114,27 @@ pub async fn specs(
         })
         .collect();
     let machines = mdb.entries().await?;
-    Ok(machines
-        .into_values()
-        .filter(|e| !e.machine.ip_address.is_empty())
+    Ok(sub_specs(
+        machines.into_values(),
+        &controls,
+        pause.as_ref(),
+        subd_port,
+    ))
+}
+
+/// The subs of the MDB's machines, with the operator's pauses and clearances: every machine
+/// with an address, except those only enrolled (recorded by the inspector, never given an
+/// image by an operator or an installation): they run no subd yet, and polling them would
+/// only find them unreachable, one connection attempt per poll interval each.
+pub fn sub_specs(
+    machines: impl IntoIterator<Item = Entry>,
+    controls: &BTreeMap<String, SubControl>,
+    pause: Option<&Pause>,
+    subd_port: u16,
+) -> Vec<SubSpec> {
+    machines
+        .into_iter()
+        .filter(|e| !e.machine.ip_address.is_empty() && e.source != Source::Inspector)
         .map(|e| {
             let m = e.machine;
             let control = controls.get(&m.hostname).cloned().unwrap_or_default();
@@ -134,13 +151,13 @@ pub async fn specs(
                     planned_image: nonempty(m.planned_image),
                     updates_disabled,
                     disable_safety_check: m.tags.contains_key("DisableSafetyCheck"),
-                    paused: pause.as_ref().map(|p| p.reason.clone()),
+                    paused: pause.map(|p| p.reason.clone()),
                 },
                 safety_clearance: control.safety_clearance,
                 hostname: m.hostname,
             }
         })
-        .collect())
+        .collect()
 }
 
 /// `ip:port`, with brackets for an IPv6 address.
@@ -571,6 +588,44 @@ pub(crate) fn test_sub(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_enrolled_machines_are_not_polled() {
+        let entry = |host: &str, ip: &str, image: &str, source| Entry {
+            machine: Machine {
+                hostname: host.into(),
+                ip_address: ip.into(),
+                required_image: image.into(),
+                ..Machine::default()
+            },
+            source,
+        };
+        let machines = [
+            entry("enrolled", "198.18.0.5", "", Source::Inspector),
+            entry("installed", "198.18.0.6", "debian/a", Source::Api),
+            entry("listed", "198.18.0.7", "", Source::File),
+            entry("no-address", "", "debian/a", Source::Api),
+        ];
+        let pause = Pause {
+            reason: "freeze".into(),
+            at_ms: 1,
+        };
+        let subs = sub_specs(machines, &BTreeMap::new(), Some(&pause), 6969);
+        let hosts: Vec<(&str, &str)> = subs
+            .iter()
+            .map(|s| (s.hostname.as_str(), s.address.as_str()))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                ("installed", "198.18.0.6:6969"),
+                ("listed", "198.18.0.7:6969")
+            ]
+        );
+        assert_eq!(subs[0].desired.required_image.as_deref(), Some("debian/a"));
+        assert_eq!(subs[1].desired.required_image, None);
+        assert_eq!(subs[0].desired.paused.as_deref(), Some("freeze"));
+    }
 
     #[test]
     fn addresses_and_reasons() {
