@@ -11,6 +11,7 @@
 # Env: RUNS=2 (best of)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 ROOT=$PWD
 RUNS=${RUNS:-2}
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
@@ -25,7 +26,7 @@ cleanup() {
   [[ -e /run/netns/$NS ]] && { ip netns pids $NS | xargs -r kill -9; ip netns del $NS; }
   rm -rf "$SCRATCH"
 }
-trap cleanup EXIT
+bench_guard enrol cleanup
 
 # The baseline ramdisk: busybox, and an /init that reports and powers off.
 mkdir -p "$SCRATCH/rd/bin" "$SCRATCH/rd/dev" "$SCRATCH/rd/proc" "$SCRATCH/tftp"

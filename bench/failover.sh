@@ -7,6 +7,8 @@
 # Run as root (it builds the debug binaries it needs):  bash bench/failover.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
+bench_guard failover
 [[ $EUID -eq 0 ]] || { echo "run as root (network namespaces)" >&2; exit 1; }
 scripts/install-deps.sh --bench   # etcd: the one list of packages
 BIN=target/debug/paddock-failover

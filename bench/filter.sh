@@ -18,6 +18,7 @@
 # Env: COUNT=10000, NETLINK_COUNTS="10000 100000"
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 COUNT=${COUNT:-10000}
 NETLINK_COUNTS=${NETLINK_COUNTS:-10000 100000}
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
@@ -27,7 +28,8 @@ cargo build --release --locked -q -p paddock-firewall --bin paddock-filter-bench
 NS=pdk-filter-bench
 ip netns del $NS 2>/dev/null || true
 ip netns add $NS
-trap 'ip netns del $NS 2>/dev/null || true' EXIT
+filter_cleanup() { ip netns del $NS 2>/dev/null || true; }
+bench_guard filter filter_cleanup
 
 out=$($BIN $NS "$COUNT")
 echo "$out"

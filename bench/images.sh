@@ -14,6 +14,7 @@
 # Run as root (it builds what it needs):  bash bench/images.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 RUNS=${RUNS:-3}
 [[ $EUID -eq 0 ]] || { echo "run as root (debootstrap for the test images)" >&2; exit 1; }
 BIN=target/release/paddock-ingest-bench
@@ -22,7 +23,8 @@ cargo build --release --locked -q -p paddock-imageserver --bin paddock-ingest-be
 [[ -s target/images/minbase2.tar ]] || bash scripts/test-images.sh
 TAR=target/images/minbase.tar
 WORK=$(mktemp -d target/bench-images.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+images_cleanup() { rm -rf "$WORK"; }
+bench_guard images images_cleanup
 cat "$TAR" target/images/minbase2.tar >/dev/null # page cache
 best_p= best_t=
 for i in $(seq "$RUNS"); do

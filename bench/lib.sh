@@ -6,6 +6,8 @@
 # everything the script started and deletes the namespaces, even on failure.
 # For the benches with no peer (console.sh, dominator.sh): one namespace with
 # only lo and one background process, with the same kind of cleanup trap.
+# Every bench marks its processes and checks at exit that none survived
+# (bench_reap; bench_guard for the benches with none of the above).
 # shellcheck shell=bash
 
 SRV_NS=pdk-bench-srv
@@ -18,6 +20,64 @@ SCRATCH=
 die() { echo "error: $*" >&2; exit 1; }
 log() { echo "# $*" >&2; }
 
+# Every process a bench starts carries PADDOCK_BENCH_RUN in its environment. At exit the
+# bench's clean-up stops what it started, then bench_reap finds whatever still carries the
+# mark (a server that escaped its namespace, re-parented to init), names it, stops it and
+# fails the bench. Nothing without the mark is ever touched.
+
+# bench_mark NAME: this run's mark, inherited by everything started from here on.
+bench_mark() {
+    export PADDOCK_BENCH_RUN="$1-$$-$EPOCHSECONDS"
+}
+
+# bench_leftovers: the live processes carrying this run's mark, but this shell.
+bench_leftovers() {
+    local f pid
+    for f in $(grep -lxzs "PADDOCK_BENCH_RUN=$PADDOCK_BENCH_RUN" /proc/[0-9]*/environ); do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        kill -0 "$pid" 2>/dev/null && echo "$pid"
+    done
+    return 0
+}
+
+# bench_reap: 0 when nothing of this run survived its clean-up; else names the survivors,
+# stops them (SIGTERM, then SIGKILL after 5 s) and returns 1.
+bench_reap() {
+    [[ -n ${PADDOCK_BENCH_RUN:-} ]] || return 0
+    local pids i
+    pids=$(bench_leftovers)
+    [[ -n $pids ]] || return 0
+    echo "error: the bench's clean-up left these running (stopped now):" >&2
+    ps -o pid=,args= -p "$(paste -sd, <<<"$pids")" >&2
+    kill $pids 2>/dev/null
+    for ((i = 0; i < 50; i++)); do
+        [[ -n $(bench_leftovers) ]] || return 1
+        sleep 0.1
+    done
+    kill -9 $(bench_leftovers) 2>/dev/null
+    return 1
+}
+
+# bench_guard NAME [CLEANUP]: for a bench without bench_init or lone_ns_trap: marks the run,
+# and at exit calls the function CLEANUP (if given), then bench_reap; a survivor fails the
+# bench.
+bench_guard() {
+    bench_mark "$1"
+    BENCH_CLEANUP=${2:-}
+    trap bench_guard_exit EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_guard_exit() {
+    local rc=$?
+    set +e
+    [[ -n $BENCH_CLEANUP ]] && "$BENCH_CLEANUP"
+    bench_reap || { ((rc != 0)) || rc=1; }
+    exit "$rc"
+}
+
 # bench_init NAME: root check, cd to the repo root, scratch dir, cleanup trap.
 bench_init() {
     [[ $EUID -eq 0 ]] || die "run as root (network namespaces, ports 67/69)"
@@ -26,6 +86,7 @@ bench_init() {
     mkdir -p "$ROOT/bench/out"
     SCRATCH=$(mktemp -d "$ROOT/bench/out/$1.XXXXXX")
     chmod 755 "$SCRATCH"
+    bench_mark "$1"
     trap bench_cleanup EXIT
     trap 'exit 130' INT TERM
 }
@@ -35,6 +96,7 @@ bench_cleanup() {
     set +e
     stop_server
     netns_down
+    bench_reap || { ((rc != 0)) || rc=1; }
     if [[ -n $SCRATCH && -d $SCRATCH ]]; then
         if [[ ($rc -ne 0 || ${KEEP_SCRATCH:-0} == 1) && -n $(ls -A "$SCRATCH") ]]; then
             find "$SCRATCH" -name '*.bin' -delete 2>/dev/null
@@ -52,6 +114,7 @@ bench_cleanup() {
 lone_ns_trap() {
     LONE_NS=$1
     BG_PID=
+    bench_mark "$LONE_NS"
     trap lone_ns_cleanup EXIT
     trap 'exit 130' INT TERM
 }
@@ -63,7 +126,9 @@ lone_ns_cleanup() {
         kill "$BG_PID" 2>/dev/null
         wait "$BG_PID" 2>/dev/null
     fi
+    ip netns pids "$LONE_NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
     ip netns del "$LONE_NS" 2>/dev/null
+    bench_reap || { ((rc != 0)) || rc=1; }
     if [[ -n $SCRATCH && -d $SCRATCH ]]; then
         if [[ $rc -ne 0 ]]; then log "exit $rc; logs kept in $SCRATCH"; else rm -rf "$SCRATCH"; fi
     fi

@@ -15,10 +15,12 @@
 #   bash bench/provision.sh [--uefi]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
+bench_guard provision
 [[ $EUID -eq 0 ]] || { echo "run as root" >&2; exit 1; }
 scripts/install-deps.sh --bench
 cargo build --release --locked -q -p paddock -p paddock-vm-tests
 scripts/build-ramdisk.sh >/dev/null
 scripts/test-images.sh >/dev/null
 PADDOCK_BIN=target/release/paddock PADDOCK_RAMDISK_DIR=target/ramdisk \
-  exec target/release/paddock-provision-bench "$@"
+  target/release/paddock-provision-bench "$@"

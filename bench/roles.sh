@@ -15,6 +15,8 @@
 # Run:  bash bench/roles.sh        Env: HOSTS=1000 RUNS=21 SPEC=spec/appliance.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
+bench_guard roles
 export HOSTS=${HOSTS:-1000} RUNS=${RUNS:-21} SPEC=${SPEC:-spec/appliance.toml}
 cargo build --quiet --release -p paddock-roles --example plan_bench
-exec target/release/examples/plan_bench
+target/release/examples/plan_bench

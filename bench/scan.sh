@@ -22,6 +22,8 @@
 #      DEVICE_SPEED=<bytes/s> (skip the device benchmark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
+bench_guard scan
 DIR=${DIR:-target/images/minbase}
 IO_PERCENT=${IO_PERCENT:-2}
 MAX_SECONDS=${MAX_SECONDS:-60}
@@ -35,7 +37,6 @@ if [[ ! -d $DIR ]]; then
     echo "# building the minbase tree: scripts/test-images.sh" >&2
     bash scripts/test-images.sh
 fi
-calc() { awk "BEGIN { print $1 }"; }
 now() { echo "$EPOCHREALTIME"; }
 field() { sed -nE "s#.*(^| )$1=([^ ]+).*#\2#p" <<<"$2"; } # field KEY LINE
 

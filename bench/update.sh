@@ -9,6 +9,8 @@
 # Run as root: bash bench/update.sh          Env: RUNS=3 PROFILE=release|dev
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
+bench_guard update
 RUNS=${RUNS:-3}
 PROFILE=${PROFILE:-release}
 [[ $EUID -eq 0 ]] || { echo "run as root (the trees are root-owned)" >&2; exit 1; }
