@@ -7,7 +7,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-deps.sh
+# Each step's time, and at the end the slowest test binaries, so that a regression is seen.
+STEPS=()
+step() { # step LABEL CMD...: runs CMD, its output also kept for the summary
+  local t0=$SECONDS
+  "${@:2}" 2>&1 | tee -a "$LOG"
+  STEPS+=("$(printf '%5d s  %s' $((SECONDS - t0)) "$1")")
+}
+summary() {
+  echo "test.sh: steps"
+  printf '  %s\n' "${STEPS[@]}"
+  echo "test.sh: the slowest test binaries"
+  # `Running <source> (<binary>)` … `test result: … finished in <N>s`
+  awk '/^ *Running / { bin = ""; for (i = 2; i <= NF; i++) if ($i ~ /^\(/) { b = $i; gsub(/^\(target\/[a-z]+\/deps\/|-[0-9a-f]+\)$/, "", b); bin = b " " $(i - 1) } }
+       /^ *Doc-tests / { bin = "doc-tests " $2 }
+       /^test result:/ && bin != "" { n = split($0, w, " "); t = w[n]; sub(/s$/, "", t); printf "%8.1f s  %s\n", t, bin }' "$LOG" |
+    sort -rn | head -10
+}
+LOG=$(mktemp "${TMPDIR:-/tmp}/paddock-test.XXXXXX")
+trap 'summary; rm -f "$LOG"' EXIT
+
+step install-deps scripts/install-deps.sh
 # A fresh build took 3.5 GB of target/ (line tables only, no incremental) and the test images
 # about 2 GB; ask for room to spare, and say so plainly rather than fail mid-link.
 need_gb=10
@@ -17,12 +37,13 @@ if (( free_gb < need_gb )); then
   echo "test.sh: (cargo clean in other checkouts of this project frees most of it)" >&2
   exit 1
 fi
-scripts/build-ramdisk.sh   # the VM scenarios boot it
-scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+step ramdisk scripts/build-ramdisk.sh   # the VM scenarios boot it
+step images scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
+step fmt cargo fmt --all -- --check
+step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 # The dominator's bench binary is behind a feature (it links subd's scanner).
-cargo clippy -p paddock-dominator --features bench --all-targets --locked -- -D warnings
-cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
+step clippy-bench cargo clippy -p paddock-dominator --features bench --all-targets --locked -- -D warnings
+step tests cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
 # The VM scenarios print each VM's power-on → enrolled time.
-cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture
+step vm-tests cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture
+summary
