@@ -11,7 +11,8 @@
 # a relay socket, so a thousand machines need no interfaces of their own), in a namespace
 # joined to the servers' by a veth pair. Prints per server and case:
 #   storm <server> clients=N ok=K p50_s=… p99_s=… total_s=… duplicate_addresses=D
-# (ok counts machines that booted through with an address no other machine was given)
+# (ok counts machines that booted through with an address no other machine was given;
+# the bench fails when Paddock's is short, and notes a peer's)
 # and `storm ratio paddock/best_peer=<R>` (full boot, total time) and
 # `storm tftp ratio paddock/best_peer=<R>` (TFTP alone) and `storm p50 ratio
 # paddock/best_peer=<R>` (the median machine's full boot), lower is better for Paddock.
@@ -145,6 +146,11 @@ bt=$(awk -v a="$dt" -v b="$ht" 'BEGIN { print (a < b ? a : b) }')
 awk -v p="$p" -v d="$d" 'BEGIN { printf "storm ratio paddock/best_peer=%.2f\n", p / d }'
 awk -v p="$pm" -v d="$dm" 'BEGIN { printf "storm p50 ratio paddock/best_peer=%.2f\n", p / d }'
 awk -v p="$pt" -v b="$bt" 'BEGIN { printf "storm tftp ratio paddock/best_peer=%.2f\n", p / b }'
-# A run in which some machine was not served (ok < clients) is reported above; it fails here.
-awk '$1 == "storm" && $3 ~ /^clients=/ { split($3, c, "="); split($4, k, "="); if (k[2] != c[2]) bad = 1 } END { exit bad }' "$SCRATCH/results" \
-    || die "some machines were not served (ok < clients above)"
+# A run in which Paddock did not serve some machine (ok < clients) fails here. A peer that
+# did not is said so: its times count only the machines it served.
+awk '$1 == "storm" && $3 ~ /^clients=/ { split($3, c, "="); split($4, k, "="); if (k[2] != c[2]) print $2 }' "$SCRATCH/results" |
+    sort -u | while read -r who; do
+        echo "storm note: $who did not serve every machine (see ok= above)"
+    done
+awk '$1 == "storm" && $2 ~ /^paddock/ && $3 ~ /^clients=/ { split($3, c, "="); split($4, k, "="); if (k[2] != c[2]) bad = 1 } END { exit bad }' "$SCRATCH/results" \
+    || die "Paddock did not serve every machine (ok < clients above)"

@@ -8,14 +8,20 @@
 //! 1,000 machines) that cost one blocking read per chunk per machine. Files larger than the
 //! cache takes are still streamed by `ServeDir`.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
 use paddock_tftp::{FileCache, Root};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, oneshot};
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
@@ -27,6 +33,7 @@ pub struct Assets {
     dir: PathBuf,
     root: Root,
     cache: Mutex<FileCache>,
+    lanes: Lanes,
 }
 
 /// What a `Range` header asks of a body of `len` bytes (RFC 9110 §14).
@@ -77,13 +84,15 @@ pub fn range(h: Option<&str>, len: u64) -> Range {
 }
 
 impl Assets {
-    pub fn open(dir: &Path) -> anyhow::Result<Arc<Assets>> {
+    /// Serves `dir`, large files `lanes` at a time (0: all at once).
+    pub fn open(dir: &Path, lanes: usize) -> anyhow::Result<Arc<Assets>> {
         let root = Root::open(dir)
             .map_err(|e| anyhow::anyhow!("http.assets_dir {}: {e}", dir.display()))?;
         Ok(Arc::new(Assets {
             dir: dir.to_path_buf(),
             root,
             cache: Mutex::new(FileCache::new(FILE_MAX, TOTAL_MAX)),
+            lanes: Lanes::new(lanes, LANE_HOLD),
         }))
     }
 
@@ -173,7 +182,7 @@ pub async fn serve(assets: Arc<Assets>, name: String, req: Request) -> Response 
         }
         Err(status) => return status.into_response(),
     };
-    respond(req.method(), req.headers(), bytes, &meta)
+    respond(req.method(), req.headers(), bytes, &meta, &assets.lanes)
 }
 
 fn respond(
@@ -181,6 +190,7 @@ fn respond(
     headers: &HeaderMap,
     bytes: Bytes,
     meta: &std::fs::Metadata,
+    lanes: &Lanes,
 ) -> Response {
     let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
     let mut h = HeaderMap::new();
@@ -217,12 +227,180 @@ fn respond(
     if method == Method::HEAD {
         return (status, h).into_response();
     }
-    (status, h, Body::from(body)).into_response()
+    (status, h, lanes.body(body)).into_response()
+}
+
+/// Bodies this large wait for a lane.
+const LANE_MIN: usize = 1 << 20;
+/// A laned body is handed to hyper this much at a time, so that it is polled (and keeps its
+/// lane) until its last bytes are on their way.
+const LANE_CHUNK: usize = 256 << 10;
+/// The longest a body keeps its lane: a client slower than that (or stalled) goes on without
+/// one, and the next in line starts.
+const LANE_HOLD: Duration = Duration::from_secs(2);
+
+/// Large bodies (a kernel, an initrd) sent a few at a time, in the order they were asked for.
+///
+/// A rack that powers on at once asks for the same kernel and initrd a thousand times: sent
+/// all at once, each machine gets a thousandth of the link and every one finishes near the
+/// end; sent a few at a time, machines finish one after another, the median machine boots in
+/// about half the time, and the last no later (fewer flows contend for the link and the
+/// CPU; `bench/storm.sh`). A lane is held at most [`LANE_HOLD`], so slow or stalled clients
+/// degrade this into sending to all at once, never into a queue that waits on them.
+pub struct Lanes {
+    slots: Option<Arc<Semaphore>>,
+    hold: Duration,
+}
+
+impl Lanes {
+    /// `lanes` at once (0: no lanes, every body at once), each held at most `hold`.
+    pub fn new(lanes: usize, hold: Duration) -> Lanes {
+        Lanes {
+            slots: (lanes > 0).then(|| Arc::new(Semaphore::new(lanes))),
+            hold,
+        }
+    }
+
+    /// The body for `bytes`: laned when large.
+    pub fn body(&self, bytes: Bytes) -> Body {
+        match &self.slots {
+            Some(slots) if bytes.len() >= LANE_MIN => Body::new(Laned {
+                rest: bytes,
+                waiting: Some(Box::pin(slots.clone().acquire_owned())),
+                done: None,
+                hold: self.hold,
+            }),
+            _ => Body::from(bytes),
+        }
+    }
+}
+
+type Acquire =
+    Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
+
+/// A body that sends nothing before it has a lane.
+struct Laned {
+    rest: Bytes,
+    waiting: Option<Acquire>,
+    /// Dropped with the body (sent, or the client gone): the lane is free again.
+    done: Option<oneshot::Sender<()>>,
+    hold: Duration,
+}
+
+impl http_body::Body for Laned {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(waiting) = &mut self.waiting {
+            let lane = ready!(waiting.as_mut().poll(cx));
+            self.waiting = None;
+            // The semaphore is never closed; were it, the body would go on without a lane.
+            if let Ok(lane) = lane {
+                let (done, finished) = oneshot::channel::<()>();
+                let hold = self.hold;
+                tokio::spawn(async move {
+                    let _lane = lane;
+                    let _ = tokio::time::timeout(hold, finished).await;
+                });
+                self.done = Some(done);
+            }
+        }
+        if self.rest.is_empty() {
+            return Poll::Ready(None);
+        }
+        let n = self.rest.len().min(LANE_CHUNK);
+        let chunk = self.rest.split_to(n);
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(u64::try_from(self.rest.len()).unwrap_or(u64::MAX))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use http_body_util::BodyExt;
+
+    /// The first frame of `body`, if it comes within a minute (of the paused clock).
+    async fn first_frame(body: &mut Body) -> Option<Bytes> {
+        tokio::time::timeout(Duration::from_secs(60), body.frame())
+            .await
+            .ok()
+            .flatten()
+            .and_then(|f| f.ok())
+            .and_then(|f| f.into_data().ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn large_bodies_wait_for_a_lane_in_order_small_ones_never() {
+        let lanes = Lanes::new(1, Duration::from_secs(2));
+        let big = Bytes::from(vec![7u8; LANE_MIN + 1]);
+        let mut a = lanes.body(big.clone());
+        let mut b = lanes.body(big.clone());
+        let mut c = lanes.body(big.clone());
+        assert_eq!(first_frame(&mut a).await.map(|f| f.len()), Some(LANE_CHUNK));
+        // A small body is sent at once, lane or none.
+        let mut small = lanes.body(Bytes::from_static(b"#!ipxe\n"));
+        assert_eq!(
+            first_frame(&mut small).await.as_deref(),
+            Some(&b"#!ipxe\n"[..])
+        );
+        // B waits while A sends, then goes as soon as A is done, before C.
+        let mut waiting = Box::pin(first_frame(&mut b));
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .expect_err("b must wait for a's lane");
+        drop(a);
+        assert!(waiting.await.is_some());
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(1), first_frame(&mut c))
+                .await
+                .ok(),
+            None,
+            "c waits for b"
+        );
+        // The whole body comes, in chunks.
+        let mut got = LANE_CHUNK;
+        while let Some(f) = b.frame().await {
+            got += f.unwrap().into_data().unwrap().len();
+        }
+        assert_eq!(got, big.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_is_held_no_longer_than_its_hold() {
+        let lanes = Lanes::new(1, Duration::from_secs(2));
+        let big = Bytes::from(vec![7u8; LANE_MIN]);
+        let mut stalled = lanes.body(big.clone());
+        let mut next = lanes.body(big);
+        assert!(first_frame(&mut stalled).await.is_some());
+        // The stalled client keeps its body (never read on), yet the next goes after 2 s.
+        let t0 = tokio::time::Instant::now();
+        assert!(first_frame(&mut next).await.is_some());
+        assert_eq!(t0.elapsed().as_secs(), 2);
+        drop(stalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_lanes_every_body_goes_at_once() {
+        let lanes = Lanes::new(0, Duration::from_secs(2));
+        let big = Bytes::from(vec![7u8; LANE_MIN * 2]);
+        let mut a = lanes.body(big.clone());
+        let mut b = lanes.body(big.clone());
+        assert_eq!(first_frame(&mut a).await.map(|f| f.len()), Some(big.len()));
+        assert_eq!(first_frame(&mut b).await.map(|f| f.len()), Some(big.len()));
+    }
 
     #[test]
     fn ranges_as_rfc_9110_reads_them() {

@@ -39,6 +39,9 @@ struct Core {
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    // A connection of either listener (a rack's machines each hold one while they wait for
+    // a lane), a TFTP transfer and a sub each take a descriptor.
+    paddock_dominator::client::raise_open_file_limit();
     let _lock = crate::cluster::hold_store_lock(&cfg.data_dir, cfg.cluster.as_ref())?;
     let store = crate::cluster::open_store(&cfg.data_dir, cfg.cluster.as_ref()).await?;
     let cfg = Arc::new(cfg);
@@ -95,7 +98,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         assets: cfg
             .assets_dir
             .as_deref()
-            .map(crate::assets::Assets::open)
+            .map(|dir| crate::assets::Assets::open(dir, cfg.http_asset_lanes))
             .transpose()?,
         config: core.cfg,
         security: core.security,

@@ -417,8 +417,8 @@ fn one_source_cannot_hold_the_listeners() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // Another source's boot script while one source opens more than the listener's 1,024
-    // (it holds its share of 128; the rest are closed at accept).
+    // Another source's boot script while one source opens 1,100 connections (it holds its
+    // share of 128; the rest are closed at accept).
     let t0 = Instant::now();
     let out = lab.link.server.sh_ok(&format!(
         "curl -sf -m 5 -o /dev/null -w '%{{http_code}}' {PUBLIC_URL}/boot/52-54-00-77-00-09.ipxe"

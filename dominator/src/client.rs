@@ -225,8 +225,9 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// A connection per sub needs a descriptor per sub: the soft limit on open files is raised
 /// to the hard one, as Go's runtime does for Dominator (the soft default of 1024 would
-/// stop the herd at about a thousand subs).
-fn raise_open_file_limit() {
+/// stop the herd at about a thousand subs). The appliance calls it at start for its
+/// listeners too.
+pub fn raise_open_file_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
         && soft < hard

@@ -38,7 +38,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_connections: 1024,
+            max_connections: 4096,
             max_per_source: 128,
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),

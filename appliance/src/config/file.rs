@@ -201,6 +201,9 @@ pub struct HttpFile {
     /// How long a kept-alive connection waits for its next request before it is closed
     /// ([`super::defaults::HTTP_IDLE_TIMEOUT_SECS`]).
     pub idle_timeout_secs: Option<u64>,
+    /// Large boot assets sent at once; the others wait their turn, in order (0: all at
+    /// once; [`super::defaults::HTTP_ASSET_LANES`]).
+    pub asset_lanes: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -49,6 +49,8 @@ pub struct Config {
     pub http_shutdown_grace: Duration,
     /// `[http] idle_timeout_secs`: how long a kept-alive connection waits for a request.
     pub http_idle_timeout: Duration,
+    /// `[http] asset_lanes`: large boot assets sent at once (0: all).
+    pub http_asset_lanes: usize,
     pub dhcp: Option<DhcpConfig>,
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,

@@ -89,6 +89,7 @@ impl FileConfig {
                     .unwrap_or(defaults::HTTP_SHUTDOWN_GRACE_SECS),
             ),
             http_idle_timeout,
+            http_asset_lanes: self.http.asset_lanes.unwrap_or(defaults::HTTP_ASSET_LANES),
             dhcp,
             tftp,
             boot,
