@@ -485,6 +485,19 @@ impl http_body::Body for Answered {
     }
 }
 
+/// One accepted connection (over TLS, its handshake done by the caller), served as
+/// [`serve`] serves each: the [`Peer`] in every request, the [`Keepalive`] clocks from
+/// `accepted`, the minimum body rate. For a server with an accept loop of its own (one that
+/// picks its certificate by the address a connection came to); it knows no drain.
+pub async fn serve_connection<I>(io: I, peer: Peer, app: Router, limits: Limits, accepted: Instant)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // Held until the connection ends: a dropped sender would read as "draining".
+    let (_never, closing) = tokio::sync::watch::channel(false);
+    connection(io, peer, app, limits, accepted, closing).await;
+}
+
 async fn connection<I>(
     io: I,
     peer: Peer,

@@ -4,16 +4,21 @@
 //! ```text
 //! paddock-dominator-bench scan DIR TREE.json
 //!     scan DIR once with subd's scanner; write its tree as JSON
-//! paddock-dominator-bench sim TREE.json --subs N [--listen 0.0.0.0:6969]
+//! paddock-dominator-bench certs DIR
+//!     a CA and the dominator's certificate, for --tls DIR
+//! paddock-dominator-bench sim TREE.json --subs N [--listen 0.0.0.0:6969] [--tls DIR]
 //!     serve N subs, each holding TREE, each at its own loopback address (sub i at
 //!     127.1.0.1 + i, port 6969; the connection's local address picks the sub), plus
-//!     /bench/{stats,mark,bump_all,churn} for the driver
+//!     /bench/{stats,mark,bump_all,churn} for the driver (always plain HTTP); with --tls,
+//!     the subs speak mutual TLS, each with a certificate of its own from DIR's CA
 //! paddock-dominator-bench profile TREE.json
 //!     where a full poll's CPU and memory go in the herd: parsing the answer, planning it
 //! paddock-dominator-bench herd TREE.json --subs N [--sim 127.0.0.1:6969]
 //!     [--poll-interval-ms 100] [--poll-slots 200] [--churn-permille 10] [--cycles 3]
-//!     drive the Herd against the simulator; prints
-//!     `dominator subs=N short_poll_cycle_s=… full_polls_per_s=… rss_per_sub_kib=…`
+//!     [--tls DIR]
+//!     drive the Herd against the simulator (over mutual TLS with DIR's certificates);
+//!     prints `dominator subs=N tls=on|off short_poll_cycle_s=… full_polls_per_s=…
+//!     rss_per_sub_kib=… connections_per_cycle=…`
 //! ```
 //!
 //! The simulated sub answers a poll as subd does (the tree only when the caller's
@@ -50,6 +55,9 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+#[path = "paddock-dominator-bench/tls.rs"]
+mod tls;
+
 const IMAGE: &str = "debian/minbase";
 const FIRST_SUB: Ipv4Addr = Ipv4Addr::new(127, 1, 0, 1);
 const SUB_PORT: u16 = 6969;
@@ -59,6 +67,7 @@ fn main() -> ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("scan") if args.len() == 3 => scan(Path::new(&args[1]), Path::new(&args[2])),
         Some("profile") if args.len() == 2 => profile(&args[1]),
+        Some("certs") if args.len() == 2 => tls::certs(Path::new(&args[1])),
         Some("sim") if args.len() >= 2 => Opts::parse(&args[2..]).and_then(|o| sim(&args[1], o)),
         Some("herd") if args.len() >= 2 => Opts::parse(&args[2..]).and_then(|o| herd(&args[1], o)),
         _ => Err(BenchError::Usage),
@@ -78,9 +87,10 @@ type Res<T> = Result<T, BenchError>;
 #[derive(Debug, thiserror::Error)]
 enum BenchError {
     #[error(
-        "usage: paddock-dominator-bench scan DIR TREE.json | sim TREE.json --subs N \
-         [--listen ADDR] | herd TREE.json --subs N [--sim ADDR] [--poll-interval-ms MS] \
-         [--poll-slots N] [--churn-permille P] [--cycles N] [--batch N] [--full-polls N]"
+        "usage: paddock-dominator-bench scan DIR TREE.json | certs DIR | sim TREE.json \
+         --subs N [--listen ADDR] [--tls DIR] | herd TREE.json --subs N [--sim ADDR] \
+         [--poll-interval-ms MS] [--poll-slots N] [--churn-permille P] [--cycles N] \
+         [--batch N] [--full-polls N] [--tls DIR]"
     )]
     Usage,
     #[error("{0} needs a value")]
@@ -121,6 +131,10 @@ enum BenchError {
     #[error(transparent)]
     Json(#[from] serde_json::Error),
     #[error(transparent)]
+    Ca(#[from] paddock_security::ca::CaError),
+    #[error(transparent)]
+    Tls(#[from] paddock_security::tls::TlsError),
+    #[error(transparent)]
     PollBinary(#[from] poll_binary::BadAnswer),
     #[error("no tree")]
     NoTree,
@@ -159,6 +173,8 @@ struct Opts {
     cycles: usize,
     batch: usize,
     full_polls: usize,
+    /// Mutual TLS with the certificates in this directory.
+    tls: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -173,6 +189,7 @@ impl Opts {
             cycles: 3,
             batch: 500,
             full_polls: 2_000,
+            tls: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -201,6 +218,7 @@ impl Opts {
                 "--cycles" => o.cycles = count()?,
                 "--batch" => o.batch = count()?.max(1),
                 "--full-polls" => o.full_polls = count()?.max(1),
+                "--tls" => o.tls = Some(v.into()),
                 _ => return Err(BenchError::UnknownOption(flag.clone())),
             }
         }
@@ -209,6 +227,15 @@ impl Opts {
         }
         Ok(o)
     }
+}
+
+/// Which sub's address `local` is (by number; it may be past the last sub).
+fn sub_index(local: SocketAddr) -> Option<usize> {
+    let SocketAddr::V4(a) = local else {
+        return None;
+    };
+    let i = u32::from(*a.ip()).checked_sub(u32::from(FIRST_SUB))?;
+    usize::try_from(i).ok()
 }
 
 /// Sub `i`'s loopback address.
@@ -430,11 +457,7 @@ struct Stats {
 
 impl Sim {
     fn sub(&self, local: SocketAddr) -> Option<&SimSub> {
-        let SocketAddr::V4(a) = local else {
-            return None;
-        };
-        let i = u32::from(*a.ip()).checked_sub(u32::from(FIRST_SUB))?;
-        let s = self.subs.get(usize::try_from(i).ok()?);
+        let s = self.subs.get(sub_index(local)?);
         if s.is_none() {
             self.bad_address.fetch_add(1, Ordering::Relaxed);
         }
@@ -615,6 +638,19 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
         .route("/bench/churn", post(sim_churn))
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(sim.clone());
+    let configs = match &o.tls {
+        Some(dir) => {
+            let t = Instant::now();
+            let c = tls::servers(dir, o.subs)?;
+            eprintln!(
+                "# simulator: {} sub certificates issued in {:.1} s",
+                o.subs,
+                t.elapsed().as_secs_f64()
+            );
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = TcpListener::bind(&o.listen)
@@ -633,9 +669,12 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
             sim.full_tail.len()
         );
         tokio::spawn(churn(sim));
-        axum::serve(listener, app.into_make_service_with_connect_info::<Local>())
-            .await
-            .map_err(BenchError::from)
+        match configs {
+            Some(configs) => tls::serve(listener, app, configs, sub_index).await,
+            None => axum::serve(listener, app.into_make_service_with_connect_info::<Local>())
+                .await
+                .map_err(BenchError::from),
+        }
     })
 }
 
@@ -804,7 +843,14 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
             })
             .collect();
         let rpc = Arc::new(Timed {
-            inner: HttpSubRpc::new("paddock-dominator-bench", Duration::from_secs(10)),
+            inner: match &o.tls {
+                Some(dir) => HttpSubRpc::with_tls(
+                    "paddock-dominator-bench",
+                    Duration::from_secs(10),
+                    tls::client(dir)?,
+                ),
+                None => HttpSubRpc::new("paddock-dominator-bench", Duration::from_secs(10)),
+            },
             polls: AtomicU64::new(0),
             poll_us: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -869,6 +915,7 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
             .await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut cycles = Vec::new();
+        let mut connections = Vec::new();
         for _ in 0..o.cycles {
             let (t, cpu, us, calls) = (
                 Instant::now(),
@@ -901,8 +948,11 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
                 (last.cpu_ms - m.cpu_ms) as f64 * 1e3 / polls.max(1) as f64,
             );
             cycles.push(secs);
+            connections.push(last.connections - m.connections);
         }
         let cycle = cycles.iter().sum::<f64>() / cycles.len().max(1) as f64;
+        let connections_per_cycle =
+            connections.iter().sum::<u64>() as f64 / connections.len().max(1) as f64;
 
         // 3. Generations move, `batch` subs at a time, until `full_polls` trees travelled:
         // each batch's trees are sent and planned before the next moves.
@@ -955,8 +1005,11 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
         let _ = stop_tx.send(true);
         let _ = running.await;
         println!(
-            "dominator subs={n} short_poll_cycle_s={cycle:.2} full_polls_per_s={full_per_s:.0} \
-             rss_per_sub_kib={rss_per_sub:.1}"
+            "dominator subs={n} tls={} poll_interval_ms={} short_poll_cycle_s={cycle:.2} \
+             full_polls_per_s={full_per_s:.0} rss_per_sub_kib={rss_per_sub:.1} \
+             connections_per_cycle={connections_per_cycle:.0}",
+            if o.tls.is_some() { "on" } else { "off" },
+            o.poll_interval_ms,
         );
         Ok(())
     })
