@@ -23,8 +23,9 @@ struct Cli {
 enum Cmd {
     /// Certificates and tokens: the CA, this host's certificate, operators' identities.
     Certs {
-        /// The TOML configuration file (the store and `[security]` it names).
-        #[arg(long, short, env = "PADDOCK_CONFIG")]
+        /// The TOML configuration file (the store and `[security]` it names); before or
+        /// after the subcommand (`paddock certs init --config FILE`, as the README says).
+        #[arg(long, short, env = "PADDOCK_CONFIG", global = true)]
         config: Option<PathBuf>,
         #[command(flatten)]
         overrides: Box<Overrides>,
