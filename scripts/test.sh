@@ -46,4 +46,3 @@ step clippy-bench cargo clippy -p paddock-dominator --features bench --all-targe
 step tests cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
 # The VM scenarios print each VM's power-on → enrolled time.
 step vm-tests cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture
-summary
