@@ -109,7 +109,7 @@ pub async fn specs(
         .await?
         .into_iter()
         .filter_map(|kv| {
-            let host = kv.key.strip_prefix(SUBS)?.to_string();
+            let host = kv.name_under(SUBS)?;
             Some((host, serde_json::from_slice(&kv.value).ok()?))
         })
         .collect();

@@ -722,7 +722,6 @@ mod tests {
         }
     }
 
-    /// Runs `steps` (event, time, expected action, expected state name) from a new sub.
     /// A new sub ticked at 0, then answered at `at` with generation `generation` (scan
     /// `scan`): next, its tree is planned.
     fn answered(want: &Desired, generation: u64, scan: u64, at: u64) -> Sub {
@@ -732,6 +731,7 @@ mod tests {
         s
     }
 
+    /// Runs `steps` (event, time, expected action, expected state name) from a new sub.
     fn run(sub: &mut Sub, want: &Desired, steps: &[(Event, u64, Action, &str)]) {
         for (i, (event, now, action, state)) in steps.iter().enumerate() {
             let got = sub.handle(event.clone(), want, *now, &P);

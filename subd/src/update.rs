@@ -519,12 +519,12 @@ impl<'a> Applier<'a> {
     }
 }
 
-/// `<object>~k~`: the k-th extra copy of an object.
 /// The path of a `(path, …)` entry of a request.
 fn first<U>(entry: &(String, U)) -> &str {
     &entry.0
 }
 
+/// `<object>~k~`: the k-th extra copy of an object.
 fn copy_name(base: &Path, k: u64) -> PathBuf {
     let mut s = base.as_os_str().to_owned();
     s.push(format!("~{k}~"));

@@ -32,6 +32,11 @@ fn first_leader(lab: &HaLab) -> usize {
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()))
 }
 
+/// VM `vm`'s console and every host's log, for a failure message.
+fn tails(lab: &HaLab, vm: usize) -> String {
+    format!("{}\n{}", lab.vms[vm].console_text(), lab.logs())
+}
+
 /// SIGKILL the leader (no resignation): when it happened, and who leads once its lease ran out.
 fn kill_leader(lab: &mut HaLab, leader: usize) -> (Instant, usize) {
     let t = Instant::now();
@@ -262,7 +267,7 @@ fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
                 .contains("paddock-agent")
                 .then_some(())
         },
-        || format!("{}\n{}", lab.vms[vm].console_text(), lab.logs()),
+        || tails(&lab, vm),
     );
     let (t, next) = kill_leader(&mut lab, leader);
     println!(
@@ -288,7 +293,7 @@ fn a_vm_enrols_and_finishes_after_its_leader_is_killed() {
                 })
                 .cloned()
         },
-        || format!("{}\n{}", lab.vms[vm].console_text(), lab.logs()),
+        || tails(&lab, vm),
     );
     assert_eq!(node["introspection"]["state"], "finished", "{node}");
     println!(

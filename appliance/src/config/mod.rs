@@ -280,6 +280,39 @@ x = "a"
     }
 
     #[test]
+    fn http_lanes_and_idle_timeout() {
+        let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(c.http_asset_lanes, 32);
+        assert_eq!(c.http_idle_timeout, Duration::from_secs(120));
+        assert_eq!(c.listener_limits().idle_timeout, Duration::from_secs(120));
+        let off = GOOD.replace(
+            "[http]\n",
+            "[http]\nasset_lanes = 0\nidle_timeout_secs = 30\n",
+        );
+        let c = FileConfig::parse(&off).unwrap().validate().unwrap();
+        assert_eq!(c.http_asset_lanes, 0);
+        assert_eq!(c.listener_limits().idle_timeout, Duration::from_secs(30));
+        for (bad, setting) in [
+            (
+                "asset_lanes = 100000",
+                "http.asset_lanes: 100000 is outside 0..=65536",
+            ),
+            (
+                "idle_timeout_secs = 0",
+                "http.idle_timeout_secs: must be at least 1",
+            ),
+        ] {
+            let text = GOOD.replace("[http]\n", &format!("[http]\n{bad}\n"));
+            let e = FileConfig::parse(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(setting), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn the_dominator_high_impact_share() {
         let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
         assert_eq!(c.dominator.unwrap().high_impact_share, 0.1);

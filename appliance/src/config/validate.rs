@@ -63,6 +63,9 @@ impl FileConfig {
         let agent_urls = agent_urls(&self.cluster.peers, &public_url, &mut p);
         let security = security(&self.security, http_listen, &data_dir, &agent_urls, &mut p);
         let http_idle_timeout = http_idle_timeout(&self.http, &mut p);
+        let http_asset_lanes = self.http.asset_lanes.unwrap_or(defaults::HTTP_ASSET_LANES);
+        // More lanes than connections a listener holds would be no lanes at all.
+        within("http.asset_lanes", http_asset_lanes, 0..=65_536, &mut p);
         let Some(http_listen) = http_listen else {
             return Err(ConfigError { problems: p });
         };
@@ -89,7 +92,7 @@ impl FileConfig {
                     .unwrap_or(defaults::HTTP_SHUTDOWN_GRACE_SECS),
             ),
             http_idle_timeout,
-            http_asset_lanes: self.http.asset_lanes.unwrap_or(defaults::HTTP_ASSET_LANES),
+            http_asset_lanes,
             dhcp,
             tftp,
             boot,
