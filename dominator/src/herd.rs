@@ -545,6 +545,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     generation: r.generation,
                     scan_count: r.scan_count,
                     busy: r.fetch_in_progress || r.update_in_progress || r.cleanup_in_progress,
+                    stale: r.scan_count <= r.scans_at_last_update,
                 })
             }
             Outcome::Polled(Err(e), _) => Event::PollFailed(e.0),

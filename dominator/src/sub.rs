@@ -75,6 +75,9 @@ pub struct PollAnswer {
     pub scan_count: u64,
     /// A fetch, update or cleanup is running on the sub (someone else's, or an earlier one).
     pub busy: bool,
+    /// The sub's newest scan predates its last update: its tree is not the one that update
+    /// left (a plan from it would redo the update with objects it consumed).
+    pub stale: bool,
 }
 
 /// What the shell learnt planning the sub against its image (`paddock_image::plan`).
@@ -539,9 +542,13 @@ impl Sub {
             self.scan_count = a.scan_count;
             return self.wait(now_ms, p);
         }
-        if let SubState::WaitingForScan { after_scan } = self.state
-            && a.scan_count <= after_scan
-        {
+        // No plan from a tree older than our own fetch or update, nor from one older than
+        // the sub's last update (whoever made it, and whether or not its answer arrived).
+        let waiting = matches!(
+            self.state,
+            SubState::WaitingForScan { after_scan } if a.scan_count <= after_scan
+        );
+        if waiting || a.stale {
             self.scan_count = a.scan_count;
             self.next_at_ms = now_ms.saturating_add(p.poll_interval_ms.min(250));
             return Action::Wait;
@@ -693,6 +700,7 @@ mod tests {
             generation,
             scan_count,
             busy: false,
+            stale: false,
         })
     }
 
@@ -1025,6 +1033,31 @@ mod tests {
     }
 
     #[test]
+    fn a_tree_older_than_the_last_update_is_not_planned_from() {
+        // The update call failed (its answer lost), but the sub applied it: the next poll
+        // answers with the tree of a scan made before it.
+        let w = want("m");
+        let mut s = answered(&w, 3, 5, 0);
+        let sent = s.handle(Event::Planned(plan("m")), &w, 0, &P);
+        assert!(matches!(sent, Action::Update { .. }), "{sent:?}");
+        s.handle(Event::UpdateFailed("connection reset".into()), &w, 10, &P);
+        s.handle(Event::Tick, &w, 10_000, &P);
+        let stale = Event::Polled(PollAnswer {
+            generation: 4,
+            scan_count: 6,
+            busy: false,
+            stale: true,
+        });
+        assert_eq!(s.handle(stale, &w, 10_000, &P), Action::Wait);
+        s.handle(Event::Tick, &w, 10_250, &P);
+        assert_eq!(
+            s.handle(answer(5, 7), &w, 10_250, &P),
+            Action::Plan { image: "m".into() },
+            "a scan after the update"
+        );
+    }
+
+    #[test]
     fn a_busy_or_unscanned_sub_is_left_alone() {
         let w = want("m");
         let mut s = Sub::new(P.backoff());
@@ -1033,6 +1066,7 @@ mod tests {
             generation: 4,
             scan_count: 2,
             busy: true,
+            stale: false,
         });
         assert_eq!(s.handle(busy, &w, 0, &P), Action::Wait);
         s.handle(Event::Tick, &w, 1_000, &P);

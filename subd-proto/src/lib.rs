@@ -101,6 +101,10 @@ pub struct PollResponse {
     pub generation: u64,
     /// Complete scans since start (a controller waits for it to move after an update).
     pub scan_count: u64,
+    /// `scan_count` when the last update ended (0: none yet). While `scan_count` is no higher,
+    /// the newest tree predates that update: a controller whose update call failed (its
+    /// answer lost, the update perhaps applied) must not plan from it.
+    pub scans_at_last_update: u64,
     pub start_time_ms: i64,
     pub fetch_in_progress: bool,
     pub update_in_progress: bool,
@@ -118,6 +122,8 @@ pub struct PollResponse {
     /// The health command's result after the last update (none configured: `None`).
     pub last_health_check: Option<HealthCheck>,
     pub last_scan_error: Option<String>,
+    /// The last complete scan: what it hashed and how long it took.
+    pub last_scan: Option<ScanSummary>,
     /// Services an interrupted update had stopped, started again when subd started.
     pub recovered_services: Vec<CommandOutcome>,
     pub lock: LockState,
@@ -217,6 +223,14 @@ pub struct FetchStats {
     pub seconds: f64,
     /// The pace asked for (bytes/s); `None`: unlimited.
     pub rate_limit: Option<f64>,
+}
+
+/// What one complete scan hashed, and how long it took.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScanSummary {
+    pub files: u64,
+    pub bytes: u64,
+    pub seconds: f64,
 }
 
 /// Where the applier is (reported by Poll while an update runs).

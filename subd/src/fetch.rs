@@ -4,9 +4,11 @@
 //! The answer is each object as an 8-byte big-endian length then its bytes, in the order
 //! asked. Each is written to `<object path>~`, its length and SHA-512 checked (Dominator
 //! checks only the length; the hash is cheap next to the network and keeps a bad server from
-//! poisoning the cache), then renamed into place. Reading is paced by the shared limiter
-//! ([`crate::ratelimit::Throttle`], counting bytes): `max(configured, requested)` percent of
-//! the link speed, unlimited at 100 % or when the speed is unknown.
+//! poisoning the cache), then renamed into place. The objects are asked for in batches, on a
+//! few connections at once (one per core), so decrypting and hashing use every core. Reading
+//! is paced by one limiter shared by the connections ([`crate::ratelimit::Throttle`],
+//! counting bytes): `max(configured, requested)` percent of the link speed, unlimited at
+//! 100 % or when the speed is unknown.
 //!
 //! With TLS material ([`ObjectClient::new`]) an `https://` object server is verified against
 //! the CA and subd authenticates with its own certificate (which must grant
@@ -17,7 +19,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use paddock_image::ObjectId;
@@ -25,6 +27,7 @@ use paddock_wire::{error_message, frames};
 use sha2::{Digest, Sha512};
 
 use crate::ratelimit::{IoMeasure, Limits, Throttle, Usage};
+use crate::vouch::{Key, Vouched};
 
 /// Bytes per read from the network.
 const CHUNK: usize = 256 << 10;
@@ -108,8 +111,35 @@ impl ObjectClient {
     }
 }
 
-/// Fetches `objects` from `server` into the cache directory `cache` (`xx/yy/<rest>`).
-/// `progress` is told the bytes written so far.
+/// Requests one fetch runs at once at most: each is its own connection, and on a machine
+/// whose processor decrypts and hashes slower than the link delivers (a small CPU, an
+/// emulated one) the streams share that work out over its cores.
+const MAX_STREAMS: usize = 4;
+/// Batches per stream: the objects are handed out in batches from one queue, so a stream
+/// that drew large objects takes fewer batches and the streams end close together.
+const BATCHES_PER_STREAM: usize = 4;
+
+/// How many streams a fetch of `objects` runs on `cores`: one per core, at most
+/// [`MAX_STREAMS`], and never more than there are objects.
+pub fn stream_count(objects: usize, cores: usize) -> usize {
+    cores.clamp(1, MAX_STREAMS).min(objects.max(1))
+}
+
+/// `objects` cut into consecutive batches for `streams` streams.
+pub fn batches(objects: &[ObjectId], streams: usize) -> Vec<&[ObjectId]> {
+    let per = objects
+        .len()
+        .div_ceil(streams.max(1) * BATCHES_PER_STREAM)
+        .max(1);
+    objects.chunks(per).collect()
+}
+
+/// Fetches `objects` from `server` into the cache directory `cache` (`xx/yy/<hash>`), on
+/// several connections at once ([`stream_count`]) sharing one rate limit. `progress` is told
+/// the bytes written so far; `vouched` is told each object verified ([`crate::vouch`]). The
+/// first error ends the fetch (the other streams stop at their
+/// next object); objects already renamed into place stay, as they are verified, and the
+/// failure says how many there were.
 pub fn fetch(
     client: &ObjectClient,
     server: &str,
@@ -117,7 +147,8 @@ pub fn fetch(
     cache: &Path,
     rate: Option<f64>,
     progress: &AtomicU64,
-) -> Result<FetchStats, FetchError> {
+    vouched: Option<&Vouched>,
+) -> Result<FetchStats, FetchFailure> {
     let started = Instant::now();
     let mut stats = FetchStats {
         rate_limit: rate,
@@ -126,43 +157,153 @@ pub fn fetch(
     if objects.is_empty() {
         return Ok(stats);
     }
-    let url = client.url(server);
-    let server_err = |message: String| FetchError::Server {
-        server: server.to_string(),
-        message,
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let streams = stream_count(objects.len(), cores);
+    let queue = batches(objects, streams);
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let stream = Stream {
+        client,
+        server,
+        url: client.url(server),
+        cache,
+        rate,
+        throttle: Throttle::new(
+            Limits {
+                io_bytes_per_sec: rate,
+                cpu_share: None,
+            },
+            IoMeasure::Bytes,
+        ),
+        progress,
+        vouched,
     };
-    let body = serde_json::json!({ "objects": objects });
-    let resp = client
-        .agent
-        .post(&url)
-        .send_json(&body)
-        .map_err(|e| server_err(e.to_string()))?;
-    let status = resp.status().as_u16();
-    let mut reader = resp.into_body().into_reader();
-    if status != 200 {
-        let mut text = Vec::new();
-        let _ = (&mut reader).take(64 << 10).read_to_end(&mut text);
-        return Err(server_err(format!(
-            "{status}: {}",
-            error_message(&text).trim()
-        )));
+    type Done = (u64, u64);
+    let results: Vec<Result<Done, (Done, FetchError)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..streams)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = (0u64, 0u64);
+                    let mut buf = vec![0u8; CHUNK];
+                    while !failed.load(Ordering::Relaxed) {
+                        let Some(batch) = queue.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            break;
+                        };
+                        let r = stream.batch(batch, &mut buf, &failed, &mut done);
+                        if let Err(e) = r {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err((done, e));
+                        }
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    let e = FetchError::Cache(io::Error::other("a fetch stream panicked"));
+                    Err(((0, 0), e))
+                })
+            })
+            .collect()
+    });
+    let mut error = None;
+    for r in results {
+        match r {
+            Ok((n, bytes)) => {
+                stats.objects += n;
+                stats.bytes += bytes;
+            }
+            Err((done, e)) => {
+                stats.objects += done.0;
+                stats.bytes += done.1;
+                error.get_or_insert(e);
+            }
+        }
     }
-    let throttle = Throttle::new(
-        Limits {
-            io_bytes_per_sec: rate,
-            cpu_share: None,
-        },
-        IoMeasure::Bytes,
-    );
-    let mut buf = vec![0u8; CHUNK];
-    for id in objects {
-        let obj_err = |message: String| FetchError::Object {
-            object: id.to_string(),
+    stats.seconds = started.elapsed().as_secs_f64();
+    match error {
+        None => Ok(stats),
+        Some(error) => Err(FetchFailure { done: stats, error }),
+    }
+}
+
+/// A fetch that stopped: why, and the objects it had stored by then (verified, kept).
+#[derive(Debug)]
+pub struct FetchFailure {
+    pub done: FetchStats,
+    pub error: FetchError,
+}
+
+/// What every stream of one fetch shares.
+struct Stream<'a> {
+    client: &'a ObjectClient,
+    server: &'a str,
+    url: String,
+    cache: &'a Path,
+    rate: Option<f64>,
+    throttle: Throttle,
+    progress: &'a AtomicU64,
+    vouched: Option<&'a Vouched>,
+}
+
+impl Stream<'_> {
+    fn server_err(&self, message: String) -> FetchError {
+        FetchError::Server {
+            server: self.server.to_string(),
             message,
-        };
-        let len = frames::read_header(&mut reader)
-            .map_err(|e| server_err(format!("reading the length of {}: {e}", id.short())))?;
-        let dest = cache.join(id.path());
+        }
+    }
+
+    /// One request for `objects`, each written, verified and renamed into place, counted in
+    /// `done` (objects, bytes). Stops before the next object once `stop` is set.
+    fn batch(
+        &self,
+        objects: &[ObjectId],
+        buf: &mut [u8],
+        stop: &AtomicBool,
+        done: &mut (u64, u64),
+    ) -> Result<(), FetchError> {
+        let body = serde_json::json!({ "objects": objects });
+        let resp = self
+            .client
+            .agent
+            .post(&self.url)
+            .send_json(&body)
+            .map_err(|e| self.server_err(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let mut reader = resp.into_body().into_reader();
+        if status != 200 {
+            let mut text = Vec::new();
+            let _ = (&mut reader).take(64 << 10).read_to_end(&mut text);
+            return Err(self.server_err(format!("{status}: {}", error_message(&text).trim())));
+        }
+        for id in objects {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let len = frames::read_header(&mut reader).map_err(|e| {
+                self.server_err(format!("reading the length of {}: {e}", id.short()))
+            })?;
+            self.object(&mut reader, id, len, buf)?;
+            done.0 += 1;
+            done.1 += len;
+        }
+        Ok(())
+    }
+
+    /// One object of `len` bytes from `reader` into the cache: written to `<path>~`, its
+    /// SHA-512 checked, renamed into place; the partial file removed on any error.
+    fn object(
+        &self,
+        reader: &mut impl Read,
+        id: &ObjectId,
+        len: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FetchError> {
+        let dest = self.cache.join(id.path());
         let tmp = tilde(&dest);
         if let Some(p) = dest.parent() {
             fs::DirBuilder::new()
@@ -172,28 +313,30 @@ pub fn fetch(
                 .map_err(FetchError::Cache)?;
         }
         let mut out = File::create(&tmp).map_err(FetchError::Cache)?;
-        let mut h = Sha512::new();
-        let mut left = len;
         let res: Result<(), FetchError> = (|| {
+            let mut h = Sha512::new();
+            let mut left = len;
             while left > 0 {
-                let want = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
+                let want = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
                 let n = match reader.read(&mut buf[..want]) {
                     Ok(0) => {
-                        return Err(server_err(format!(
+                        return Err(self.server_err(format!(
                             "the stream ended {left} bytes into object {}",
                             id.short()
                         )));
                     }
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(server_err(format!("reading {}: {e}", id.short()))),
+                    Err(e) => {
+                        return Err(self.server_err(format!("reading {}: {e}", id.short())));
+                    }
                 };
                 h.update(&buf[..n]);
                 out.write_all(&buf[..n]).map_err(FetchError::Cache)?;
                 left -= n as u64;
-                progress.fetch_add(n as u64, Ordering::Relaxed);
-                if rate.is_some() {
-                    throttle.pace(
+                self.progress.fetch_add(n as u64, Ordering::Relaxed);
+                if self.rate.is_some() {
+                    self.throttle.pace(
                         Usage {
                             bytes: n as u64,
                             ..Usage::default()
@@ -203,22 +346,24 @@ pub fn fetch(
                 }
             }
             if ObjectId::from_hasher(h) != *id {
-                return Err(obj_err(
-                    "the server sent other bytes (SHA-512 differs)".into(),
-                ));
+                return Err(FetchError::Object {
+                    object: id.to_string(),
+                    message: "the server sent other bytes (SHA-512 differs)".into(),
+                });
             }
+            let hashed = Instant::now();
             drop(out);
-            fs::rename(&tmp, &dest).map_err(FetchError::Cache)
+            fs::rename(&tmp, &dest).map_err(FetchError::Cache)?;
+            if let (Some(v), Ok(m)) = (self.vouched, fs::symlink_metadata(&dest)) {
+                v.vouch(Key::of_metadata(&m), *id, hashed);
+            }
+            Ok(())
         })();
-        if let Err(e) = res {
+        if res.is_err() {
             let _ = fs::remove_file(&tmp);
-            return Err(e);
         }
-        stats.objects += 1;
-        stats.bytes += len;
+        res
     }
-    stats.seconds = started.elapsed().as_secs_f64();
-    Ok(stats)
 }
 
 fn tilde(p: &Path) -> PathBuf {
@@ -230,6 +375,21 @@ fn tilde(p: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_and_batches() {
+        assert_eq!(stream_count(0, 2), 1);
+        assert_eq!(stream_count(1, 8), 1);
+        assert_eq!(stream_count(100, 0), 1);
+        assert_eq!(stream_count(100, 2), 2);
+        assert_eq!(stream_count(100, 64), MAX_STREAMS);
+        let ids: Vec<ObjectId> = (0..10u8).map(|i| ObjectId::of(&[i])).collect();
+        let b = batches(&ids, 2);
+        assert_eq!(b.len(), 5, "10 objects for 8 batches: batches of 2");
+        assert_eq!(b.concat(), ids, "every object once, in order");
+        assert_eq!(batches(&ids, 1).concat(), ids);
+        assert_eq!(batches(&ids[..1], 4), vec![&ids[..1]]);
+    }
 
     #[test]
     fn rates_and_urls() {

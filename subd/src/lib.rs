@@ -33,6 +33,7 @@ pub mod scanner;
 pub mod service;
 pub mod triggers;
 pub mod update;
+pub mod vouch;
 
 pub use ratelimit::{Limiter, Limits, Throttle, Usage};
 pub use scan::{Scan, ScanOptions, ScanResult, ScanStats, default_exclusions, scan};

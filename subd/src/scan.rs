@@ -7,6 +7,9 @@
 //! of one tree inode; a directory seen twice (a bind mount of the same file system) is
 //! skipped. Then every regular file is read whole and SHA-512 hashed, on several threads when
 //! unthrottled: there is no mtime shortcut, so corruption that keeps size and mtime is caught.
+//! The one exception is a file subd itself hashed when it wrote it, untouched since (same
+//! inode, size, mtime and ctime): the first scan after takes it at that hash
+//! ([`crate::vouch`]).
 //! A file whose size, mtime or ctime changes while it is read, or that was replaced since the
 //! walk saw it, is left out of the tree (listed in [`ScanStats::unstable`]) and retried by the
 //! next scan. Last, the object cache `.subd/objects/xx/yy/<hash>` is listed.
@@ -28,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha512};
 
 use crate::ratelimit::{ThreadMeter, Throttle, Usage};
+use crate::vouch::{Key, Vouched};
 
 /// subd's private directory at the top of the root (never scanned).
 pub const SUBD_DIR: &str = ".subd";
@@ -60,6 +64,8 @@ pub struct ScanStats {
     pub files: u64,
     /// Bytes hashed.
     pub bytes: u64,
+    /// Regular files taken at the hash subd computed when it wrote them ([`Vouched`]).
+    pub vouched: u64,
     /// Bytes read from the device by the scan's threads (`ru_inblock` × 512).
     pub media_bytes: u64,
     /// CPU time of the scan's threads.
@@ -110,6 +116,8 @@ pub struct ScanOptions<'a> {
     pub throttle: Option<&'a Throttle>,
     /// Set to abandon the scan (the result is then incomplete).
     pub stop: Option<&'a AtomicBool>,
+    /// Files subd vouches for, taken without reading them.
+    pub vouched: Option<&'a Vouched>,
     /// Stop at this time (the result is then incomplete).
     pub deadline: Option<Instant>,
 }
@@ -121,6 +129,7 @@ impl<'a> ScanOptions<'a> {
             threads: 1,
             throttle: None,
             stop: None,
+            vouched: None,
             deadline: None,
         }
     }
@@ -145,7 +154,13 @@ struct Job {
 }
 
 enum Hashed {
-    Done { object: ObjectId, st: FileStat },
+    /// `vouched`: taken at the hash subd itself computed when it wrote the file
+    /// ([`Vouched`]), not read.
+    Done {
+        object: ObjectId,
+        st: FileStat,
+        vouched: bool,
+    },
     Unstable,
     Failed(String),
     NotReached,
@@ -155,6 +170,7 @@ enum Hashed {
 struct WorkerTotals {
     files: u64,
     bytes: u64,
+    vouched: u64,
     usage: Usage,
     slept: Duration,
 }
@@ -370,13 +386,14 @@ pub fn scan(root: &Path, opts: &ScanOptions) -> Result<ScanResult, ScanError> {
     for t in &totals {
         stats.files += t.files;
         stats.bytes += t.bytes;
+        stats.vouched += t.vouched;
         stats.slept += t.slept;
         walk_usage += t.usage;
     }
     let mut dropped: HashSet<u64> = HashSet::new();
     for (job, outcome) in jobs.iter().zip(outcomes) {
         match outcome {
-            Hashed::Done { object, st } => {
+            Hashed::Done { object, st, .. } => {
                 let size = size(&st);
                 fs.inodes.insert(
                     job.tree_ino,
@@ -491,10 +508,14 @@ fn worker(
             }
             !opts.halted()
         };
-        let h = hash_job(job, &mut buf, &mut on_chunk);
-        if let Hashed::Done { st, .. } = &h {
-            totals.files += 1;
-            totals.bytes += size(st);
+        let h = hash_job(job, &mut buf, &mut on_chunk, opts.vouched);
+        match &h {
+            Hashed::Done { vouched: true, .. } => totals.vouched += 1,
+            Hashed::Done { st, .. } => {
+                totals.files += 1;
+                totals.bytes += size(st);
+            }
+            _ => {}
         }
         if matches!(h, Hashed::NotReached) {
             break;
@@ -515,7 +536,12 @@ pub(crate) fn open_for_hashing(path: &Path) -> nix::Result<OwnedFd> {
     }
 }
 
-fn hash_job(job: &Job, buf: &mut [u8], on_chunk: &mut dyn FnMut(usize) -> bool) -> Hashed {
+fn hash_job(
+    job: &Job,
+    buf: &mut [u8],
+    on_chunk: &mut dyn FnMut(usize) -> bool,
+    vouched: Option<&Vouched>,
+) -> Hashed {
     let fd = match open_for_hashing(&job.path) {
         Ok(fd) => fd,
         Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO) => return Hashed::Unstable,
@@ -527,6 +553,13 @@ fn hash_job(job: &Job, buf: &mut [u8], on_chunk: &mut dyn FnMut(usize) -> bool) 
     };
     if kind(&pre) != SFlag::S_IFREG || pre.st_dev != job.dev || pre.st_ino != job.ino {
         return Hashed::Unstable; // replaced since the walk
+    }
+    if let Some(object) = vouched.and_then(|v| v.take(Key::of_stat(&pre), Instant::now())) {
+        return Hashed::Done {
+            object,
+            st: pre,
+            vouched: true,
+        };
     }
     let _ = posix_fadvise(fd.as_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);
     let mut file = File::from(fd);
@@ -558,7 +591,11 @@ fn hash_job(job: &Job, buf: &mut [u8], on_chunk: &mut dyn FnMut(usize) -> bool) 
     if read != expected || !same(&pre, &post) {
         return Hashed::Unstable;
     }
-    Hashed::Done { object, st: pre }
+    Hashed::Done {
+        object,
+        st: pre,
+        vouched: false,
+    }
 }
 
 /// Hashes a reader to its end, in `buf`-sized reads. Stops reading once more than `limit`
@@ -675,7 +712,7 @@ mod tests {
         let job = job_for(&p);
         let mut buf = vec![0u8; READ_CHUNK];
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut |_| true),
+            hash_job(&job, &mut buf, &mut |_| true, None),
             Hashed::Done { object, .. } if object == ObjectId::of(&vec![7u8; 3 * READ_CHUNK])
         ));
         let mut appended = false;
@@ -688,12 +725,12 @@ mod tests {
             true
         };
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut grow),
+            hash_job(&job, &mut buf, &mut grow, None),
             Hashed::Unstable
         ));
         // Abandoned mid-file: not reached (the scan is incomplete).
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut |_| false),
+            hash_job(&job, &mut buf, &mut |_| false, None),
             Hashed::NotReached
         ));
     }
@@ -708,17 +745,17 @@ mod tests {
         std::fs::rename(t.path().join("g"), &p).unwrap();
         let mut buf = vec![0u8; 16];
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut |_| true),
+            hash_job(&job, &mut buf, &mut |_| true, None),
             Hashed::Unstable
         ));
         std::fs::remove_file(&p).unwrap();
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut |_| true),
+            hash_job(&job, &mut buf, &mut |_| true, None),
             Hashed::Unstable
         ));
         std::os::unix::fs::symlink("/etc/passwd", &p).unwrap();
         assert!(matches!(
-            hash_job(&job, &mut buf, &mut |_| true),
+            hash_job(&job, &mut buf, &mut |_| true, None),
             Hashed::Unstable
         ));
     }

@@ -20,6 +20,7 @@ use paddock_image::Filter;
 use crate::fsbench::{self, DeviceSpeed};
 use crate::ratelimit::{Limits, Throttle};
 use crate::scan::{self, OBJECTS_DIR, Scan, ScanOptions, ScanStats};
+use crate::vouch::Vouched;
 
 /// Dominator's defaults (`lib/constants`).
 pub use paddock_subd_proto::{DEFAULT_CPU_PERCENT, DEFAULT_IO_PERCENT};
@@ -114,6 +115,8 @@ struct State {
     /// The scan exclusions (from the config, changed by `set_exclusions`).
     exclusions: Option<Filter>,
     device: Option<DeviceSpeed>,
+    /// Object-cache listings taken since start ([`ScannerHandle::rescan_object_cache`]).
+    object_rescans: u64,
 }
 
 struct Shared {
@@ -122,6 +125,8 @@ struct Shared {
     /// Abandon the scan in progress (pause or shutdown requested).
     stop: AtomicBool,
     throttle: Throttle,
+    /// Files the fetch and the applier hashed as they wrote them, for the next scan.
+    vouched: Arc<Vouched>,
 }
 
 impl Shared {
@@ -171,6 +176,7 @@ impl Scanner {
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
             throttle: Throttle::unlimited(),
+            vouched: Arc::new(Vouched::default()),
         });
         let handle = ScannerHandle {
             shared,
@@ -218,6 +224,11 @@ impl ScannerHandle {
     /// Complete scans so far.
     pub fn scan_count(&self) -> u64 {
         self.shared.lock().gens.scan_count()
+    }
+
+    /// The files subd vouches for until the next scans ([`crate::vouch`]).
+    pub fn vouched(&self) -> &Arc<Vouched> {
+        &self.shared.vouched
     }
 
     pub fn last_stats(&self) -> Option<ScanStats> {
@@ -294,6 +305,7 @@ impl ScannerHandle {
     pub fn rescan_object_cache(&self) -> std::io::Result<bool> {
         let objects = scan::list_object_cache(&self.config.root.join(OBJECTS_DIR))?;
         let mut st = self.shared.lock();
+        st.object_rescans += 1;
         let Some((_, latest)) = st.gens.latest() else {
             return Ok(false);
         };
@@ -379,6 +391,7 @@ fn run(h: ScannerHandle) {
     loop {
         let boost;
         let limits;
+        let rescans_at_start;
         let exclusions;
         {
             let mut st = shared.lock();
@@ -392,6 +405,7 @@ fn run(h: ScannerHandle) {
                 return;
             }
             st.scanning = true;
+            rescans_at_start = st.object_rescans;
             boost = st.boost;
             exclusions = st
                 .exclusions
@@ -413,13 +427,23 @@ fn run(h: ScannerHandle) {
         };
         opts.throttle = Some(&shared.throttle);
         opts.stop = Some(&shared.stop);
+        opts.vouched = Some(&shared.vouched);
         let res = scan::scan(&cfg.root, &opts);
         {
             let mut st = shared.lock();
             st.scanning = false;
             match res {
-                Ok(r) if r.stats.complete => {
+                Ok(mut r) if r.stats.complete => {
+                    // A fetch or cleanup that ended during this scan listed the object cache
+                    // after it changed; this scan's own listing may predate that (a fetch
+                    // half done), and must not take the newer one back.
+                    if st.object_rescans != rescans_at_start
+                        && let Some((_, latest)) = st.gens.latest()
+                    {
+                        r.scan.objects = latest.objects.clone();
+                    }
                     let changed = st.gens.record(r.scan);
+                    shared.vouched.expire(Instant::now());
                     tracing::debug!(
                         generation = st.gens.generation(),
                         changed,

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 pub use paddock_subd_proto::{
     CleanupReply, CleanupRequest, Configuration, ConfigurationError, DEFAULT_NETWORK_PERCENT,
-    FetchReply, FetchRequest, HealthCheck, PollRequest, PollResponse, UpdateReport,
+    FetchReply, FetchRequest, HealthCheck, PollRequest, PollResponse, ScanSummary, UpdateReport,
 };
 
 use crate::fetch::{self, FetchStats};
@@ -155,6 +155,8 @@ struct State {
     health: Option<HealthCheck>,
     progress: Option<Progress>,
     recovered: Vec<CommandOutcome>,
+    /// Complete scans when the last update ended ([`PollResponse::scans_at_last_update`]).
+    scans_at_last_update: u64,
 }
 
 /// The running subd.
@@ -305,6 +307,7 @@ impl Subd {
                 last_successful_image_name: st.last_successful_image.clone(),
                 last_health_check: st.health.clone(),
                 recovered_services: st.recovered.clone(),
+                scans_at_last_update: st.scans_at_last_update,
                 lock: st.lock.state(client, now),
                 configuration: st.configuration.clone(),
                 ..PollResponse::default()
@@ -313,6 +316,11 @@ impl Subd {
         let mut r = st;
         r.scan_count = handle.scan_count();
         r.last_scan_error = handle.last_error();
+        r.last_scan = handle.last_stats().map(|s| ScanSummary {
+            files: s.files,
+            bytes: s.bytes,
+            seconds: s.elapsed.as_secs_f64(),
+        });
         r.fetch_bytes = self.fetch_bytes.load(Ordering::Relaxed);
         r.free_space = nix::sys::statvfs::statvfs(&self.root)
             .ok()
@@ -351,6 +359,7 @@ impl Subd {
                 &me.root.join(OBJECTS_DIR),
                 rate,
                 &me.fetch_bytes,
+                Some(me.scanner.handle().vouched()),
             );
             let new_generation = me.scanner.handle().rescan_object_cache().unwrap_or(false);
             let mut st = me.lock_state();
@@ -370,10 +379,15 @@ impl Subd {
                         new_generation,
                     })
                 }
-                Err(e) => {
-                    tracing::warn!("fetch failed: {e}");
-                    st.last_fetch_error = Some(e.to_string());
-                    Err(e.into())
+                Err(fetch::FetchFailure { done, error }) => {
+                    tracing::warn!(
+                        objects = done.objects,
+                        bytes = done.bytes,
+                        seconds = done.seconds,
+                        "fetch failed, the objects stored so far kept: {error}"
+                    );
+                    st.last_fetch_error = Some(error.to_string());
+                    Err(error.into())
                 }
             };
             drop(st);
@@ -433,6 +447,7 @@ impl Subd {
                 exclusions: Some(&exclusions),
                 step_delay: self.config.step_delay,
                 progress: Some(&progress),
+                vouched: Some(handle.vouched()),
             },
         );
         applier.prepare(&req);
@@ -495,6 +510,9 @@ impl Subd {
             report.trigger_runs.push(o);
         }
         report.triggers = actions;
+        // Read while paused: no scan is under way, so every scan counted after this one
+        // walked the tree this update left.
+        self.lock_state().scans_at_last_update = handle.scan_count();
         drop(pause);
 
         if let (Some(cmd), false) = (&self.config.health_command, report.rebooting) {

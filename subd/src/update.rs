@@ -39,6 +39,7 @@ use paddock_image::{Filter, Inode, Mtime, ObjectId, SpecialKind, Triggers};
 use sha2::{Digest, Sha512};
 
 use crate::scan::{OBJECTS_DIR, SUBD_DIR};
+use crate::vouch::{Key, Vouched};
 
 /// Where the last full (non-sparse) image applied is recorded, relative to the root. Inside
 /// `.subd` rather than `/var/lib`: a file in the tree that no image names would be deleted by
@@ -60,6 +61,8 @@ pub struct ApplyOptions<'a> {
     pub step_delay: Duration,
     /// Told after each operation.
     pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
+    /// Vouches for objects the fetch hashed, carried along as each is put in the tree.
+    pub vouched: Option<&'a Vouched>,
 }
 
 /// Why a request from the network is refused ([`validate`]).
@@ -430,10 +433,27 @@ impl<'a> Applier<'a> {
                 return;
             }
         };
+        let before = self
+            .opts
+            .vouched
+            .and_then(|_| fs::symlink_metadata(&src).ok());
         self.set_metadata(&src, p, inode);
         match rename_over(&src, &dest) {
-            Ok(()) => self.stats.inodes_made += 1,
+            Ok(()) => {
+                self.stats.inodes_made += 1;
+                self.carry(before.as_ref(), &dest);
+            }
             Err(e) => self.stats.error(format!("making {p}: {e}")),
+        }
+    }
+
+    /// The vouch for the file that was at `before` follows it to `now_at` (its ctime moved
+    /// with our own rename, link or metadata change).
+    fn carry(&self, before: Option<&fs::Metadata>, now_at: &Path) {
+        if let (Some(v), Some(before), Ok(after)) =
+            (self.opts.vouched, before, fs::symlink_metadata(now_at))
+        {
+            v.carry(Key::of_metadata(before), Key::of_metadata(&after));
         }
     }
 
@@ -462,7 +482,10 @@ impl<'a> Applier<'a> {
             return;
         }
         match rename_over(&tmp, &hn) {
-            Ok(()) => self.stats.hardlinks_made += 1,
+            Ok(()) => {
+                self.stats.hardlinks_made += 1;
+                self.carry(Some(&target), &hn);
+            }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 self.stats

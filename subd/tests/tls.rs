@@ -212,9 +212,11 @@ fn a_dominator_certificate_polls_fetches_over_tls_and_updates() {
 
     // A bare host:port is https:// for a subd with TLS material.
     let req = plan_with_fetch(&u.dom, &u.image, &server);
-    assert_eq!(
-        *objects.callers.lock().unwrap(),
-        vec!["subd-m1".to_string()]
+    // One request per fetch stream, every one made as subd's certificate.
+    let callers = objects.callers.lock().unwrap().clone();
+    assert!(
+        !callers.is_empty() && callers.iter().all(|c| c == "subd-m1"),
+        "{callers:?}"
     );
     let report = u
         .dom

@@ -135,16 +135,29 @@ pub fn sync_status(body: &Value) -> SyncStatus {
 }
 
 /// What subd's last fetch brought, from its Poll answer (`last_fetch`), for the console: the
-/// bytes that crossed the network for this install (a re-image's share of the image).
+/// bytes that crossed the network for this install (a re-image's share of the image); then
+/// where the rest of the time went, the update's apply and the last scan (`last_update`,
+/// `last_scan`), when subd says.
 pub fn fetch_summary(poll: &Value) -> String {
     let f = &poll["last_fetch"];
-    match (f["objects"].as_u64(), f["bytes"].as_u64()) {
+    let mut out = match (f["objects"].as_u64(), f["bytes"].as_u64()) {
         (Some(objects), Some(bytes)) => format!(
             "subd fetched {objects} objects, {bytes} bytes, in {:.1} s",
             f["seconds"].as_f64().unwrap_or(0.0)
         ),
         _ => "subd fetched nothing: every object was already on the disk".into(),
+    };
+    if let Some(ms) = poll["last_update"]["total_ms"].as_f64() {
+        out.push_str(&format!("; applied in {:.1} s", ms / 1e3));
     }
+    let scan = &poll["last_scan"];
+    if let (Some(bytes), Some(seconds)) = (scan["bytes"].as_u64(), scan["seconds"].as_f64()) {
+        out.push_str(&format!(
+            "; its last scan hashed {:.0} MiB in {seconds:.1} s",
+            bytes as f64 / f64::from(1u32 << 20)
+        ));
+    }
+    out
 }
 
 /// The filter's expressions: its lines without comments and blank lines.
@@ -713,6 +726,15 @@ mod tests {
         assert_eq!(
             fetch_summary(&json!({"last_fetch": null})),
             "subd fetched nothing: every object was already on the disk"
+        );
+        assert_eq!(
+            fetch_summary(&json!({
+                "last_fetch": {"objects": 1, "bytes": 2, "seconds": 3.0},
+                "last_update": {"total_ms": 1530.0},
+                "last_scan": {"files": 7, "bytes": 3_145_728, "seconds": 0.44},
+            })),
+            "subd fetched 1 objects, 2 bytes, in 3.0 s; applied in 1.5 s; \
+             its last scan hashed 3 MiB in 0.4 s"
         );
     }
 

@@ -32,7 +32,7 @@ use crate::http::{Client, Transport, Url};
 /// How long subd may take to listen, partitions to appear.
 const SUBD_START: Duration = Duration::from_secs(120);
 const PARTITIONS_APPEAR: Duration = Duration::from_secs(15);
-const SYNC_POLL: Duration = Duration::from_secs(3);
+const SYNC_POLL: Duration = Duration::from_secs(1);
 const SYNC_PROGRESS: Duration = Duration::from_secs(30);
 const SUBD_LOG: &str = "/run/paddock/subd.log";
 

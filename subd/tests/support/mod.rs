@@ -264,8 +264,11 @@ pub fn leftovers(root: &Path) -> Vec<String> {
 /// Knobs for misbehaving.
 #[derive(Default)]
 pub struct ObjectServerControl {
-    /// While set, the answer stalls after its first object.
+    /// While set, every object after the first this server sends waits (a fetch asks on
+    /// several connections at once: each answer may hold a single object).
     pub stall: AtomicBool,
+    /// Objects begun, over every answer.
+    pub sent: AtomicU64,
     /// Flip the first byte of every object sent.
     pub corrupt: AtomicBool,
     /// Requests answered.
@@ -299,8 +302,8 @@ async fn get_objects(
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     tokio::task::spawn_blocking(move || {
-        for (i, id) in ids.iter().enumerate() {
-            if i == 1 {
+        for id in &ids {
+            if s.control.sent.fetch_add(1, Ordering::SeqCst) >= 1 {
                 while s.control.stall.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(10));
                 }
