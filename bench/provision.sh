@@ -9,8 +9,9 @@
 #   reimage   the installed VM re-imaged to B (~10 % of its files changed): the kept root is
 #             the object cache, and only the rest crosses the network.
 # Prints
-#   provision install install_s=<s> baseline_s=<s> ratio=<r>      (goal ratio <= 1.3)
-#   provision reimage fetched_share=<f>                            (goal <= 0.12)
+#   provision install tls=on install_s=<s> baseline_s=<s> ratio=<r>   (goal ratio <= 0.9)
+#   provision reimage fetched_share=<f>                                (goal <= 0.12)
+#   provision install tls=off …       (the same install by an insecure appliance)
 # Run as root (it builds what it needs, the ramdisk and the test images too):
 #   bash bench/provision.sh [--uefi]
 set -euo pipefail

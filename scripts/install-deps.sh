@@ -39,7 +39,7 @@ if [[ "${1:-}" == "--bench" ]]; then
     tftpd-hpa        # TFTP peer (bench/tftp.sh)
     iptables         # Inspector's PXE filter (bench/filter.sh)
     cpio             # the baseline ramdisk (bench/enrol.sh)
-    nginx-light      # the static HTTP server beside dnsmasq (bench/storm.sh)
+    nginx-light      # the static HTTP server: beside dnsmasq (bench/storm.sh), the fleet peer (bench/fleet.sh)
   )
 fi
 

@@ -477,6 +477,12 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
         "-serial".into(),
         format!("file:{}", vmdir.join(&console).display()),
     ];
+    // QEMU's default model with RDRAND, as every server CPU has: without it the guest's
+    // random pool takes seconds to fill after boot, and the first to ask for randomness (a
+    // TLS handshake, mkfs's UUIDs) waits for it, at a point that differs from run to run.
+    // `PADDOCK_LAB_CPU` picks another model.
+    let cpu = std::env::var("PADDOCK_LAB_CPU").unwrap_or_else(|_| "qemu64,+rdrand".into());
+    args.extend(["-cpu".into(), cpu]);
     if let Some(d) = &spec.direct {
         args.extend([
             "-kernel".into(),
@@ -634,14 +640,25 @@ impl Lab {
         cmdline: &str,
         extra: &str,
     ) -> anyhow::Result<Lab> {
-        Self::launch(name, artifacts, cmdline, extra, true)
+        Self::launch(name, artifacts, cmdline, extra, true, &|_| Ok(()))
+    }
+
+    /// Starts a lab (TLS on) after running `prepare` between `paddock certs init` and
+    /// `serve` (a running appliance owns its store alone: certificates are issued before).
+    pub fn start_prepared(
+        name: &str,
+        artifacts: &Artifacts,
+        extra: &str,
+        prepare: &dyn Fn(&Lab) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Lab> {
+        Self::launch(name, artifacts, "console=ttyS0", extra, true, prepare)
     }
 
     /// Starts a lab in insecure mode (`[security] insecure = true`: plain HTTP, every call
     /// open): the explicit opt-out, for a scenario about insecure mode itself. No scenario
     /// needs it today.
     pub fn start_insecure(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
-        Self::launch(name, artifacts, "console=ttyS0", extra, false)
+        Self::launch(name, artifacts, "console=ttyS0", extra, false, &|_| Ok(()))
     }
 
     fn launch(
@@ -650,6 +667,7 @@ impl Lab {
         cmdline: &str,
         extra: &str,
         tls: bool,
+        prepare: &dyn Fn(&Lab) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
         let tag = unique_tag("pdkv");
         let ns = format!("{tag}-{name}");
@@ -672,7 +690,8 @@ impl Lab {
             token: None,
             appliance: None,
             artifacts: artifacts.clone(),
-            keep: false,
+            // For looking into a run afterwards (a bench's phases, a test's logs).
+            keep: std::env::var_os("PADDOCK_KEEP_LAB").is_some(),
         };
         let extra = if tls {
             extra.to_string()
@@ -702,6 +721,7 @@ impl Lab {
             )?;
             lab.token = Some(token.trim().to_string());
         }
+        prepare(&lab)?;
         let log = std::fs::File::create(lab.dir.join("paddock.log"))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &lab.ns])
