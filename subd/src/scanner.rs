@@ -326,6 +326,7 @@ impl ScannerHandle {
         let mut st = self.shared.lock();
         st.boost = true;
         self.shared.throttle.set_limits(Limits::NONE);
+        self.shared.cond.notify_all();
     }
 
     /// The scan exclusions in force.
@@ -472,11 +473,14 @@ fn run(h: ScannerHandle) {
                 tracing::warn!("cannot set the scanner's nice value to {}: {e}", cfg.nice);
             }
         }
+        // A boost (a fetch, update or cleanup: someone waits for the scan after it) starts
+        // the next scan without waiting out the cycle; an update's pause holds it until the
+        // update ends.
         let until = started + cfg.min_cycle;
         let mut st = shared.lock();
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if st.shutdown || left.is_zero() {
+            if st.shutdown || st.boost || left.is_zero() {
                 break;
             }
             st = shared

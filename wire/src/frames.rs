@@ -23,6 +23,10 @@ pub fn read_header(r: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_be_bytes(len))
 }
 
+/// Bytes per chunk of a framed body.
+#[cfg(feature = "server")]
+const CHUNK: usize = 256 << 10;
+
 /// A response body carrying each item's file, framed. `open` opens an item's file and
 /// `name` says which item it was in errors. A file that cannot be opened or that shrinks
 /// while it is sent ends the stream with an error, so the receiver sees a short stream
@@ -44,18 +48,21 @@ where
                 tx.blocking_send(Ok(Bytes::copy_from_slice(&header(len))))
                     .map_err(|_| gone())?;
                 let mut left = len;
-                let mut buf = vec![0u8; 256 << 10];
                 while left > 0 {
-                    let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
-                    let n = f.read(&mut buf[..want])?;
+                    // Each chunk is read into a buffer of its own size that then becomes the
+                    // chunk: no copy, and a small object costs its size, not a whole chunk.
+                    let want = usize::try_from(left.min(CHUNK as u64)).unwrap_or(CHUNK);
+                    let mut chunk = vec![0u8; want];
+                    let n = f.read(&mut chunk)?;
                     if n == 0 {
                         return Err(io::Error::other(format!(
                             "{} shrank while it was sent",
                             name(&item)
                         )));
                     }
+                    chunk.truncate(n);
                     left -= n as u64;
-                    tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                    tx.blocking_send(Ok(Bytes::from(chunk)))
                         .map_err(|_| gone())?;
                 }
                 Ok(())
