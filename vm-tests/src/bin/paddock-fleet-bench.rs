@@ -47,14 +47,18 @@ struct Fleet {
     roots: PathBuf,
 }
 
+impl Sub {
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
-        for s in &mut self.subs {
-            if let Some(mut c) = s.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
+        self.subs.iter_mut().for_each(Sub::stop);
         let _ = std::fs::remove_dir_all(&self.roots);
     }
 }
@@ -284,12 +288,7 @@ fn main() -> anyhow::Result<()> {
             refetched.push(format!("{} fetched {n} objects of {objects}", s.name));
         }
     }
-    for s in &mut fleet.subs {
-        if let Some(mut c) = s.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    fleet.subs.iter_mut().for_each(Sub::stop);
     for s in &fleet.subs {
         let _ = std::fs::remove_dir_all(&s.root);
     }
