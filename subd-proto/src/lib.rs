@@ -228,8 +228,11 @@ pub struct FetchStats {
 /// What one complete scan hashed, and how long it took.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScanSummary {
+    /// Regular files read and hashed, and their bytes.
     pub files: u64,
     pub bytes: u64,
+    /// Regular files taken at the hash subd computed as it wrote them, not read again.
+    pub vouched: u64,
     pub seconds: f64,
 }
 

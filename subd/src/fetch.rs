@@ -137,9 +137,8 @@ pub fn batches(objects: &[ObjectId], streams: usize) -> Vec<&[ObjectId]> {
 /// Fetches `objects` from `server` into the cache directory `cache` (`xx/yy/<hash>`), on
 /// several connections at once ([`stream_count`]) sharing one rate limit. `progress` is told
 /// the bytes written so far; `vouched` is told each object verified ([`crate::vouch`]). The
-/// first error ends the fetch (the other streams stop at their
-/// next object); objects already renamed into place stay, as they are verified, and the
-/// failure says how many there were.
+/// first error ends the fetch (the other streams stop at their next object); objects already
+/// renamed into place stay, as they are verified, and the failure says how many there were.
 pub fn fetch(
     client: &ObjectClient,
     server: &str,
@@ -178,8 +177,8 @@ pub fn fetch(
         progress,
         vouched,
     };
-    type Done = (u64, u64);
-    let results: Vec<Result<Done, (Done, FetchError)>> = std::thread::scope(|scope| {
+    // Each stream: the objects and bytes it stored, and what stopped it early.
+    let results: Vec<((u64, u64), Option<FetchError>)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..streams)
             .map(|_| {
                 scope.spawn(|| {
@@ -189,13 +188,12 @@ pub fn fetch(
                         let Some(batch) = queue.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             break;
                         };
-                        let r = stream.batch(batch, &mut buf, &failed, &mut done);
-                        if let Err(e) = r {
+                        if let Err(e) = stream.batch(batch, &mut buf, &failed, &mut done) {
                             failed.store(true, Ordering::Relaxed);
-                            return Err((done, e));
+                            return (done, Some(e));
                         }
                     }
-                    Ok(done)
+                    (done, None)
                 })
             })
             .collect();
@@ -204,24 +202,16 @@ pub fn fetch(
             .map(|w| {
                 w.join().unwrap_or_else(|_| {
                     let e = FetchError::Cache(io::Error::other("a fetch stream panicked"));
-                    Err(((0, 0), e))
+                    ((0, 0), Some(e))
                 })
             })
             .collect()
     });
     let mut error = None;
-    for r in results {
-        match r {
-            Ok((n, bytes)) => {
-                stats.objects += n;
-                stats.bytes += bytes;
-            }
-            Err((done, e)) => {
-                stats.objects += done.0;
-                stats.bytes += done.1;
-                error.get_or_insert(e);
-            }
-        }
+    for ((n, bytes), e) in results {
+        stats.objects += n;
+        stats.bytes += bytes;
+        error = error.or(e);
     }
     stats.seconds = started.elapsed().as_secs_f64();
     match error {

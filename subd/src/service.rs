@@ -319,6 +319,7 @@ impl Subd {
         r.last_scan = handle.last_stats().map(|s| ScanSummary {
             files: s.files,
             bytes: s.bytes,
+            vouched: s.vouched,
             seconds: s.elapsed.as_secs_f64(),
         });
         r.fetch_bytes = self.fetch_bytes.load(Ordering::Relaxed);

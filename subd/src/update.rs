@@ -372,17 +372,22 @@ impl<'a> Applier<'a> {
     fn make_inode(&mut self, p: &str, inode: &Inode) {
         let dest = self.host(p);
         let tmp = self.root.join(TMP_INODE);
+        // An object's metadata before it is placed: a vouch for it follows it ([`Self::carry`]).
+        let mut before = None;
         let src = match inode {
             Inode::Regular {
                 object: Some(o), ..
             } => {
                 let src = self.take_object(*o);
-                if let Err(e) = fs::symlink_metadata(&src) {
-                    self.stats.error(format!(
-                        "making {p}: object {} is not in the cache: {e}",
-                        o.short()
-                    ));
-                    return;
+                match fs::symlink_metadata(&src) {
+                    Ok(m) => before = Some(m),
+                    Err(e) => {
+                        self.stats.error(format!(
+                            "making {p}: object {} is not in the cache: {e}",
+                            o.short()
+                        ));
+                        return;
+                    }
                 }
                 src
             }
@@ -433,10 +438,6 @@ impl<'a> Applier<'a> {
                 return;
             }
         };
-        let before = self
-            .opts
-            .vouched
-            .and_then(|_| fs::symlink_metadata(&src).ok());
         self.set_metadata(&src, p, inode);
         match rename_over(&src, &dest) {
             Ok(()) => {

@@ -156,6 +156,9 @@ pub fn fetch_summary(poll: &Value) -> String {
             "; its last scan hashed {:.0} MiB in {seconds:.1} s",
             bytes as f64 / f64::from(1u32 << 20)
         ));
+        if let Some(n) = scan["vouched"].as_u64().filter(|n| *n > 0) {
+            out.push_str(&format!(" ({n} files taken at their fetched hash)"));
+        }
     }
     out
 }
@@ -731,10 +734,10 @@ mod tests {
             fetch_summary(&json!({
                 "last_fetch": {"objects": 1, "bytes": 2, "seconds": 3.0},
                 "last_update": {"total_ms": 1530.0},
-                "last_scan": {"files": 7, "bytes": 3_145_728, "seconds": 0.44},
+                "last_scan": {"files": 7, "bytes": 3_145_728, "vouched": 5, "seconds": 0.44},
             })),
             "subd fetched 1 objects, 2 bytes, in 3.0 s; applied in 1.5 s; \
-             its last scan hashed 3 MiB in 0.4 s"
+             its last scan hashed 3 MiB in 0.4 s (5 files taken at their fetched hash)"
         );
     }
 

@@ -38,7 +38,7 @@ struct Sub {
     ip: String,
     root: PathBuf,
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<Stopped>,
 }
 
 /// The subds and the roots; dropping it stops them and removes the roots.
@@ -49,10 +49,7 @@ struct Fleet {
 
 impl Sub {
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.child = None;
     }
 }
 
@@ -227,7 +224,7 @@ fn main() -> anyhow::Result<()> {
             ip: ip.clone(),
             root,
             log,
-            child: Some(child),
+            child: Some(Stopped(child)),
         });
     }
     wait_until("every subd listening", Duration::from_secs(60), || {
@@ -294,65 +291,10 @@ fn main() -> anyhow::Result<()> {
     }
 
     // nginx: the tarball to as many `curl | tar -x` clients at once.
-    let www = work.join("www");
-    std::fs::create_dir_all(&www)?;
-    std::fs::hard_link(&tar, www.join("fleet.tar"))
-        .or_else(|_| std::fs::copy(&tar, www.join("fleet.tar")).map(|_| ()))?;
-    let conf = work.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "worker_processes auto;\npid {w}/nginx.pid;\nerror_log {w}/nginx-error.log;\n\
-             daemon off;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  \
-             sendfile on;\n  tcp_nopush on;\n  server {{ listen {SERVER_IP}:{PEER_PORT}; root {www}; }}\n}}\n",
-            w = work.display(),
-            www = www.display()
-        ),
-    )?;
-    let mut nginx = Command::new("ip")
-        .args(["netns", "exec", &lab.ns, "nginx", "-c"])
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(work.join("nginx.log"))?)
-        .spawn()
-        .context("starting nginx")?;
-    let url = format!("http://{SERVER_IP}:{PEER_PORT}/fleet.tar");
-    wait_until("nginx serving", Duration::from_secs(20), || {
-        Ok(Command::new("ip")
-            .args(["netns", "exec", &lab.ns, "curl", "-sfo", "/dev/null", &url])
-            .status()?
-            .success())
-    })?;
     let peer_roots: Vec<PathBuf> = (0..subs)
         .map(|i| roots.join(format!("peer{i:03}")))
         .collect();
-    for r in &peer_roots {
-        std::fs::create_dir_all(r)?;
-    }
-    let t1 = Instant::now();
-    let clients: Vec<Child> = peer_roots
-        .iter()
-        .map(|r| {
-            Command::new("ip")
-                .args(["netns", "exec", &lab.ns, "sh", "-c"])
-                .arg(format!("curl -sf {url} | tar -x -C {}", r.display()))
-                .stdin(Stdio::null())
-                .spawn()
-                .context("starting a curl client")
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let mut failed = 0;
-    for mut c in clients {
-        if !c.wait()?.success() {
-            failed += 1;
-        }
-    }
-    let nginx_s = t1.elapsed().as_secs_f64();
-    let _ = nginx.kill();
-    let _ = nginx.wait();
-    if failed > 0 {
-        bail!("{failed} of {subs} curl | tar clients failed");
-    }
+    let nginx_s = nginx_peer(&lab.ns, &work, &tar, &peer_roots)?;
     let peer_bytes = tar_bytes * subs as u64;
     drop(fleet);
 
@@ -374,6 +316,77 @@ fn main() -> anyhow::Result<()> {
     } else {
         println!("fleet subs={subs} refetched={}", refetched.len());
         bail!("objects fetched more than once:\n{}", refetched.join("\n"))
+    }
+}
+
+/// The peer: nginx serving `tar` in namespace `ns` to a `curl | tar -x` client per root, all
+/// started at once; the seconds until the last is done. nginx is stopped on every path.
+fn nginx_peer(ns: &str, work: &Path, tar: &Path, roots: &[PathBuf]) -> anyhow::Result<f64> {
+    let www = work.join("www");
+    std::fs::create_dir_all(&www)?;
+    std::fs::hard_link(tar, www.join("fleet.tar"))
+        .or_else(|_| std::fs::copy(tar, www.join("fleet.tar")).map(|_| ()))?;
+    let conf = work.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "worker_processes auto;\npid {w}/nginx.pid;\nerror_log {w}/nginx-error.log;\n\
+             daemon off;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  \
+             sendfile on;\n  tcp_nopush on;\n  server {{ listen {SERVER_IP}:{PEER_PORT}; root {www}; }}\n}}\n",
+            w = work.display(),
+            www = www.display()
+        ),
+    )?;
+    let nginx = Command::new("ip")
+        .args(["netns", "exec", ns, "nginx", "-c"])
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(work.join("nginx.log"))?)
+        .spawn()
+        .context("starting nginx")?;
+    let _nginx = Stopped(nginx);
+    let url = format!("http://{SERVER_IP}:{PEER_PORT}/fleet.tar");
+    wait_until("nginx serving", Duration::from_secs(20), || {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", ns, "curl", "-sfo", "/dev/null", &url])
+            .status()?
+            .success())
+    })?;
+    for r in roots {
+        std::fs::create_dir_all(r)?;
+    }
+    let t = Instant::now();
+    let clients: Vec<Child> = roots
+        .iter()
+        .map(|r| {
+            Command::new("ip")
+                .args(["netns", "exec", ns, "sh", "-c"])
+                .arg(format!("curl -sf {url} | tar -x -C {}", r.display()))
+                .stdin(Stdio::null())
+                .spawn()
+                .context("starting a curl client")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut failed = 0;
+    for mut c in clients {
+        if !c.wait()?.success() {
+            failed += 1;
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    if failed > 0 {
+        bail!("{failed} of {} curl | tar clients failed", roots.len());
+    }
+    Ok(seconds)
+}
+
+/// A child process killed and reaped when dropped.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
