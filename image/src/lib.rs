@@ -18,7 +18,7 @@ pub mod triggers;
 
 pub use filter::Filter;
 pub use image::{BadName, Image, Machine, Mdb, check_logical_name};
-pub use object::ObjectId;
+pub use object::{ObjectHasher, ObjectId};
 pub use plan::{UpdateRequest, plan};
 pub use tree::{FileSystem, Inode, Mtime, SpecialKind};
 pub use triggers::{Trigger, Triggers};

@@ -18,7 +18,6 @@ use std::io::{self, BufRead, BufReader, Read};
 use paddock_image::tree::{self, TreeError, normalize};
 use paddock_image::{FileSystem, Filter, Inode, Mtime, ObjectId, SpecialKind};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha512};
 
 use crate::objects::{ObjectError, ObjectStore};
 
@@ -449,7 +448,7 @@ fn worker(
             Ok(j) => j,
             Err(_) => return,
         };
-        let id = ObjectId(Sha512::digest(&job.buf).into());
+        let id = ObjectId::of(&job.buf);
         let res = store
             .put(id, &job.buf)
             .map(|new| (job.ino, id, new, job.buf.len() as u64));
@@ -643,7 +642,7 @@ impl Ingest<'_> {
     fn store_content(&mut self, entry: &mut impl Read, size: u64) -> Result<ObjectId, MemberError> {
         let (id, new) = if size <= IN_MEMORY {
             let buf = read_member(entry, size)?;
-            let id = ObjectId(Sha512::digest(&buf).into());
+            let id = ObjectId::of(&buf);
             // An object this ingest already stored is not compared again.
             let new = if self.seen.contains(&id) {
                 false

@@ -12,8 +12,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use paddock_image::ObjectId;
-use sha2::{Digest, Sha512};
+use paddock_image::{ObjectHasher, ObjectId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
@@ -119,7 +118,7 @@ impl ObjectStore {
         let tmp = self.tmp_name();
         let res = (|| {
             let mut f = File::create_new(&tmp).map_err(io_at(&tmp))?;
-            let mut h = Sha512::new();
+            let mut h = ObjectHasher::new();
             let mut buf = vec![0u8; 1 << 20];
             let mut size = 0u64;
             loop {
@@ -132,7 +131,7 @@ impl ObjectStore {
                 size += n as u64;
             }
             drop(f);
-            let id = ObjectId::from_hasher(h);
+            let id = h.finish();
             if let Some(e) = expected.filter(|e| *e != id) {
                 return Err(ObjectError::WrongHash {
                     expected: Box::new(e),
@@ -219,7 +218,7 @@ impl ObjectStore {
     pub fn verify(&self, id: &ObjectId) -> Result<bool, ObjectError> {
         let p = self.path(id);
         let mut f = File::open(&p).map_err(io_at(&p))?;
-        let mut h = Sha512::new();
+        let mut h = ObjectHasher::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = f.read(&mut buf).map_err(io_at(&p))?;
@@ -228,7 +227,7 @@ impl ObjectStore {
             }
             h.update(&buf[..n]);
         }
-        Ok(ObjectId::from_hasher(h) == *id)
+        Ok(h.finish() == *id)
     }
 
     pub fn delete(&self, id: &ObjectId) -> Result<(), ObjectError> {

@@ -22,9 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use paddock_image::ObjectId;
+use paddock_image::{ObjectHasher, ObjectId};
 use paddock_wire::{error_message, frames};
-use sha2::{Digest, Sha512};
 
 use crate::ratelimit::{IoMeasure, Limits, Throttle, Usage};
 use crate::vouch::{Key, Vouched};
@@ -304,7 +303,7 @@ impl Stream<'_> {
         }
         let mut out = File::create(&tmp).map_err(FetchError::Cache)?;
         let res: Result<(), FetchError> = (|| {
-            let mut h = Sha512::new();
+            let mut h = ObjectHasher::new();
             let mut left = len;
             while left > 0 {
                 let want = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
@@ -335,7 +334,7 @@ impl Stream<'_> {
                     );
                 }
             }
-            if ObjectId::from_hasher(h) != *id {
+            if h.finish() != *id {
                 return Err(FetchError::Object {
                     object: id.to_string(),
                     message: "the server sent other bytes (SHA-512 differs)".into(),

@@ -26,9 +26,8 @@ use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, PosixFadviseAdvice, posix_fadvise, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
-use paddock_image::{FileSystem, Filter, Inode, Mtime, ObjectId, SpecialKind};
+use paddock_image::{FileSystem, Filter, Inode, Mtime, ObjectHasher, ObjectId, SpecialKind};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha512};
 
 use crate::ratelimit::{ThreadMeter, Throttle, Usage};
 use crate::vouch::{Key, Vouched};
@@ -607,7 +606,7 @@ pub fn hash_reader(
     limit: u64,
     on_chunk: &mut dyn FnMut(usize) -> bool,
 ) -> io::Result<Option<(ObjectId, u64)>> {
-    let mut h = Sha512::new();
+    let mut h = ObjectHasher::new();
     let mut total = 0u64;
     loop {
         let n = match r.read(buf) {
@@ -625,7 +624,7 @@ pub fn hash_reader(
             break;
         }
     }
-    Ok(Some((ObjectId::from_hasher(h), total)))
+    Ok(Some((h.finish(), total)))
 }
 
 /// The objects in a cache directory (`xx/yy/<124 hex>`; other names, including the

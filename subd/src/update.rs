@@ -35,8 +35,7 @@ use nix::sys::time::TimeSpec;
 use paddock_image::plan::{UpdateRequest, untouchable};
 use paddock_image::tree::normalize;
 use paddock_image::triggers::TriggersError;
-use paddock_image::{Filter, Inode, Mtime, ObjectId, SpecialKind, Triggers};
-use sha2::{Digest, Sha512};
+use paddock_image::{Filter, Inode, Mtime, ObjectHasher, ObjectId, SpecialKind, Triggers};
 
 use crate::scan::{OBJECTS_DIR, SUBD_DIR};
 use crate::vouch::{Key, Vouched};
@@ -613,7 +612,7 @@ fn copy_into_cache(src: &Path, dest: &Path, id: ObjectId, hardlink: bool) -> io:
     } else {
         Some(File::create(&tmp)?)
     };
-    let mut h = Sha512::new();
+    let mut h = ObjectHasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = match input.read(&mut buf) {
@@ -627,7 +626,7 @@ fn copy_into_cache(src: &Path, dest: &Path, id: ObjectId, hardlink: bool) -> io:
             o.write_all(&buf[..n])?;
         }
     }
-    if ObjectId::from_hasher(h) != id {
+    if h.finish() != id {
         drop(out);
         let _ = fs::remove_file(&tmp);
         return Err(io::Error::other(
