@@ -1,13 +1,15 @@
 //! Service-discovery DNS: every machine, role instance and service findable by name, from
 //! live state.
 //!
-//! Everything here is pure: time is passed in as Unix milliseconds, and no module does I/O.
+//! All but [`server`] is pure: time is passed in, and no other module does I/O.
 //! - [`name`]: which texts may become DNS labels, and the reverse-zone names of a subnet;
 //! - [`membership`]: who of a service's registered instances stands in its records, under
 //!   the removal hysteresis (a limited number of self-removals per window, a delay for the
 //!   last member; hard removals at once);
 //! - [`zone`]: the zones as a function of the machines, the members and the service ports,
-//!   their serials, and the answer each zone gives to a question.
+//!   their serials, and the answer each zone gives to a question;
+//! - [`wire`]: DNS messages in and out (hickory-proto), answered from the zones;
+//! - [`server`]: the async shell, UDP and TCP on each listen address.
 //!
 //! Names, for a forward zone `paddock.internal.`:
 //! - `<machine>.paddock.internal.` and `<uuid>.node.paddock.internal.`: A (and AAAA when
@@ -21,6 +23,8 @@
 
 pub mod membership;
 pub mod name;
+pub mod server;
+pub mod wire;
 pub mod zone;
 
 pub use membership::{Membership, Policy, Report};

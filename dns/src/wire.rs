@@ -1,0 +1,406 @@
+//! Questions in, answers out, as bytes: DNS messages parsed and written with hickory-proto,
+//! answered from one [`Zones`]. Pure: the server hands in the bytes, the transport and the
+//! asker's address, and sends what comes back.
+//!
+//! - A message that does not parse, or is itself a response, gets no answer at all (no
+//!   reflection of garbage); other opcodes get NOTIMP, more or fewer than one question
+//!   FORMERR, a class other than IN REFUSED.
+//! - Names outside our zones get REFUSED: we recurse for nobody.
+//! - Over UDP an answer fits the asker's size: 512 bytes, or what its EDNS(0) OPT offers
+//!   (at most 4096). Additional records go first; if the answer still does not fit it is
+//!   sent empty with TC set, so the asker retries over TCP.
+//! - Zone transfers (AXFR, and IXFR answered with the whole zone, as RFC 1995 §4 allows)
+//!   only over TCP and only to addresses in the transfer ACL; REFUSED to anyone else.
+
+use std::net::IpAddr;
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::{self, DNSClass, Name, RecordType};
+use ipnet::IpNet;
+
+use crate::zone::{Answer, QType, RData, RType, Record, Zone, Zones};
+
+/// The UDP size we offer in our own OPT record (the DNS flag day 2020 figure).
+const OUR_UDP_SIZE: u16 = 1_232;
+/// The largest UDP answer we send, whatever the asker offers.
+const MAX_UDP: usize = 4_096;
+/// Records per message of a zone transfer (a message must stay under 64 KiB).
+const TRANSFER_CHUNK: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Udp,
+    Tcp,
+}
+
+/// What to send back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Nothing: the message was not a question we answer.
+    Drop,
+    /// One message.
+    One(Vec<u8>),
+    /// The messages of a zone transfer, in order (TCP only).
+    Transfer(Vec<Vec<u8>>),
+}
+
+/// Who may transfer the zones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransferAcl(pub Vec<IpNet>);
+
+impl TransferAcl {
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// The reply to `query` (the bytes of one DNS message) from `source` over `transport`.
+pub fn respond(
+    zones: &Zones,
+    acl: &TransferAcl,
+    query: &[u8],
+    transport: Transport,
+    source: IpAddr,
+) -> Reply {
+    let Ok(request) = Message::from_vec(query) else {
+        return Reply::Drop;
+    };
+    if request.metadata.message_type != MessageType::Query {
+        return Reply::Drop;
+    }
+    let mut response = Message::response(request.metadata.id, request.metadata.op_code);
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.add_queries(request.queries.iter().cloned());
+    let limit = match transport {
+        Transport::Tcp => usize::from(u16::MAX),
+        Transport::Udp => request
+            .edns
+            .as_ref()
+            .map_or(512, |e| usize::from(e.max_payload()).clamp(512, MAX_UDP)),
+    };
+    if request.edns.is_some() {
+        let mut edns = Edns::new();
+        edns.set_max_payload(OUR_UDP_SIZE);
+        response.set_edns(edns);
+    }
+    if request.metadata.op_code != OpCode::Query {
+        return finish(response, ResponseCode::NotImp, limit);
+    }
+    let [question] = request.queries.as_slice() else {
+        return finish(response, ResponseCode::FormErr, limit);
+    };
+    let qname = ascii(question.name());
+    match question.query_type() {
+        RecordType::AXFR | RecordType::IXFR => {
+            return transfer(zones, acl, response, &qname, transport, source);
+        }
+        _ if question.query_class() != DNSClass::IN => {
+            return finish(response, ResponseCode::Refused, limit);
+        }
+        _ => {}
+    }
+    match zones.answer(&qname, qtype(question.query_type())) {
+        Answer::Records {
+            answers,
+            additional,
+            ..
+        } => {
+            response.metadata.authoritative = true;
+            response.add_answers(answers.iter().map(record));
+            response.add_additionals(additional.iter().map(record));
+            finish(response, ResponseCode::NoError, limit)
+        }
+        Answer::NoData { zone } => negative(response, zone, ResponseCode::NoError, limit),
+        Answer::NxDomain { zone } => negative(response, zone, ResponseCode::NXDomain, limit),
+        Answer::NotOurs => finish(response, ResponseCode::Refused, limit),
+    }
+}
+
+/// A name as our zones spell names: ASCII, lower case, with the trailing dot.
+fn ascii(name: &Name) -> String {
+    let mut s = name.to_ascii().to_ascii_lowercase();
+    if !s.ends_with('.') {
+        s.push('.');
+    }
+    s
+}
+
+fn qtype(t: RecordType) -> QType {
+    match t {
+        RecordType::SOA => QType::Type(RType::Soa),
+        RecordType::NS => QType::Type(RType::Ns),
+        RecordType::A => QType::Type(RType::A),
+        RecordType::AAAA => QType::Type(RType::Aaaa),
+        RecordType::TXT => QType::Type(RType::Txt),
+        RecordType::SRV => QType::Type(RType::Srv),
+        RecordType::PTR => QType::Type(RType::Ptr),
+        RecordType::ANY => QType::Any,
+        _ => QType::Other,
+    }
+}
+
+/// Our names are checked labels joined by dots, so they always parse; the root stands in
+/// should one ever not.
+fn name(text: &str) -> Name {
+    Name::from_ascii(text).unwrap_or_else(|_| Name::root())
+}
+
+fn record(r: &Record) -> rr::Record {
+    let data = match &r.data {
+        RData::Soa {
+            mname,
+            rname,
+            serial,
+            refresh,
+            retry,
+            expire,
+            minimum,
+        } => rr::RData::SOA(SOA::new(
+            name(mname),
+            name(rname),
+            *serial,
+            i32::try_from(*refresh).unwrap_or(i32::MAX),
+            i32::try_from(*retry).unwrap_or(i32::MAX),
+            i32::try_from(*expire).unwrap_or(i32::MAX),
+            *minimum,
+        )),
+        RData::Ns(n) => rr::RData::NS(NS(name(n))),
+        RData::A(a) => rr::RData::A(A(*a)),
+        RData::Aaaa(a) => rr::RData::AAAA(AAAA(*a)),
+        RData::Txt(t) => rr::RData::TXT(TXT::new(vec![t.clone()])),
+        RData::Srv {
+            priority,
+            weight,
+            port,
+            target,
+        } => rr::RData::SRV(SRV::new(*priority, *weight, *port, name(target))),
+        RData::Ptr(n) => rr::RData::PTR(PTR(name(n))),
+    };
+    rr::Record::from_rdata(name(&r.name), r.ttl, data)
+}
+
+/// NODATA or NXDOMAIN: authoritative, the zone's SOA in the authority section.
+fn negative(mut response: Message, zone: &Zone, code: ResponseCode, limit: usize) -> Reply {
+    response.metadata.authoritative = true;
+    response.add_authority(record(&zone.soa()));
+    finish(response, code, limit)
+}
+
+/// Writes the response within `limit` bytes: without its additional records if it must,
+/// else empty and truncated.
+fn finish(mut response: Message, code: ResponseCode, limit: usize) -> Reply {
+    response.metadata.response_code = code;
+    let fits = |m: &Message| m.to_vec().ok().filter(|b| b.len() <= limit);
+    if let Some(bytes) = fits(&response) {
+        return Reply::One(bytes);
+    }
+    response.additionals.clear();
+    if let Some(bytes) = fits(&response) {
+        return Reply::One(bytes);
+    }
+    match fits(&response.truncate()) {
+        Some(bytes) => Reply::One(bytes),
+        None => Reply::Drop,
+    }
+}
+
+/// AXFR, and IXFR as a whole zone: the SOA, every record, the SOA again, in messages of
+/// [`TRANSFER_CHUNK`] records.
+fn transfer(
+    zones: &Zones,
+    acl: &TransferAcl,
+    response: Message,
+    qname: &str,
+    transport: Transport,
+    source: IpAddr,
+) -> Reply {
+    let limit = usize::from(u16::MAX);
+    if transport != Transport::Tcp {
+        return finish(response, ResponseCode::FormErr, limit);
+    }
+    if !acl.allows(source) {
+        return finish(response, ResponseCode::Refused, limit);
+    }
+    let Some(zone) = zones.zones.iter().find(|z| z.apex == qname) else {
+        return finish(response, ResponseCode::NotAuth, limit);
+    };
+    let mut records: Vec<rr::Record> = zone.records().map(|r| record(&r)).collect();
+    records.push(record(&zone.soa()));
+    let mut messages = Vec::new();
+    for chunk in records.chunks(TRANSFER_CHUNK) {
+        let mut m = response.clone();
+        m.metadata.authoritative = true;
+        m.add_answers(chunk.iter().cloned());
+        match m.to_vec() {
+            Ok(bytes) if bytes.len() <= limit => messages.push(bytes),
+            _ => return finish(response, ResponseCode::ServFail, limit),
+        }
+    }
+    Reply::Transfer(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zone::{Inputs, Machine, Member, ZoneConfig};
+    use hickory_proto::op::Query;
+
+    /// `machines` machines, each running an instance of role `web`.
+    fn zones(machines: u32) -> Zones {
+        let cfg = ZoneConfig {
+            origin: "paddock.internal.".into(),
+            ttl: 30,
+            name_servers: vec![("ns1".into(), "198.18.0.1".parse().unwrap())],
+            hostmaster: "hostmaster.paddock.internal.".into(),
+            reverse: vec!["198.18.0.0/16".parse().unwrap()],
+        };
+        let inputs = Inputs {
+            machines: (0..machines)
+                .map(|i| Machine {
+                    name: format!("node-{i}"),
+                    uuid: format!("uuid-{i}"),
+                    ipv4: Some(std::net::Ipv4Addr::from(0xc612_0000 + i)),
+                    ipv6: None,
+                })
+                .collect(),
+            members: (0..machines)
+                .map(|i| Member {
+                    role: "web".into(),
+                    instance: format!("web-{i}"),
+                    host: Some(format!("node-{i}")),
+                    in_service: true,
+                })
+                .collect(),
+            ..Inputs::default()
+        };
+        let mut z = Zones::build(&cfg, &inputs);
+        z.stamp(None, paddock_clock::UnixMs(1_800_000_000_000));
+        z
+    }
+
+    fn ask(name: &str, t: RecordType, edns: Option<u16>) -> Vec<u8> {
+        let mut m = Message::new(4242, MessageType::Query, OpCode::Query);
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+        if let Some(size) = edns {
+            let mut e = Edns::new();
+            e.set_max_payload(size);
+            m.set_edns(e);
+        }
+        m.to_vec().unwrap()
+    }
+
+    fn one(reply: Reply) -> Message {
+        match reply {
+            Reply::One(b) => Message::from_vec(&b).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 9));
+
+    #[test]
+    fn an_answer_is_authoritative_and_echoes_the_question() {
+        let z = zones(3);
+        let acl = TransferAcl::default();
+        let q = ask("NODE-1.paddock.internal.", RecordType::A, None);
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        assert_eq!(m.metadata.id, 4242);
+        assert_eq!(m.metadata.message_type, MessageType::Response);
+        assert!(m.metadata.authoritative);
+        assert_eq!(m.queries[0].name().to_ascii(), "NODE-1.paddock.internal.");
+        assert_eq!(m.answers.len(), 1);
+        let q = ask("nobody.paddock.internal.", RecordType::A, None);
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(m.authorities[0].record_type(), RecordType::SOA);
+        let q = ask("example.com.", RecordType::A, None);
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+        assert!(!m.metadata.authoritative);
+    }
+
+    #[test]
+    fn garbage_and_responses_get_nothing() {
+        let z = zones(1);
+        let acl = TransferAcl::default();
+        for junk in [&b""[..], &[0u8; 5], &[0xff; 40]] {
+            assert_eq!(respond(&z, &acl, junk, Transport::Udp, HERE), Reply::Drop);
+        }
+        // A compression pointer that points at itself.
+        let mut q = ask("node-0.paddock.internal.", RecordType::A, None);
+        q.truncate(12);
+        q.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        assert_eq!(respond(&z, &acl, &q, Transport::Udp, HERE), Reply::Drop);
+        let mut m =
+            Message::from_vec(&ask("node-0.paddock.internal.", RecordType::A, None)).unwrap();
+        m.metadata.message_type = MessageType::Response;
+        assert_eq!(
+            respond(&z, &acl, &m.to_vec().unwrap(), Transport::Udp, HERE),
+            Reply::Drop
+        );
+    }
+
+    #[test]
+    fn udp_answers_fit_the_askers_size_or_are_truncated() {
+        // 100 members: 100 addresses for the service, 1.6 KB of answers.
+        let z = zones(100);
+        let acl = TransferAcl::default();
+        let q = ask("web.svc.paddock.internal.", RecordType::A, None);
+        let Reply::One(b) = respond(&z, &acl, &q, Transport::Udp, HERE) else {
+            panic!()
+        };
+        assert!(b.len() <= 512, "{} bytes", b.len());
+        let m = Message::from_vec(&b).unwrap();
+        assert!(m.metadata.truncation && m.answers.is_empty());
+        // The asker offers 4096 (EDNS): all of it, and an OPT back.
+        let q = ask("web.svc.paddock.internal.", RecordType::A, Some(4096));
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        assert!(!m.metadata.truncation);
+        assert_eq!(m.answers.len(), 100);
+        assert!(m.edns.is_some(), "OPT answered with OPT");
+        // Over TCP the size is no matter.
+        let q = ask("web.svc.paddock.internal.", RecordType::A, None);
+        assert_eq!(
+            one(respond(&z, &acl, &q, Transport::Tcp, HERE))
+                .answers
+                .len(),
+            100
+        );
+        // ANY gets one record set.
+        let q = ask("web.svc.paddock.internal.", RecordType::ANY, Some(4096));
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        let types: std::collections::BTreeSet<RecordType> =
+            m.answers.iter().map(|r| r.record_type()).collect();
+        assert_eq!(types.len(), 1, "{types:?}");
+    }
+
+    #[test]
+    fn transfers_only_over_tcp_and_only_to_the_acl() {
+        let z = zones(600);
+        let acl = TransferAcl(vec!["198.18.0.0/24".parse().unwrap()]);
+        let q = ask("paddock.internal.", RecordType::AXFR, None);
+        let outsider: IpAddr = "198.18.1.9".parse().unwrap();
+        let m = one(respond(&z, &acl, &q, Transport::Tcp, outsider));
+        assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+        assert!(m.answers.is_empty());
+        let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+        let Reply::Transfer(messages) = respond(&z, &acl, &q, Transport::Tcp, HERE) else {
+            panic!("no transfer")
+        };
+        let records: Vec<rr::Record> = messages
+            .iter()
+            .flat_map(|b| Message::from_vec(b).unwrap().answers)
+            .collect();
+        assert!(messages.len() > 1, "{} messages", messages.len());
+        assert_eq!(records.first().unwrap().record_type(), RecordType::SOA);
+        assert_eq!(records.last().unwrap().record_type(), RecordType::SOA);
+        // SOA, NS, ns1's A; per machine two names with A + TXT, its instance's A + TXT,
+        // and the service's A + TXT; the closing SOA.
+        assert_eq!(records.len(), 1 + 1 + 1 + 600 * 8 + 1);
+        let q = ask("node-1.paddock.internal.", RecordType::AXFR, None);
+        let m = one(respond(&z, &acl, &q, Transport::Tcp, HERE));
+        assert_eq!(m.metadata.response_code, ResponseCode::NotAuth);
+    }
+}
