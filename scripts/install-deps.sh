@@ -31,6 +31,7 @@ packages=(
   ipmitool         # the IPMI power driver (paddock-power) and its tests
   openssl          # the BMC harness's test CA and HTTPS certificate
   chromium chromium-driver  # the console's browser test: headless Chromium through chromedriver (WebDriver)
+  bind9-dnsutils   # dig: the DNS server's real client in its tests
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(

@@ -168,6 +168,7 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "census", "register"] if post => write("Census.Register"),
         ["api", "v1", "census", "keepalive"] if post => write("Census.KeepAlive"),
         ["api", "v1", "census", "revoke"] if post => write("Census.Revoke"),
+        ["api", "v1", "census", "status"] if post => write("Census.Status"),
 
         // The console: pages are Console.View, forms are the methods they perform.
         ["ui", "audit"] if get => read("Audit.List"),

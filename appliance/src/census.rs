@@ -6,11 +6,15 @@
 //! Store keys (every value bound to the registrant's lease):
 //! - `census/hosts/<host>`: `{host, since_ms}`: the host is alive and may be given roles
 //!   (its traits and properties are those of the enrolled node of the same name);
-//! - `census/instances/<role>/<instance>`: `{role, instance, host, since_ms}`.
+//! - `census/instances/<role>/<instance>`: `{role, instance, host, status?, since_ms}`; an
+//!   instance whose status is anything but `up` leaves its service's DNS records (it keeps
+//!   its own name); one that says nothing is up.
 //!
 //! Routes: `GET /api/v1/census`, `POST /api/v1/census/register {role?, instance?, host?,
-//! ttl_secs?}` → `{lease, ttl_secs, key}`, `POST /api/v1/census/keepalive {lease}`,
-//! `POST /api/v1/census/revoke {lease}`.
+//! status?, ttl_secs?}` → `{lease, ttl_secs, key}` (registering again replaces the entry,
+//! so a status change is a new registration), `POST /api/v1/census/keepalive {lease}`,
+//! `POST /api/v1/census/revoke {lease}`, `POST /api/v1/census/status {lease, status?}` (the
+//! instance held by that lease says how it is; no status is up).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,7 +48,17 @@ pub struct InstanceEntry {
     pub instance: String,
     #[serde(default)]
     pub host: Option<String>,
+    /// What the instance says of itself; `None` is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
     pub since_ms: i64,
+}
+
+impl InstanceEntry {
+    /// In its service's DNS records, as far as its own word goes.
+    pub fn says_up(&self) -> bool {
+        self.status.as_deref().is_none_or(|s| s == "up")
+    }
 }
 
 /// `GET /api/v1/census`: the live registrations.
@@ -63,6 +77,9 @@ pub struct Register {
     pub instance: Option<String>,
     #[serde(default)]
     pub host: Option<String>,
+    /// An instance's own word on its health: `up`, or anything else for not up.
+    #[serde(default)]
+    pub status: Option<String>,
     #[serde(default)]
     pub ttl_secs: Option<u64>,
 }
@@ -79,6 +96,15 @@ pub struct LeaseRef {
     pub lease: LeaseId,
 }
 
+/// `POST /api/v1/census/status`: what the instance registered under `lease` says of itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusReport {
+    pub lease: LeaseId,
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
 impl Register {
     /// The key and value this registration puts, or why it is refused.
     pub fn entry(&self, now_ms: i64) -> Result<(String, Vec<u8>), RegisterError> {
@@ -89,14 +115,19 @@ impl Register {
             (Some(role), Some(instance)) => {
                 check_name(role)?;
                 check_word("instance", instance)?;
+                if let Some(s) = &self.status {
+                    check_word("status", s)?;
+                }
                 let e = InstanceEntry {
                     role: role.clone(),
                     instance: instance.clone(),
                     host: self.host.clone(),
+                    status: self.status.clone(),
                     since_ms: now_ms,
                 };
                 (format!("{INSTANCES}{role}/{instance}"), json(&e))
             }
+            (None, None) if self.status.is_some() => return Err(RegisterError::HostStatus),
             (None, None) => {
                 let Some(host) = &self.host else {
                     return Err(RegisterError::Nothing);
@@ -131,6 +162,8 @@ pub enum RegisterError {
     Nothing,
     #[error("a role instance needs both role and instance")]
     HalfAnInstance,
+    #[error("a status belongs to a role instance, not to a host")]
+    HostStatus,
     #[error("ttl_secs {0} must be 1 to {MAX_TTL_SECS}")]
     Ttl(u64),
 }
@@ -285,6 +318,7 @@ pub fn router(c: CensusService) -> Router {
         .route("/api/v1/census/register", post(register))
         .route("/api/v1/census/keepalive", post(keepalive))
         .route("/api/v1/census/revoke", post(revoke))
+        .route("/api/v1/census/status", post(status))
         .with_state(c)
 }
 
@@ -323,6 +357,52 @@ async fn revoke(
     }
 }
 
+/// Sets the status of the instance registered under the report's lease, in place: same key,
+/// same lease, changed only if nobody changed it in between.
+async fn status(
+    State(c): State<CensusService>,
+    Json(r): Json<StatusReport>,
+) -> Result<Json<InstanceEntry>, ApiError> {
+    if let Some(s) = &r.status {
+        check_word("status", s).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    let held = c
+        .store
+        .range(INSTANCES)
+        .await
+        .map_err(store_error)?
+        .into_iter()
+        .find(|kv| kv.lease == Some(r.lease));
+    let Some(kv) = held else {
+        return Err(ApiError::not_found(format!(
+            "no role instance is registered under lease {}",
+            r.lease
+        )));
+    };
+    let mut entry: InstanceEntry = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("{}: {e}", kv.key)))?;
+    entry.status = r.status;
+    let txn = Txn {
+        compare: vec![Compare::ModRevision {
+            key: kv.key.clone(),
+            revision: kv.mod_revision,
+        }],
+        success: vec![Op::Put {
+            key: kv.key.clone(),
+            value: json(&entry),
+            lease: Some(r.lease),
+        }],
+        failure: vec![],
+    };
+    if !c.store.txn(txn).await.map_err(store_error)?.succeeded {
+        return Err(ApiError::new(
+            409,
+            format!("{} changed meanwhile: report again", kv.key),
+        ));
+    }
+    Ok(Json(entry))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +413,7 @@ mod tests {
             role: role.map(str::to_string),
             instance: instance.map(str::to_string),
             host: host.map(str::to_string),
+            status: None,
             ttl_secs: None,
         };
         let (k, v) = r(Some("db"), Some("db-1"), Some("h1")).entry(5).unwrap();
@@ -340,6 +421,24 @@ mod tests {
         let e: InstanceEntry = serde_json::from_slice(&v).unwrap();
         assert_eq!(e.host.as_deref(), Some("h1"));
         assert_eq!(e.since_ms, 5);
+        assert!(e.says_up(), "no status is up");
+        for (status, up) in [
+            ("up", true),
+            ("down", false),
+            ("Up", false),
+            ("verifying", false),
+        ] {
+            let mut with = r(Some("db"), Some("db-1"), None);
+            with.status = Some(status.into());
+            let e: InstanceEntry = serde_json::from_slice(&with.entry(0).unwrap().1).unwrap();
+            assert_eq!(e.says_up(), up, "{status}");
+        }
+        let mut host_status = r(None, None, Some("h1"));
+        host_status.status = Some("down".into());
+        assert_eq!(host_status.entry(0), Err(RegisterError::HostStatus));
+        let mut hostile = r(Some("db"), Some("db-1"), None);
+        hostile.status = Some("<script>".into());
+        assert!(hostile.entry(0).is_err());
         assert_eq!(
             r(None, None, Some("h1")).entry(0).unwrap().0,
             "census/hosts/h1"

@@ -16,6 +16,7 @@ pub mod config;
 pub mod console;
 pub mod console_access;
 pub mod dhcp;
+pub mod dns;
 pub mod dominator;
 pub mod http;
 pub mod images;

@@ -592,6 +592,7 @@ fn census(
             role,
             instance,
             host,
+            status,
             ttl,
         }) => r::census_hold(
             &url.as_deref().map_or_else(|| api.clone(), |u| api.at(u)),
@@ -599,6 +600,7 @@ fn census(
                 role,
                 instance,
                 host,
+                status,
                 ttl_secs: Some(ttl),
             },
         ),

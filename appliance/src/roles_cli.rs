@@ -49,6 +49,10 @@ pub enum CensusCmd {
         instance: Option<String>,
         #[arg(long)]
         host: Option<String>,
+        /// The instance's own word on its health: `up`, or anything else to leave its
+        /// service's DNS records (its own name stays).
+        #[arg(long)]
+        status: Option<String>,
         #[arg(long, default_value_t = crate::census::DEFAULT_TTL_SECS)]
         ttl: u64,
     },

@@ -73,6 +73,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url)?;
+    if let Some(dns) = &cfg.dns {
+        crate::dns::start(&mut rt, dns.clone()).await?;
+    }
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
     let dominator = core.start_dominator(&mut rt, &provisioner)?;

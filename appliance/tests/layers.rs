@@ -28,6 +28,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "dominator",
             "roles",
             "dhcp",
+            "dns",
             "inspection",
         ],
     ),

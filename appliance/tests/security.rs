@@ -124,6 +124,7 @@ GET    /api/v1/census                             Census.List                   
 POST   /api/v1/census/register                    Census.Register                       -
 POST   /api/v1/census/keepalive                   Census.KeepAlive                      -
 POST   /api/v1/census/revoke                      Census.Revoke                         -
+POST   /api/v1/census/status                      Census.Status                         -
 # Ironic Inspector v1.
 GET    /v1/introspection                          Introspection.List                    rt
 GET    /v1/introspection/ghost                    Introspection.Get                     rt

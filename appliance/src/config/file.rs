@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub provisioning: ProvisioningFile,
     pub power: PowerFile,
     pub roles: crate::roles::RolesFile,
+    pub dns: crate::dns::DnsFile,
     pub security: SecurityFile,
 }
 

@@ -68,6 +68,8 @@ pub struct Config {
     pub power: crate::power::PowerConfig,
     /// `None`: no hooks directory, the role loop is off.
     pub roles: Option<crate::roles::RolesConfig>,
+    /// `None`: no DNS server.
+    pub dns: Option<crate::dns::DnsConfig>,
     /// `[security]`.
     pub security: SecurityConfig,
 }

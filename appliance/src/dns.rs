@@ -1,0 +1,376 @@
+//! Service-discovery DNS: the shell around `paddock_dns`. Every appliance host (leader or
+//! not) serves the same zones from its own copy of the store: the machines (enrolled nodes,
+//! their addresses from their DHCP leases), the role instances of the census and their
+//! self-reported status, damped by the membership hysteresis.
+//!
+//! The zones are rebuilt whenever nodes, leases or census entries change (watched, not
+//! polled; changes within [`DEBOUNCE`] are taken together), when a pending self-removal
+//! falls due, and every [`SWEEP`] so that expired leases leave. The server answers from the
+//! newest build, swapped in whole.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::{IpNet, Ipv4Net};
+use paddock_clock::UnixMs;
+use paddock_dhcp::{Lease, LeaseState, MacAddr};
+use paddock_dns::server::{Limits, Server};
+use paddock_dns::wire::TransferAcl;
+use paddock_dns::{Inputs, Machine, Member, Membership, Policy, Report, ZoneConfig, Zones};
+use paddock_inspector::node::Node;
+use paddock_store::Store;
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::census::{INSTANCES, InstanceEntry, node_hostname};
+use crate::runtime::{Context, Runtime};
+
+/// `[dns] zone`'s default.
+pub const DNS_ZONE: &str = "paddock.internal";
+/// `[dns] ttl_secs`'s default: names follow live state, so caches must not hold them long.
+pub const DNS_TTL_SECS: u32 = 30;
+/// `[dns] port`'s default.
+pub const DNS_PORT: u16 = 53;
+/// Changes this close together are built into one zone.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+/// The longest the zones go unrebuilt: leases expire without a store event.
+const SWEEP: Duration = Duration::from_secs(30);
+
+/// `[dns]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsFile {
+    /// Serve DNS (default: off).
+    pub enabled: Option<bool>,
+    /// Addresses to answer on, UDP and TCP (default: the HTTP listener's address).
+    pub listen: Vec<IpAddr>,
+    /// The port on each ([`DNS_PORT`]).
+    pub port: Option<u16>,
+    /// The forward zone ([`DNS_ZONE`]).
+    pub zone: Option<String>,
+    /// Every record's TTL and the negative-answer TTL ([`DNS_TTL_SECS`]).
+    pub ttl_secs: Option<u32>,
+    /// Networks (CIDR) whose addresses may transfer the zones (AXFR, IXFR); none by default.
+    pub allow_transfer: Vec<String>,
+    /// Subnets whose reverse zones are served (default: the DHCP subnets).
+    pub reverse: Option<Vec<String>>,
+    /// The window of the self-removal limit, seconds (60).
+    pub self_removal_window_secs: Option<u64>,
+    /// How long the last member in service stays after it reports down, seconds (600).
+    pub last_member_delay_secs: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DnsConfig {
+    pub listen: Vec<SocketAddr>,
+    pub zone: ZoneConfig,
+    pub limits: Limits,
+    pub policy: Policy,
+}
+
+/// `[dns]` → the server's settings (`None`: off). `http_ip` stands in for an unset listen
+/// list and for the name server's address; `dhcp_subnets` for an unset reverse list.
+pub fn validate(
+    f: &DnsFile,
+    http_ip: Option<IpAddr>,
+    dhcp_subnets: &[Ipv4Net],
+    p: &mut Vec<String>,
+) -> Option<DnsConfig> {
+    if !f.enabled.unwrap_or(false) {
+        return None;
+    }
+    let port = f.port.unwrap_or(DNS_PORT);
+    let ips: Vec<IpAddr> = if f.listen.is_empty() {
+        http_ip.into_iter().collect()
+    } else {
+        f.listen.clone()
+    };
+    let origin = match paddock_dns::name::absolute(f.zone.as_deref().unwrap_or(DNS_ZONE)) {
+        Ok(o) => o,
+        Err(e) => {
+            p.push(format!("dns.zone: {e}"));
+            return None;
+        }
+    };
+    // The name server's address: the first IPv4 one answered on, else the HTTP listener's.
+    let ns = ips
+        .iter()
+        .chain(http_ip.iter())
+        .find_map(|ip| match ip {
+            IpAddr::V4(v4) if !v4.is_unspecified() => Some(*v4),
+            _ => None,
+        })
+        .unwrap_or(Ipv4Addr::LOCALHOST);
+    let ttl = f.ttl_secs.unwrap_or(DNS_TTL_SECS);
+    if !(1..=86_400).contains(&ttl) {
+        p.push(format!("dns.ttl_secs: {ttl} must be 1 to 86400"));
+    }
+    let allow_transfer: Vec<IpNet> = parse_all("dns.allow_transfer", &f.allow_transfer, p);
+    let reverse = match &f.reverse {
+        None => dhcp_subnets.to_vec(),
+        Some(list) => parse_all("dns.reverse", list, p),
+    };
+    let mut secs = |name: &str, v: Option<u64>, default: u64| {
+        let v = v.unwrap_or(default);
+        if !(1..=86_400).contains(&v) {
+            p.push(format!("dns.{name}: {v} must be 1 to 86400"));
+        }
+        Duration::from_secs(v)
+    };
+    let policy = Policy {
+        window: secs("self_removal_window_secs", f.self_removal_window_secs, 60),
+        last_member_delay: secs("last_member_delay_secs", f.last_member_delay_secs, 600),
+    };
+    Some(DnsConfig {
+        listen: ips
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, port))
+            .collect(),
+        zone: ZoneConfig {
+            hostmaster: format!("hostmaster.{origin}"),
+            origin,
+            ttl,
+            name_servers: vec![("ns1".into(), ns)],
+            reverse,
+        },
+        limits: Limits {
+            transfer_acl: TransferAcl(allow_transfer),
+            ..Limits::default()
+        },
+        policy,
+    })
+}
+
+/// Each of `texts` parsed; a problem for each that does not parse.
+fn parse_all<T: std::str::FromStr>(field: &str, texts: &[String], p: &mut Vec<String>) -> Vec<T>
+where
+    T::Err: std::fmt::Display,
+{
+    texts
+        .iter()
+        .filter_map(|t| match t.parse() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                p.push(format!("{field}: {t:?}: {e}"));
+                None
+            }
+        })
+        .collect()
+}
+
+/// Binds the listeners (a taken port stops `paddock serve` at start) and runs the server
+/// and the loop that keeps its zones.
+pub async fn start(rt: &mut Runtime, cfg: DnsConfig) -> anyhow::Result<()> {
+    let server = Server::bind(&cfg.listen).await?;
+    tracing::info!(listen = ?server.local_addrs(), zone = %cfg.zone.origin, "dns: serving");
+    let empty = Zones::build(&cfg.zone, &Inputs::default());
+    let (tx, rx) = watch::channel(Arc::new(empty));
+    let limits = cfg.limits.clone();
+    rt.spawn_once("dns", move |ctx| async move {
+        Ok(server.run(rx, limits, ctx.cancel).await?)
+    });
+    let cfg = Arc::new(cfg);
+    rt.spawn("dns zones", crate::runtime::Policy::Restart, move |ctx| {
+        keep_zones(ctx, cfg.clone(), tx.clone())
+    });
+    Ok(())
+}
+
+/// Rebuilds the zones on every change until cancelled.
+async fn keep_zones(
+    ctx: Context,
+    cfg: Arc<DnsConfig>,
+    tx: watch::Sender<Arc<Zones>>,
+) -> anyhow::Result<()> {
+    let store = ctx.store.clone();
+    let prefixes = [
+        paddock_inspector::service::records::NODES,
+        paddock_dhcp::shell::LEASE_PREFIX,
+        INSTANCES,
+    ];
+    let mut watches = Vec::new();
+    for p in prefixes {
+        watches.push(store.watch(p, 0).await?);
+    }
+    let mut membership = Membership::default();
+    loop {
+        let now = paddock_clock::now();
+        let (inputs, registrations) = gather(store.as_ref(), now).await?;
+        let due = membership.observe(
+            now,
+            registrations
+                .iter()
+                .map(|(role, instance, report)| (role.as_str(), instance.as_str(), *report)),
+            &cfg.policy,
+        );
+        let mut zones = Zones::build(&cfg.zone, &with_membership(inputs, &membership));
+        let before = tx.borrow().clone();
+        zones.stamp(Some(&before), now);
+        if zones != *before {
+            let serials: Vec<u32> = zones.zones.iter().map(|z| z.serial).collect();
+            tracing::debug!(
+                ?serials,
+                names = zones.zones[0].names(),
+                "dns: zones rebuilt"
+            );
+            for s in zones.skipped.iter().filter(|s| !before.skipped.contains(s)) {
+                tracing::warn!(what = %s.what, why = %s.why, "dns: left out of the zone");
+            }
+            tx.send_replace(Arc::new(zones));
+        }
+        let wait = due.map_or(SWEEP, |t| t.since(now).min(SWEEP));
+        let woke = tokio::select! {
+            () = tokio::time::sleep(wait) => true,
+            ev = next_event(&mut watches) => ev,
+            () = ctx.cancel.cancelled() => return Ok(()),
+        };
+        if !woke {
+            anyhow::bail!("the store's watch ended");
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+        for w in &mut watches {
+            while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, w.next()).await {}
+        }
+    }
+}
+
+/// The next event of any of the watches; `false` once one has ended.
+async fn next_event(watches: &mut [paddock_store::Watch]) -> bool {
+    let nexts = watches.iter_mut().map(|w| Box::pin(w.next()));
+    let (ev, _, _) = futures_util::future::select_all(nexts).await;
+    matches!(ev, Some(Ok(_)))
+}
+
+/// The machines as DNS sees them, and the census's instances with their word on their
+/// health.
+async fn gather(
+    store: &dyn Store,
+    now: UnixMs,
+) -> anyhow::Result<(Inputs, Vec<(String, String, Report)>)> {
+    let mut leases: BTreeMap<MacAddr, Lease> = BTreeMap::new();
+    let now_secs = u64::try_from(now.secs()).unwrap_or(0);
+    for kv in store.range(paddock_dhcp::shell::LEASE_PREFIX).await? {
+        let Ok(l) = serde_json::from_slice::<Lease>(&kv.value) else {
+            continue;
+        };
+        if l.state != LeaseState::Bound || l.expires <= now_secs {
+            continue;
+        }
+        // A MAC with several live leases (a moved machine): the one that lasts longest.
+        if leases.get(&l.mac).is_none_or(|o| o.expires < l.expires) {
+            leases.insert(l.mac, l);
+        }
+    }
+    let mut inputs = Inputs::default();
+    for kv in store
+        .range(paddock_inspector::service::records::NODES)
+        .await?
+    {
+        let Ok(node) = serde_json::from_slice::<Node>(&kv.value) else {
+            continue;
+        };
+        let ipv4 = node
+            .pxe_mac
+            .iter()
+            .chain(node.macs.iter())
+            .find_map(|m| leases.get(m))
+            .map(|l| l.ip);
+        inputs.machines.push(Machine {
+            name: node_hostname(&node),
+            uuid: node.uuid.to_string(),
+            ipv4,
+            ipv6: None,
+        });
+    }
+    let mut registrations = Vec::new();
+    for kv in store.range(INSTANCES).await? {
+        let Ok(e) = serde_json::from_slice::<InstanceEntry>(&kv.value) else {
+            continue;
+        };
+        let report = if e.says_up() {
+            Report::Up
+        } else {
+            Report::Down
+        };
+        registrations.push((e.role.clone(), e.instance.clone(), report));
+        inputs.members.push(Member {
+            role: e.role,
+            instance: e.instance,
+            host: e.host,
+            in_service: false,
+        });
+    }
+    Ok((inputs, registrations))
+}
+
+/// `inputs` with each member in or out of service as the membership decided.
+fn with_membership(mut inputs: Inputs, membership: &Membership) -> Inputs {
+    for m in &mut inputs.members {
+        m.in_service = membership.in_service(&m.role, &m.instance);
+    }
+    inputs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(toml_text: &str) -> DnsFile {
+        toml::from_str(toml_text).expect("parses")
+    }
+
+    #[test]
+    fn dns_is_off_unless_enabled_and_defaults_follow_http_and_dhcp() {
+        let http: Option<IpAddr> = Some("198.18.0.1".parse().unwrap());
+        let subnets: Vec<Ipv4Net> = vec!["198.18.0.0/24".parse().unwrap()];
+        let mut p = Vec::new();
+        assert!(validate(&file(""), http, &subnets, &mut p).is_none());
+        let c = validate(&file("enabled = true"), http, &subnets, &mut p).unwrap();
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.listen, ["198.18.0.1:53".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(c.zone.origin, "paddock.internal.");
+        assert_eq!(c.zone.reverse, subnets);
+        assert_eq!(
+            c.zone.name_servers,
+            [("ns1".to_string(), Ipv4Addr::new(198, 18, 0, 1))]
+        );
+        assert!(
+            c.limits.transfer_acl.0.is_empty(),
+            "no transfers by default"
+        );
+        assert_eq!(c.policy, Policy::default());
+    }
+
+    #[test]
+    fn every_bad_dns_setting_is_reported() {
+        let mut p = Vec::new();
+        let f = file(
+            r#"enabled = true
+zone = "a..b"
+"#,
+        );
+        assert!(validate(&f, None, &[], &mut p).is_none());
+        let f = file(
+            r#"enabled = true
+ttl_secs = 0
+allow_transfer = ["nonsense", "198.18.0.0/24"]
+reverse = ["198.18.0.0/33"]
+self_removal_window_secs = 0
+"#,
+        );
+        let c = validate(&f, None, &[], &mut p).unwrap();
+        assert_eq!(c.limits.transfer_acl.0.len(), 1);
+        let text = p.join("\n");
+        for want in [
+            "dns.zone",
+            "dns.ttl_secs: 0",
+            "dns.allow_transfer: \"nonsense\"",
+            "dns.reverse: \"198.18.0.0/33\"",
+            "dns.self_removal_window_secs: 0",
+        ] {
+            assert!(text.contains(want), "{want} not in {text}");
+        }
+    }
+}

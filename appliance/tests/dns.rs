@@ -1,0 +1,253 @@
+//! Service-discovery DNS asked by a real client: `dig` in the client's namespace against the
+//! appliance's server, for a machine that took a DHCP lease and was enrolled, and for role
+//! instances registered in the census.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::*;
+
+const ZONE: &str = "paddock.internal";
+/// The address the client asks from (may transfer the zones), and another on the same link
+/// (may not).
+const INSIDE: &str = "198.18.0.50";
+const OUTSIDE: &str = "198.18.0.60";
+
+struct Lab {
+    link: Link,
+    scratch: Scratch,
+    _appliance: Appliance,
+}
+
+impl Lab {
+    fn start() -> Lab {
+        require(&["dig", "curl", "busybox"]);
+        let link = Link::new();
+        let scratch = Scratch::new(&link.tag);
+        let extra = format!(
+            "[tftp]\nenabled = false\n[dns]\nenabled = true\nlisten = [\"{SERVER_IP}\"]\nallow_transfer = [\"{INSIDE}/32\"]\n"
+        );
+        let appliance = Appliance::start(
+            &link.server,
+            &scratch,
+            &base_config(&link, &scratch, &extra),
+        );
+        link.give_client_static_address();
+        link.client
+            .sh_ok(&format!("ip addr add {OUTSIDE}/24 dev {}", link.client_if));
+        Lab {
+            link,
+            scratch,
+            _appliance: appliance,
+        }
+    }
+
+    /// `dig` from the client's namespace, from `source`, with `args` (the name, type and
+    /// options): its whole text.
+    fn dig_from(&self, source: &str, args: &str) -> String {
+        let out = self.link.client.sh(&format!(
+            "dig @{SERVER_IP} -b {source} +time=2 +tries=1 {args}"
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn dig(&self, args: &str) -> String {
+        self.dig_from(INSIDE, args)
+    }
+
+    /// `dig +short`: the answer's data, sorted.
+    fn short(&self, name: &str, t: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .dig(&format!("+short {name} {t}"))
+            .lines()
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn api(&self, method: &str, path: &str, body: serde_json::Value) -> Resp {
+        http(
+            &self.link.client,
+            &self.scratch,
+            method,
+            path,
+            Some(&body.to_string()),
+            &[],
+        )
+    }
+
+    /// Registers an instance; its store lease.
+    fn register(&self, role: &str, instance: &str, host: &str, status: Option<&str>) -> u64 {
+        let mut body = json!({"role": role, "instance": instance, "host": host, "ttl_secs": 600});
+        if let Some(s) = status {
+            body["status"] = json!(s);
+        }
+        let r = self.api("POST", "/api/v1/census/register", body);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.json()["lease"].as_u64().expect("a lease")
+    }
+}
+
+impl Lab {
+    /// What the instance under `lease` says of itself.
+    fn report(&self, lease: u64, status: Option<&str>) {
+        let r = self.api(
+            "POST",
+            "/api/v1/census/status",
+            json!({"lease": lease, "status": status}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+}
+
+/// Waits at most `within` for `f`; how long it took.
+fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
+    let lab = Lab::start();
+    // The machine: a DHCP lease from the appliance, then enrolment under a name.
+    let mac = lab
+        .link
+        .client
+        .sh_ok(&format!(
+            "cat /sys/class/net/{}/address",
+            lab.link.client_if
+        ))
+        .trim()
+        .to_string();
+    let lease = udhcpc(&lab.link, &lab.scratch, "").expect("a lease");
+    let ip = lease["ip"].clone();
+    let want_ip = vec![ip.clone()];
+    let r = lab.api(
+        "POST",
+        "/api/v1/nodes",
+        json!({"macs": [mac], "name": "rack4-slot7"}),
+    );
+    assert_eq!(r.status, 201, "{r:?}");
+    let uuid = r.json()["uuid"].as_str().unwrap().to_string();
+    let name = format!("rack4-slot7.{ZONE}");
+    within(
+        "the enrolled machine's name",
+        Duration::from_secs(10),
+        || lab.short(&name, "A") == want_ip,
+    );
+    assert_eq!(lab.short(&name, "TXT"), [format!("\"{uuid}\"")]);
+    assert_eq!(lab.short(&format!("{uuid}.node.{ZONE}"), "A"), want_ip);
+    assert_eq!(
+        lab.short(&format!("-x {ip}"), ""),
+        [format!("{name}.")],
+        "PTR in the DHCP subnet's reverse zone"
+    );
+    assert_eq!(lab.short(&name, "AAAA"), Vec::<String>::new());
+
+    // Negative answers: authoritative, with the SOA; other zones refused.
+    let nx = lab.dig(&format!("nobody.{ZONE} A"));
+    assert!(nx.contains("status: NXDOMAIN"), "{nx}");
+    assert!(nx.contains("flags: qr aa"), "{nx}");
+    let soa = nx
+        .split(";; AUTHORITY SECTION:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no authority section: {nx}"));
+    assert!(
+        soa.contains(&format!("{ZONE}.")) && soa.contains("SOA"),
+        "{nx}"
+    );
+    let nodata = lab.dig(&format!("{name} MX"));
+    assert!(
+        nodata.contains("status: NOERROR") && nodata.contains("ANSWER: 0"),
+        "{nodata}"
+    );
+    let refused = lab.dig("example.com A");
+    assert!(refused.contains("status: REFUSED"), "{refused}");
+    // ANY: one record set, not all of them (RFC 8482).
+    let any = lab.dig(&format!("+noall +answer {name} ANY"));
+    let types: std::collections::BTreeSet<&str> = any
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(types.len(), 1, "{any}");
+
+    // Role instances: registered on the machine, they get names within a second.
+    let start = Instant::now();
+    let leases: Vec<u64> = (1..=3)
+        .map(|i| {
+            let said = (i == 3).then_some("up");
+            lab.register("web", &format!("web{i}"), "rack4-slot7", said)
+        })
+        .collect();
+    let took = within(
+        "three instances in the service",
+        Duration::from_secs(1),
+        || lab.short(&format!("web.svc.{ZONE}"), "TXT") == ["\"web1\"", "\"web2\"", "\"web3\""],
+    );
+    eprintln!("registered → in DNS: {:?}", start.elapsed().max(took));
+    assert_eq!(lab.short(&format!("web2.inst.{ZONE}"), "A"), want_ip);
+    assert_eq!(lab.short(&format!("web.svc.{ZONE}"), "A"), want_ip);
+    // One reports down: out of the service at once (1 of 3 may leave per window), its own
+    // name kept; a second one down waits for the window.
+    lab.report(leases[0], Some("down"));
+    within("web1 out of service", Duration::from_secs(1), || {
+        lab.short(&format!("web.svc.{ZONE}"), "TXT")
+            == ["\"verifying:web1\"", "\"web2\"", "\"web3\""]
+    });
+    assert_eq!(lab.short(&format!("web1.inst.{ZONE}"), "A"), want_ip);
+    let hostile = lab.api(
+        "POST",
+        "/api/v1/census/status",
+        json!({"lease": leases[1], "status": "<script>"}),
+    );
+    assert_eq!(hostile.status, 400, "{hostile:?}");
+    lab.report(leases[1], Some("draining"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lab.short(&format!("web.svc.{ZONE}"), "TXT"),
+        ["\"verifying:web1\"", "\"web2\"", "\"web3\""],
+        "the second self-removal waits for the window"
+    );
+    // A hard removal (the registration revoked) is immediate, window or not.
+    let r = lab.api("POST", "/api/v1/census/revoke", json!({"lease": leases[2]}));
+    assert!(r.status < 300, "{r:?}");
+    within("web3 gone", Duration::from_secs(1), || {
+        lab.short(&format!("web3.inst.{ZONE}"), "A").is_empty()
+    });
+    let nx = lab.dig(&format!("web3.inst.{ZONE} A"));
+    assert!(nx.contains("status: NXDOMAIN"), "{nx}");
+
+    // Many members: more addresses than 512 bytes hold, so UDP without EDNS is truncated.
+    for i in 0..60 {
+        lab.register("big", &format!("big{i}"), "rack4-slot7", None);
+    }
+    within("sixty members", Duration::from_secs(5), || {
+        lab.short(&format!("big.svc.{ZONE}"), "TXT").len() == 60
+    });
+    let tc = lab.dig(&format!("+noedns +ignore big.svc.{ZONE} TXT"));
+    assert!(tc.contains(" tc"), "{tc}");
+    let tcp = lab.dig(&format!("+tcp +short big.svc.{ZONE} TXT"));
+    assert_eq!(tcp.lines().count(), 60, "{tcp}");
+
+    // Zone transfers: only from the ACL.
+    let axfr = lab.dig(&format!("AXFR {ZONE}"));
+    assert!(axfr.contains(&format!("{name}.")), "{axfr}");
+    assert_eq!(
+        axfr.lines().filter(|l| l.contains("\tSOA\t")).count(),
+        2,
+        "SOA first and last: {axfr}"
+    );
+    let refused = lab.dig_from(OUTSIDE, &format!("AXFR {ZONE}"));
+    assert!(
+        refused.contains("Transfer failed") || refused.contains("REFUSED"),
+        "{refused}"
+    );
+    assert!(!refused.contains(&format!("{name}.")), "{refused}");
+}
