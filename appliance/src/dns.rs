@@ -1,9 +1,10 @@
 //! Service-discovery DNS: the shell around `paddock_dns`. Every appliance host (leader or
 //! not) serves the same zones from its own copy of the store: the machines (enrolled nodes,
 //! their addresses from their DHCP leases), the role instances of the census and their
-//! self-reported status, damped by the membership hysteresis.
+//! self-reported status, damped by the membership hysteresis, and the ports the applied
+//! role spec declares (`dns = { ports = [...] }`) as SRV records.
 //!
-//! The zones are rebuilt whenever nodes, leases or census entries change (watched, not
+//! The zones are rebuilt whenever nodes, leases, census entries or the spec change (watched, not
 //! polled; changes within [`DEBOUNCE`] are taken together), when a pending self-removal
 //! falls due, and every [`SWEEP`] so that expired leases leave. The server answers from the
 //! newest build, swapped in whole.
@@ -18,7 +19,9 @@ use paddock_clock::UnixMs;
 use paddock_dhcp::{Lease, LeaseState, MacAddr};
 use paddock_dns::server::{Limits, Server};
 use paddock_dns::wire::TransferAcl;
-use paddock_dns::{Inputs, Machine, Member, Membership, Policy, Report, ZoneConfig, Zones};
+use paddock_dns::{
+    Inputs, Machine, Member, Membership, Policy, Report, ServicePort, ZoneConfig, Zones,
+};
 use paddock_inspector::node::Node;
 use paddock_store::Store;
 use serde::Deserialize;
@@ -189,6 +192,7 @@ async fn keep_zones(
         paddock_inspector::service::records::NODES,
         paddock_dhcp::shell::LEASE_PREFIX,
         INSTANCES,
+        crate::roles::SPEC_KEY,
     ];
     let mut watches = Vec::new();
     for p in prefixes {
@@ -284,6 +288,7 @@ async fn gather(
             ipv6: None,
         });
     }
+    inputs.ports = ports(store).await?;
     let mut registrations = Vec::new();
     for kv in store.range(INSTANCES).await? {
         let Ok(e) = serde_json::from_slice::<InstanceEntry>(&kv.value) else {
@@ -303,6 +308,40 @@ async fn gather(
         });
     }
     Ok((inputs, registrations))
+}
+
+/// Role → the ports its service declares, from the applied spec (none without one; a spec
+/// in the store was validated when applied, so one that no longer parses is logged and
+/// declares nothing).
+async fn ports(store: &dyn Store) -> anyhow::Result<BTreeMap<String, Vec<ServicePort>>> {
+    let Some(kv) = store.get(crate::roles::SPEC_KEY).await? else {
+        return Ok(BTreeMap::new());
+    };
+    let stored: crate::roles::StoredSpec = serde_json::from_slice(&kv.value)?;
+    let spec = match paddock_roles::Spec::parse(&stored.file, &stored.text) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "dns: the applied spec does not parse; no SRV records");
+            return Ok(BTreeMap::new());
+        }
+    };
+    Ok(spec
+        .roles
+        .into_iter()
+        .filter(|(_, r)| !r.dns_ports.is_empty())
+        .map(|(name, r)| {
+            let ports = r
+                .dns_ports
+                .iter()
+                .map(|p| ServicePort {
+                    port: p.port,
+                    priority: p.priority,
+                    weight: p.weight,
+                })
+                .collect();
+            (name, ports)
+        })
+        .collect())
 }
 
 /// `inputs` with each member in or out of service as the membership decided.

@@ -178,6 +178,16 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
         .collect();
     assert_eq!(types.len(), 1, "{any}");
 
+    // The spec declares web's ports: SRV at the service name and at _web._tcp.
+    let spec = "[roles.web]\nstart = { hook = \"web.sh\" }\nstop = { hook = \"web.sh\" }\n\
+                dns = { ports = [8080, { port = 8443, priority = 10, weight = 5 }] }\n";
+    let r = lab.api(
+        "POST",
+        "/api/v1/spec",
+        json!({"file": "spec/web.toml", "text": spec}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+
     // Role instances: registered on the machine, they get names within a second.
     let start = Instant::now();
     let leases: Vec<u64> = (1..=3)
@@ -193,6 +203,22 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
     );
     eprintln!("registered → in DNS: {:?}", start.elapsed().max(took));
     assert_eq!(lab.short(&format!("web2.inst.{ZONE}"), "A"), want_ip);
+    let srv = lab.short(&format!("_web._tcp.{ZONE}"), "SRV");
+    assert_eq!(srv.len(), 6, "two ports × three members: {srv:?}");
+    assert!(
+        srv.contains(&format!("10 5 8443 web2.inst.{ZONE}.")),
+        "{srv:?}"
+    );
+    assert!(
+        srv.contains(&format!("0 0 8080 web1.inst.{ZONE}.")),
+        "{srv:?}"
+    );
+    assert_eq!(lab.short(&format!("web.svc.{ZONE}"), "SRV"), srv);
+    let with_additional = lab.dig(&format!("+noall +additional _web._tcp.{ZONE} SRV"));
+    assert!(
+        with_additional.contains(&format!("web3.inst.{ZONE}.")) && with_additional.contains(&ip),
+        "the targets' addresses in the additional section: {with_additional}"
+    );
     assert_eq!(lab.short(&format!("web.svc.{ZONE}"), "A"), want_ip);
     // One reports down: out of the service at once (1 of 3 may leave per window), its own
     // name kept; a second one down waits for the window.

@@ -13,5 +13,5 @@ pub use engine::{
     minimums, plan,
 };
 pub use spec::{
-    Hook, NameError, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word,
+    DnsPort, Hook, NameError, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word,
 };

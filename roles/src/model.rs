@@ -67,6 +67,17 @@ pub struct Role {
     pub on_host: bool,
     /// The line of the role's table (for messages about the role as a whole).
     pub line: usize,
+    /// The ports its service declares in DNS: an SRV record per member in service.
+    #[serde(default)]
+    pub dns_ports: Vec<DnsPort>,
+}
+
+/// A port of a role's service, as SRV records carry it (RFC 2782).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsPort {
+    pub port: u16,
+    pub priority: u16,
+    pub weight: u16,
 }
 
 impl Role {

@@ -12,6 +12,7 @@
 //! stop = { hook = "sim/stop_nc.sh", args = ["h", "i"] }
 //! image = "minbase"            # only for roles that run on a host (no `depends`)
 //! hosts = { traits = ["CUSTOM_NC"], properties = { cpu_arch = "x86_64" }, names = [] }
+//! dns = { ports = [8080, { port = 8443, priority = 10, weight = 5 }] }   # SRV records
 //!
 //! [roles.app]
 //! min = 3
@@ -27,7 +28,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-pub use crate::model::{Hook, Role, Selector, Spec};
+pub use crate::model::{DnsPort, Hook, Role, Selector, Spec};
 
 /// One problem in a spec file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +93,28 @@ struct RawRole {
     depends: BTreeMap<String, Spanned<i64>>,
     image: Option<Spanned<String>>,
     hosts: Option<Spanned<RawSelector>>,
+    dns: Option<Spanned<RawDns>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDns {
+    #[serde(default)]
+    ports: Vec<RawPort>,
+}
+
+/// A port as a bare number or with its SRV priority and weight (both 0 when not given).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawPort {
+    Bare(i64),
+    Full {
+        port: i64,
+        #[serde(default)]
+        priority: i64,
+        #[serde(default)]
+        weight: i64,
+    },
 }
 
 #[derive(Deserialize)]
@@ -111,6 +134,49 @@ struct RawSelector {
     properties: BTreeMap<String, String>,
     #[serde(default)]
     names: BTreeSet<String>,
+}
+
+/// `roles.<name>.dns.ports`: each port 1 to 65535 and listed once, priority and weight 0 to
+/// 65535.
+fn dns_ports(p: &mut Problems<'_>, name: &str, dns: Option<&Spanned<RawDns>>) -> Vec<DnsPort> {
+    let Some(dns) = dns else {
+        return Vec::new();
+    };
+    let field = format!("roles.{name}.dns.ports");
+    let mut ports: Vec<DnsPort> = Vec::new();
+    for raw in &dns.get_ref().ports {
+        let (port, priority, weight) = match raw {
+            RawPort::Bare(port) => (*port, 0, 0),
+            RawPort::Full {
+                port,
+                priority,
+                weight,
+            } => (*port, *priority, *weight),
+        };
+        let checked = (
+            u16::try_from(port).ok().filter(|p| *p > 0),
+            u16::try_from(priority),
+            u16::try_from(weight),
+        );
+        let (Some(port), Ok(priority), Ok(weight)) = checked else {
+            p.add(
+                dns.span(),
+                &field,
+                format!("port {port} (priority {priority}, weight {weight}): a port is 1 to 65535, priority and weight 0 to 65535"),
+            );
+            continue;
+        };
+        if ports.iter().any(|d| d.port == port) {
+            p.add(dns.span(), &field, format!("port {port} is listed twice"));
+            continue;
+        }
+        ports.push(DnsPort {
+            port,
+            priority,
+            weight,
+        });
+    }
+    ports
 }
 
 /// Spec files are read whole; past this they are refused before parsing.
@@ -528,6 +594,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 }
             }
         };
+        let dns_ports = dns_ports(p, &name, r.dns.as_ref());
         spans.insert(
             name.clone(),
             (span.clone(), r.max.as_ref().map(|m| m.span())),
@@ -549,6 +616,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 hosts,
                 on_host,
                 line: line_of(p.text, span.start),
+                dns_ports,
             },
         );
     }
@@ -642,6 +710,41 @@ depends = { nc = 2 }
         assert_eq!(s.roles["app"].line, 10);
         assert_eq!(s.order(), vec!["app", "nc"]);
         assert_eq!(s.args["p"], "head-1");
+        assert!(s.roles["app"].dns_ports.is_empty());
+    }
+
+    #[test]
+    fn dns_ports_are_bare_or_with_priority_and_weight() {
+        let text = format!(
+            "{GOOD}dns = {{ ports = [8080, {{ port = 8443, priority = 10, weight = 5 }}] }}\n"
+        );
+        let s = Spec::parse("spec/x.toml", &text).unwrap();
+        let port = |port, priority, weight| DnsPort {
+            port,
+            priority,
+            weight,
+        };
+        assert_eq!(
+            s.roles["app"].dns_ports,
+            [port(8080, 0, 0), port(8443, 10, 5)]
+        );
+        for (bad, want) in [
+            ("[0]", "port 0 (priority 0, weight 0)"),
+            ("[65536]", "port 65536"),
+            ("[{ port = 1, weight = -1 }]", "weight -1"),
+            ("[80, 80]", "port 80 is listed twice"),
+        ] {
+            let text = format!("{GOOD}dns = {{ ports = {bad} }}\n");
+            let e = Spec::parse("spec/x.toml", &text).unwrap_err().to_string();
+            assert!(
+                e.contains("roles.app.dns.ports") && e.contains(want),
+                "{bad}: {e}"
+            );
+        }
+        let e = Spec::parse("spec/x.toml", &format!("{GOOD}dns = {{ port = 1 }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `port`"), "{e}");
     }
 
     /// Each bad spec → exactly the listed messages (file:line: field: message).
@@ -651,7 +754,7 @@ depends = { nc = 2 }
             (
                 "[roles.a]\nmn = 1\n",
                 &[
-                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`",
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`, `dns`",
                 ],
             ),
             (
