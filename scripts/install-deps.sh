@@ -32,6 +32,7 @@ packages=(
   openssl          # the BMC harness's test CA and HTTPS certificate
   chromium chromium-driver  # the console's browser test: headless Chromium through chromedriver (WebDriver)
   bind9-dnsutils   # dig: the DNS server's real client in its tests
+  bind9            # named: a real secondary of the DNS server's zone (NOTIFY, IXFR) in its tests
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(

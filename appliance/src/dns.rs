@@ -57,6 +57,9 @@ pub struct DnsFile {
     pub ttl_secs: Option<u32>,
     /// Networks (CIDR) whose addresses may transfer the zones (AXFR, IXFR); none by default.
     pub allow_transfer: Vec<String>,
+    /// Secondaries (`IP` or `IP:port`, port 53 by default) told of every new serial
+    /// (NOTIFY); each may transfer the zones too.
+    pub secondaries: Vec<String>,
     /// Subnets whose reverse zones are served (default: the DHCP subnets).
     pub reverse: Option<Vec<String>>,
     /// The window of the self-removal limit, seconds (60).
@@ -110,7 +113,24 @@ pub fn validate(
     if !(1..=86_400).contains(&ttl) {
         p.push(format!("dns.ttl_secs: {ttl} must be 1 to 86400"));
     }
-    let allow_transfer: Vec<IpNet> = parse_all("dns.allow_transfer", &f.allow_transfer, p);
+    let mut allow_transfer: Vec<IpNet> = parse_all("dns.allow_transfer", &f.allow_transfer, p);
+    let secondaries: Vec<SocketAddr> = f
+        .secondaries
+        .iter()
+        .filter_map(|t| {
+            let parsed = t
+                .parse::<SocketAddr>()
+                .or_else(|_| t.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, DNS_PORT)));
+            match parsed {
+                Ok(a) => Some(a),
+                Err(_) => {
+                    p.push(format!("dns.secondaries: {t:?} is neither IP nor IP:port"));
+                    None
+                }
+            }
+        })
+        .collect();
+    allow_transfer.extend(secondaries.iter().map(|s| IpNet::from(s.ip())));
     let reverse = match &f.reverse {
         None => dhcp_subnets.to_vec(),
         Some(list) => parse_all("dns.reverse", list, p),
@@ -140,6 +160,7 @@ pub fn validate(
         },
         limits: Limits {
             transfer_acl: TransferAcl(allow_transfer),
+            secondaries,
             ..Limits::default()
         },
         policy,
@@ -395,12 +416,21 @@ zone = "a..b"
             r#"enabled = true
 ttl_secs = 0
 allow_transfer = ["nonsense", "198.18.0.0/24"]
+secondaries = ["198.18.0.53", "198.18.0.54:5353", "ns2"]
 reverse = ["198.18.0.0/33"]
 self_removal_window_secs = 0
 "#,
         );
         let c = validate(&f, None, &[], &mut p).unwrap();
-        assert_eq!(c.limits.transfer_acl.0.len(), 1);
+        assert_eq!(
+            c.limits.secondaries,
+            [
+                "198.18.0.53:53".parse::<SocketAddr>().unwrap(),
+                "198.18.0.54:5353".parse().unwrap()
+            ]
+        );
+        // The secondaries may transfer too.
+        assert_eq!(c.limits.transfer_acl.0.len(), 3);
         let text = p.join("\n");
         for want in [
             "dns.zone",
@@ -408,6 +438,7 @@ self_removal_window_secs = 0
             "dns.allow_transfer: \"nonsense\"",
             "dns.reverse: \"198.18.0.0/33\"",
             "dns.self_removal_window_secs: 0",
+            "dns.secondaries: \"ns2\"",
         ] {
             assert!(text.contains(want), "{want} not in {text}");
         }

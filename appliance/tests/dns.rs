@@ -18,16 +18,17 @@ const OUTSIDE: &str = "198.18.0.60";
 struct Lab {
     link: Link,
     scratch: Scratch,
-    _appliance: Appliance,
+    appliance: Appliance,
 }
 
 impl Lab {
-    fn start() -> Lab {
+    /// The appliance with DNS on, `dns` added to its `[dns]` section.
+    fn start(dns: &str) -> Lab {
         require(&["dig", "curl", "busybox"]);
         let link = Link::new();
         let scratch = Scratch::new(&link.tag);
         let extra = format!(
-            "[tftp]\nenabled = false\n[dns]\nenabled = true\nlisten = [\"{SERVER_IP}\"]\nallow_transfer = [\"{INSIDE}/32\"]\n"
+            "[tftp]\nenabled = false\n[dns]\nenabled = true\nlisten = [\"{SERVER_IP}\"]\n{dns}"
         );
         let appliance = Appliance::start(
             &link.server,
@@ -40,7 +41,7 @@ impl Lab {
         Lab {
             link,
             scratch,
-            _appliance: appliance,
+            appliance,
         }
     }
 
@@ -79,6 +80,17 @@ impl Lab {
         )
     }
 
+    /// Enrols a machine by name (no lease: its name has a TXT, no address); its UUID.
+    fn enrol(&self, name: &str, mac: &str) -> String {
+        let r = self.api(
+            "POST",
+            "/api/v1/nodes",
+            json!({"macs": [mac], "name": name}),
+        );
+        assert_eq!(r.status, 201, "{r:?}");
+        r.json()["uuid"].as_str().unwrap().to_string()
+    }
+
     /// Registers an instance; its store lease.
     fn register(&self, role: &str, instance: &str, host: &str, status: Option<&str>) -> u64 {
         let mut body = json!({"role": role, "instance": instance, "host": host, "ttl_secs": 600});
@@ -115,7 +127,7 @@ fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration
 
 #[test]
 fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
-    let lab = Lab::start();
+    let lab = Lab::start(&format!("allow_transfer = [\"{INSIDE}/32\"]\n"));
     // The machine: a DHCP lease from the appliance, then enrolment under a name.
     let mac = lab
         .link
@@ -276,4 +288,90 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
         "{refused}"
     );
     assert!(!refused.contains(&format!("{name}.")), "{refused}");
+}
+
+/// A real BIND `named`, configured as a secondary of the appliance, transfers the zone at
+/// start (AXFR), then follows each change from the appliance's NOTIFY by an incremental
+/// transfer (IXFR), and answers the new names itself.
+#[test]
+fn a_bind_secondary_follows_the_zone_by_notify_and_ixfr() {
+    require(&["named"]);
+    // The secondary at INSIDE is allowed to transfer because it is a secondary.
+    let lab = Lab::start(&format!("secondaries = [\"{INSIDE}\"]\n"));
+    let alpha = lab.enrol("alpha", "52:54:00:53:00:01");
+    let dir = lab.scratch.path("named");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let conf = format!(
+        r#"options {{
+    directory "{d}";
+    pid-file "{d}/named.pid";
+    session-keyfile "{d}/session.key";
+    managed-keys-directory "{d}";
+    listen-on port 53 {{ {INSIDE}; }};
+    listen-on-v6 {{ none; }};
+    recursion no;
+    dnssec-validation no;
+    notify no;
+}};
+zone "{ZONE}" {{
+    type secondary;
+    primaries {{ {SERVER_IP}; }};
+    allow-notify {{ {SERVER_IP}; }};
+    file "{d}/{ZONE}.db";
+}};
+"#
+    );
+    std::fs::write(dir.join("named.conf"), conf).unwrap();
+    let log = lab.scratch.path("named.log");
+    let mut named = lab
+        .link
+        .client
+        .spawn(&format!("named -g -n 1 -c {d}/named.conf"), &log);
+    let ask_named = |name: &str, t: &str| -> String {
+        let out = lab.link.client.sh(&format!(
+            "dig @{INSIDE} +time=1 +tries=1 +short {name}.{ZONE} {t}"
+        ));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let named_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let first = within("named's first transfer", Duration::from_secs(20), || {
+        ask_named("alpha", "TXT") == format!("\"{alpha}\"")
+    });
+    eprintln!("named answered from its first transfer after {first:?}");
+    // A change: the appliance NOTIFYs, named transfers the difference.
+    let start = Instant::now();
+    let beta = lab.enrol("beta", "52:54:00:53:00:02");
+    let took = within("beta at the secondary", Duration::from_secs(10), || {
+        ask_named("beta", "TXT") == format!("\"{beta}\"")
+    });
+    eprintln!(
+        "enrolled → answered by the secondary: {:?}",
+        start.elapsed().max(took)
+    );
+    let text = named_log();
+    assert!(
+        text.contains("notify from") && text.contains(SERVER_IP),
+        "named got no NOTIFY: {text}"
+    );
+    // The appliance sent the change alone (IXFR), not the zone again.
+    let ours = without_colours(&lab.appliance.log_text());
+    let transfers: Vec<&str> = ours
+        .lines()
+        .filter(|l| l.contains("dns: zone transferred") && l.contains(INSIDE))
+        .collect();
+    assert!(transfers.len() >= 2, "{ours}");
+    assert!(
+        transfers.last().unwrap().contains("incremental=true"),
+        "{transfers:#?}"
+    );
+    // The secondary's copy equals ours.
+    let ours = lab.dig(&format!("+short SOA {ZONE}"));
+    let theirs = lab
+        .link
+        .client
+        .sh_ok(&format!("dig @{INSIDE} +short SOA {ZONE}"));
+    assert_eq!(ours.trim(), theirs.trim());
+    let _ = named.kill();
+    let _ = named.wait();
 }

@@ -335,7 +335,7 @@ impl Fleet {
         for s in &self.subs {
             let log = std::fs::read_to_string(self.scratch.path(&format!("{}.log", s.host)))
                 .unwrap_or_default();
-            for line in log.lines().map(strip_ansi) {
+            for line in log.lines().map(without_colours) {
                 if !line.contains(" fetched ") {
                     continue;
                 }
@@ -360,23 +360,6 @@ impl Fleet {
         }
         (edges.len() / 2, max as usize)
     }
-}
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// `2026-11-23T23:45:03.855274Z` → seconds since the epoch.

@@ -8,6 +8,7 @@
 //!   last member; hard removals at once);
 //! - [`zone`]: the zones as a function of the machines, the members and the service ports,
 //!   their serials, and the answer each zone gives to a question;
+//! - [`notify`]: telling secondaries of new serials (NOTIFY), retried, given up after five;
 //! - [`wire`]: DNS messages in and out (hickory-proto), answered from the zones;
 //! - [`server`]: the async shell, UDP and TCP on each listen address.
 //!
@@ -23,6 +24,7 @@
 
 pub mod membership;
 pub mod name;
+pub mod notify;
 pub mod server;
 pub mod wire;
 pub mod zone;

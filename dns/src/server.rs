@@ -3,7 +3,8 @@
 //!
 //! TCP connections are bounded in number and in idle time, so that idle or slow askers
 //! cannot hold the server; at cancellation the listeners stop and each connection ends after
-//! the answer it is writing.
+//! the answer it is writing. With secondaries configured, a NOTIFY loop tells them of each
+//! new serial from the first listen address (the address they know as their primary).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -12,12 +13,16 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::notify::Notifier;
 use crate::wire::{self, Reply, TransferAcl, Transport};
 use crate::zone::Zones;
+
+/// A transfer sent: the asker's address, the zone, the serial it now has.
+type Transferred = (IpAddr, String, u32);
 
 /// How the server treats its askers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +32,8 @@ pub struct Limits {
     pub max_tcp: usize,
     /// How long a TCP connection may wait for its next question.
     pub tcp_idle: Duration,
+    /// Secondaries told of every new serial (NOTIFY).
+    pub secondaries: Vec<SocketAddr>,
 }
 
 impl Default for Limits {
@@ -35,6 +42,7 @@ impl Default for Limits {
             transfer_acl: TransferAcl::default(),
             max_tcp: 128,
             tcp_idle: Duration::from_secs(10),
+            secondaries: Vec::new(),
         }
     }
 }
@@ -82,6 +90,18 @@ impl Server {
     ) -> io::Result<()> {
         let limits = Arc::new(limits);
         let mut tasks = JoinSet::new();
+        let (transfers_tx, transfers) = mpsc::channel::<Transferred>(64);
+        let from = self.udp.first().and_then(|s| s.local_addr().ok());
+        if let (Some(from), false) = (from, limits.secondaries.is_empty()) {
+            let socket = UdpSocket::bind(SocketAddr::new(from.ip(), 0)).await?;
+            tasks.spawn(notify_loop(
+                socket,
+                limits.secondaries.clone(),
+                zones.clone(),
+                transfers,
+                cancel.clone(),
+            ));
+        }
         for socket in self.udp {
             let socket = Arc::new(socket);
             // Two answering loops per socket: one waits in recv while the other answers.
@@ -101,6 +121,7 @@ impl Server {
                 zones.clone(),
                 limits.clone(),
                 slots.clone(),
+                transfers_tx.clone(),
                 cancel.clone(),
             ));
         }
@@ -157,6 +178,7 @@ async fn tcp_loop(
     zones: watch::Receiver<Arc<Zones>>,
     limits: Arc<Limits>,
     slots: Arc<Semaphore>,
+    transfers: mpsc::Sender<Transferred>,
     cancel: CancellationToken,
 ) -> io::Result<()> {
     let mut connections = JoinSet::new();
@@ -177,8 +199,14 @@ async fn tcp_loop(
             () = cancel.cancelled() => break,
         };
         let (zones, limits, cancel) = (zones.clone(), limits.clone(), cancel.clone());
+        let transfers = transfers.clone();
         connections.spawn(async move {
-            if let Err(e) = connection(stream, from.ip(), zones, &limits, cancel).await {
+            let asker = Asker {
+                source: from.ip(),
+                limits: &limits,
+                transfers,
+            };
+            if let Err(e) = connection(stream, asker, zones, cancel).await {
                 tracing::debug!(%from, error = %e, "dns: TCP connection ended");
             }
             drop(slot);
@@ -189,15 +217,22 @@ async fn tcp_loop(
     Ok(())
 }
 
+/// Who is at the other end of a TCP connection, and where its transfers are reported.
+struct Asker<'a> {
+    source: IpAddr,
+    limits: &'a Limits,
+    transfers: mpsc::Sender<Transferred>,
+}
+
 /// One TCP connection: length-prefixed questions, each answered in order, until the asker
 /// closes, idles past the limit, or the server stops.
 async fn connection(
     mut stream: TcpStream,
-    source: IpAddr,
+    asker: Asker<'_>,
     zones: watch::Receiver<Arc<Zones>>,
-    limits: &Limits,
     cancel: CancellationToken,
 ) -> io::Result<()> {
+    let (source, limits) = (asker.source, asker.limits);
     let mut buf = Vec::new();
     loop {
         let len = tokio::select! {
@@ -214,18 +249,95 @@ async fn connection(
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "a question sent too slowly"))??;
         let current = zones.borrow().clone();
-        let messages =
-            match wire::respond(&current, &limits.transfer_acl, &buf, Transport::Tcp, source) {
-                Reply::Drop => return Ok(()),
-                Reply::One(m) => vec![m],
-                Reply::Transfer(ms) => ms,
-            };
+        let messages = match wire::respond(
+            &current,
+            &limits.transfer_acl,
+            &buf,
+            Transport::Tcp,
+            source,
+        ) {
+            Reply::Drop => return Ok(()),
+            Reply::One(m) => vec![m],
+            Reply::Transfer {
+                apex,
+                serial,
+                incremental,
+                messages,
+            } => {
+                tracing::info!(%source, zone = %apex, serial, incremental, "dns: zone transferred");
+                // Best effort: a full channel only delays resuming a given-up peer.
+                let _ = asker.transfers.try_send((source, apex, serial));
+                messages
+            }
+        };
         for m in messages {
             let len = u16::try_from(m.len()).map_err(io::Error::other)?;
             let mut framed = Vec::with_capacity(m.len() + 2);
             framed.extend_from_slice(&len.to_be_bytes());
             framed.extend_from_slice(&m);
             stream.write_all(&framed).await?;
+        }
+    }
+}
+
+/// Tells the secondaries of each new serial until cancelled (see [`Notifier`]).
+async fn notify_loop(
+    socket: UdpSocket,
+    secondaries: Vec<SocketAddr>,
+    mut zones: watch::Receiver<Arc<Zones>>,
+    mut transfers: mpsc::Receiver<Transferred>,
+    cancel: CancellationToken,
+) -> io::Result<()> {
+    let apexes: Vec<String> = zones
+        .borrow()
+        .zones
+        .iter()
+        .map(|z| z.apex.clone())
+        .collect();
+    let mut notifier = Notifier::new(&secondaries, &apexes);
+    let serials = |z: &Zones| -> Vec<(String, u32)> {
+        z.zones.iter().map(|z| (z.apex.clone(), z.serial)).collect()
+    };
+    let mut current = zones.borrow().clone();
+    let mut buf = vec![0u8; 4_096];
+    loop {
+        let now = paddock_clock::now();
+        notifier.serials(now, serials(&current).iter().map(|(a, s)| (a.as_str(), *s)));
+        for n in notifier.due(now) {
+            let Some(zone) = current.zones.iter().find(|z| z.apex == n.apex) else {
+                continue;
+            };
+            if let Some(bytes) = wire::notify(zone, n.serial, n.id) {
+                tracing::debug!(peer = %n.peer, zone = %n.apex, serial = n.serial, "dns: NOTIFY");
+                if let Err(e) = socket.send_to(&bytes, n.peer).await {
+                    tracing::debug!(peer = %n.peer, error = %e, "dns: a NOTIFY was not sent");
+                }
+            }
+        }
+        let wait = notifier
+            .next_wake()
+            .map_or(Duration::from_secs(3_600), |t| {
+                t.since(paddock_clock::now())
+            });
+        tokio::select! {
+            changed = zones.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                current = zones.borrow_and_update().clone();
+            }
+            Some((ip, apex, serial)) = transfers.recv() => {
+                notifier.transferred(ip, &apex, serial, paddock_clock::now());
+            }
+            r = socket.recv_from(&mut buf) => {
+                if let Ok((n, from)) = r
+                    && let Some((apex, id)) = wire::notify_answer(&buf[..n])
+                {
+                    notifier.answered(from, &apex, id);
+                }
+            }
+            () = tokio::time::sleep(wait) => {}
+            () = cancel.cancelled() => return Ok(()),
         }
     }
 }

@@ -9,12 +9,14 @@
 //! - Over UDP an answer fits the asker's size: 512 bytes, or what its EDNS(0) OPT offers
 //!   (at most 4096). Additional records go first; if the answer still does not fit it is
 //!   sent empty with TC set, so the asker retries over TCP.
-//! - Zone transfers (AXFR, and IXFR answered with the whole zone, as RFC 1995 §4 allows)
-//!   only over TCP and only to addresses in the transfer ACL; REFUSED to anyone else.
+//! - Zone transfers only to addresses in the transfer ACL, REFUSED to anyone else: AXFR over
+//!   TCP; IXFR over TCP with the changes since the asker's serial while the zone's history
+//!   reaches back to it, the whole zone otherwise (RFC 1995 §4); IXFR over UDP gets the
+//!   current SOA alone, which tells the asker to come over TCP.
 
 use std::net::IpAddr;
 
-use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{self, DNSClass, Name, RecordType};
 use ipnet::IpNet;
@@ -41,8 +43,14 @@ pub enum Reply {
     Drop,
     /// One message.
     One(Vec<u8>),
-    /// The messages of a zone transfer, in order (TCP only).
-    Transfer(Vec<Vec<u8>>),
+    /// The messages of a zone transfer over TCP, in order; the asker will be at `serial`.
+    /// `incremental`: only the changes since the asker's serial (IXFR), not the whole zone.
+    Transfer {
+        apex: String,
+        serial: u32,
+        incremental: bool,
+        messages: Vec<Vec<u8>>,
+    },
 }
 
 /// Who may transfer the zones.
@@ -93,7 +101,21 @@ pub fn respond(
     let qname = ascii(question.name());
     match question.query_type() {
         RecordType::AXFR | RecordType::IXFR => {
-            return transfer(zones, acl, response, &qname, transport, source);
+            // IXFR carries the asker's SOA in the authority section.
+            let since = (question.query_type() == RecordType::IXFR)
+                .then(|| {
+                    request.authorities.iter().find_map(|r| match &r.data {
+                        rr::RData::SOA(soa) => Some(soa.serial),
+                        _ => None,
+                    })
+                })
+                .flatten();
+            let asked = Transfer {
+                apex: &qname,
+                ixfr: question.query_type() == RecordType::IXFR,
+                since,
+            };
+            return transfer(zones, acl, response, &asked, transport, source);
         }
         _ if question.query_class() != DNSClass::IN => {
             return finish(response, ResponseCode::Refused, limit);
@@ -115,6 +137,28 @@ pub fn respond(
         Answer::NxDomain { zone } => negative(response, zone, ResponseCode::NXDomain, limit),
         Answer::NotOurs => finish(response, ResponseCode::Refused, limit),
     }
+}
+
+/// A NOTIFY of `zone` at `serial` (RFC 1996): the zone's SOA as the question and the
+/// answer.
+pub fn notify(zone: &Zone, serial: u32, id: u16) -> Option<Vec<u8>> {
+    let mut m = Message::new(id, MessageType::Query, OpCode::Notify);
+    m.metadata.authoritative = true;
+    m.add_query(Query::query(name(&zone.apex), RecordType::SOA));
+    m.add_answer(record(&zone.soa_at(serial)));
+    m.to_vec().ok()
+}
+
+/// The zone and ID a NOTIFY answer is for; `None` for anything else.
+pub fn notify_answer(bytes: &[u8]) -> Option<(String, u16)> {
+    let m = Message::from_vec(bytes).ok()?;
+    let is_answer = m.metadata.message_type == MessageType::Response
+        && m.metadata.op_code == OpCode::Notify
+        && m.metadata.response_code == ResponseCode::NoError;
+    let [q] = m.queries.as_slice() else {
+        return None;
+    };
+    is_answer.then(|| (ascii(q.name()), m.metadata.id))
 }
 
 /// A name as our zones spell names: ASCII, lower case, with the trailing dot.
@@ -205,28 +249,62 @@ fn finish(mut response: Message, code: ResponseCode, limit: usize) -> Reply {
     }
 }
 
-/// AXFR, and IXFR as a whole zone: the SOA, every record, the SOA again, in messages of
-/// [`TRANSFER_CHUNK`] records.
+/// A transfer asked for: the zone, and for IXFR the asker's serial.
+struct Transfer<'a> {
+    apex: &'a str,
+    ixfr: bool,
+    since: Option<u32>,
+}
+
+/// AXFR: the SOA, every record, the SOA again. IXFR: the SOA, then per change the old SOA,
+/// what went, the new SOA, what came, and the SOA again; or the whole zone when the history
+/// does not reach the asker's serial. In messages of [`TRANSFER_CHUNK`] records.
 fn transfer(
     zones: &Zones,
     acl: &TransferAcl,
     response: Message,
-    qname: &str,
+    asked: &Transfer<'_>,
     transport: Transport,
     source: IpAddr,
 ) -> Reply {
     let limit = usize::from(u16::MAX);
-    if transport != Transport::Tcp {
-        return finish(response, ResponseCode::FormErr, limit);
-    }
     if !acl.allows(source) {
         return finish(response, ResponseCode::Refused, limit);
     }
-    let Some(zone) = zones.zones.iter().find(|z| z.apex == qname) else {
+    let Some(zone) = zones.zones.iter().find(|z| z.apex == asked.apex) else {
         return finish(response, ResponseCode::NotAuth, limit);
     };
-    let mut records: Vec<rr::Record> = zone.records().map(|r| record(&r)).collect();
-    records.push(record(&zone.soa()));
+    let mut records: Vec<rr::Record> = Vec::new();
+    let mut incremental = false;
+    match (transport, asked.ixfr) {
+        (Transport::Udp, false) => return finish(response, ResponseCode::FormErr, limit),
+        // Over UDP only "you are current" or "come over TCP", both the current SOA alone.
+        (Transport::Udp, true) => records.push(record(&zone.soa())),
+        (Transport::Tcp, _) => {
+            let chain = asked
+                .since
+                .filter(|_| asked.ixfr)
+                .and_then(|serial| zone.changes_since(serial));
+            match chain {
+                Some(deltas) if deltas.is_empty() => records.push(record(&zone.soa())),
+                Some(deltas) => {
+                    incremental = true;
+                    records.push(record(&zone.soa()));
+                    for d in deltas {
+                        records.push(record(&zone.soa_at(d.from)));
+                        records.extend(d.removed.iter().map(record));
+                        records.push(record(&zone.soa_at(d.to)));
+                        records.extend(d.added.iter().map(record));
+                    }
+                    records.push(record(&zone.soa()));
+                }
+                None => {
+                    records.extend(zone.records().map(|r| record(&r)));
+                    records.push(record(&zone.soa()));
+                }
+            }
+        }
+    }
     let mut messages = Vec::new();
     for chunk in records.chunks(TRANSFER_CHUNK) {
         let mut m = response.clone();
@@ -237,17 +315,30 @@ fn transfer(
             _ => return finish(response, ResponseCode::ServFail, limit),
         }
     }
-    Reply::Transfer(messages)
+    match transport {
+        Transport::Udp => Reply::One(messages.swap_remove(0)),
+        Transport::Tcp => Reply::Transfer {
+            apex: zone.apex.clone(),
+            serial: zone.serial,
+            incremental,
+            messages,
+        },
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::zone::{Inputs, Machine, Member, ZoneConfig};
-    use hickory_proto::op::Query;
 
-    /// `machines` machines, each running an instance of role `web`.
+    /// `machines` machines, each running an instance of role `web`, all in service.
     fn zones(machines: u32) -> Zones {
+        web_zones(machines, None, 0)
+    }
+
+    /// `machines` machines each running an instance of role `web`, `web-<out>` out of
+    /// service, stamped `secs` seconds after the first build.
+    fn web_zones(machines: u32, out: Option<u32>, secs: i64) -> Zones {
         let cfg = ZoneConfig {
             origin: "paddock.internal.".into(),
             ttl: 30,
@@ -255,28 +346,28 @@ mod tests {
             hostmaster: "hostmaster.paddock.internal.".into(),
             reverse: vec!["198.18.0.0/16".parse().unwrap()],
         };
-        let inputs = Inputs {
-            machines: (0..machines)
-                .map(|i| Machine {
-                    name: format!("node-{i}"),
-                    uuid: format!("uuid-{i}"),
-                    ipv4: Some(std::net::Ipv4Addr::from(0xc612_0000 + i)),
-                    ipv6: None,
-                })
-                .collect(),
-            members: (0..machines)
-                .map(|i| Member {
-                    role: "web".into(),
-                    instance: format!("web-{i}"),
-                    host: Some(format!("node-{i}")),
-                    in_service: true,
-                })
-                .collect(),
-            ..Inputs::default()
-        };
+        let mut inputs = Inputs::default();
+        for i in 0..machines {
+            inputs.machines.push(Machine {
+                name: format!("node-{i}"),
+                uuid: format!("uuid-{i}"),
+                ipv4: Some(std::net::Ipv4Addr::from(0xc612_0000 + i)),
+                ipv6: None,
+            });
+            inputs.members.push(Member {
+                role: "web".into(),
+                instance: format!("web-{i}"),
+                host: Some(format!("node-{i}")),
+                in_service: out != Some(i),
+            });
+        }
         let mut z = Zones::build(&cfg, &inputs);
-        z.stamp(None, paddock_clock::UnixMs(1_800_000_000_000));
+        z.stamp(None, at(secs));
         z
+    }
+
+    fn at(secs: i64) -> paddock_clock::UnixMs {
+        paddock_clock::UnixMs(1_800_000_000_000 + secs * 1_000)
     }
 
     fn ask(name: &str, t: RecordType, edns: Option<u16>) -> Vec<u8> {
@@ -375,6 +466,134 @@ mod tests {
         assert_eq!(types.len(), 1, "{types:?}");
     }
 
+    fn ixfr(since: u32) -> Vec<u8> {
+        let mut m = Message::from_vec(&ask("paddock.internal.", RecordType::IXFR, None)).unwrap();
+        let soa = SOA::new(
+            name("ns1.paddock.internal."),
+            name("hostmaster.paddock.internal."),
+            since,
+            30,
+            60,
+            2_592_000,
+            30,
+        );
+        m.add_authority(rr::Record::from_rdata(
+            name("paddock.internal."),
+            30,
+            rr::RData::SOA(soa),
+        ));
+        m.to_vec().unwrap()
+    }
+
+    /// Every answer record of a reply, across its messages: `(type, SOA serial or 0)`.
+    fn transferred(reply: Reply) -> Vec<(RecordType, u32)> {
+        let messages = match reply {
+            Reply::One(b) => vec![b],
+            Reply::Transfer { messages, .. } => messages,
+            Reply::Drop => panic!("dropped"),
+        };
+        messages
+            .iter()
+            .flat_map(|b| Message::from_vec(b).unwrap().answers)
+            .map(|r| match &r.data {
+                rr::RData::SOA(soa) => (RecordType::SOA, soa.serial),
+                other => (other.record_type(), 0),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ixfr_sends_the_changes_since_the_askers_serial() {
+        let acl = TransferAcl(vec!["198.18.0.0/24".parse().unwrap()]);
+        let z1 = zones(3);
+        let s1 = z1.zones[0].serial;
+        // One more machine a minute later, then its instance out of service: two changes.
+        let mut z2 = web_zones(4, None, 60);
+        z2.stamp(Some(&z1), at(60));
+        let mut z3 = web_zones(4, Some(3), 120);
+        z3.stamp(Some(&z2), at(120));
+        let (s2, s3) = (z2.zones[0].serial, z3.zones[0].serial);
+        assert!(s1 < s2 && s2 < s3, "{s1} {s2} {s3}");
+        let tcp = |q: &[u8]| transferred(respond(&z3, &acl, q, Transport::Tcp, HERE));
+        let soa = |s: u32| (RecordType::SOA, s);
+        let got = tcp(&ixfr(s1));
+        // SOA(now); SOA(s1), nothing went, SOA(s2), what node-3 and web-3 brought; then
+        // SOA(s2), the service's A and TXT of web-3 went, SOA(s3), verifying:web-3 came;
+        // SOA(now).
+        assert_eq!(got.first(), Some(&soa(s3)));
+        assert_eq!(got[1], soa(s1));
+        assert_eq!(got[2], soa(s2), "nothing removed by the first change");
+        let second = got.iter().rposition(|r| *r == soa(s2)).unwrap();
+        assert_eq!(
+            got[second + 1..second + 3],
+            [(RecordType::A, 0), (RecordType::TXT, 0)],
+            "web-3's address and TXT left the service"
+        );
+        assert_eq!(got[second + 3], soa(s3));
+        assert_eq!(
+            got[second + 4],
+            (RecordType::TXT, 0),
+            "verifying:web-3 came"
+        );
+        assert_eq!(got.last(), Some(&soa(s3)));
+        assert_eq!(got.len(), second + 6);
+        // Current already: the SOA alone. Unknown serial: the whole zone.
+        assert_eq!(tcp(&ixfr(s3)), [soa(s3)]);
+        let whole = tcp(&ixfr(7));
+        assert_eq!(
+            (whole.first(), whole.last()),
+            (Some(&soa(s3)), Some(&soa(s3)))
+        );
+        assert_eq!(
+            whole.len(),
+            transferred(respond(
+                &z3,
+                &acl,
+                &ask("paddock.internal.", RecordType::AXFR, None),
+                Transport::Tcp,
+                HERE
+            ))
+            .len()
+        );
+        // Over UDP: the SOA alone, whatever the serial.
+        assert_eq!(
+            transferred(respond(&z3, &acl, &ixfr(s1), Transport::Udp, HERE)),
+            [soa(s3)]
+        );
+        // Outside the ACL: refused.
+        let outsider: IpAddr = "198.18.1.9".parse().unwrap();
+        let m = one(respond(&z3, &acl, &ixfr(s1), Transport::Tcp, outsider));
+        assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+    }
+
+    #[test]
+    fn a_notify_carries_the_soa_and_its_answer_is_recognised() {
+        let z = zones(2);
+        let bytes = notify(&z.zones[0], 99, 7).unwrap();
+        let m = Message::from_vec(&bytes).unwrap();
+        assert_eq!(m.metadata.op_code, OpCode::Notify);
+        assert_eq!(m.queries[0].query_type(), RecordType::SOA);
+        let rr::RData::SOA(soa) = &m.answers[0].data else {
+            panic!("{m:?}")
+        };
+        assert_eq!(soa.serial, 99);
+        // What a secondary answers: the same message as a response.
+        let mut answer = m.clone();
+        answer.metadata.message_type = MessageType::Response;
+        answer.answers.clear();
+        let answer = answer.to_vec().unwrap();
+        assert_eq!(
+            notify_answer(&answer),
+            Some(("paddock.internal.".to_string(), 7))
+        );
+        assert_eq!(notify_answer(&bytes), None, "a NOTIFY is no answer");
+        assert_eq!(notify_answer(b"junk"), None);
+        // A NOTIFY sent to us gets NOTIMP: we are nobody's secondary.
+        let acl = TransferAcl::default();
+        let m = one(respond(&z, &acl, &bytes, Transport::Udp, HERE));
+        assert_eq!(m.metadata.response_code, ResponseCode::NotImp);
+    }
+
     #[test]
     fn transfers_only_over_tcp_and_only_to_the_acl() {
         let z = zones(600);
@@ -386,7 +605,7 @@ mod tests {
         assert!(m.answers.is_empty());
         let m = one(respond(&z, &acl, &q, Transport::Udp, HERE));
         assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
-        let Reply::Transfer(messages) = respond(&z, &acl, &q, Transport::Tcp, HERE) else {
+        let Reply::Transfer { messages, .. } = respond(&z, &acl, &q, Transport::Tcp, HERE) else {
             panic!("no transfer")
         };
         let records: Vec<rr::Record> = messages

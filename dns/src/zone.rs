@@ -3,8 +3,9 @@
 //! gives to a question. The server answers from one built [`Zones`] at a time and swaps in
 //! a new one when the state changes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use paddock_clock::UnixMs;
@@ -128,7 +129,8 @@ pub struct Record {
     pub data: RData,
 }
 
-/// One zone: its apex, serial and records (the SOA is made from the serial on demand).
+/// One zone: its apex, serial and records (the SOA is made from the serial on demand), and
+/// the changes that led to it, for incremental transfers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Zone {
     pub apex: String,
@@ -140,7 +142,22 @@ pub struct Zone {
     /// Names that own no record but have names below them (`svc.<origin>`): NODATA, not
     /// NXDOMAIN (RFC 8020).
     empty_non_terminals: BTreeSet<String>,
+    /// The last [`HISTORY`] changes, oldest first; each leads from one serial to the next.
+    history: VecDeque<Arc<Delta>>,
 }
+
+/// One change of a zone, as an incremental transfer (RFC 1995) sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub from: u32,
+    pub to: u32,
+    pub removed: Vec<Record>,
+    pub added: Vec<Record>,
+}
+
+/// Changes kept per zone for incremental transfers; a secondary further behind gets the
+/// whole zone.
+pub const HISTORY: usize = 64;
 
 /// A machine or instance left out of the zones, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +210,52 @@ impl Zone {
             rname: cfg.hostmaster.clone(),
             records: BTreeMap::new(),
             empty_non_terminals: BTreeSet::new(),
+            history: VecDeque::new(),
+        }
+    }
+
+    /// The SOA as it was at `serial` (only the serial differs).
+    pub fn soa_at(&self, serial: u32) -> Record {
+        let mut soa = self.soa();
+        if let RData::Soa { serial: s, .. } = &mut soa.data {
+            *s = serial;
+        }
+        soa
+    }
+
+    /// The changes from `serial` to now, oldest first: empty when `serial` is the zone's,
+    /// `None` when the history does not reach back to it.
+    pub fn changes_since(&self, serial: u32) -> Option<Vec<Arc<Delta>>> {
+        if serial == self.serial {
+            return Some(Vec::new());
+        }
+        let start = self.history.iter().position(|d| d.from == serial)?;
+        let chain: Vec<Arc<Delta>> = self.history.iter().skip(start).cloned().collect();
+        let linked = chain.windows(2).all(|w| w[0].to == w[1].from);
+        (linked && chain.last().map(|d| d.to) == Some(self.serial)).then_some(chain)
+    }
+
+    /// The records (without the SOA) as a set of `(name, data)`.
+    fn set(&self) -> BTreeSet<(&str, &RData)> {
+        self.records
+            .iter()
+            .flat_map(|(n, set)| set.iter().map(move |d| (n.as_str(), d)))
+            .collect()
+    }
+
+    /// What changed from `old` to this zone.
+    fn delta_from(&self, old: &Zone) -> Delta {
+        let (was, is) = (old.set(), self.set());
+        let record = |(name, data): &(&str, &RData), ttl: u32| Record {
+            name: name.to_string(),
+            ttl,
+            data: (*data).clone(),
+        };
+        Delta {
+            from: old.serial,
+            to: self.serial,
+            removed: was.difference(&is).map(|r| record(r, old.ttl)).collect(),
+            added: is.difference(&was).map(|r| record(r, self.ttl)).collect(),
         }
     }
 
@@ -318,22 +381,29 @@ impl Zones {
     }
 
     /// Gives each zone its serial: `prev`'s where its records are the same, the next serial
-    /// (see [`next_serial`]) where they changed, the time's where the zone is new.
+    /// (see [`next_serial`]) where they changed, the time's where the zone is new; and
+    /// carries `prev`'s history forward with the change, if any, at its end.
     pub fn stamp(&mut self, prev: Option<&Zones>, now: UnixMs) {
         for z in &mut self.zones {
-            let before = prev.and_then(|p| p.zones.iter().find(|o| o.apex == z.apex));
-            z.serial = match before {
-                Some(o)
-                    if o.records == z.records
-                        && o.ttl == z.ttl
-                        && o.mname == z.mname
-                        && o.rname == z.rname =>
-                {
-                    o.serial
-                }
-                Some(o) => next_serial(o.serial, now),
-                None => next_serial(0, now),
+            let Some(o) = prev.and_then(|p| p.zones.iter().find(|o| o.apex == z.apex)) else {
+                z.serial = next_serial(0, now);
+                continue;
             };
+            z.history = o.history.clone();
+            let same = o.records == z.records
+                && o.ttl == z.ttl
+                && o.mname == z.mname
+                && o.rname == z.rname;
+            if same {
+                z.serial = o.serial;
+                continue;
+            }
+            z.serial = next_serial(o.serial, now);
+            let delta = z.delta_from(o);
+            z.history.push_back(Arc::new(delta));
+            while z.history.len() > HISTORY {
+                z.history.pop_front();
+            }
         }
     }
 

@@ -377,3 +377,35 @@ fn serials_move_only_with_the_records_and_always_forward() {
     assert_eq!(next_serial(u32::MAX, UnixMs(0)), 0);
     assert_eq!(next_serial(u32::MAX - 5, UnixMs(10_000)), 10);
 }
+
+#[test]
+fn the_history_keeps_the_last_changes_chained_to_the_serial() {
+    let mut i = inputs();
+    let mut z = Zones::build(&config(), &i);
+    z.stamp(None, UnixMs(1_800_000_000_000));
+    let first = z.zones[0].serial;
+    let mut serials = vec![first];
+    for n in 0..70 {
+        i.members[0].in_service = n % 2 == 0;
+        let mut next = Zones::build(&config(), &i);
+        next.stamp(Some(&z), UnixMs(1_800_000_000_000 + n * 10));
+        serials.push(next.zones[0].serial);
+        z = next;
+    }
+    let forward = &z.zones[0];
+    assert_eq!(forward.changes_since(forward.serial), Some(vec![]));
+    // 70 changes, 64 kept: the oldest 6 serials are out of reach.
+    assert_eq!(forward.changes_since(serials[6]).map(|c| c.len()), Some(64));
+    assert!(forward.changes_since(serials[5]).is_none());
+    assert!(forward.changes_since(first).is_none());
+    let chain = forward.changes_since(serials[60]).unwrap();
+    assert_eq!(chain.len(), 10);
+    assert_eq!(chain[0].from, serials[60]);
+    assert_eq!(chain[9].to, forward.serial);
+    // Each change flips db1 in or out of the service: its A, AAAA, TXT and two SRV (the
+    // service's name and _db._tcp) one way, the verifying TXT the other.
+    assert_eq!(chain[0].removed.len() + chain[0].added.len(), 6);
+    // The reverse zone never changed: no history.
+    assert_eq!(z.zones[1].changes_since(z.zones[1].serial), Some(vec![]));
+    assert!(z.zones[1].changes_since(first + 1).is_none());
+}

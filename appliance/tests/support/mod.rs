@@ -508,6 +508,25 @@ pub fn inventory(macs: &[&str], cpus: u32, memory_mb: u64, disks_gib: &[u64]) ->
 
 /// Polls `f` every 200 ms until it holds; fails after 15 s naming what was awaited.
 #[track_caller]
+/// A log's text without its terminal colour codes (`ESC [ … m`), so that `key=value` reads
+/// as written.
+pub fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while !f() {
