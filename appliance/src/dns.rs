@@ -17,6 +17,7 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net};
 use paddock_clock::UnixMs;
 use paddock_dhcp::{Lease, LeaseState, MacAddr};
+use paddock_dns::rrl::RateLimit;
 use paddock_dns::server::{Limits, Server};
 use paddock_dns::wire::TransferAcl;
 use paddock_dns::{
@@ -62,6 +63,10 @@ pub struct DnsFile {
     pub secondaries: Vec<String>,
     /// Subnets whose reverse zones are served (default: the DHCP subnets).
     pub reverse: Option<Vec<String>>,
+    /// Answers per second to one source netblock (/24, /56) over UDP; 0: no limit (1000).
+    pub responses_per_second: Option<u32>,
+    /// Every N-th question over that rate gets an empty answer with TC (2; 0: none).
+    pub rate_limit_slip: Option<u32>,
     /// The window of the self-removal limit, seconds (60).
     pub self_removal_window_secs: Option<u64>,
     /// How long the last member in service stays after it reports down, seconds (600).
@@ -161,6 +166,12 @@ pub fn validate(
         limits: Limits {
             transfer_acl: TransferAcl(allow_transfer),
             secondaries,
+            rate: RateLimit {
+                per_second: f
+                    .responses_per_second
+                    .unwrap_or(RateLimit::default().per_second),
+                slip: f.rate_limit_slip.unwrap_or(RateLimit::default().slip),
+            },
             ..Limits::default()
         },
         policy,

@@ -127,7 +127,9 @@ fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration
 
 #[test]
 fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
-    let lab = Lab::start(&format!("allow_transfer = [\"{INSIDE}/32\"]\n"));
+    let lab = Lab::start(&format!(
+        "allow_transfer = [\"{INSIDE}/32\"]\nresponses_per_second = 100\n"
+    ));
     // The machine: a DHCP lease from the appliance, then enrolment under a name.
     let mac = lab
         .link
@@ -374,4 +376,66 @@ zone "{ZONE}" {{
     assert_eq!(ours.trim(), theirs.trim());
     let _ = named.kill();
     let _ = named.wait();
+}
+
+/// A burst of questions from one source over UDP: answered up to the rate, then every
+/// second one slips through empty with TC (a real client retries over TCP), the rest get
+/// nothing; TCP is not limited.
+#[test]
+fn a_flood_from_one_source_is_rate_limited() {
+    require(&["python3"]);
+    let lab = Lab::start("responses_per_second = 50\nrate_limit_slip = 2\n");
+    let script = lab.scratch.path("flood.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import socket, struct, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("{INSIDE}", 0))
+q = lambda i: struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + b"\x03ns1\x07paddock\x08internal\x00\x00\x01\x00\x01"
+for i in range(400):
+    s.sendto(q(i), ("{SERVER_IP}", 53))
+    if i % 20 == 19:
+        time.sleep(0.002)  # the server's socket buffer holds a few hundred at most
+s.settimeout(1.0)
+full = tc = 0
+try:
+    while True:
+        data, _ = s.recvfrom(4096)
+        flags, ancount = struct.unpack(">H", data[2:4])[0], struct.unpack(">H", data[6:8])[0]
+        if flags & 0x0200:
+            tc += 1
+        elif ancount:
+            full += 1
+except socket.timeout:
+    pass
+print(full, tc)
+"#
+        ),
+    )
+    .unwrap();
+    // The first query has an answer once the server is up.
+    within("the server answers", Duration::from_secs(10), || {
+        !lab.short(&format!("ns1.{ZONE}"), "A").is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let out = lab
+        .link
+        .client
+        .sh_ok(&format!("python3 {}", script.display()));
+    let counts: Vec<usize> = out.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    let (full, tc) = (counts[0], counts[1]);
+    // 50 in the bucket and what refilled (50/s) while the 400 went out; of the rest, every
+    // second slips (a few may be lost in the sockets' buffers).
+    assert!((50..=100).contains(&full), "answered {full}, slipped {tc}");
+    let over = 400 - full;
+    assert!(
+        tc <= over / 2 + 1 && tc + 30 >= over / 2,
+        "answered {full}, slipped {tc}"
+    );
+    // TCP from the same source is answered.
+    assert_eq!(
+        lab.short(&format!("+tcp ns1.{ZONE}"), "A"),
+        [SERVER_IP.to_string()]
+    );
 }

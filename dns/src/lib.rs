@@ -9,6 +9,7 @@
 //! - [`zone`]: the zones as a function of the machines, the members and the service ports,
 //!   their serials, and the answer each zone gives to a question;
 //! - [`notify`]: telling secondaries of new serials (NOTIFY), retried, given up after five;
+//! - [`rrl`]: response rate limiting per source netblock over UDP;
 //! - [`wire`]: DNS messages in and out (hickory-proto), answered from the zones;
 //! - [`server`]: the async shell, UDP and TCP on each listen address.
 //!
@@ -25,6 +26,7 @@
 pub mod membership;
 pub mod name;
 pub mod notify;
+pub mod rrl;
 pub mod server;
 pub mod wire;
 pub mod zone;

@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::notify::Notifier;
+use crate::rrl::{Limiter, RateLimit, Verdict};
 use crate::wire::{self, Reply, TransferAcl, Transport};
 use crate::zone::Zones;
 
@@ -34,6 +35,8 @@ pub struct Limits {
     pub tcp_idle: Duration,
     /// Secondaries told of every new serial (NOTIFY).
     pub secondaries: Vec<SocketAddr>,
+    /// Answers per source netblock over UDP.
+    pub rate: RateLimit,
 }
 
 impl Default for Limits {
@@ -43,6 +46,7 @@ impl Default for Limits {
             max_tcp: 128,
             tcp_idle: Duration::from_secs(10),
             secondaries: Vec::new(),
+            rate: RateLimit::default(),
         }
     }
 }
@@ -102,6 +106,7 @@ impl Server {
                 cancel.clone(),
             ));
         }
+        let limiter = Arc::new(std::sync::Mutex::new(Limiter::new(limits.rate)));
         for socket in self.udp {
             let socket = Arc::new(socket);
             // Two answering loops per socket: one waits in recv while the other answers.
@@ -110,6 +115,7 @@ impl Server {
                     socket.clone(),
                     zones.clone(),
                     limits.clone(),
+                    limiter.clone(),
                     cancel.clone(),
                 ));
             }
@@ -144,6 +150,7 @@ async fn udp_loop(
     socket: Arc<UdpSocket>,
     zones: watch::Receiver<Arc<Zones>>,
     limits: Arc<Limits>,
+    limiter: Arc<std::sync::Mutex<Limiter>>,
     cancel: CancellationToken,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; 4_096];
@@ -157,14 +164,24 @@ async fn udp_loop(
             },
             () = cancel.cancelled() => return Ok(()),
         };
-        let current = zones.borrow().clone();
-        let reply = wire::respond(
-            &current,
-            &limits.transfer_acl,
-            &buf[..n],
-            Transport::Udp,
-            from.ip(),
-        );
+        let verdict = match limiter.lock() {
+            Ok(mut l) => l.check(from.ip(), paddock_clock::now()),
+            Err(poisoned) => poisoned.into_inner().check(from.ip(), paddock_clock::now()),
+        };
+        let reply = match verdict {
+            Verdict::Answer => {
+                let current = zones.borrow().clone();
+                wire::respond(
+                    &current,
+                    &limits.transfer_acl,
+                    &buf[..n],
+                    Transport::Udp,
+                    from.ip(),
+                )
+            }
+            Verdict::Slip => wire::slipped(&buf[..n]).map_or(Reply::Drop, Reply::One),
+            Verdict::Drop => Reply::Drop,
+        };
         if let Reply::One(bytes) = reply
             && let Err(e) = socket.send_to(&bytes, from).await
         {

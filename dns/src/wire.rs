@@ -139,6 +139,20 @@ pub fn respond(
     }
 }
 
+/// The answer to a question over the rate limit that slips through: empty, with TC, so a
+/// real client asks again over TCP. `None` where [`respond`] would not answer either.
+pub fn slipped(query: &[u8]) -> Option<Vec<u8>> {
+    let request = Message::from_vec(query).ok()?;
+    if request.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let mut response = Message::response(request.metadata.id, request.metadata.op_code);
+    response.metadata.truncation = true;
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.add_queries(request.queries.iter().cloned());
+    response.to_vec().ok().filter(|b| b.len() <= 512)
+}
+
 /// A NOTIFY of `zone` at `serial` (RFC 1996): the zone's SOA as the question and the
 /// answer.
 pub fn notify(zone: &Zone, serial: u32, id: u16) -> Option<Vec<u8>> {
@@ -592,6 +606,15 @@ mod tests {
         let acl = TransferAcl::default();
         let m = one(respond(&z, &acl, &bytes, Transport::Udp, HERE));
         assert_eq!(m.metadata.response_code, ResponseCode::NotImp);
+    }
+
+    #[test]
+    fn a_slipped_answer_is_empty_and_truncated() {
+        let q = ask("node-1.paddock.internal.", RecordType::A, None);
+        let m = Message::from_vec(&slipped(&q).unwrap()).unwrap();
+        assert!(m.metadata.truncation && m.answers.is_empty());
+        assert_eq!((m.metadata.id, m.queries.len()), (4242, 1));
+        assert_eq!(slipped(b"junk"), None);
     }
 
     #[test]
