@@ -49,8 +49,66 @@ fn assert_inventory_matches(data: &Value, spec: &VmSpec, boot_mode: &str) {
     assert_eq!(inv["boot"]["pxe_interface"], spec.macs[0].as_str());
 }
 
+/// A namespace of its own on the lab's bridge at 198.18.0.250: another machine of the
+/// provisioning network. Removed on drop.
+struct Neighbour(String);
+
+impl Neighbour {
+    fn join(lab: &Lab) -> Neighbour {
+        let ns = format!("{}-nb", lab.ns);
+        // Both ends are made inside their namespaces, so plain names cannot clash.
+        let (a, b) = ("nbr0", "nb0");
+        paddock_vm_tests::sh_ok(&format!(
+            "ip netns add {ns} && ip -n {ns} link set lo up && \
+             ip link add {a} netns {lab} type veth peer name {b} netns {ns} && \
+             ip -n {lab} link set {a} master br0 up && \
+             ip -n {ns} addr add 198.18.0.250/24 dev {b} && ip -n {ns} link set {b} up",
+            lab = lab.ns
+        ))
+        .expect("the neighbour's namespace");
+        Neighbour(ns)
+    }
+
+    fn sh(&self, cmd: &str) -> String {
+        paddock_vm_tests::sh_ok(&format!("ip netns exec {} {cmd}", self.0)).unwrap_or_default()
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        paddock_vm_tests::remove_namespace(&self.0);
+    }
+}
+
+/// The enrolled machine answers by name in the appliance's DNS, asked with dig from another
+/// machine of the network: its host name and its UUID name give the address it leased.
+fn assert_resolvable(lab: &Lab, node: &Value, data: &Value) {
+    let uuid = node["uuid"].as_str().unwrap();
+    let name = format!("node-{}", &uuid.replace('-', "")[..8]);
+    let pxe = data["inventory"]["boot"]["pxe_interface"].as_str().unwrap();
+    let leased = data["inventory"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["mac_address"] == pxe)
+        .and_then(|i| i["ipv4_address"].as_str())
+        .expect("the PXE interface's address")
+        .to_string();
+    let neighbour = Neighbour::join(lab);
+    let ask = |q: &str| neighbour.sh(&format!("dig @198.18.0.1 +short +time=2 +tries=2 {q}"));
+    assert_eq!(ask(&format!("{name}.paddock.internal A")).trim(), leased);
+    assert_eq!(
+        ask(&format!("{uuid}.node.paddock.internal A")).trim(),
+        leased
+    );
+    assert_eq!(
+        ask(&format!("-x {leased}")).trim(),
+        format!("{name}.paddock.internal.")
+    );
+}
+
 fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
-    let mut lab = Lab::start(name, &artifacts(), "").expect("lab");
+    let mut lab = Lab::start(name, &artifacts(), "[dns]\nenabled = true\n").expect("lab");
     let spec = VmSpec {
         name: name.into(),
         firmware,
@@ -93,6 +151,7 @@ fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
         "uefi"
     };
     assert_inventory_matches(&data, &spec, mode);
+    assert_resolvable(&lab, &node, &data);
     // The properties the scheduler hook derived.
     assert_eq!(node["properties"]["cpus"], 2);
     assert_eq!(node["properties"]["memory_mb"], 512);
