@@ -47,7 +47,7 @@ Tokens.List,Nodes.List,Nodes.Get,Provisioning.Get,Provision.Show,Power.Get,Power
 Spec.Get,Spec.Plan,Spec.ListRounds,Census.List,Introspection.List,Introspection.Get,\
 Introspection.GetData,Rules.List,Rules.Get,Console.View,ImageServer.ListImages,\
 ImageServer.ShowImage,Mdb.GetMdb,Mdb.ListMachines,Dominator.ListSubs,Dominator.GetSub,\
-Dominator.Status";
+Dominator.Status,Dns.Zone,Dns.Names,Dns.Peers";
 /// The admin role: everything.
 pub const ADMIN: &str = "*.*";
 /// Dominator's image-creator role, in our names.
@@ -169,6 +169,9 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "census", "keepalive"] if post => write("Census.KeepAlive"),
         ["api", "v1", "census", "revoke"] if post => write("Census.Revoke"),
         ["api", "v1", "census", "status"] if post => write("Census.Status"),
+        ["api", "v1", "dns", "zone"] if get => read("Dns.Zone"),
+        ["api", "v1", "dns", "names", _] if get => read("Dns.Names"),
+        ["api", "v1", "dns", "peers"] if get => read("Dns.Peers"),
 
         // The console: pages are Console.View, forms are the methods they perform.
         ["ui", "audit"] if get => read("Audit.List"),

@@ -14,18 +14,22 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::{Json, Router};
 use ipnet::{IpNet, Ipv4Net};
 use paddock_clock::UnixMs;
 use paddock_dhcp::{Lease, LeaseState, MacAddr};
 use paddock_dns::rrl::RateLimit;
-use paddock_dns::server::{Limits, Server};
+use paddock_dns::server::{Limits, PeerBoard, Server};
 use paddock_dns::wire::TransferAcl;
 use paddock_dns::{
     Inputs, Machine, Member, Membership, Policy, Report, ServicePort, ZoneConfig, Zones,
 };
 use paddock_inspector::node::Node;
 use paddock_store::Store;
-use serde::Deserialize;
+use paddock_wire::ApiError;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::census::{INSTANCES, InstanceEntry, node_hostname};
@@ -195,13 +199,27 @@ where
         .collect()
 }
 
-/// Binds the listeners (a taken port stops `paddock serve` at start) and runs the server
-/// and the loop that keeps its zones.
-pub async fn start(rt: &mut Runtime, cfg: DnsConfig) -> anyhow::Result<()> {
+/// What the API reads of a running DNS server: its zones and its secondaries.
+#[derive(Clone)]
+pub struct DnsHandle {
+    zones: watch::Receiver<Arc<Zones>>,
+    peers: PeerBoard,
+}
+
+/// With `[dns]` on: binds the listeners (a taken port stops `paddock serve` at start) and
+/// runs the server and the loop that keeps its zones.
+pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<Option<DnsHandle>> {
+    let Some(cfg) = cfg.cloned() else {
+        return Ok(None);
+    };
     let server = Server::bind(&cfg.listen).await?;
     tracing::info!(listen = ?server.local_addrs(), zone = %cfg.zone.origin, "dns: serving");
     let empty = Zones::build(&cfg.zone, &Inputs::default());
     let (tx, rx) = watch::channel(Arc::new(empty));
+    let handle = DnsHandle {
+        zones: rx.clone(),
+        peers: server.peers(),
+    };
     let limits = cfg.limits.clone();
     rt.spawn_once("dns", move |ctx| async move {
         Ok(server.run(rx, limits, ctx.cancel).await?)
@@ -210,7 +228,146 @@ pub async fn start(rt: &mut Runtime, cfg: DnsConfig) -> anyhow::Result<()> {
     rt.spawn("dns zones", crate::runtime::Policy::Restart, move |ctx| {
         keep_zones(ctx, cfg.clone(), tx.clone())
     });
-    Ok(())
+    Ok(Some(handle))
+}
+
+/// One record as the API shows it: zone-file fields.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordView {
+    pub name: String,
+    pub ttl: u32,
+    #[serde(rename = "type")]
+    pub rtype: String,
+    pub data: String,
+}
+
+impl From<&paddock_dns::Record> for RecordView {
+    fn from(r: &paddock_dns::Record) -> Self {
+        RecordView {
+            name: r.name.clone(),
+            ttl: r.ttl,
+            rtype: r.data.rtype().to_string(),
+            data: r.data.to_string(),
+        }
+    }
+}
+
+/// `GET /api/v1/dns/zone`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZonesView {
+    pub zones: Vec<ZoneView>,
+    /// Machines and instances left out, and why.
+    pub skipped: Vec<SkippedView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneView {
+    pub apex: String,
+    pub serial: u32,
+    pub records: Vec<RecordView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedView {
+    pub what: String,
+    pub why: String,
+}
+
+/// `GET /api/v1/dns/peers`: one secondary's standing with one zone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerView {
+    pub peer: String,
+    pub zone: String,
+    /// The serial it is being (or was last) told of.
+    pub announcing: Option<u32>,
+    pub acknowledged: Option<u32>,
+    /// The serial its last transfer brought it to, and when (Unix ms).
+    pub transferred: Option<u32>,
+    pub transferred_ms: Option<i64>,
+    /// NOTIFYs sent for `announcing` without an answer.
+    pub attempts: u32,
+    pub given_up: bool,
+}
+
+/// `GET /api/v1/dns/names/{subject}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamesView {
+    pub subject: String,
+    pub records: Vec<RecordView>,
+}
+
+/// The routes; with DNS off each answers 404 saying so.
+pub fn router(dns: Option<DnsHandle>) -> Router {
+    Router::new()
+        .route("/api/v1/dns/zone", get(zone))
+        .route("/api/v1/dns/names/{subject}", get(names))
+        .route("/api/v1/dns/peers", get(peers))
+        .with_state(dns)
+}
+
+fn on(dns: Option<DnsHandle>) -> Result<DnsHandle, ApiError> {
+    dns.ok_or_else(|| ApiError::not_found("DNS is off: set [dns] enabled = true"))
+}
+
+async fn zone(State(dns): State<Option<DnsHandle>>) -> Result<Json<ZonesView>, ApiError> {
+    let zones = on(dns)?.zones.borrow().clone();
+    Ok(Json(ZonesView {
+        zones: zones
+            .zones
+            .iter()
+            .map(|z| ZoneView {
+                apex: z.apex.clone(),
+                serial: z.serial,
+                records: z.records().map(|r| RecordView::from(&r)).collect(),
+            })
+            .collect(),
+        skipped: zones
+            .skipped
+            .iter()
+            .map(|s| SkippedView {
+                what: s.what.clone(),
+                why: s.why.clone(),
+            })
+            .collect(),
+    }))
+}
+
+async fn names(
+    State(dns): State<Option<DnsHandle>>,
+    Path(subject): Path<String>,
+) -> Result<Json<NamesView>, ApiError> {
+    let zones = on(dns)?.zones.borrow().clone();
+    let records: Vec<RecordView> = zones
+        .names_of(&subject)
+        .iter()
+        .map(RecordView::from)
+        .collect();
+    if records.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no name in the zones for {subject:?} (a machine's name or UUID, or an instance's name)"
+        )));
+    }
+    Ok(Json(NamesView { subject, records }))
+}
+
+async fn peers(State(dns): State<Option<DnsHandle>>) -> Result<Json<Vec<PeerView>>, ApiError> {
+    let board = on(dns)?.peers;
+    let peers = board.lock().map(|b| b.clone()).unwrap_or_default();
+    Ok(Json(
+        peers
+            .iter()
+            .map(|p| PeerView {
+                peer: p.peer.to_string(),
+                zone: p.apex.clone(),
+                announcing: p.announcing,
+                acknowledged: p.acknowledged,
+                transferred: p.transferred.map(|t| t.0),
+                transferred_ms: p.transferred.map(|t| t.1.0),
+                attempts: p.attempts,
+                given_up: p.given_up,
+            })
+            .collect(),
+    ))
 }
 
 /// Rebuilds the zones on every change until cancelled.

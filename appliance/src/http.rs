@@ -47,6 +47,8 @@ pub struct AppState {
     pub roles: Arc<crate::roles::Roles>,
     /// BMCs: `/api/v1/nodes/{node}/power`, the throttle's queue.
     pub power: Arc<crate::power::Power>,
+    /// The DNS server's zones and secondaries (`/api/v1/dns`); `None` with DNS off.
+    pub dns: Option<crate::dns::DnsHandle>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -74,7 +76,8 @@ pub fn router(state: AppState) -> Router {
     let provisioning = crate::provisioning::router(state.provisioning.clone());
     let power = crate::power::router(state.power.clone());
     let roles = crate::roles::router(state.roles.clone())
-        .merge(crate::census::router(state.roles.census.clone()));
+        .merge(crate::census::router(state.roles.census.clone()))
+        .merge(crate::dns::router(state.dns.clone()));
     let roles_page = axum::Router::new()
         .route("/ui/roles", get(crate::roles_page::page))
         .with_state(state.roles.clone());

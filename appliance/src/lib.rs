@@ -17,6 +17,7 @@ pub mod console;
 pub mod console_access;
 pub mod dhcp;
 pub mod dns;
+pub mod dns_cli;
 pub mod dominator;
 pub mod http;
 pub mod images;

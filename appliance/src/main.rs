@@ -81,6 +81,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Option<paddock::roles_cli::CensusCmd>,
     },
+    /// What the appliance's DNS server serves: the zones, a machine's or instance's names,
+    /// the secondaries.
+    Dns {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: paddock::dns_cli::DnsCmd,
+    },
     /// Nodes of a running appliance.
     Node {
         #[command(flatten)]
@@ -433,6 +441,7 @@ fn main() -> ExitCode {
         } => report(paddock::roles_cli::spec_check(&files)),
         Cmd::Spec { api, cmd } => report(api.connect().and_then(|c| spec(&c, cmd))),
         Cmd::Census { api, cmd } => report(api.connect().and_then(|c| census(&c, cmd))),
+        Cmd::Dns { api, cmd } => report(api.connect().and_then(|c| paddock::dns_cli::dns(&c, cmd))),
         Cmd::Audit { api, limit, json } => report(
             api.connect()
                 .and_then(|c| paddock::cli::audit(&c, limit, json).map_err(Into::into)),

@@ -73,9 +73,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url)?;
-    if let Some(dns) = &cfg.dns {
-        crate::dns::start(&mut rt, dns.clone()).await?;
-    }
+    let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
     let dominator = core.start_dominator(&mut rt, &provisioner)?;
@@ -97,6 +95,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         roles,
         provisioning: provisioner,
         dhcp,
+        dns,
         filter: filter.clone(),
         assets: cfg
             .assets_dir

@@ -115,6 +115,15 @@ impl Lab {
     }
 }
 
+/// The forward zone's serial as the appliance serves it.
+fn ours_serial(lab: &Lab) -> u32 {
+    let soa = lab.dig(&format!("+short SOA {ZONE}"));
+    soa.split_whitespace()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no serial in {soa:?}"))
+}
+
 /// Waits at most `within` for `f`; how long it took.
 fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
@@ -366,6 +375,33 @@ zone "{ZONE}" {{
     assert!(
         transfers.last().unwrap().contains("incremental=true"),
         "{transfers:#?}"
+    );
+    // Operators see it: the secondary's standing, and a machine's names.
+    let cli = |args: &str| {
+        lab.link.client.sh_ok(&format!(
+            "PADDOCK_API={PUBLIC_URL} {} dns {args}",
+            env!("CARGO_BIN_EXE_paddock")
+        ))
+    };
+    let peers = cli("peers");
+    let serial = ours_serial(&lab);
+    let row = peers
+        .lines()
+        .find(|l| l.starts_with(&format!("{INSIDE}:53")) && l.contains(&format!("{ZONE}.")))
+        .unwrap_or_else(|| panic!("{peers}"));
+    assert!(
+        row.contains(&serial.to_string()) && row.ends_with("ok"),
+        "{row} (serial {serial})"
+    );
+    let names = cli("names beta");
+    assert!(
+        names.contains(&format!("beta.{ZONE}.")) && names.contains(&beta),
+        "{names}"
+    );
+    let zone = cli("zone");
+    assert!(
+        zone.contains(&format!("; {ZONE}. serial {serial}")),
+        "{zone}"
     );
     // The secondary's copy equals ours.
     let ours = lab.dig(&format!("+short SOA {ZONE}"));

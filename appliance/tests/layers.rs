@@ -51,7 +51,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("http: the router and its listeners", &["http"]),
     (
         "cli: the client and the commands",
-        &["cli", "certs_cli", "roles_cli"],
+        &["cli", "certs_cli", "roles_cli", "dns_cli"],
     ),
     ("serve: the recipe", &["serve"]),
 ];

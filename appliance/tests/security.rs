@@ -125,6 +125,9 @@ POST   /api/v1/census/register                    Census.Register               
 POST   /api/v1/census/keepalive                   Census.KeepAlive                      -
 POST   /api/v1/census/revoke                      Census.Revoke                         -
 POST   /api/v1/census/status                      Census.Status                         -
+GET    /api/v1/dns/zone                           Dns.Zone                              rt
+GET    /api/v1/dns/names/ghost                    Dns.Names                             rt
+GET    /api/v1/dns/peers                          Dns.Peers                             rt
 # Ironic Inspector v1.
 GET    /v1/introspection                          Introspection.List                    rt
 GET    /v1/introspection/ghost                    Introspection.Get                     rt

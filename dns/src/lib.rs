@@ -33,6 +33,6 @@ pub mod zone;
 
 pub use membership::{Membership, Policy, Report};
 pub use zone::{
-    Answer, Inputs, Machine, Member, QType, RData, RType, Record, ServicePort, Skipped, Zone,
+    Answer, Inputs, Machine, Member, QType, RData, RType, Record, ServicePort, Skipped, Soa, Zone,
     ZoneConfig, Zones, next_serial,
 };

@@ -17,7 +17,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::notify::Notifier;
+use crate::notify::{Notifier, PeerZone};
 use crate::rrl::{Limiter, RateLimit, Verdict};
 use crate::wire::{self, Reply, TransferAcl, Transport};
 use crate::zone::Zones;
@@ -51,10 +51,14 @@ impl Default for Limits {
     }
 }
 
+/// Where each secondary stands with each zone, as the NOTIFY loop last saw it.
+pub type PeerBoard = Arc<std::sync::Mutex<Vec<PeerZone>>>;
+
 /// The bound sockets: binding first lets `paddock serve` fail at start on a taken port.
 pub struct Server {
     udp: Vec<UdpSocket>,
     tcp: Vec<TcpListener>,
+    peers: PeerBoard,
 }
 
 impl Server {
@@ -62,6 +66,7 @@ impl Server {
         let mut server = Server {
             udp: Vec::new(),
             tcp: Vec::new(),
+            peers: PeerBoard::default(),
         };
         for a in addrs {
             let udp = UdpSocket::bind(a).await.map_err(|e| at(e, "UDP", *a))?;
@@ -75,6 +80,11 @@ impl Server {
             server.tcp.push(tcp);
         }
         Ok(server)
+    }
+
+    /// The secondaries' standing, kept current while the server runs.
+    pub fn peers(&self) -> PeerBoard {
+        self.peers.clone()
     }
 
     /// Where it listens (UDP and TCP share each address).
@@ -100,7 +110,7 @@ impl Server {
             let socket = UdpSocket::bind(SocketAddr::new(from.ip(), 0)).await?;
             tasks.spawn(notify_loop(
                 socket,
-                limits.secondaries.clone(),
+                (limits.secondaries.clone(), self.peers.clone()),
                 zones.clone(),
                 transfers,
                 cancel.clone(),
@@ -300,7 +310,7 @@ async fn connection(
 /// Tells the secondaries of each new serial until cancelled (see [`Notifier`]).
 async fn notify_loop(
     socket: UdpSocket,
-    secondaries: Vec<SocketAddr>,
+    (secondaries, board): (Vec<SocketAddr>, PeerBoard),
     mut zones: watch::Receiver<Arc<Zones>>,
     mut transfers: mpsc::Receiver<Transferred>,
     cancel: CancellationToken,
@@ -330,6 +340,9 @@ async fn notify_loop(
                     tracing::debug!(peer = %n.peer, error = %e, "dns: a NOTIFY was not sent");
                 }
             }
+        }
+        if let Ok(mut b) = board.lock() {
+            *b = notifier.peers().cloned().collect();
         }
         let wait = notifier
             .next_wake()

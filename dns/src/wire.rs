@@ -206,22 +206,14 @@ fn name(text: &str) -> Name {
 
 fn record(r: &Record) -> rr::Record {
     let data = match &r.data {
-        RData::Soa {
-            mname,
-            rname,
-            serial,
-            refresh,
-            retry,
-            expire,
-            minimum,
-        } => rr::RData::SOA(SOA::new(
-            name(mname),
-            name(rname),
-            *serial,
-            i32::try_from(*refresh).unwrap_or(i32::MAX),
-            i32::try_from(*retry).unwrap_or(i32::MAX),
-            i32::try_from(*expire).unwrap_or(i32::MAX),
-            *minimum,
+        RData::Soa(s) => rr::RData::SOA(SOA::new(
+            name(&s.mname),
+            name(&s.rname),
+            s.serial,
+            i32::try_from(s.refresh).unwrap_or(i32::MAX),
+            i32::try_from(s.retry).unwrap_or(i32::MAX),
+            i32::try_from(s.expire).unwrap_or(i32::MAX),
+            s.minimum,
         )),
         RData::Ns(n) => rr::RData::NS(NS(name(n))),
         RData::A(a) => rr::RData::A(A(*a)),

@@ -84,17 +84,21 @@ pub enum QType {
     Other,
 }
 
+/// A zone's start of authority: who serves it, who answers for it, its serial and timers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Soa {
+    pub mname: String,
+    pub rname: String,
+    pub serial: u32,
+    pub refresh: u32,
+    pub retry: u32,
+    pub expire: u32,
+    pub minimum: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RData {
-    Soa {
-        mname: String,
-        rname: String,
-        serial: u32,
-        refresh: u32,
-        retry: u32,
-        expire: u32,
-        minimum: u32,
-    },
+    Soa(Soa),
     Ns(String),
     A(Ipv4Addr),
     Aaaa(Ipv6Addr),
@@ -108,10 +112,47 @@ pub enum RData {
     Ptr(String),
 }
 
+impl std::fmt::Display for RType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RType::Soa => "SOA",
+            RType::Ns => "NS",
+            RType::A => "A",
+            RType::Aaaa => "AAAA",
+            RType::Txt => "TXT",
+            RType::Srv => "SRV",
+            RType::Ptr => "PTR",
+        })
+    }
+}
+
+/// The data as a zone file writes it.
+impl std::fmt::Display for RData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RData::Soa(s) => write!(
+                f,
+                "{} {} {} {} {} {} {}",
+                s.mname, s.rname, s.serial, s.refresh, s.retry, s.expire, s.minimum
+            ),
+            RData::Ns(n) | RData::Ptr(n) => f.write_str(n),
+            RData::A(a) => write!(f, "{a}"),
+            RData::Aaaa(a) => write!(f, "{a}"),
+            RData::Txt(t) => write!(f, "{t:?}"),
+            RData::Srv {
+                priority,
+                weight,
+                port,
+                target,
+            } => write!(f, "{priority} {weight} {port} {target}"),
+        }
+    }
+}
+
 impl RData {
     pub fn rtype(&self) -> RType {
         match self {
-            RData::Soa { .. } => RType::Soa,
+            RData::Soa(_) => RType::Soa,
             RData::Ns(_) => RType::Ns,
             RData::A(_) => RType::A,
             RData::Aaaa(_) => RType::Aaaa,
@@ -217,8 +258,8 @@ impl Zone {
     /// The SOA as it was at `serial` (only the serial differs).
     pub fn soa_at(&self, serial: u32) -> Record {
         let mut soa = self.soa();
-        if let RData::Soa { serial: s, .. } = &mut soa.data {
-            *s = serial;
+        if let RData::Soa(s) = &mut soa.data {
+            s.serial = serial;
         }
         soa
     }
@@ -271,7 +312,7 @@ impl Zone {
         Record {
             name: self.apex.clone(),
             ttl: self.ttl,
-            data: RData::Soa {
+            data: RData::Soa(Soa {
                 mname: self.mname.clone(),
                 rname: self.rname.clone(),
                 serial: self.serial,
@@ -279,7 +320,7 @@ impl Zone {
                 retry: RETRY,
                 expire: EXPIRE,
                 minimum: self.ttl,
-            },
+            }),
         }
     }
 
@@ -405,6 +446,39 @@ impl Zones {
                 z.history.pop_front();
             }
         }
+    }
+
+    /// Every record that names `subject` (a machine's name or UUID, or an instance's name):
+    /// its own names' records, the PTRs pointing at them, and its entries in services.
+    pub fn names_of(&self, subject: &str) -> Vec<Record> {
+        let Ok(label) = name::label(subject) else {
+            return Vec::new();
+        };
+        let Some(forward) = self.zones.first() else {
+            return Vec::new();
+        };
+        let owners: Vec<String> = [
+            label.clone(),
+            format!("{label}.{NODE}"),
+            format!("{label}.{INST}"),
+        ]
+        .iter()
+        .filter_map(|l| name::join(l, &forward.apex).ok())
+        .collect();
+        let mut out: Vec<Record> = Vec::new();
+        for z in &self.zones {
+            for r in z.records() {
+                let points_here = match &r.data {
+                    RData::Ptr(t) | RData::Srv { target: t, .. } => owners.contains(t),
+                    RData::Txt(t) => *t == label || t.strip_prefix("verifying:") == Some(&label),
+                    _ => false,
+                };
+                if owners.contains(&r.name) || points_here {
+                    out.push(r);
+                }
+            }
+        }
+        out
     }
 
     /// The zone a name belongs to: the one with the longest apex above it.

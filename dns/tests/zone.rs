@@ -308,15 +308,10 @@ fn negative_answers_carry_the_soa_and_any_gets_one_record_set() {
     };
     let soa = zone.soa();
     assert_eq!(soa.name, ORIGIN);
-    let RData::Soa {
-        mname,
-        serial,
-        minimum,
-        ..
-    } = soa.data
-    else {
+    let RData::Soa(fields) = soa.data else {
         panic!("{soa:?}");
     };
+    let (mname, serial, minimum) = (fields.mname, fields.serial, fields.minimum);
     assert_eq!(
         (mname.as_str(), serial, minimum),
         ("ns1.paddock.internal.", 1_800_000_000, 30)
@@ -408,4 +403,53 @@ fn the_history_keeps_the_last_changes_chained_to_the_serial() {
     // The reverse zone never changed: no history.
     assert_eq!(z.zones[1].changes_since(z.zones[1].serial), Some(vec![]));
     assert!(z.zones[1].changes_since(first + 1).is_none());
+}
+
+#[test]
+fn names_of_a_machine_or_an_instance_and_records_in_zone_file_form() {
+    let z = built();
+    let show = |subject: &str| -> Vec<String> {
+        z.names_of(subject)
+            .iter()
+            .map(|r| format!("{} {} {}", r.name, r.data.rtype(), r.data))
+            .collect()
+    };
+    let a = show("node-a");
+    assert!(
+        a.contains(&"node-a.paddock.internal. A 198.18.0.101".to_string()),
+        "{a:#?}"
+    );
+    assert!(
+        a.contains(&"node-a.paddock.internal. TXT \"aaaa-1\"".to_string()),
+        "{a:#?}"
+    );
+    assert!(
+        a.contains(&"101.0.18.198.in-addr.arpa. PTR node-a.paddock.internal.".to_string()),
+        "{a:#?}"
+    );
+    // By UUID: its A, AAAA and TXT, and the TXT of the machine name that carries it.
+    assert_eq!(show("aaaa-1").len(), 4);
+    let db3 = show("db3");
+    assert!(
+        db3.contains(&"db3.inst.paddock.internal. TXT \"db\"".to_string()),
+        "{db3:#?}"
+    );
+    assert!(
+        db3.contains(&"db.svc.paddock.internal. TXT \"verifying:db3\"".to_string()),
+        "{db3:#?}"
+    );
+    let db1 = show("db1");
+    assert!(
+        db1.contains(
+            &"_db._tcp.paddock.internal. SRV 10 5 5432 db1.inst.paddock.internal.".to_string()
+        ),
+        "{db1:#?}"
+    );
+    assert!(show("nobody").is_empty());
+    assert!(show("<script>").is_empty());
+    let soa = z.zones[0].soa();
+    assert_eq!(
+        soa.data.to_string(),
+        "ns1.paddock.internal. hostmaster.paddock.internal. 1800000000 30 60 2592000 30"
+    );
 }
