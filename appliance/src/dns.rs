@@ -1,6 +1,6 @@
 //! Service-discovery DNS: the shell around `paddock_dns`. Every appliance host (leader or
 //! not) serves the same zones from its own copy of the store: the machines (enrolled nodes,
-//! their addresses from their DHCP leases), the role instances of the census and their
+//! their addresses from their DHCP leases, else their DHCP reservations), the role instances of the census and their
 //! self-reported status, damped by the membership hysteresis, and the ports the applied
 //! role spec declares (`dns = { ports = [...] }`) as SRV records.
 //!
@@ -79,20 +79,31 @@ pub struct DnsFile {
 
 #[derive(Clone, Debug)]
 pub struct DnsConfig {
+    /// A machine's address where it holds no live lease: its DHCP reservation.
+    pub reservations: BTreeMap<MacAddr, Ipv4Addr>,
     pub listen: Vec<SocketAddr>,
     pub zone: ZoneConfig,
     pub limits: Limits,
     pub policy: Policy,
 }
 
+/// What `[dns]` takes from the DHCP server's configuration.
+#[derive(Debug, Default)]
+pub struct FromDhcp {
+    /// Their reverse zones are served unless `[dns] reverse` says otherwise.
+    pub subnets: Vec<Ipv4Net>,
+    pub reservations: Vec<paddock_dhcp::Reservation>,
+}
+
 /// `[dns]` → the server's settings (`None`: off). `http_ip` stands in for an unset listen
-/// list and for the name server's address; `dhcp_subnets` for an unset reverse list.
+/// list and for the name server's address.
 pub fn validate(
     f: &DnsFile,
     http_ip: Option<IpAddr>,
-    dhcp_subnets: &[Ipv4Net],
+    dhcp: &FromDhcp,
     p: &mut Vec<String>,
 ) -> Option<DnsConfig> {
+    let dhcp_subnets = &dhcp.subnets;
     if !f.enabled.unwrap_or(false) {
         return None;
     }
@@ -156,6 +167,7 @@ pub fn validate(
         last_member_delay: secs("last_member_delay_secs", f.last_member_delay_secs, 600),
     };
     Some(DnsConfig {
+        reservations: dhcp.reservations.iter().map(|r| (r.mac, r.ip)).collect(),
         listen: ips
             .into_iter()
             .map(|ip| SocketAddr::new(ip, port))
@@ -390,7 +402,7 @@ async fn keep_zones(
     let mut membership = Membership::default();
     loop {
         let now = paddock_clock::now();
-        let (inputs, registrations) = gather(store.as_ref(), now).await?;
+        let (inputs, registrations) = gather(store.as_ref(), &cfg.reservations, now).await?;
         let due = membership.observe(
             now,
             registrations
@@ -440,6 +452,7 @@ async fn next_event(watches: &mut [paddock_store::Watch]) -> bool {
 /// health.
 async fn gather(
     store: &dyn Store,
+    reservations: &BTreeMap<MacAddr, Ipv4Addr>,
     now: UnixMs,
 ) -> anyhow::Result<(Inputs, Vec<(String, String, Report)>)> {
     let mut leases: BTreeMap<MacAddr, Lease> = BTreeMap::new();
@@ -464,12 +477,10 @@ async fn gather(
         let Ok(node) = serde_json::from_slice::<Node>(&kv.value) else {
             continue;
         };
-        let ipv4 = node
-            .pxe_mac
-            .iter()
-            .chain(node.macs.iter())
-            .find_map(|m| leases.get(m))
-            .map(|l| l.ip);
+        let macs = || node.pxe_mac.iter().chain(node.macs.iter());
+        let ipv4 = macs()
+            .find_map(|m| leases.get(m).map(|l| l.ip))
+            .or_else(|| macs().find_map(|m| reservations.get(m).copied()));
         inputs.machines.push(Machine {
             name: node_hostname(&node),
             uuid: node.uuid.to_string(),
@@ -553,9 +564,18 @@ mod tests {
     fn dns_is_off_unless_enabled_and_defaults_follow_http_and_dhcp() {
         let http: Option<IpAddr> = Some("198.18.0.1".parse().unwrap());
         let subnets: Vec<Ipv4Net> = vec!["198.18.0.0/24".parse().unwrap()];
+        let dhcp = FromDhcp {
+            subnets: subnets.clone(),
+            reservations: vec![paddock_dhcp::Reservation {
+                mac: "52:54:00:00:00:07".parse().unwrap(),
+                ip: Ipv4Addr::new(198, 18, 0, 7),
+                hostname: None,
+            }],
+        };
         let mut p = Vec::new();
-        assert!(validate(&file(""), http, &subnets, &mut p).is_none());
-        let c = validate(&file("enabled = true"), http, &subnets, &mut p).unwrap();
+        assert!(validate(&file(""), http, &dhcp, &mut p).is_none());
+        let c = validate(&file("enabled = true"), http, &dhcp, &mut p).unwrap();
+        assert_eq!(c.reservations.len(), 1);
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(c.listen, ["198.18.0.1:53".parse::<SocketAddr>().unwrap()]);
         assert_eq!(c.zone.origin, "paddock.internal.");
@@ -579,7 +599,7 @@ mod tests {
 zone = "a..b"
 "#,
         );
-        assert!(validate(&f, None, &[], &mut p).is_none());
+        assert!(validate(&f, None, &FromDhcp::default(), &mut p).is_none());
         let f = file(
             r#"enabled = true
 ttl_secs = 0
@@ -589,7 +609,7 @@ reverse = ["198.18.0.0/33"]
 self_removal_window_secs = 0
 "#,
         );
-        let c = validate(&f, None, &[], &mut p).unwrap();
+        let c = validate(&f, None, &FromDhcp::default(), &mut p).unwrap();
         assert_eq!(
             c.limits.secondaries,
             [

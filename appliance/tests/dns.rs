@@ -137,7 +137,8 @@ fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration
 #[test]
 fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
     let lab = Lab::start(&format!(
-        "allow_transfer = [\"{INSIDE}/32\"]\nresponses_per_second = 100\n"
+        "allow_transfer = [\"{INSIDE}/32\"]\nresponses_per_second = 100\n\
+         [[dhcp.reservations]]\nmac = \"52:54:00:53:00:09\"\nip = \"198.18.0.9\"\n"
     ));
     // The machine: a DHCP lease from the appliance, then enrolment under a name.
     let mac = lab
@@ -173,6 +174,13 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
         "PTR in the DHCP subnet's reverse zone"
     );
     assert_eq!(lab.short(&name, "AAAA"), Vec::<String>::new());
+    // A machine with no lease but a DHCP reservation: the reserved address.
+    lab.enrol("gamma", "52:54:00:53:00:09");
+    within(
+        "the reserved machine's name",
+        Duration::from_secs(1),
+        || lab.short(&format!("gamma.{ZONE}"), "A") == ["198.18.0.9"],
+    );
 
     // Negative answers: authoritative, with the SOA; other zones refused.
     let nx = lab.dig(&format!("nobody.{ZONE} A"));

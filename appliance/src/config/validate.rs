@@ -37,16 +37,17 @@ impl FileConfig {
         } else {
             None
         };
-        let dhcp_subnets: Vec<ipnet::Ipv4Net> = dhcp
-            .iter()
-            .flat_map(|d| d.subnets.iter().map(|s| s.network))
-            .collect();
-        let dns = crate::dns::validate(
-            &self.dns,
-            http_listen.map(|a| a.ip()),
-            &dhcp_subnets,
-            &mut p,
-        );
+        let from_dhcp = crate::dns::FromDhcp {
+            subnets: dhcp
+                .iter()
+                .flat_map(|d| d.subnets.iter().map(|s| s.network))
+                .collect(),
+            reservations: dhcp
+                .iter()
+                .flat_map(|d| d.reservations.iter().cloned())
+                .collect(),
+        };
+        let dns = crate::dns::validate(&self.dns, http_listen.map(|a| a.ip()), &from_dhcp, &mut p);
         let (mut inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
         inspector.agent_bmc_networks = bmc_networks(&self.power.bmc_networks, &mut p);
         let firewall = firewall(
