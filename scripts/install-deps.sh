@@ -42,6 +42,7 @@ if [[ "${1:-}" == "--bench" ]]; then
     iptables         # Inspector's PXE filter (bench/filter.sh)
     cpio             # the baseline ramdisk (bench/enrol.sh)
     nginx-light      # the static HTTP server: beside dnsmasq (bench/storm.sh), the fleet peer (bench/fleet.sh)
+    nsd knot dnsperf # authoritative DNS peers (BIND's named is in the base list) and the load generator (bench/dns.sh)
   )
 fi
 

@@ -11,6 +11,7 @@
 //! - [`notify`]: telling secondaries of new serials (NOTIFY), retried, given up after five;
 //! - [`rrl`]: response rate limiting per source netblock over UDP;
 //! - [`wire`]: DNS messages in and out (hickory-proto), answered from the zones;
+//! - [`cache`]: answers kept as bytes per snapshot, the UDP fast path;
 //! - [`server`]: the async shell, UDP and TCP on each listen address.
 //!
 //! Names, for a forward zone `paddock.internal.`:
@@ -23,11 +24,14 @@
 //!   at `_<role>._tcp.paddock.internal.`;
 //! - PTR in the reverse zones of the configured subnets, to the machine's name.
 
+pub mod cache;
 pub mod membership;
 pub mod name;
 pub mod notify;
 pub mod rrl;
 pub mod server;
+#[cfg(test)]
+mod testing;
 pub mod wire;
 pub mod zone;
 
