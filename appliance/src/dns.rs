@@ -216,6 +216,7 @@ where
 pub struct DnsHandle {
     zones: watch::Receiver<Arc<Zones>>,
     peers: PeerBoard,
+    stats: Arc<paddock_dns::stats::Stats>,
 }
 
 /// With `[dns]` on: binds the listeners (a taken port stops `paddock serve` at start) and
@@ -231,6 +232,7 @@ pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<
     let handle = DnsHandle {
         zones: rx.clone(),
         peers: server.peers(),
+        stats: server.stats(),
     };
     let limits = cfg.limits.clone();
     rt.spawn_once("dns", move |ctx| async move {
@@ -241,6 +243,93 @@ pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<
         keep_zones(ctx, cfg.clone(), tx.clone())
     });
     Ok(Some(handle))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct Label {
+    kind: &'static str,
+}
+
+/// `text` (OpenMetrics, ending in `# EOF`) with the DNS server's counters added:
+/// `paddock_dns_questions_total{kind=<type>}`, `paddock_dns_answers_total{kind=<code or
+/// dropped>}`, `paddock_dns_rate_limited_total{kind=slipped|dropped}`,
+/// `paddock_dns_transfers_total{kind=full|incremental}`, and each zone's serial
+/// `paddock_dns_serial{kind=<zone>}`.
+pub fn add_metrics(text: String, dns: Option<&DnsHandle>) -> String {
+    use paddock_dns::stats::{CODES, TYPES};
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(dns) = dns else {
+        return text;
+    };
+    let st = &dns.stats;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let family = |registry: &mut prometheus_client::registry::Registry, name, help| {
+        let f = Family::<Label, Counter>::default();
+        registry.register(name, help, f.clone());
+        f
+    };
+    let questions = family(
+        &mut registry,
+        "paddock_dns_questions",
+        "DNS questions by type",
+    );
+    for ((kind, _), n) in TYPES.iter().zip(&st.questions) {
+        questions
+            .get_or_create(&Label { kind })
+            .inc_by(n.load(Relaxed));
+    }
+    let answers = family(&mut registry, "paddock_dns_answers", "DNS answers by code");
+    for (kind, n) in CODES.iter().zip(&st.answers) {
+        answers
+            .get_or_create(&Label { kind })
+            .inc_by(n.load(Relaxed));
+    }
+    let limited = family(
+        &mut registry,
+        "paddock_dns_rate_limited",
+        "UDP questions over the rate limit: answered empty with TC, or not at all",
+    );
+    limited
+        .get_or_create(&Label { kind: "slipped" })
+        .inc_by(st.slipped.load(Relaxed));
+    limited
+        .get_or_create(&Label { kind: "dropped" })
+        .inc_by(st.limited.load(Relaxed));
+    let transfers = family(
+        &mut registry,
+        "paddock_dns_transfers",
+        "Zone transfers sent",
+    );
+    transfers
+        .get_or_create(&Label { kind: "full" })
+        .inc_by(st.transfers_full.load(Relaxed));
+    transfers
+        .get_or_create(&Label {
+            kind: "incremental",
+        })
+        .inc_by(st.transfers_incremental.load(Relaxed));
+    let serials = Family::<SerialLabel, Gauge>::default();
+    registry.register(
+        "paddock_dns_serial",
+        "Each zone's SOA serial",
+        serials.clone(),
+    );
+    for z in &dns.zones.borrow().zones {
+        serials
+            .get_or_create(&SerialLabel {
+                zone: z.apex.clone(),
+            })
+            .set(i64::from(z.serial));
+    }
+    crate::metrics::append(text, &registry)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct SerialLabel {
+    zone: String,
 }
 
 /// One record as the API shows it: zone-file fields.

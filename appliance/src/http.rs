@@ -316,6 +316,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
         dominator.as_ref(),
     )
     .map(|text| crate::power::add_metrics(text, &s.power.throttle_view()))
+    .map(|text| crate::dns::add_metrics(text, s.dns.as_ref()))
     {
         Ok(text) => (
             [(

@@ -23,6 +23,7 @@ pub mod http;
 pub mod images;
 pub mod inspection;
 pub mod leader;
+pub mod metrics;
 pub mod power;
 pub mod provisioning;
 pub mod pxe_filter;

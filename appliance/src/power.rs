@@ -1146,14 +1146,7 @@ pub fn add_metrics(text: String, v: &ThrottleView) -> String {
             next,
         );
     }
-    let mut ours = String::new();
-    if prometheus_client::encoding::text::encode(&mut ours, &registry).is_err() {
-        return text;
-    }
-    match text.strip_suffix("# EOF\n") {
-        Some(head) => format!("{head}{ours}"),
-        None => text,
-    }
+    crate::metrics::append(text, &registry)
 }
 
 /// The periodic sync and the throttle, leader-only.

@@ -307,6 +307,37 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
         "{refused}"
     );
     assert!(!refused.contains(&format!("{name}.")), "{refused}");
+
+    // What the server counted, on /metrics.
+    let metrics = http(&lab.link.client, &lab.scratch, "GET", "/metrics", None, &[]).body;
+    let count = |line: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line} not in {metrics}"))
+    };
+    assert!(
+        count("paddock_dns_questions_total{kind=\"A\"}") >= 10,
+        "{metrics}"
+    );
+    assert!(
+        count("paddock_dns_answers_total{kind=\"NXDOMAIN\"}") >= 2,
+        "{metrics}"
+    );
+    assert!(
+        count("paddock_dns_answers_total{kind=\"REFUSED\"}") >= 1,
+        "{metrics}"
+    );
+    assert_eq!(
+        count("paddock_dns_transfers_total{kind=\"full\"}"),
+        1,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("paddock_dns_serial{zone=\"paddock.internal.\"}"),
+        "{metrics}"
+    );
 }
 
 /// A real BIND `named`, configured as a secondary of the appliance, transfers the zone at
@@ -476,6 +507,13 @@ print(full, tc)
     assert!(
         tc <= over / 2 + 1 && tc + 30 >= over / 2,
         "answered {full}, slipped {tc}"
+    );
+    let metrics = http(&lab.link.client, &lab.scratch, "GET", "/metrics", None, &[]).body;
+    assert!(
+        metrics.contains(&format!(
+            "paddock_dns_rate_limited_total{{kind=\"slipped\"}} {tc}"
+        )),
+        "{metrics}"
     );
     // TCP from the same source is answered.
     assert_eq!(

@@ -50,22 +50,7 @@ fn plain(q: &[u8]) -> Option<Plain<'_>> {
     if count(4) != 1 || count(6) != 0 || count(8) != 0 || count(10) > 1 {
         return None;
     }
-    let mut at = 12;
-    loop {
-        let len = usize::from(*q.get(at)?);
-        if len == 0 {
-            at += 1;
-            break;
-        }
-        // A compression pointer or an extended label type: not the plain form.
-        if len > 63 {
-            return None;
-        }
-        at += 1 + len;
-        if at - 12 > 255 {
-            return None;
-        }
-    }
+    let mut at = wire::question_name_end(q)?;
     let name = &q[12..at];
     let fixed = q.get(at..at + 4)?;
     let qtype = u16::from_be_bytes([fixed[0], fixed[1]]);

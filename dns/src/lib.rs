@@ -30,6 +30,7 @@ pub mod name;
 pub mod notify;
 pub mod rrl;
 pub mod server;
+pub mod stats;
 #[cfg(test)]
 mod testing;
 pub mod wire;

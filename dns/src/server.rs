@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::AnswerCache;
 use crate::notify::{Notifier, PeerZone};
 use crate::rrl::{Limiter, RateLimit, Verdict};
+use crate::stats::{Stats, Tally, question_type};
 use crate::wire::{self, Reply, TransferAcl, Transport};
 use crate::zone::Zones;
 
@@ -68,6 +69,7 @@ pub struct Server {
     udp: Vec<Vec<std::net::UdpSocket>>,
     tcp: Vec<TcpListener>,
     peers: PeerBoard,
+    stats: Arc<Stats>,
 }
 
 /// How long an answering thread waits in `recv` before it looks at the cancellation.
@@ -91,6 +93,7 @@ impl Server {
             udp: Vec::new(),
             tcp: Vec::new(),
             peers: PeerBoard::default(),
+            stats: Arc::default(),
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         for a in addrs {
@@ -109,6 +112,11 @@ impl Server {
             server.tcp.push(tcp);
         }
         Ok(server)
+    }
+
+    /// The server's counters, for `/metrics`.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     /// The secondaries' standing, kept current while the server runs.
@@ -153,14 +161,22 @@ impl Server {
                 limiter.clone(),
                 cancel.clone(),
             );
-            tasks.spawn_blocking(move || udp_loop(&socket, zones, &limits, &limiter, &cancel));
+            let stats = self.stats.clone();
+            tasks.spawn_blocking(move || {
+                let shared = Shared {
+                    limits: &limits,
+                    limiter: &limiter,
+                    stats: &stats,
+                };
+                udp_loop(&socket, zones, &shared, &cancel)
+            });
         }
         let slots = Arc::new(Semaphore::new(limits.max_tcp));
         for listener in self.tcp {
             tasks.spawn(tcp_loop(
                 listener,
                 zones.clone(),
-                limits.clone(),
+                (limits.clone(), self.stats.clone()),
                 slots.clone(),
                 transfers_tx.clone(),
                 cancel.clone(),
@@ -184,15 +200,23 @@ fn at(e: io::Error, what: &str, a: SocketAddr) -> io::Error {
 /// Datagrams taken from the socket, and answers given to it, per system call.
 const BATCH: usize = 32;
 
+/// What the answering threads share.
+struct Shared<'a> {
+    limits: &'a Limits,
+    limiter: &'a std::sync::Mutex<Limiter>,
+    stats: &'a Stats,
+}
+
 /// One answering thread: questions from its socket until `cancel`, read and answered in
 /// batches (`recvmmsg`: the first waits, the rest are what is queued already; `sendmmsg`).
 fn udp_loop(
     socket: &std::net::UdpSocket,
     mut zones: watch::Receiver<Arc<Zones>>,
-    limits: &Limits,
-    limiter: &std::sync::Mutex<Limiter>,
+    shared: &Shared<'_>,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
+    let (limits, limiter) = (shared.limits, shared.limiter);
+    let mut tally = Tally::default();
     use nix::errno::Errno;
     use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
     use std::io::{IoSlice, IoSliceMut};
@@ -248,16 +272,25 @@ fn udp_loop(
                 Verdict::Answer => {
                     cache.answer_into(&current, &limits.transfer_acl, query, from.ip(), &mut out)
                 }
-                Verdict::Slip => Some(wire::slipped(query).map_or(Reply::Drop, Reply::One)),
-                Verdict::Drop => Some(Reply::Drop),
+                Verdict::Slip => {
+                    tally.slipped();
+                    Some(wire::slipped(query).map_or(Reply::Drop, Reply::One))
+                }
+                Verdict::Drop => {
+                    tally.limited();
+                    Some(Reply::Drop)
+                }
             };
             if let Some(Reply::One(bytes)) = reply {
                 out.extend_from_slice(&bytes);
             }
-            if out.len() > at {
+            let sent = (out.len() > at).then(|| &out[at..]);
+            tally.count(question_type(query), sent);
+            if sent.is_some() {
                 replies.push((at..out.len(), *address));
             }
         }
+        tally.flush(shared.stats);
         if replies.is_empty() {
             continue;
         }
@@ -285,7 +318,7 @@ fn socket_addr(a: &nix::sys::socket::SockaddrStorage) -> Option<SocketAddr> {
 async fn tcp_loop(
     listener: TcpListener,
     zones: watch::Receiver<Arc<Zones>>,
-    limits: Arc<Limits>,
+    (limits, stats): (Arc<Limits>, Arc<Stats>),
     slots: Arc<Semaphore>,
     transfers: mpsc::Sender<Transferred>,
     cancel: CancellationToken,
@@ -308,12 +341,13 @@ async fn tcp_loop(
             () = cancel.cancelled() => break,
         };
         let (zones, limits, cancel) = (zones.clone(), limits.clone(), cancel.clone());
-        let transfers = transfers.clone();
+        let (transfers, stats) = (transfers.clone(), stats.clone());
         connections.spawn(async move {
             let asker = Asker {
                 source: from.ip(),
                 limits: &limits,
                 transfers,
+                stats: &stats,
             };
             if let Err(e) = connection(stream, asker, zones, cancel).await {
                 tracing::debug!(%from, error = %e, "dns: TCP connection ended");
@@ -331,6 +365,7 @@ struct Asker<'a> {
     source: IpAddr,
     limits: &'a Limits,
     transfers: mpsc::Sender<Transferred>,
+    stats: &'a Stats,
 }
 
 /// One TCP connection: length-prefixed questions, each answered in order, until the asker
@@ -374,6 +409,12 @@ async fn connection(
                 messages,
             } => {
                 tracing::info!(%source, zone = %apex, serial, incremental, "dns: zone transferred");
+                let counter = if incremental {
+                    &asker.stats.transfers_incremental
+                } else {
+                    &asker.stats.transfers_full
+                };
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Best effort: a full channel only delays resuming a given-up peer.
                 let _ = asker.transfers.try_send((source, apex, serial));
                 messages

@@ -153,6 +153,26 @@ pub fn slipped(query: &[u8]) -> Option<Vec<u8>> {
     response.to_vec().ok().filter(|b| b.len() <= 512)
 }
 
+/// Where the first question's name ends in a message (the offset of its type), reading
+/// only plain labels: `None` for a compression pointer, an extended label type, a name
+/// longer than 255 bytes or a message that ends first.
+pub fn question_name_end(q: &[u8]) -> Option<usize> {
+    let mut at = 12;
+    loop {
+        let len = usize::from(*q.get(at)?);
+        if len == 0 {
+            return Some(at + 1);
+        }
+        if len > 63 {
+            return None;
+        }
+        at += 1 + len;
+        if at - 12 > 255 {
+            return None;
+        }
+    }
+}
+
 /// A NOTIFY of `zone` at `serial` (RFC 1996): the zone's SOA as the question and the
 /// answer.
 pub fn notify(zone: &Zone, serial: u32, id: u16) -> Option<Vec<u8>> {
