@@ -60,6 +60,8 @@ pub struct Console {
     pub provisioning: Arc<Provisioner>,
     /// BMCs: the node page's power record and buttons, the throttle on the dashboard.
     pub power: Arc<crate::power::Power>,
+    /// The DNS server's zones, for a machine's names (`None`: DNS is off).
+    pub dns: Option<crate::dns::DnsHandle>,
 }
 
 /// The console's routes under `/ui`.
@@ -492,6 +494,11 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         })
         .unwrap_or_default();
     let power = power_page::section(&s, n).await;
+    let uuid = n.uuid.to_string();
+    let dns_names = s
+        .dns
+        .as_ref()
+        .map(|d| d.names(&[crate::census::node_hostname(n).as_str(), uuid.as_str()]));
     let running = provisioning
         .as_ref()
         .is_some_and(|(r, _)| r.serve().ramdisk_mode().is_some());
@@ -508,6 +515,12 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             tr { th { "Auto-discovered" } td { (n.auto_discovered) } }
             tr { th { "Properties" } td { code { (Value::Object(n.properties.clone())) } } }
             tr { th { "Traits" } td { (n.traits.join(", ")) } }
+            @if let Some(names) = &dns_names {
+                tr { th { "DNS names" } td {
+                    @if names.is_empty() { "none (no name it can take: see paddock dns zone)" }
+                    @for name in names { code { (name) } " " }
+                } }
+            }
         }
         (introspection_forms(n))
         }

@@ -245,6 +245,30 @@ pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<
     Ok(Some(handle))
 }
 
+impl DnsHandle {
+    /// The names a machine or instance has now (every owner name of a record that names
+    /// one of `subjects`: its name, its UUID name, its PTR), sorted.
+    pub fn names(&self, subjects: &[&str]) -> Vec<String> {
+        let zones = self.zones.borrow().clone();
+        let mut names: Vec<String> = subjects
+            .iter()
+            .flat_map(|s| zones.names_of(s))
+            .filter(|r| {
+                !matches!(
+                    r.data,
+                    paddock_dns::RData::Srv { .. } | paddock_dns::RData::Txt(_)
+                ) || subjects
+                    .iter()
+                    .any(|s| r.name.starts_with(&format!("{s}.")))
+            })
+            .map(|r| r.name)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct Label {
     kind: &'static str,

@@ -91,6 +91,7 @@ pub fn router(state: AppState) -> Router {
         dominator: state.dominator.clone(),
         provisioning: state.provisioning.clone(),
         power: state.power.clone(),
+        dns: state.dns.clone(),
     });
     let security = state.security.clone();
     let inspector_for_security = state.inspector.clone();

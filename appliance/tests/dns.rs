@@ -308,6 +308,27 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
     );
     assert!(!refused.contains(&format!("{name}.")), "{refused}");
 
+    // The machine's page shows its names.
+    let page = http(
+        &lab.link.client,
+        &lab.scratch,
+        "GET",
+        &format!("/ui/nodes/{uuid}"),
+        None,
+        &[],
+    )
+    .body;
+    for n in [
+        format!("{name}."),
+        format!("{uuid}.node.{ZONE}."),
+        format!("{}.0.18.198.in-addr.arpa.", ip.rsplit('.').next().unwrap()),
+    ] {
+        assert!(
+            page.contains(&format!("<code>{n}</code>")),
+            "{n} not on the page: {page}"
+        );
+    }
+
     // What the server counted, on /metrics.
     let metrics = http(&lab.link.client, &lab.scratch, "GET", "/metrics", None, &[]).body;
     let count = |line: &str| -> u64 {
