@@ -300,41 +300,36 @@ pub fn add_metrics(text: String, dns: Option<&DnsHandle>) -> String {
         "paddock_dns_questions",
         "DNS questions by type",
     );
-    for ((kind, _), n) in TYPES.iter().zip(&st.questions) {
-        questions
-            .get_or_create(&Label { kind })
-            .inc_by(n.load(Relaxed));
-    }
     let answers = family(&mut registry, "paddock_dns_answers", "DNS answers by code");
-    for (kind, n) in CODES.iter().zip(&st.answers) {
-        answers
-            .get_or_create(&Label { kind })
-            .inc_by(n.load(Relaxed));
-    }
     let limited = family(
         &mut registry,
         "paddock_dns_rate_limited",
         "UDP questions over the rate limit: answered empty with TC, or not at all",
     );
-    limited
-        .get_or_create(&Label { kind: "slipped" })
-        .inc_by(st.slipped.load(Relaxed));
-    limited
-        .get_or_create(&Label { kind: "dropped" })
-        .inc_by(st.limited.load(Relaxed));
     let transfers = family(
         &mut registry,
         "paddock_dns_transfers",
         "Zone transfers sent",
     );
-    transfers
-        .get_or_create(&Label { kind: "full" })
-        .inc_by(st.transfers_full.load(Relaxed));
-    transfers
-        .get_or_create(&Label {
-            kind: "incremental",
-        })
-        .inc_by(st.transfers_incremental.load(Relaxed));
+    let counts = TYPES
+        .iter()
+        .zip(&st.questions)
+        .map(|((kind, _), n)| (&questions, *kind, n))
+        .chain(
+            CODES
+                .iter()
+                .zip(&st.answers)
+                .map(|(kind, n)| (&answers, *kind, n)),
+        )
+        .chain([
+            (&limited, "slipped", &st.slipped),
+            (&limited, "dropped", &st.limited),
+            (&transfers, "full", &st.transfers_full),
+            (&transfers, "incremental", &st.transfers_incremental),
+        ]);
+    for (f, kind, n) in counts {
+        f.get_or_create(&Label { kind }).inc_by(n.load(Relaxed));
+    }
     let serials = Family::<SerialLabel, Gauge>::default();
     registry.register(
         "paddock_dns_serial",
