@@ -17,6 +17,7 @@
 #   dns update p50_ms=<t> p99_ms=<t> max_ms=<t>                 (goals: ratio >= 1.0, p99 <= 1000)
 # Run as root (network namespaces):  bash bench/dns.sh
 # Env: MACHINES=10000 SERVICES=1000 PER=3 SECONDS=15 CHANGES=1000 CLIENTS=20
+#      PIN_CPUS=1: every server on CPU 0 and dnsperf on CPU 1 (else all share both cores)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init dns
@@ -92,7 +93,9 @@ in_cli python3 bench/dns.py queries "$SCRATCH/queries" "$MACHINES" "$SERVICES" 1
 # perf NAME IP: dnsperf's queries per second against IP.
 perf() {
     local out
-    out=$(in_cli dnsperf -s "$2" -d "$SCRATCH/queries" -l "$SECONDS_EACH" -c "$CLIENTS" -T 2 -q 500 2>&1) ||
+    local pin=()
+    [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1) # servers on CPU 0 (lib.sh's start_server)
+    out=$(in_cli "${pin[@]}" dnsperf -s "$2" -d "$SCRATCH/queries" -l "$SECONDS_EACH" -c "$CLIENTS" -T 2 -q 500 2>&1) ||
         { echo "$out" >&2; die "dnsperf against $1 failed"; }
     echo "$out" >"$SCRATCH/dnsperf-$1.txt"
     awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out"
