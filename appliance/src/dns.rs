@@ -250,16 +250,17 @@ impl DnsHandle {
     /// one of `subjects`: its name, its UUID name, its PTR), sorted.
     pub fn names(&self, subjects: &[&str]) -> Vec<String> {
         let zones = self.zones.borrow().clone();
+        let own: Vec<String> = subjects
+            .iter()
+            .map(|s| format!("{}.", s.to_ascii_lowercase()))
+            .collect();
+        // Its own names and the PTRs to them; not the services it is a member of.
         let mut names: Vec<String> = subjects
             .iter()
             .flat_map(|s| zones.names_of(s))
             .filter(|r| {
-                !matches!(
-                    r.data,
-                    paddock_dns::RData::Srv { .. } | paddock_dns::RData::Txt(_)
-                ) || subjects
-                    .iter()
-                    .any(|s| r.name.starts_with(&format!("{s}.")))
+                matches!(r.data, paddock_dns::RData::Ptr(_))
+                    || own.iter().any(|o| r.name.starts_with(o.as_str()))
             })
             .map(|r| r.name)
             .collect();

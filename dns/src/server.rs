@@ -393,13 +393,16 @@ async fn connection(
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "a question sent too slowly"))??;
         let current = zones.borrow().clone();
-        let messages = match wire::respond(
-            &current,
-            &limits.transfer_acl,
-            &buf,
-            Transport::Tcp,
-            source,
-        ) {
+        let reply = wire::respond(&current, &limits.transfer_acl, &buf, Transport::Tcp, source);
+        let mut tally = Tally::default();
+        let first = match &reply {
+            Reply::Drop => None,
+            Reply::One(m) => Some(m.as_slice()),
+            Reply::Transfer { messages, .. } => messages.first().map(Vec::as_slice),
+        };
+        tally.count(question_type(&buf), first);
+        tally.flush(asker.stats);
+        let messages = match reply {
             Reply::Drop => return Ok(()),
             Reply::One(m) => vec![m],
             Reply::Transfer {
