@@ -1,13 +1,6 @@
-//! Service-discovery DNS: the shell around `paddock_dns`. Every appliance host (leader or
-//! not) serves the same zones from its own copy of the store: the machines (enrolled nodes,
-//! their addresses from their DHCP leases, else their DHCP reservations), the role instances of the census and their
-//! self-reported status, damped by the membership hysteresis, and the ports the applied
-//! role spec declares (`dns = { ports = [...] }`) as SRV records.
-//!
-//! The zones are rebuilt whenever nodes, leases, census entries or the spec change (watched, not
-//! polled; changes within [`DEBOUNCE`] are taken together), when a pending self-removal
-//! falls due, and every [`SWEEP`] so that expired leases leave. The server answers from the
-//! newest build, swapped in whole.
+//! Service-discovery DNS: the shell around `paddock_dns`. `[dns]`'s settings, the server's
+//! start, its API routes and its metrics. The loop that keeps the zones (from the store,
+//! in step across the appliance's hosts) is [`crate::dns_zones`].
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,22 +11,16 @@ use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
 use ipnet::{IpNet, Ipv4Net};
-use paddock_clock::UnixMs;
-use paddock_dhcp::{Lease, LeaseState, MacAddr};
+use paddock_dhcp::MacAddr;
 use paddock_dns::rrl::RateLimit;
 use paddock_dns::server::{Limits, PeerBoard, Server};
 use paddock_dns::wire::TransferAcl;
-use paddock_dns::{
-    Inputs, Machine, Member, Membership, Policy, Report, ServicePort, ZoneConfig, Zones,
-};
-use paddock_inspector::node::Node;
-use paddock_store::Store;
+use paddock_dns::{Policy, ZoneConfig, Zones};
 use paddock_wire::ApiError;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::census::{INSTANCES, InstanceEntry, node_hostname};
-use crate::runtime::{Context, Runtime};
+use crate::runtime::Runtime;
 
 /// `[dns] zone`'s default.
 pub const DNS_ZONE: &str = "paddock.internal";
@@ -41,10 +28,6 @@ pub const DNS_ZONE: &str = "paddock.internal";
 pub const DNS_TTL_SECS: u32 = 30;
 /// `[dns] port`'s default.
 pub const DNS_PORT: u16 = 53;
-/// Changes this close together are built into one zone.
-const DEBOUNCE: Duration = Duration::from_millis(20);
-/// The longest the zones go unrebuilt: leases expire without a store event.
-const SWEEP: Duration = Duration::from_secs(30);
 
 /// `[dns]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -65,6 +48,9 @@ pub struct DnsFile {
     /// Secondaries (`IP` or `IP:port`, port 53 by default) told of every new serial
     /// (NOTIFY); each may transfer the zones too.
     pub secondaries: Vec<String>,
+    /// The zone's name servers, `ns1`, `ns2`… in address order (default: this host and
+    /// the other appliance hosts, every one of which answers the same zone).
+    pub name_servers: Option<Vec<Ipv4Addr>>,
     /// Subnets whose reverse zones are served (default: the DHCP subnets).
     pub reverse: Option<Vec<String>>,
     /// Answers per second to one source netblock (/24, /56) over UDP; 0: no limit (1000).
@@ -87,12 +73,17 @@ pub struct DnsConfig {
     pub policy: Policy,
 }
 
-/// What `[dns]` takes from the DHCP server's configuration.
+/// What `[dns]` takes from the rest of the configuration.
 #[derive(Debug, Default)]
-pub struct FromDhcp {
-    /// Their reverse zones are served unless `[dns] reverse` says otherwise.
+pub struct Site {
+    /// The DHCP subnets: their reverse zones are served unless `[dns] reverse` says
+    /// otherwise.
     pub subnets: Vec<Ipv4Net>,
+    /// The DHCP reservations.
     pub reservations: Vec<paddock_dhcp::Reservation>,
+    /// The other appliance hosts' addresses (from `[cluster] peers`): name servers too,
+    /// unless `[dns] name_servers` says otherwise.
+    pub peers: Vec<Ipv4Addr>,
 }
 
 /// `[dns]` → the server's settings (`None`: off). `http_ip` stands in for an unset listen
@@ -100,7 +91,7 @@ pub struct FromDhcp {
 pub fn validate(
     f: &DnsFile,
     http_ip: Option<IpAddr>,
-    dhcp: &FromDhcp,
+    dhcp: &Site,
     p: &mut Vec<String>,
 ) -> Option<DnsConfig> {
     let dhcp_subnets = &dhcp.subnets;
@@ -129,6 +120,16 @@ pub fn validate(
             _ => None,
         })
         .unwrap_or(Ipv4Addr::LOCALHOST);
+    let mut name_servers = f.name_servers.clone().unwrap_or_else(|| {
+        let mut all = dhcp.peers.clone();
+        all.push(ns);
+        all
+    });
+    name_servers.sort();
+    name_servers.dedup();
+    if name_servers.is_empty() {
+        p.push("dns.name_servers: the zone needs at least one".into());
+    }
     let ttl = f.ttl_secs.unwrap_or(DNS_TTL_SECS);
     if !(1..=86_400).contains(&ttl) {
         p.push(format!("dns.ttl_secs: {ttl} must be 1 to 86400"));
@@ -176,7 +177,11 @@ pub fn validate(
             hostmaster: format!("hostmaster.{origin}"),
             origin,
             ttl,
-            name_servers: vec![("ns1".into(), ns)],
+            name_servers: name_servers
+                .into_iter()
+                .enumerate()
+                .map(|(i, ip)| (format!("ns{}", i + 1), ip))
+                .collect(),
             reverse,
         },
         limits: Limits {
@@ -227,8 +232,14 @@ pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<
     };
     let server = Server::bind(&cfg.listen).await?;
     tracing::info!(listen = ?server.local_addrs(), zone = %cfg.zone.origin, "dns: serving");
-    let empty = Zones::build(&cfg.zone, &Inputs::default());
-    let (tx, rx) = watch::channel(Arc::new(empty));
+    // No zone at all until the first build (questions are refused for those few
+    // milliseconds): a zone served before it is built would carry a serial of its own,
+    // out of step with the other hosts'.
+    let nothing_yet = Zones {
+        zones: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let (tx, rx) = watch::channel(Arc::new(nothing_yet));
     let handle = DnsHandle {
         zones: rx.clone(),
         peers: server.peers(),
@@ -238,9 +249,13 @@ pub async fn start(rt: &mut Runtime, cfg: Option<&DnsConfig>) -> anyhow::Result<
     rt.spawn_once("dns", move |ctx| async move {
         Ok(server.run(rx, limits, ctx.cancel).await?)
     });
-    let cfg = Arc::new(cfg);
+    let sources = Arc::new(crate::dns_zones::Sources {
+        zone: cfg.zone,
+        policy: cfg.policy,
+        reservations: cfg.reservations,
+    });
     rt.spawn("dns zones", crate::runtime::Policy::Restart, move |ctx| {
-        keep_zones(ctx, cfg.clone(), tx.clone())
+        crate::dns_zones::keep_zones(ctx, sources.clone(), tx.clone())
     });
     Ok(Some(handle))
 }
@@ -491,176 +506,6 @@ async fn peers(State(dns): State<Option<DnsHandle>>) -> Result<Json<Vec<PeerView
     ))
 }
 
-/// Rebuilds the zones on every change until cancelled.
-async fn keep_zones(
-    ctx: Context,
-    cfg: Arc<DnsConfig>,
-    tx: watch::Sender<Arc<Zones>>,
-) -> anyhow::Result<()> {
-    let store = ctx.store.clone();
-    let prefixes = [
-        paddock_inspector::service::records::NODES,
-        paddock_dhcp::shell::LEASE_PREFIX,
-        INSTANCES,
-        crate::roles::SPEC_KEY,
-    ];
-    let mut watches = Vec::new();
-    for p in prefixes {
-        watches.push(store.watch(p, 0).await?);
-    }
-    let mut membership = Membership::default();
-    loop {
-        let now = paddock_clock::now();
-        let (inputs, registrations) = gather(store.as_ref(), &cfg.reservations, now).await?;
-        let due = membership.observe(
-            now,
-            registrations
-                .iter()
-                .map(|(role, instance, report)| (role.as_str(), instance.as_str(), *report)),
-            &cfg.policy,
-        );
-        let mut zones = Zones::build(&cfg.zone, &with_membership(inputs, &membership));
-        let before = tx.borrow().clone();
-        zones.stamp(Some(&before), now);
-        if zones != *before {
-            let serials: Vec<u32> = zones.zones.iter().map(|z| z.serial).collect();
-            tracing::debug!(
-                ?serials,
-                names = zones.zones[0].names(),
-                "dns: zones rebuilt"
-            );
-            for s in zones.skipped.iter().filter(|s| !before.skipped.contains(s)) {
-                tracing::warn!(what = %s.what, why = %s.why, "dns: left out of the zone");
-            }
-            tx.send_replace(Arc::new(zones));
-        }
-        let wait = due.map_or(SWEEP, |t| t.since(now).min(SWEEP));
-        let woke = tokio::select! {
-            () = tokio::time::sleep(wait) => true,
-            ev = next_event(&mut watches) => ev,
-            () = ctx.cancel.cancelled() => return Ok(()),
-        };
-        if !woke {
-            anyhow::bail!("the store's watch ended");
-        }
-        tokio::time::sleep(DEBOUNCE).await;
-        for w in &mut watches {
-            while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, w.next()).await {}
-        }
-    }
-}
-
-/// The next event of any of the watches; `false` once one has ended.
-async fn next_event(watches: &mut [paddock_store::Watch]) -> bool {
-    let nexts = watches.iter_mut().map(|w| Box::pin(w.next()));
-    let (ev, _, _) = futures_util::future::select_all(nexts).await;
-    matches!(ev, Some(Ok(_)))
-}
-
-/// The machines as DNS sees them, and the census's instances with their word on their
-/// health.
-async fn gather(
-    store: &dyn Store,
-    reservations: &BTreeMap<MacAddr, Ipv4Addr>,
-    now: UnixMs,
-) -> anyhow::Result<(Inputs, Vec<(String, String, Report)>)> {
-    let mut leases: BTreeMap<MacAddr, Lease> = BTreeMap::new();
-    let now_secs = u64::try_from(now.secs()).unwrap_or(0);
-    for kv in store.range(paddock_dhcp::shell::LEASE_PREFIX).await? {
-        let Ok(l) = serde_json::from_slice::<Lease>(&kv.value) else {
-            continue;
-        };
-        if l.state != LeaseState::Bound || l.expires <= now_secs {
-            continue;
-        }
-        // A MAC with several live leases (a moved machine): the one that lasts longest.
-        if leases.get(&l.mac).is_none_or(|o| o.expires < l.expires) {
-            leases.insert(l.mac, l);
-        }
-    }
-    let mut inputs = Inputs::default();
-    for kv in store
-        .range(paddock_inspector::service::records::NODES)
-        .await?
-    {
-        let Ok(node) = serde_json::from_slice::<Node>(&kv.value) else {
-            continue;
-        };
-        let macs = || node.pxe_mac.iter().chain(node.macs.iter());
-        let ipv4 = macs()
-            .find_map(|m| leases.get(m).map(|l| l.ip))
-            .or_else(|| macs().find_map(|m| reservations.get(m).copied()));
-        inputs.machines.push(Machine {
-            name: node_hostname(&node),
-            uuid: node.uuid.to_string(),
-            ipv4,
-            ipv6: None,
-        });
-    }
-    inputs.ports = ports(store).await?;
-    let mut registrations = Vec::new();
-    for kv in store.range(INSTANCES).await? {
-        let Ok(e) = serde_json::from_slice::<InstanceEntry>(&kv.value) else {
-            continue;
-        };
-        let report = if e.says_up() {
-            Report::Up
-        } else {
-            Report::Down
-        };
-        registrations.push((e.role.clone(), e.instance.clone(), report));
-        inputs.members.push(Member {
-            role: e.role,
-            instance: e.instance,
-            host: e.host,
-            in_service: false,
-        });
-    }
-    Ok((inputs, registrations))
-}
-
-/// Role → the ports its service declares, from the applied spec (none without one; a spec
-/// in the store was validated when applied, so one that no longer parses is logged and
-/// declares nothing).
-async fn ports(store: &dyn Store) -> anyhow::Result<BTreeMap<String, Vec<ServicePort>>> {
-    let Some(kv) = store.get(crate::roles::SPEC_KEY).await? else {
-        return Ok(BTreeMap::new());
-    };
-    let stored: crate::roles::StoredSpec = serde_json::from_slice(&kv.value)?;
-    let spec = match paddock_roles::Spec::parse(&stored.file, &stored.text) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "dns: the applied spec does not parse; no SRV records");
-            return Ok(BTreeMap::new());
-        }
-    };
-    Ok(spec
-        .roles
-        .into_iter()
-        .filter(|(_, r)| !r.dns_ports.is_empty())
-        .map(|(name, r)| {
-            let ports = r
-                .dns_ports
-                .iter()
-                .map(|p| ServicePort {
-                    port: p.port,
-                    priority: p.priority,
-                    weight: p.weight,
-                })
-                .collect();
-            (name, ports)
-        })
-        .collect())
-}
-
-/// `inputs` with each member in or out of service as the membership decided.
-fn with_membership(mut inputs: Inputs, membership: &Membership) -> Inputs {
-    for m in &mut inputs.members {
-        m.in_service = membership.in_service(&m.role, &m.instance);
-    }
-    inputs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,13 +518,14 @@ mod tests {
     fn dns_is_off_unless_enabled_and_defaults_follow_http_and_dhcp() {
         let http: Option<IpAddr> = Some("198.18.0.1".parse().unwrap());
         let subnets: Vec<Ipv4Net> = vec!["198.18.0.0/24".parse().unwrap()];
-        let dhcp = FromDhcp {
+        let dhcp = Site {
             subnets: subnets.clone(),
             reservations: vec![paddock_dhcp::Reservation {
                 mac: "52:54:00:00:00:07".parse().unwrap(),
                 ip: Ipv4Addr::new(198, 18, 0, 7),
                 hostname: None,
             }],
+            peers: Vec::new(),
         };
         let mut p = Vec::new();
         assert!(validate(&file(""), http, &dhcp, &mut p).is_none());
@@ -698,6 +544,28 @@ mod tests {
             "no transfers by default"
         );
         assert_eq!(c.policy, Policy::default());
+        // Among several appliance hosts, each is a name server, numbered the same way on
+        // every host (they serve one zone).
+        let site = Site {
+            peers: vec![Ipv4Addr::new(198, 18, 0, 3), Ipv4Addr::new(198, 18, 0, 2)],
+            ..Site::default()
+        };
+        let c = validate(&file("enabled = true"), http, &site, &mut p).unwrap();
+        let ns: Vec<(&str, String)> = c
+            .zone
+            .name_servers
+            .iter()
+            .map(|(n, ip)| (n.as_str(), ip.to_string()))
+            .collect();
+        assert_eq!(
+            ns,
+            [
+                ("ns1", "198.18.0.1".to_string()),
+                ("ns2", "198.18.0.2".to_string()),
+                ("ns3", "198.18.0.3".to_string())
+            ]
+        );
+        assert!(p.is_empty(), "{p:?}");
     }
 
     #[test]
@@ -708,7 +576,7 @@ mod tests {
 zone = "a..b"
 "#,
         );
-        assert!(validate(&f, None, &FromDhcp::default(), &mut p).is_none());
+        assert!(validate(&f, None, &Site::default(), &mut p).is_none());
         let f = file(
             r#"enabled = true
 ttl_secs = 0
@@ -718,7 +586,7 @@ reverse = ["198.18.0.0/33"]
 self_removal_window_secs = 0
 "#,
         );
-        let c = validate(&f, None, &FromDhcp::default(), &mut p).unwrap();
+        let c = validate(&f, None, &Site::default(), &mut p).unwrap();
         assert_eq!(
             c.limits.secondaries,
             [

@@ -18,6 +18,7 @@ pub mod console_access;
 pub mod dhcp;
 pub mod dns;
 pub mod dns_cli;
+pub mod dns_zones;
 pub mod dominator;
 pub mod http;
 pub mod images;

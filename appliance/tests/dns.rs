@@ -125,10 +125,24 @@ fn ours_serial(lab: &Lab) -> u32 {
 }
 
 /// Waits at most `within` for `f`; how long it took.
-fn within(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
+fn within(what: &str, within: Duration, f: impl FnMut() -> bool) -> Duration {
+    within_or(what, within, f, String::new)
+}
+
+/// [`within`], with `context()` in the failure's message.
+fn within_or(
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) -> Duration {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
+        assert!(
+            start.elapsed() < within,
+            "not within {within:?}: {what}\n{}",
+            context()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     start.elapsed()
@@ -406,9 +420,12 @@ zone "{ZONE}" {{
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     let named_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let first = within("named's first transfer", Duration::from_secs(20), || {
-        ask_named("alpha", "TXT") == format!("\"{alpha}\"")
-    });
+    let first = within_or(
+        "named's first transfer",
+        Duration::from_secs(20),
+        || ask_named("alpha", "TXT") == format!("\"{alpha}\""),
+        || format!("named's log:\n{}", named_log()),
+    );
     eprintln!("named answered from its first transfer after {first:?}");
     // A change: the appliance NOTIFYs, named transfers the difference.
     let start = Instant::now();

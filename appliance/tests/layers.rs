@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "dominator",
             "roles",
             "dhcp",
+            "dns_zones",
             "dns",
             "inspection",
         ],

@@ -36,8 +36,8 @@ mod testing;
 pub mod wire;
 pub mod zone;
 
-pub use membership::{Membership, Policy, Report};
+pub use membership::{Carried, Membership, Policy, Report};
 pub use zone::{
-    Answer, Inputs, Machine, Member, QType, RData, RType, Record, ServicePort, Skipped, Soa, Zone,
-    ZoneConfig, Zones, next_serial,
+    Answer, Inputs, Machine, Member, QType, RData, RType, Record, ServicePort, Skipped, Soa, Stamp,
+    Zone, ZoneConfig, Zones, next_serial,
 };

@@ -58,6 +58,15 @@ struct Service {
     removals: VecDeque<UnixMs>,
 }
 
+/// One service's state that another host needs to go on from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Its instances in service, each with when it reported down (a removal pending).
+    pub in_service: BTreeMap<String, Option<UnixMs>>,
+    /// When the self-removals still inside the window took effect, oldest first.
+    pub removals: Vec<UnixMs>,
+}
+
 /// The services' members and the removals they are owed. Keys are role names, then
 /// instance names.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,6 +122,53 @@ impl Membership {
             .values_mut()
             .filter_map(|s| s.settle(now, p))
             .min()
+    }
+
+    /// Each service's state, as another host can take it over ([`Membership::resume`]).
+    pub fn carried(&self) -> BTreeMap<String, Carried> {
+        self.services
+            .iter()
+            .map(|(role, s)| {
+                let carried = Carried {
+                    in_service: s
+                        .members
+                        .iter()
+                        .filter(|(_, m)| m.in_service)
+                        .map(|(i, m)| (i.clone(), m.down_since))
+                        .collect(),
+                    removals: s.removals.iter().copied().collect(),
+                };
+                (role.clone(), carried)
+            })
+            .collect()
+    }
+
+    /// A membership that goes on from another host's (one taking over the lead): its
+    /// members in service stay in, their pending removals and the window's removals
+    /// still count. Instances it did not have in service enter as they report.
+    pub fn resume(carried: BTreeMap<String, Carried>) -> Membership {
+        let services = carried
+            .into_iter()
+            .map(|(role, c)| {
+                let members = c
+                    .in_service
+                    .into_iter()
+                    .map(|(i, down_since)| {
+                        let state = State {
+                            in_service: true,
+                            down_since,
+                        };
+                        (i, state)
+                    })
+                    .collect();
+                let service = Service {
+                    members,
+                    removals: c.removals.into(),
+                };
+                (role, service)
+            })
+            .collect();
+        Membership { services }
     }
 
     /// Whether the instance stands in its service's records.
@@ -261,6 +317,25 @@ mod tests {
         let (two, mut m) = started(2);
         observe(&mut m, 0, &two, &["db2"]);
         assert!(!m.in_service("db", "db2"));
+    }
+
+    #[test]
+    fn a_host_taking_over_goes_on_from_where_the_last_leader_was() {
+        let (all, mut m) = started(9);
+        let down = ["db1", "db2", "db3", "db4"];
+        observe(&mut m, 10 * S, &all, &down);
+        assert_eq!(in_service(&m), 6);
+        // Taken as new members, all four would be out at once: no damping.
+        let mut fresh = Membership::default();
+        observe(&mut fresh, 20 * S, &all, &down);
+        assert_eq!(in_service(&fresh), 5);
+        // Resumed, db4's removal is still pending behind the window's three.
+        let mut next = Membership::resume(m.carried());
+        assert_eq!(next.carried(), m.carried());
+        assert_eq!(observe(&mut next, 20 * S, &all, &down), Some(at(70 * S)));
+        assert_eq!(in_service(&next), 6);
+        assert_eq!(observe(&mut next, 70 * S, &all, &down), None);
+        assert!(!next.in_service("db", "db4"));
     }
 
     #[test]

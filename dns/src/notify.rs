@@ -48,38 +48,50 @@ pub struct Notify {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Notifier {
+    secondaries: Vec<SocketAddr>,
     peers: BTreeMap<(SocketAddr, String), PeerZone>,
     next_id: u16,
 }
 
 impl Notifier {
-    /// Secondaries to tell about each of `apexes`.
+    /// Secondaries to tell about each of `apexes`, and of every zone that appears later.
     pub fn new(secondaries: &[SocketAddr], apexes: &[String]) -> Self {
-        let mut peers = BTreeMap::new();
-        for peer in secondaries {
-            for apex in apexes {
-                peers.insert(
-                    (*peer, apex.clone()),
-                    PeerZone {
-                        peer: *peer,
-                        apex: apex.clone(),
-                        announcing: None,
-                        acknowledged: None,
-                        transferred: None,
-                        attempts: 0,
-                        given_up: false,
-                        next_at: None,
-                        id: 0,
-                    },
-                );
-            }
+        let mut n = Notifier {
+            secondaries: secondaries.to_vec(),
+            peers: BTreeMap::new(),
+            next_id: 1,
+        };
+        for apex in apexes {
+            n.track(apex);
         }
-        Notifier { peers, next_id: 1 }
+        n
+    }
+
+    /// Each secondary's state with `apex`, from now on.
+    fn track(&mut self, apex: &str) {
+        for peer in &self.secondaries {
+            self.peers
+                .entry((*peer, apex.to_string()))
+                .or_insert_with(|| PeerZone {
+                    peer: *peer,
+                    apex: apex.to_string(),
+                    announcing: None,
+                    acknowledged: None,
+                    transferred: None,
+                    attempts: 0,
+                    given_up: false,
+                    next_at: None,
+                    id: 0,
+                });
+        }
     }
 
     /// The zones' serials now: a secondary not yet told of its zone's serial is told now.
     pub fn serials<'a>(&mut self, now: UnixMs, zones: impl IntoIterator<Item = (&'a str, u32)>) {
         let zones: BTreeMap<&str, u32> = zones.into_iter().collect();
+        for apex in zones.keys() {
+            self.track(apex);
+        }
         for p in self.peers.values_mut() {
             let Some(serial) = zones.get(p.apex.as_str()).copied() else {
                 continue;
@@ -222,6 +234,15 @@ mod tests {
         assert!(n.due(at(5_000)).is_empty());
         n.serials(at(6_000), [(ZONE, 8)]);
         assert_eq!(serials(&n.due(at(6_000))), [8]);
+    }
+
+    #[test]
+    fn a_zone_that_appears_later_is_told_too() {
+        let mut n = Notifier::new(&[peer()], &[]);
+        n.serials(at(0), []);
+        assert!(n.due(at(0)).is_empty());
+        n.serials(at(10), [(ZONE, 3)]);
+        assert_eq!(serials(&n.due(at(10))), [3]);
     }
 
     #[test]

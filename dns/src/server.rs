@@ -441,13 +441,8 @@ async fn notify_loop(
     mut transfers: mpsc::Receiver<Transferred>,
     cancel: CancellationToken,
 ) -> io::Result<()> {
-    let apexes: Vec<String> = zones
-        .borrow()
-        .zones
-        .iter()
-        .map(|z| z.apex.clone())
-        .collect();
-    let mut notifier = Notifier::new(&secondaries, &apexes);
+    // The zones are taken up as they appear (none before the first build).
+    let mut notifier = Notifier::new(&secondaries, &[]);
     let serials = |z: &Zones| -> Vec<(String, u32)> {
         z.zones.iter().map(|z| (z.apex.clone(), z.serial)).collect()
     };

@@ -196,6 +196,14 @@ pub struct Delta {
     pub added: Vec<Record>,
 }
 
+/// A zone as one host serves it: its serial and a digest of its records, equal on every
+/// host that built the same records (whatever its build).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    pub serial: u32,
+    pub digest: String,
+}
+
 /// Changes kept per zone for incremental transfers; a secondary further behind gets the
 /// whole zone.
 pub const HISTORY: usize = 64;
@@ -274,6 +282,37 @@ impl Zone {
         let chain: Vec<Arc<Delta>> = self.history.iter().skip(start).cloned().collect();
         let linked = chain.windows(2).all(|w| w[0].to == w[1].from);
         (linked && chain.last().map(|d| d.to) == Some(self.serial)).then_some(chain)
+    }
+
+    /// Whether `other` holds the same records, TTL and SOA names (serials aside).
+    fn same_records(&self, other: &Zone) -> bool {
+        self.records == other.records
+            && self.ttl == other.ttl
+            && self.mname == other.mname
+            && self.rname == other.rname
+    }
+
+    /// SHA-256 (hex) of the zone in presentation form, serial aside: the TTL, the SOA's
+    /// names, then every record in name and data order.
+    pub fn digest(&self) -> String {
+        use std::fmt::Write as _;
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut line = format!("{} {} {} {}\n", self.apex, self.ttl, self.mname, self.rname);
+        ctx.update(line.as_bytes());
+        for (name, set) in &self.records {
+            for data in set {
+                line.clear();
+                let _ = writeln!(line, "{name} {} {data}", data.rtype());
+                ctx.update(line.as_bytes());
+            }
+        }
+        ctx.finish()
+            .as_ref()
+            .iter()
+            .fold(String::with_capacity(64), |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            })
     }
 
     /// The records (without the SOA) as a set of `(name, data)`.
@@ -397,6 +436,11 @@ pub fn next_serial(prev: u32, now: UnixMs) -> u32 {
     }
 }
 
+/// The later of two serials (RFC 1982).
+fn later(a: u32, b: u32) -> u32 {
+    if serial_gt(a, b) { a } else { b }
+}
+
 /// `a > b` in RFC 1982 serial arithmetic.
 pub fn serial_gt(a: u32, b: u32) -> bool {
     a != b && a.wrapping_sub(b) < (1 << 31)
@@ -421,31 +465,66 @@ impl Zones {
         b.finish()
     }
 
-    /// Gives each zone its serial: `prev`'s where its records are the same, the next serial
-    /// (see [`next_serial`]) where they changed, the time's where the zone is new; and
-    /// carries `prev`'s history forward with the change, if any, at its end.
+    /// Gives each zone its serial as a host alone does: `prev`'s where its records are the
+    /// same, the next serial (see [`next_serial`]) where they changed, the time's where the
+    /// zone is new; and carries `prev`'s history forward with the change, if any, at its end.
     pub fn stamp(&mut self, prev: Option<&Zones>, now: UnixMs) {
+        self.stamp_in_step(prev, &BTreeMap::new(), true, now);
+    }
+
+    /// Gives each zone its serial in step with the other hosts of the appliance, so that
+    /// all serve the same zone under the same serial. `published` is what the leading
+    /// host last said it serves. A zone whose records are the published ones takes the
+    /// published serial (when that is later than `prev`'s). Otherwise a host that may make
+    /// serials (`own`: it leads, or has heard nothing from the leader for too long) moves
+    /// past both `prev`'s and the published serial; one that may not answers `false`: it
+    /// is not in step yet and keeps serving `prev` until the leader publishes these
+    /// records (the zones are then not to be served). A serial never goes back.
+    pub fn stamp_in_step(
+        &mut self,
+        prev: Option<&Zones>,
+        published: &BTreeMap<String, Stamp>,
+        own: bool,
+        now: UnixMs,
+    ) -> bool {
         for z in &mut self.zones {
-            let Some(o) = prev.and_then(|p| p.zones.iter().find(|o| o.apex == z.apex)) else {
-                z.serial = next_serial(0, now);
-                continue;
+            let o = prev.and_then(|p| p.zones.iter().find(|o| o.apex == z.apex));
+            let base = o.map_or(0, |o| o.serial);
+            let changed = o.is_none_or(|o| !o.same_records(z));
+            let leader = published.get(&z.apex);
+            let matches = leader.map(|l| l.digest == z.digest());
+            z.serial = match (leader, matches) {
+                (Some(l), Some(true)) if o.is_none() || serial_gt(l.serial, base) => l.serial,
+                _ if !changed && (!own || matches != Some(false)) => base,
+                _ if own => next_serial(leader.map_or(base, |l| later(l.serial, base)), now),
+                _ => return false,
             };
-            z.history = o.history.clone();
-            let same = o.records == z.records
-                && o.ttl == z.ttl
-                && o.mname == z.mname
-                && o.rname == z.rname;
-            if same {
-                z.serial = o.serial;
-                continue;
-            }
-            z.serial = next_serial(o.serial, now);
-            let delta = z.delta_from(o);
-            z.history.push_back(Arc::new(delta));
-            while z.history.len() > HISTORY {
-                z.history.pop_front();
+            if let Some(o) = o {
+                z.history = o.history.clone();
+                if z.serial != o.serial {
+                    let delta = z.delta_from(o);
+                    z.history.push_back(Arc::new(delta));
+                    while z.history.len() > HISTORY {
+                        z.history.pop_front();
+                    }
+                }
             }
         }
+        true
+    }
+
+    /// Each zone's serial and digest, by apex: what a leading host publishes.
+    pub fn stamps(&self) -> BTreeMap<String, Stamp> {
+        self.zones
+            .iter()
+            .map(|z| {
+                let stamp = Stamp {
+                    serial: z.serial,
+                    digest: z.digest(),
+                };
+                (z.apex.clone(), stamp)
+            })
+            .collect()
     }
 
     /// Every record that names `subject` (a machine's name or UUID, or an instance's name):

@@ -373,6 +373,58 @@ fn serials_move_only_with_the_records_and_always_forward() {
     assert_eq!(next_serial(u32::MAX - 5, UnixMs(10_000)), 10);
 }
 
+/// Three hosts' view of one appliance: the leader stamps and publishes, a follower takes
+/// the published serials for the same records, holds while its records differ, and goes
+/// on alone (never back) once it has heard nothing for too long.
+#[test]
+fn hosts_serve_the_same_zones_under_the_leaders_serials() {
+    let t0 = UnixMs(1_800_000_000_000);
+    let at = |s: i64| UnixMs(t0.0 + s * 1_000);
+    let none = std::collections::BTreeMap::new();
+    let mut leader = Zones::build(&config(), &inputs());
+    assert!(leader.stamp_in_step(None, &none, true, t0));
+    let published = leader.stamps();
+    assert_eq!(published.len(), 2);
+    // A follower that started a little later (its first zones are empty, serial 0) builds
+    // the same records: it takes the leader's serials, not its own clock's.
+    let empty = Zones::build(&config(), &Inputs::default());
+    let mut follower = Zones::build(&config(), &inputs());
+    assert!(follower.stamp_in_step(Some(&empty), &published, false, at(7)));
+    assert_eq!(serials(&follower), serials(&leader));
+    assert_eq!(follower.stamps(), published);
+    // A change the follower reads before the leader has published it: it holds.
+    let mut i = inputs();
+    i.members[1].in_service = false;
+    let mut early = Zones::build(&config(), &i);
+    assert!(!early.stamp_in_step(Some(&follower), &published, false, at(30)));
+    // The leader stamps and publishes it; the follower takes it, and can hand out the
+    // change as an incremental transfer between the same serials as the leader.
+    let mut next = Zones::build(&config(), &i);
+    assert!(next.stamp_in_step(Some(&leader), &published, true, at(30)));
+    let published2 = next.stamps();
+    let mut caught_up = Zones::build(&config(), &i);
+    assert!(caught_up.stamp_in_step(Some(&follower), &published2, false, at(31)));
+    assert_eq!(serials(&caught_up), [1_800_000_030, 1_800_000_000]);
+    let chain = caught_up.zones[0].changes_since(leader.zones[0].serial);
+    assert_eq!(chain, next.zones[0].changes_since(leader.zones[0].serial));
+    assert_eq!(chain.map(|c| c.len()), Some(1));
+    // The leader is gone; a change, and the follower is told to go on alone: past both
+    // its own and the last published serial.
+    i.members[0].in_service = false;
+    let mut alone = Zones::build(&config(), &i);
+    assert!(alone.stamp_in_step(Some(&caught_up), &published2, true, at(30)));
+    assert_eq!(serials(&alone), [1_800_000_031, 1_800_000_000]);
+    // A new leader whose records are not the published ones, though unchanged for it,
+    // moves the serial so that the others, serving the published ones, see a change.
+    let mut stale = Zones::build(&config(), &inputs());
+    assert!(stale.stamp_in_step(Some(&leader), &published2, true, at(40)));
+    assert_eq!(serials(&stale), [1_800_000_040, 1_800_000_000]);
+    // A published serial behind what a host serves never takes it back.
+    let mut ahead = Zones::build(&config(), &i);
+    assert!(ahead.stamp_in_step(Some(&alone), &published2, false, at(50)));
+    assert_eq!(serials(&ahead), serials(&alone));
+}
+
 #[test]
 fn the_history_keeps_the_last_changes_chained_to_the_serial() {
     let mut i = inputs();

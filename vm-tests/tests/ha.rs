@@ -590,3 +590,169 @@ fn the_dominator_carries_on_under_a_new_leader() {
         );
     }
 }
+
+/// What host `i` answers for `name`/`rtype` (dig +short, asked from its own namespace),
+/// sorted; `None` when it does not answer.
+fn dig(lab: &HaLab, i: usize, name: &str, rtype: &str) -> Option<Vec<String>> {
+    let h = &lab.hosts[i];
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &h.ns, "dig", "+short", "+time=1", "+tries=1",
+        ])
+        .arg(format!("@{}", h.ip))
+        .args([name, rtype])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_matches('"').to_string())
+        .collect();
+    lines.sort();
+    Some(lines)
+}
+
+/// Host `i`'s forward zone serial.
+fn dns_serial(lab: &HaLab, i: usize) -> Option<u32> {
+    let soa = dig(lab, i, "paddock.internal", "SOA")?;
+    soa.first()?.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Waits until every running host answers `want` for the db service, all under one
+/// serial: that serial.
+fn same_everywhere(lab: &HaLab, want: &[&str], secs: u64) -> u32 {
+    let running: Vec<usize> = (0..3).filter(|i| lab.appliance_pid(*i).is_some()).collect();
+    wait_every(
+        &format!("{want:?} under one serial on hosts {running:?}"),
+        Duration::from_secs(secs),
+        Duration::from_millis(100),
+        || {
+            let serials: Vec<Option<u32>> = running.iter().map(|i| dns_serial(lab, *i)).collect();
+            let answers: Vec<_> = running
+                .iter()
+                .map(|i| dig(lab, *i, "db.svc.paddock.internal", "TXT"))
+                .collect();
+            // The serials again: a change between the two questions would pair the new
+            // records with the old serial.
+            let again: Vec<Option<u32>> = running.iter().map(|i| dns_serial(lab, *i)).collect();
+            let one = serials[0].filter(|s| serials.iter().all(|o| *o == Some(*s)))?;
+            if again != serials {
+                return None;
+            }
+            answers
+                .iter()
+                .all(|a| {
+                    a.as_ref()
+                        .is_some_and(|v| v.iter().map(String::as_str).eq(want.iter().copied()))
+                })
+                .then_some(one)
+        },
+        || {
+            let views: Vec<String> = running
+                .iter()
+                .map(|i| {
+                    format!(
+                        "h{}: serial {:?}, {:?}",
+                        i + 1,
+                        dns_serial(lab, *i),
+                        dig(lab, *i, "db.svc.paddock.internal", "TXT")
+                    )
+                })
+                .collect();
+            format!("{}\n{}", views.join("\n"), lab.logs())
+        },
+    )
+}
+
+/// Every host answers DNS from its own copy of the store, with the same records under the
+/// same serial. The leader's hysteresis decides for all, and a host that takes over the
+/// lead goes on from where it was: a self-removal the window held back stays held back.
+#[test]
+fn every_host_serves_one_zone_under_one_serial_across_a_leader_change() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|p| p.into_inner());
+    let mut lab = HaLab::start("dns", &artifacts(), 3).expect("HA lab");
+    lab.extra_config = "[dns]\nenabled = true\nself_removal_window_secs = 20\n".into();
+    for i in 0..3 {
+        lab.start_appliance(i).expect("appliance");
+    }
+    let leader = first_leader(&lab);
+    let via = (leader + 1) % 3;
+    let call = |lab: &HaLab, i: usize, path: &str, body: Value| -> Value {
+        let (status, text) = lab
+            .api(i, "POST", path, Some(&body.to_string()))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(status, 200, "{path}: {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    };
+    let register = |lab: &HaLab, i: usize, instance: &str| -> u64 {
+        let body = json!({"role": "db", "instance": instance, "host": "none", "ttl_secs": 600});
+        call(lab, i, "/api/v1/census/register", body)["lease"]
+            .as_u64()
+            .expect("a lease")
+    };
+    let leases: Vec<u64> = ["db1", "db2", "db3"]
+        .iter()
+        .map(|n| register(&lab, via, n))
+        .collect();
+    let s1 = same_everywhere(&lab, &["db1", "db2", "db3"], 20);
+
+    // db1 says it is down: one self-removal of three members is allowed at once.
+    let report = |lab: &HaLab, i: usize, lease: u64| {
+        let body = json!({"lease": lease, "status": "down"});
+        call(lab, i, "/api/v1/census/status", body);
+    };
+    // (The removal takes effect after this instant: the window ends 20 s after it at
+    // the earliest.)
+    let reported = Instant::now();
+    report(&lab, via, leases[0]);
+    let s2 = same_everywhere(&lab, &["db2", "db3", "verifying:db1"], 10);
+    println!(
+        "ha dns: a self-removal on every host under one serial in {:.2} s",
+        reported.elapsed().as_secs_f64()
+    );
+    assert!(s2 > s1, "{s2} after {s1}");
+    // db2 too, within the window: it stays, on every host, and the serial with it.
+    report(&lab, via, leases[1]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        same_everywhere(&lab, &["db2", "db3", "verifying:db1"], 5),
+        s2
+    );
+
+    // The leader dies. Its successor resumes the window: db2 still stands.
+    let (_, next) = kill_leader(&mut lab, leader);
+    assert!(
+        reported.elapsed() < Duration::from_secs(15),
+        "the election took too long for the window to be tested"
+    );
+    assert_eq!(
+        same_everywhere(&lab, &["db2", "db3", "verifying:db1"], 5),
+        s2
+    );
+    // A new member, registered on the new leader: every host, one new serial.
+    register(&lab, next, "db4");
+    let t = Instant::now();
+    let s3 = same_everywhere(&lab, &["db2", "db3", "db4", "verifying:db1"], 10);
+    println!(
+        "ha dns: a new member on both hosts under one serial in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(s3 > s2, "{s3} after {s2}");
+    // The old leader comes back as a follower and serves the same zone at once.
+    lab.start_appliance(leader).expect("appliance");
+    assert_eq!(
+        same_everywhere(&lab, &["db2", "db3", "db4", "verifying:db1"], 20),
+        s3
+    );
+    // The window ends: db2 leaves, on every host, not before.
+    let s4 = same_everywhere(&lab, &["db3", "db4", "verifying:db1", "verifying:db2"], 40);
+    let held = reported.elapsed();
+    println!(
+        "ha dns: the held-back removal took effect {:.1} s after the first",
+        held.as_secs_f64()
+    );
+    assert!(held >= Duration::from_secs(20), "db2 left after {held:?}");
+    assert!(s4 > s3);
+}

@@ -37,7 +37,13 @@ impl FileConfig {
         } else {
             None
         };
-        let from_dhcp = crate::dns::FromDhcp {
+        let dns_site = crate::dns::Site {
+            peers: self
+                .cluster
+                .peers
+                .iter()
+                .filter_map(|u| u.parse::<axum::http::Uri>().ok()?.host()?.parse().ok())
+                .collect(),
             subnets: dhcp
                 .iter()
                 .flat_map(|d| d.subnets.iter().map(|s| s.network))
@@ -47,7 +53,7 @@ impl FileConfig {
                 .flat_map(|d| d.reservations.iter().cloned())
                 .collect(),
         };
-        let dns = crate::dns::validate(&self.dns, http_listen.map(|a| a.ip()), &from_dhcp, &mut p);
+        let dns = crate::dns::validate(&self.dns, http_listen.map(|a| a.ip()), &dns_site, &mut p);
         let (mut inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
         inspector.agent_bmc_networks = bmc_networks(&self.power.bmc_networks, &mut p);
         let firewall = firewall(
