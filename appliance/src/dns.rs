@@ -285,6 +285,69 @@ impl DnsHandle {
     }
 }
 
+/// A role's service as DNS serves it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceNames {
+    /// Its names that hold records: `<role>.svc.<zone>`, and `_<role>._tcp.<zone>` when
+    /// it declares ports.
+    pub names: Vec<String>,
+    /// Instances in its records.
+    pub in_service: Vec<String>,
+    /// Instances out of them (`verifying:<instance>`).
+    pub verifying: Vec<String>,
+}
+
+impl DnsHandle {
+    /// The forward zone's origin (none before the first build).
+    fn origin(&self) -> Option<String> {
+        self.zones.borrow().zones.first().map(|z| z.apex.clone())
+    }
+
+    /// An instance's own name (`<instance>.inst.<zone>`), if the zone holds it.
+    pub fn instance_name(&self, instance: &str) -> Option<String> {
+        let label = paddock_dns::name::label(instance).ok()?;
+        let name = format!("{label}.inst.{}", self.origin()?);
+        let zones = self.zones.borrow().clone();
+        let held = matches!(
+            zones.answer(&name, paddock_dns::QType::Type(paddock_dns::RType::Txt)),
+            paddock_dns::Answer::Records { .. }
+        );
+        held.then_some(name)
+    }
+
+    /// What DNS serves for `role`'s service.
+    pub fn service(&self, role: &str) -> ServiceNames {
+        let mut out = ServiceNames::default();
+        let (Ok(label), Some(origin)) = (paddock_dns::name::label(role), self.origin()) else {
+            return out;
+        };
+        let zones = self.zones.borrow().clone();
+        let records = |name: &str, t: paddock_dns::RType| match zones
+            .answer(name, paddock_dns::QType::Type(t))
+        {
+            paddock_dns::Answer::Records { answers, .. } => answers,
+            _ => Vec::new(),
+        };
+        let svc = format!("{label}.svc.{origin}");
+        for r in records(&svc, paddock_dns::RType::Txt) {
+            if let paddock_dns::RData::Txt(t) = r.data {
+                match t.strip_prefix("verifying:") {
+                    Some(i) => out.verifying.push(i.to_string()),
+                    None => out.in_service.push(t),
+                }
+            }
+        }
+        if !out.in_service.is_empty() || !out.verifying.is_empty() {
+            out.names.push(svc);
+        }
+        let srv = format!("_{label}._tcp.{origin}");
+        if !records(&srv, paddock_dns::RType::Srv).is_empty() {
+            out.names.push(srv);
+        }
+        out
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct Label {
     kind: &'static str,
@@ -423,7 +486,13 @@ pub struct PeerView {
     /// NOTIFYs sent for `announcing` without an answer.
     pub attempts: u32,
     pub given_up: bool,
+    /// The serial it answers with, asked when this view was made (none: no answer within
+    /// [`PEER_WAIT`]).
+    pub serving: Option<u32>,
 }
+
+/// How long `GET /api/v1/dns/peers` waits for each secondary's SOA.
+pub const PEER_WAIT: Duration = Duration::from_millis(500);
 
 /// `GET /api/v1/dns/names/{subject}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -489,10 +558,19 @@ async fn names(
 async fn peers(State(dns): State<Option<DnsHandle>>) -> Result<Json<Vec<PeerView>>, ApiError> {
     let board = on(dns)?.peers;
     let peers = board.lock().map(|b| b.clone()).unwrap_or_default();
+    // Each secondary is asked at once, all together: the view waits PEER_WAIT at most.
+    let serving = futures_util::future::join_all(
+        peers
+            .iter()
+            .map(|p| paddock_dns::server::ask_serial(p.peer, &p.apex, PEER_WAIT)),
+    )
+    .await;
     Ok(Json(
         peers
             .iter()
-            .map(|p| PeerView {
+            .zip(serving)
+            .map(|(p, serving)| PeerView {
+                serving,
                 peer: p.peer.to_string(),
                 zone: p.apex.clone(),
                 announcing: p.announcing,

@@ -15,7 +15,8 @@ pub enum DnsCmd {
     },
     /// Every record naming a machine (its name or UUID) or a role instance.
     Names { subject: String },
-    /// Each secondary and zone: the serial announced, acknowledged and transferred.
+    /// Each secondary and zone: the serial it serves (asked now), and the serial
+    /// announced, acknowledged and transferred.
     Peers,
 }
 
@@ -53,8 +54,8 @@ pub fn dns(api: &Client, cmd: DnsCmd) -> anyhow::Result<()> {
             }
             let or_dash = |s: Option<u32>| s.map_or_else(|| "-".to_string(), |s| s.to_string());
             println!(
-                "{:<22} {:<28} {:>11} {:>11} {:>11}  state",
-                "secondary", "zone", "announced", "answered", "transferred"
+                "{:<22} {:<28} {:>11} {:>11} {:>11} {:>11}  state",
+                "secondary", "zone", "serves", "announced", "answered", "transferred"
             );
             for p in &v {
                 let state = if p.given_up {
@@ -65,9 +66,10 @@ pub fn dns(api: &Client, cmd: DnsCmd) -> anyhow::Result<()> {
                     "ok".to_string()
                 };
                 println!(
-                    "{:<22} {:<28} {:>11} {:>11} {:>11}  {state}",
+                    "{:<22} {:<28} {:>11} {:>11} {:>11} {:>11}  {state}",
                     p.peer,
                     p.zone,
+                    or_dash(p.serving),
                     or_dash(p.announcing),
                     or_dash(p.acknowledged),
                     or_dash(p.transferred)

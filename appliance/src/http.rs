@@ -80,7 +80,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::dns::router(state.dns.clone()));
     let roles_page = axum::Router::new()
         .route("/ui/roles", get(crate::roles_page::page))
-        .with_state(state.roles.clone());
+        .with_state((state.roles.clone(), state.dns.clone()));
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),
         dhcp: state.dhcp.clone(),

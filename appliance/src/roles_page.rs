@@ -10,12 +10,16 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, html};
 use paddock_inspector::node::iso;
 
+use crate::dns::{DnsHandle, ServiceNames};
 use crate::roles::plan_text;
 use crate::roles::{Roles, SpecBody, describe};
 
 const ROUNDS_SHOWN: usize = 5;
 
-pub async fn page(State(r): State<Arc<Roles>>) -> Response {
+/// The page's state: the roles, and the DNS server's zones when DNS is on.
+pub type PageState = (Arc<Roles>, Option<DnsHandle>);
+
+pub async fn page(State((r, dns)): State<PageState>) -> Response {
     let spec = match r.stored_spec().await {
         Ok(s) => s,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -28,6 +32,13 @@ pub async fn page(State(r): State<Arc<Roles>>) -> Response {
         Some(_) => Some(r.preview(&SpecBody::default()).await),
         None => None,
     };
+    // Each role with instances, and what DNS serves for its service.
+    let roles: std::collections::BTreeSet<&str> =
+        census.instances.iter().map(|i| i.role.as_str()).collect();
+    let services: Vec<(&str, ServiceNames)> = dns
+        .iter()
+        .flat_map(|d| roles.iter().map(|role| (*role, d.service(role))))
+        .collect();
     let mut rounds = r.rounds(ROUNDS_SHOWN).await.unwrap_or_default();
     rounds.reverse();
     let markup = html! {
@@ -55,13 +66,33 @@ pub async fn page(State(r): State<Arc<Roles>>) -> Response {
                 h2 { "Census: " (census.hosts.len()) " hosts alive, " (census.instances.len()) " instances" }
                 p { @for h in &census.hosts { code { (h.host) } " " } }
                 table {
-                    tr { th { "Role" } th { "Instance" } th { "Host" } th { "Since (UTC)" } }
+                    tr {
+                        th { "Role" } th { "Instance" } th { "Host" } th { "Since (UTC)" }
+                        @if dns.is_some() { th { "DNS name" } }
+                    }
                     @for i in &census.instances {
                         tr {
                             td { (i.role) }
                             td { code { (i.instance) } }
                             td { (i.host.as_deref().unwrap_or("-")) }
                             td { (iso(i.since_ms / 1000)) }
+                            @if let Some(d) = &dns {
+                                td { code { (d.instance_name(&i.instance).unwrap_or_else(|| "-".into())) } }
+                            }
+                        }
+                    }
+                }
+                @if dns.is_some() {
+                    h2 { "Services (DNS)" }
+                    table {
+                        tr { th { "Role" } th { "Names" } th { "In service" } th { "Out (not up)" } }
+                        @for (role, s) in &services {
+                            tr {
+                                td { (role) }
+                                td { @for n in &s.names { code { (n) } " " } }
+                                td { (s.in_service.join(", ")) }
+                                td { (s.verifying.join(", ")) }
+                            }
                         }
                     }
                 }

@@ -433,6 +433,38 @@ async fn connection(
     }
 }
 
+/// The serial `peer` serves for `apex`, asked now over UDP; `None` without an answer
+/// within `wait`.
+pub async fn ask_serial(peer: SocketAddr, apex: &str, wait: Duration) -> Option<u32> {
+    let local: SocketAddr = match peer {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = UdpSocket::bind(local).await.ok()?;
+    socket.connect(peer).await.ok()?;
+    let id = rand_id();
+    let question = wire::soa_query(apex, id)?;
+    let ask = async {
+        socket.send(&question).await.ok()?;
+        let mut buf = vec![0u8; 4_096];
+        loop {
+            let n = socket.recv(&mut buf).await.ok()?;
+            if let Some(serial) = wire::soa_serial(&buf[..n], id) {
+                return Some(serial);
+            }
+        }
+    };
+    tokio::time::timeout(wait, ask).await.ok().flatten()
+}
+
+/// A query ID nobody off the path can guess (an answer must echo it).
+fn rand_id() -> u16 {
+    use ring::rand::SecureRandom;
+    let mut id = [0u8; 2];
+    let _ = ring::rand::SystemRandom::new().fill(&mut id);
+    u16::from_be_bytes(id)
+}
+
 /// Tells the secondaries of each new serial until cancelled (see [`Notifier`]).
 async fn notify_loop(
     socket: UdpSocket,

@@ -195,6 +195,30 @@ pub fn notify_answer(bytes: &[u8]) -> Option<(String, u16)> {
     is_answer.then(|| (ascii(q.name()), m.metadata.id))
 }
 
+/// A question for `apex`'s SOA with `id`: how a primary learns which serial a secondary
+/// serves.
+pub fn soa_query(apex: &str, id: u16) -> Option<Vec<u8>> {
+    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(Name::from_ascii(apex).ok()?, RecordType::SOA));
+    m.to_vec().ok()
+}
+
+/// The serial an answer to [`soa_query`] with `id` carries; `None` for anything else (an
+/// error, a referral, another ID).
+pub fn soa_serial(bytes: &[u8], id: u16) -> Option<u32> {
+    let m = Message::from_vec(bytes).ok()?;
+    if m.metadata.message_type != MessageType::Response
+        || m.metadata.id != id
+        || m.metadata.response_code != ResponseCode::NoError
+    {
+        return None;
+    }
+    m.answers.iter().find_map(|r| match &r.data {
+        rr::RData::SOA(soa) => Some(soa.serial),
+        _ => None,
+    })
+}
+
 /// A name as our zones spell names: ASCII, lower case, with the trailing dot.
 fn ascii(name: &Name) -> String {
     let mut s = name.to_ascii().to_ascii_lowercase();
@@ -545,6 +569,32 @@ mod tests {
         let outsider: IpAddr = "198.18.1.9".parse().unwrap();
         let m = one(respond(&z3, &acl, &ixfr(s1), Transport::Tcp, outsider));
         assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+    }
+
+    #[test]
+    fn a_secondarys_serial_is_read_from_its_soa_answer_with_the_same_id() {
+        let z = zones(2);
+        let acl = TransferAcl::default();
+        let q = soa_query("paddock.internal.", 41).unwrap();
+        let answer = match respond(&z, &acl, &q, Transport::Udp, HERE) {
+            Reply::One(bytes) => bytes,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(soa_serial(&answer, 41), Some(z.zones[0].serial));
+        assert_eq!(soa_serial(&answer, 42), None, "another question's answer");
+        assert_eq!(soa_serial(&q, 41), None, "a question is no answer");
+        let refused = match respond(
+            &z,
+            &acl,
+            &soa_query("example.", 43).unwrap(),
+            Transport::Udp,
+            HERE,
+        ) {
+            Reply::One(bytes) => bytes,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(soa_serial(&refused, 43), None);
+        assert_eq!(soa_serial(b"junk", 41), None);
     }
 
     #[test]
