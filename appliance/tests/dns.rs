@@ -287,10 +287,18 @@ fn a_leased_and_enrolled_machine_and_its_services_answer_by_name() {
         "the second self-removal waits for the window"
     );
     // The roles page shows each instance's name and who stands in the service.
-    let page = http(&lab.link.client, &lab.scratch, "GET", "/ui/roles", None, &[]);
+    let page = http(
+        &lab.link.client,
+        &lab.scratch,
+        "GET",
+        "/ui/roles",
+        None,
+        &[],
+    );
     assert_eq!(page.status, 200, "{page:?}");
     assert!(
-        page.body.contains(&format!("<code>web2.inst.{ZONE}.</code>")),
+        page.body
+            .contains(&format!("<code>web2.inst.{ZONE}.</code>")),
         "{}",
         page.body
     );
