@@ -793,7 +793,7 @@ impl Action {
 
     /// The hook's argument vector for this action (BlacKnight's convention: `h` → `-h
     /// <host>`, `host` → `--host <host>`, `i` → `-i <instance>`, `instance` → `--instance
-    /// <instance>`, any other one-letter key `k` → `-k <args[k]>`, a longer one →
+    /// <instance>`, `v`/`version` → the role's version, any other one-letter key `k` → `-k <args[k]>`, a longer one →
     /// `--key <args[key]>`); `None` when the role has no hook for it (an image role). The
     /// first element is the hook's path relative to the hooks directory. The words are
     /// arguments, never shell text.
@@ -820,6 +820,11 @@ impl Action {
                     flag: flag.clone(),
                 })?,
                 "i" | "instance" => self.instance.clone(),
+                // Checked when the spec was parsed: a role whose hooks take it has one.
+                "v" | "version" => role
+                    .version
+                    .clone()
+                    .ok_or_else(|| CommandError::NoArgument(key.clone()))?,
                 other => spec
                     .args
                     .get(other)

@@ -70,6 +70,12 @@ pub struct Role {
     /// The ports its service declares in DNS: an SRV record per member in service.
     #[serde(default)]
     pub dns_ports: Vec<DnsPort>,
+    /// A hook role's version (its hooks' `v`/`version` argument); a change rolls it out.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// How a change of its image or version rolls out.
+    #[serde(default)]
+    pub update: paddock_rollout::Policy,
 }
 
 /// A port of a role's service, as SRV records carry it (RFC 2782).

@@ -13,6 +13,10 @@
 //! image = "minbase"            # only for roles that run on a host (no `depends`)
 //! hosts = { traits = ["CUSTOM_NC"], properties = { cpu_arch = "x86_64" }, names = [] }
 //! dns = { ports = [8080, { port = 8443, priority = 10, weight = 5 }] }   # SRV records
+//! update = { max_parallel = 2, canary = 1 }   # how a changed image or version rolls out
+//!
+//! [roles.cache]
+//! version = "7.2"              # a hook role's version: its hooks' `v`/`version` argument
 //!
 //! [roles.app]
 //! min = 3
@@ -94,6 +98,8 @@ struct RawRole {
     image: Option<Spanned<String>>,
     hosts: Option<Spanned<RawSelector>>,
     dns: Option<Spanned<RawDns>>,
+    version: Option<Spanned<String>>,
+    update: Option<Spanned<paddock_rollout::Policy>>,
 }
 
 #[derive(Deserialize)]
@@ -542,11 +548,18 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                             "{key:?}: role {name} has dependencies and no image or hosts, so it does not run on a host of its own"
                         ),
                     ),
-                    "h" | "host" | "i" | "instance" => {}
+                    "v" | "version" if r.version.is_none() => p.add(
+                        a.span(),
+                        format!("{field}.args"),
+                        format!("{key:?}: role {name} declares no version"),
+                    ),
+                    "h" | "host" | "i" | "instance" | "v" | "version" => {}
                     other if !args.contains_key(other) => p.add(
                         a.span(),
                         format!("{field}.args"),
-                        format!("{other:?} is neither h, host, i, instance nor a key of [args]"),
+                        format!(
+                            "{other:?} is neither h, host, i, instance, v, version nor a key of [args]"
+                        ),
                     ),
                     _ => {}
                 }
@@ -595,6 +608,28 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
             }
         };
         let dns_ports = dns_ports(p, &name, r.dns.as_ref());
+        let version = r.version.as_ref().map(|v| {
+            if let Err(e) = check_word("version", v.get_ref()) {
+                p.add(v.span(), f("version"), e);
+            }
+            if r.image.is_some() {
+                p.add(
+                    v.span(),
+                    f("version"),
+                    "an image role's version is its image: change `image` to roll it",
+                );
+            }
+            v.get_ref().clone()
+        });
+        let update = match &r.update {
+            None => paddock_rollout::Policy::default(),
+            Some(u) => {
+                for problem in u.get_ref().problems() {
+                    p.add(u.span(), f("update"), problem);
+                }
+                u.get_ref().clone()
+            }
+        };
         spans.insert(
             name.clone(),
             (span.clone(), r.max.as_ref().map(|m| m.span())),
@@ -617,6 +652,8 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 on_host,
                 line: line_of(p.text, span.start),
                 dns_ports,
+                version,
+                update,
             },
         );
     }
@@ -747,6 +784,71 @@ depends = { nc = 2 }
         assert!(e.contains("unknown field `port`"), "{e}");
     }
 
+    #[test]
+    fn a_role_declares_how_it_rolls_and_a_hook_role_its_version() {
+        let text = format!(
+            "{GOOD}version = \"7.2\"\nupdate = {{ max_parallel = 2, canary = 1, auto_promote = true }}\n"
+        )
+        .replace("args = [\"i\"]", "args = [\"i\", \"v\"]");
+        let s = Spec::parse("spec/x.toml", &text).unwrap();
+        let app = &s.roles["app"];
+        assert_eq!(app.version.as_deref(), Some("7.2"));
+        assert_eq!(
+            app.update,
+            paddock_rollout::Policy {
+                max_parallel: 2,
+                canary: 1,
+                auto_promote: true,
+                ..paddock_rollout::Policy::default()
+            }
+        );
+        // Without a table, the defaults: one at a time, no canary, revert on failure.
+        assert_eq!(s.roles["nc"].update, paddock_rollout::Policy::default());
+        // The hook is given the version.
+        let start = crate::Action {
+            kind: crate::Kind::Start,
+            role: "app".into(),
+            instance: "app-1".into(),
+            host: None,
+            image: None,
+            why: crate::Why::Minimum,
+        };
+        let argv = start.command(&s).unwrap().unwrap();
+        assert_eq!(argv[1..], ["-i", "app-1", "-v", "7.2"]);
+        for (bad, want) in [
+            (
+                "update = { max_parallel = 0 }",
+                "roles.app.update: max_parallel: must be at least 1",
+            ),
+            (
+                "update = { min_healthy_secs = 900 }",
+                "healthy_deadline_secs: 300 must be longer",
+            ),
+            (
+                "update = { canary = -1 }",
+                "roles.app.update: invalid value: integer `-1`",
+            ),
+            ("update = { batch = 2 }", "unknown field `batch`"),
+            ("version = \"a b\"", "roles.app.version"),
+        ] {
+            let e = Spec::parse("spec/x.toml", &format!("{GOOD}{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        // A hook that takes the version of a role without one.
+        let e = Spec::parse(
+            "spec/x.toml",
+            &GOOD.replace("args = [\"i\"]", "args = [\"version\"]"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("\"version\": role app declares no version"),
+            "{e}"
+        );
+    }
+
     /// Each bad spec → exactly the listed messages (file:line: field: message).
     #[test]
     fn bad_specs_name_file_line_and_field() {
@@ -754,7 +856,7 @@ depends = { nc = 2 }
             (
                 "[roles.a]\nmn = 1\n",
                 &[
-                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`, `dns`",
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`, `dns`, `version`, `update`",
                 ],
             ),
             (
@@ -791,7 +893,7 @@ depends = { nc = 2 }
                 "[roles.a]\nstart = { hook = \"../../bin/sh\" }\nstop = { hook = \"b\", args = [\"q\"] }\n",
                 &[
                     "spec/x.toml:2: roles.a.start.hook: hook \"../../bin/sh\" must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')",
-                    "spec/x.toml:3: roles.a.stop.args: \"q\" is neither h, host, i, instance nor a key of [args]",
+                    "spec/x.toml:3: roles.a.stop.args: \"q\" is neither h, host, i, instance, v, version nor a key of [args]",
                 ],
             ),
             (
