@@ -582,6 +582,7 @@ pub(crate) fn test_sub(
         summary: state.to_string(),
         failures: u32::from(!matches!(state, paddock_dominator::SubState::Synced { .. })) * 2,
         state,
+        health: None,
     }
 }
 

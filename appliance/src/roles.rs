@@ -993,6 +993,7 @@ mod tests {
                     state,
                     summary: String::new(),
                     failures: 0,
+                    health: None,
                 },
             )
         };

@@ -269,6 +269,20 @@ pub struct SubStatus {
     /// The state as an operator reads it.
     pub summary: String,
     pub failures: u32,
+    /// The sub's health check after its last update, as its last poll reported it (none:
+    /// no check configured, or no update yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<SubHealth>,
+}
+
+/// A sub's health check after an update: what a rollout waits for besides the sync.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubHealth {
+    /// The image the update applied.
+    pub image: String,
+    pub passed: bool,
+    /// When it ran (the sub's clock, Unix ms).
+    pub at_ms: i64,
 }
 
 /// What a finished RPC brought back.
@@ -295,6 +309,8 @@ struct Slot {
     queued: Option<(Action, bool)>,
     /// What this cycle changed, until the cycle ends (for the timeline).
     report: Option<Box<ChangeReport>>,
+    /// The health check its last poll reported.
+    health: Option<SubHealth>,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -459,6 +475,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     computed: None,
                                     queued: None,
                                     report: None,
+                                    health: None,
                                 },
                             );
                         }
@@ -533,6 +550,13 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         match outcome {
             Outcome::Polled(Ok(r), permit) => {
                 let r = *r;
+                let health = r.last_health_check.as_ref().map(|h| SubHealth {
+                    image: h.image_name.clone(),
+                    passed: h.outcome.ok,
+                    at_ms: h.at_ms,
+                });
+                // Published with the event's outcome, as every answer is.
+                slot.health = health;
                 if let (Some(fs), Some(cache)) = (r.file_system, r.object_cache) {
                     *tree = Some(Tree {
                         fs,
@@ -856,6 +880,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             state: slot.sub.state().clone(),
             summary: slot.sub.state().to_string(),
             failures: slot.sub.failures(),
+            health: slot.health.clone(),
         }
     }
 
@@ -868,6 +893,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 && old.failures == slot.sub.failures()
                 && old.address == slot.spec.address
                 && old.required_image == slot.spec.desired.required_image
+                && old.health == slot.health
         }) {
             return;
         }

@@ -3,8 +3,9 @@
 //!
 //! A simulated sub scans between any two polls (its scan count moves on every poll), sends
 //! its tree when the caller's generation differs, adds fetched objects to its cache, and
-//! applies an update by taking the named image's tree (full images only). It counts the
-//! fetches and updates running at once, so tests can check the herd's limits.
+//! applies an update by taking the named image's tree (full images only) and runs its health
+//! check (failing on a sub whose `health_fails` is set). It counts the fetches and updates
+//! running at once, so tests can check the herd's limits.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use paddock_image::{FileSystem, Image, Inode, Mtime, ObjectId, UpdateRequest};
 use paddock_subd_proto::{
-    FetchReply, FetchRequest, FetchStats, PollRequest, PollResponse, UpdateReport,
+    CommandOutcome, FetchReply, FetchRequest, FetchStats, HealthCheck, PollRequest, PollResponse,
+    UpdateReport,
 };
 
 use crate::herd::{ImageSource, RpcError, SubRpc};
@@ -39,6 +41,10 @@ pub struct SimSub {
     pub scan_count: u64,
     pub updates: u64,
     pub unreachable: bool,
+    /// Its health check fails after an update.
+    pub health_fails: bool,
+    /// The health check after its last update.
+    pub health: Option<HealthCheck>,
 }
 
 #[derive(Default)]
@@ -86,6 +92,8 @@ impl SimFleet {
                 scan_count: 1,
                 updates: 0,
                 unreachable: false,
+                health_fails: false,
+                health: None,
             },
         );
     }
@@ -146,6 +154,7 @@ impl SubRpc for SimFleet {
                 file_system_follows: send,
                 file_system: send.then(|| (*s.fs).clone()),
                 object_cache: send.then(|| s.cache.clone()),
+                last_health_check: s.health.clone(),
                 ..PollResponse::default()
             })
         })?;
@@ -209,6 +218,18 @@ impl SubRpc for SimFleet {
             s.fs = Arc::new(image.fs.clone());
             s.generation += 1;
             s.updates += 1;
+            let health = HealthCheck {
+                image_name: req.image_name.clone(),
+                at_ms: i64::try_from(s.updates).unwrap_or(i64::MAX),
+                outcome: CommandOutcome {
+                    command: "health".into(),
+                    ok: !s.health_fails,
+                    exit_code: Some(i32::from(s.health_fails)),
+                    ..CommandOutcome::default()
+                },
+            };
+            report.health = Some(health.clone());
+            s.health = Some(health);
             Ok(())
         })?;
         Ok(report)

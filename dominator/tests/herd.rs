@@ -226,6 +226,45 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_subs_health_check_after_its_update_reaches_the_census() {
+    let (fleet, [a, _]) = fleet_of(
+        Duration::from_millis(1),
+        [image("a", tree("a", 10)), image("b", tree("b", 10))],
+    );
+    for i in 0..3 {
+        fleet.add_sub(&format!("198.18.7.{i}:6969"), a.fs.clone());
+    }
+    if let Some(s) = fleet.subs.lock().unwrap().get_mut("198.18.7.2:6969") {
+        s.health_fails = true;
+    }
+    let r = start(fleet.clone(), specs(3, "a", None), 3);
+    r.until("all synced to a", |r| r.all("synced to a")).await;
+    // No update yet: no health check to tell.
+    assert!(
+        r.census
+            .read()
+            .unwrap()
+            .values()
+            .all(|s| s.health.is_none())
+    );
+    r.specs.send_replace(specs(3, "b", None));
+    let health = |r: &Running, host: &str| r.census.read().unwrap()[host].health.clone();
+    r.until("every sub's check on b", |r| {
+        r.all("synced to b")
+            && (0..3).all(|i| health(r, &format!("sub{i}")).is_some_and(|h| h.image == "b"))
+    })
+    .await;
+    assert!(health(&r, "sub0").is_some_and(|h| h.passed));
+    assert!(
+        health(&r, "sub2").is_some_and(|h| !h.passed),
+        "sub2's check fails"
+    );
+    // The status as the API serves it carries it.
+    let json = serde_json::to_value(&r.census.read().unwrap()["sub2"]).unwrap();
+    assert_eq!(json["health"]["passed"], false, "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_dominator_changes_nothing_until_resumed() {
     let (fleet, [a]) = fleet_of(Duration::from_millis(1), [image("a", tree("a", 20))]);
     for i in 0..3 {
