@@ -47,7 +47,7 @@ Tokens.List,Nodes.List,Nodes.Get,Provisioning.Get,Provision.Show,Power.Get,Power
 Spec.Get,Spec.Plan,Spec.ListRounds,Census.List,Introspection.List,Introspection.Get,\
 Introspection.GetData,Rules.List,Rules.Get,Console.View,ImageServer.ListImages,\
 ImageServer.ShowImage,Mdb.GetMdb,Mdb.ListMachines,Dominator.ListSubs,Dominator.GetSub,\
-Dominator.Status,Dns.Zone,Dns.Names,Dns.Peers";
+Dominator.Status,Dns.Zone,Dns.Names,Dns.Peers,Rollout.List,Rollout.Status,Rollout.History";
 /// The admin role: everything.
 pub const ADMIN: &str = "*.*";
 /// Dominator's image-creator role, in our names.
@@ -172,6 +172,13 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "dns", "zone"] if get => read("Dns.Zone"),
         ["api", "v1", "dns", "names", _] if get => read("Dns.Names"),
         ["api", "v1", "dns", "peers"] if get => read("Dns.Peers"),
+        ["api", "v1", "rollouts"] if get => read("Rollout.List"),
+        ["api", "v1", "rollouts", _] if get => read("Rollout.Status"),
+        ["api", "v1", "rollouts", _, "history"] if get => read("Rollout.History"),
+        ["api", "v1", "rollouts", _, "promote"] if post => write("Rollout.Promote"),
+        ["api", "v1", "rollouts", _, "pause"] if post => write("Rollout.Pause"),
+        ["api", "v1", "rollouts", _, "resume"] if post => write("Rollout.Resume"),
+        ["api", "v1", "rollouts", _, "revert"] if post => write("Rollout.Revert"),
 
         // The console: pages are Console.View, forms are the methods they perform.
         ["ui", "audit"] if get => read("Audit.List"),

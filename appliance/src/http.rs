@@ -77,7 +77,8 @@ pub fn router(state: AppState) -> Router {
     let power = crate::power::router(state.power.clone());
     let roles = crate::roles::router(state.roles.clone())
         .merge(crate::census::router(state.roles.census.clone()))
-        .merge(crate::dns::router(state.dns.clone()));
+        .merge(crate::dns::router(state.dns.clone()))
+        .merge(crate::rollouts::router(state.roles.store.clone()));
     let roles_page = axum::Router::new()
         .route("/ui/roles", get(crate::roles_page::page))
         .with_state((state.roles.clone(), state.dns.clone()));

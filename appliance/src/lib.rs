@@ -31,6 +31,8 @@ pub mod pxe_filter;
 pub mod roles;
 pub mod roles_cli;
 pub mod roles_page;
+pub mod rollouts;
+pub mod rollouts_cli;
 pub mod runtime;
 pub mod security;
 pub mod serve;

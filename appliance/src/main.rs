@@ -89,6 +89,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: paddock::dns_cli::DnsCmd,
     },
+    /// Image roles' rolling updates: status, promote, pause, resume, revert, history.
+    Rollout {
+        #[command(flatten)]
+        api: Api,
+        #[command(subcommand)]
+        cmd: paddock::rollouts_cli::RolloutCmd,
+    },
     /// Nodes of a running appliance.
     Node {
         #[command(flatten)]
@@ -442,6 +449,10 @@ fn main() -> ExitCode {
         Cmd::Spec { api, cmd } => report(api.connect().and_then(|c| spec(&c, cmd))),
         Cmd::Census { api, cmd } => report(api.connect().and_then(|c| census(&c, cmd))),
         Cmd::Dns { api, cmd } => report(api.connect().and_then(|c| paddock::dns_cli::dns(&c, cmd))),
+        Cmd::Rollout { api, cmd } => report(
+            api.connect()
+                .and_then(|c| paddock::rollouts_cli::rollout(&c, cmd)),
+        ),
         Cmd::Audit { api, limit, json } => report(
             api.connect()
                 .and_then(|c| paddock::cli::audit(&c, limit, json).map_err(Into::into)),

@@ -38,6 +38,10 @@ pub const ROUNDS: &str = "roles/rounds/";
 /// `roles/images/<role>/<instance>`: `{host, image}`, an image role's instance started on a
 /// host (its required image set); removed when the instance is stopped.
 pub const IMAGES: &str = "roles/images/";
+/// How often a round runs while a rollout is under way.
+const ROLLOUT_STEP: Duration = Duration::from_secs(1);
+/// How long a rollout's step waits for the dominator to take a machine's new image.
+const MDB_FOLLOWED: Duration = Duration::from_secs(2);
 /// Rounds kept in the store (the oldest are deleted).
 const ROUNDS_KEPT: usize = 200;
 /// Bytes of a hook's stdout and stderr kept (the tail).
@@ -262,6 +266,8 @@ pub struct Roles {
     pub leader: crate::leader::LeaderRx,
     memory: Mutex<Memory>,
     wake: tokio::sync::Notify,
+    /// A rollout is under way: rounds every [`ROLLOUT_STEP`].
+    rolling: std::sync::atomic::AtomicBool,
 }
 
 fn spec_errors(e: &SpecErrors) -> ApiError {
@@ -296,6 +302,7 @@ impl Roles {
             leader,
             memory: Mutex::new(Memory::default()),
             wake: tokio::sync::Notify::new(),
+            rolling: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -326,22 +333,9 @@ impl Roles {
     /// this host started that have yet to register, minus those it stopped that have yet
     /// to go; quarantined hosts.
     async fn live_census(&self) -> anyhow::Result<(Census, BTreeMap<String, uuid::Uuid>)> {
-        let subs = self
-            .dominator
-            .census
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let subs = self.subs();
         let (mut census, uuids) = self.census.census(&live_sub_hosts(&subs)).await?;
-        let mut assigned = Vec::new();
-        for kv in self.store.range(IMAGES).await? {
-            let Some((role, id)) = kv.key[IMAGES.len()..].split_once('/') else {
-                continue;
-            };
-            if let Ok(a) = serde_json::from_slice::<ImageInstance>(&kv.value) {
-                assigned.push((role.to_string(), id.to_string(), a));
-            }
-        }
+        let assigned = self.assigned().await?;
         for i in image_instances(&assigned, &subs) {
             if !census
                 .instances
@@ -375,6 +369,29 @@ impl Roles {
         m.quarantine.retain(|_, until| *until > now);
         census.quarantined = m.quarantine.keys().cloned().collect();
         Ok((census, uuids))
+    }
+
+    /// The dominator's census (this host's, which is the leader's while it leads).
+    fn subs(&self) -> BTreeMap<String, paddock_dominator::SubStatus> {
+        self.dominator
+            .census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The image roles' instances: `(role, instance, {host, image})`.
+    async fn assigned(&self) -> anyhow::Result<Vec<(String, String, ImageInstance)>> {
+        let mut assigned = Vec::new();
+        for kv in self.store.range(IMAGES).await? {
+            let Some((role, id)) = kv.key[IMAGES.len()..].split_once('/') else {
+                continue;
+            };
+            if let Ok(a) = serde_json::from_slice::<ImageInstance>(&kv.value) {
+                assigned.push((role.to_string(), id.to_string(), a));
+            }
+        }
+        Ok(assigned)
     }
 
     /// `paddock spec plan`: the plan for the live census, nothing run.
@@ -439,9 +456,16 @@ impl Roles {
     /// every `round_every`; nothing while this host does not lead.
     async fn run(self: Arc<Self>, cfg: RolesConfig) {
         loop {
+            // A rollout under way is stepped every second: its batches wait on the
+            // dominator's census, which wakes nothing here.
+            let every = if self.rolling.load(std::sync::atomic::Ordering::Relaxed) {
+                cfg.round_every.min(ROLLOUT_STEP)
+            } else {
+                cfg.round_every
+            };
             tokio::select! {
                 _ = self.wake.notified() => tokio::time::sleep(cfg.debounce).await,
-                _ = tokio::time::sleep(cfg.round_every) => {}
+                _ = tokio::time::sleep(every) => {}
             }
             let Some(leadership) = self.leader.borrow().clone() else {
                 continue;
@@ -487,25 +511,56 @@ impl Roles {
             }
         };
         let (census, uuids) = self.live_census().await?;
-        let plan = plan(&spec, &census);
+        let mut plan = plan(&spec, &census);
+        // A new instance of a role being rolled starts on the version the rollout reached.
+        let rollouts = crate::rollouts::load_all(self.store.as_ref()).await?;
+        for a in &mut plan.actions {
+            if let (Kind::Start, Some(image), Some(r)) =
+                (a.kind, &mut a.image, rollouts.get(&a.role))
+            {
+                *image = r.rollout.version_for_new().to_string();
+            }
+        }
         let changed = {
             let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
             let changed = m.last_outcome.as_ref() != Some(&plan.outcome);
             m.last_outcome = Some(plan.outcome.clone());
             changed
         };
-        if plan.actions.is_empty() && !changed {
-            return Ok(());
+        if !plan.actions.is_empty() || changed {
+            let round = Round {
+                at_ms: unix_ms(),
+                spec: stored,
+                census,
+                plan,
+                results: Vec::new(),
+            };
+            self.carry_out(cfg, &spec, round, &uuids, fence.clone())
+                .await?;
         }
-        if let Outcome::FailStop(reason) = &plan.outcome {
+        // After the plan (which counted the instances as they were): the rollouts' step.
+        self.roll(&spec, rollouts, &uuids, fence).await
+    }
+
+    /// Runs the plan's actions in order (stopping at the first failure: the next round
+    /// re-plans from what happened) and keeps the round.
+    async fn carry_out(
+        &self,
+        cfg: &RolesConfig,
+        spec: &Spec,
+        mut round: Round,
+        uuids: &BTreeMap<String, uuid::Uuid>,
+        fence: Option<Compare>,
+    ) -> anyhow::Result<()> {
+        if let Outcome::FailStop(reason) = &round.plan.outcome {
             tracing::error!(%reason, "roles: fail-stop: nothing is started or stopped");
         }
         let mut results = Vec::new();
-        for action in &plan.actions {
+        for action in &round.plan.actions {
             if self.leader.borrow().is_none() {
                 break;
             }
-            let r = self.execute(cfg, &spec, action).await;
+            let r = self.execute(cfg, spec, action).await;
             self.remember(cfg, &r);
             let message = describe(&r);
             if let Some(uuid) = action.host.as_ref().and_then(|h| uuids.get(h)) {
@@ -526,14 +581,127 @@ impl Roles {
                 break;
             }
         }
-        let round = Round {
-            at_ms: unix_ms(),
-            spec: stored,
-            census,
-            plan,
-            results,
-        };
+        round.results = results;
         self.keep(&round, fence).await
+    }
+
+    /// Each image role's rollout: started when the spec names an image its instances do
+    /// not run, stepped against the dominator's census, its effects carried out, and kept
+    /// (fenced, compare-and-swap: an operator's command in between wins, and the step is
+    /// taken again next round).
+    async fn roll(
+        &self,
+        spec: &Spec,
+        mut rollouts: BTreeMap<String, crate::rollouts::Stored>,
+        uuids: &BTreeMap<String, uuid::Uuid>,
+        fence: Option<Compare>,
+    ) -> anyhow::Result<()> {
+        use paddock_rollout::{Effect, Rollout};
+        let assigned = self.assigned().await?;
+        let minimums = paddock_roles::minimums(spec).unwrap_or_default();
+        let now = paddock_clock::now();
+        let mut rolling = false;
+        for (name, role) in &spec.roles {
+            let Some(image) = &role.image else { continue };
+            let mine: Vec<&ImageInstance> = assigned
+                .iter()
+                .filter(|(r, _, _)| r == name)
+                .map(|(_, _, a)| a)
+                .collect();
+            let images: Vec<&str> = mine.iter().map(|a| a.image.as_str()).collect();
+            let stored = rollouts.remove(name);
+            let current = stored.as_ref().map(|s| &s.rollout);
+            let (mut rollout, read) = match crate::rollouts::to_start(image, &images, current) {
+                Some(from) => {
+                    let text = format!("rollout of {name} from {from} to {image} started");
+                    tracing::info!("roles: {text}");
+                    let r = Rollout::start(name, &from, image, role.update.clone(), now);
+                    (r, stored.map_or(0, |s| s.revision))
+                }
+                None => match stored {
+                    Some(s) if !s.rollout.phase.ended() => (s.rollout, s.revision),
+                    _ => continue,
+                },
+            };
+            let before = (read != 0).then(|| rollout.clone());
+            let hosts: Vec<(String, String)> = mine
+                .iter()
+                .map(|a| (a.host.clone(), a.image.clone()))
+                .collect();
+            let instances = crate::rollouts::observe(&hosts, &self.subs());
+            let min = u32::try_from(minimums.get(name).copied().unwrap_or(0)).unwrap_or(u32::MAX);
+            for effect in rollout.step(now, &instances, min) {
+                match effect {
+                    Effect::Set { host, version } => {
+                        if let Err(e) = self.set_version(name, &host, &version).await {
+                            tracing::warn!(role = %name, %host, error = %e, "rollout: not moved");
+                        }
+                    }
+                    Effect::Note { host, text } => {
+                        tracing::info!(role = %name, host = ?host, "rollout: {text}");
+                        let node = host.as_ref().and_then(|h| uuids.get(h));
+                        if let Some(uuid) = node {
+                            let text = format!("rollout of {name}: {text}");
+                            let _ = self
+                                .census
+                                .inspector
+                                .event(Subject::Node(*uuid), "role", &text, false)
+                                .await;
+                        }
+                    }
+                }
+            }
+            rolling |= !rollout.phase.ended();
+            if before.as_ref() == Some(&rollout) {
+                continue;
+            }
+            let saved =
+                crate::rollouts::save(self.store.as_ref(), &rollout, read, fence.clone(), now.0)
+                    .await?;
+            if !saved {
+                tracing::info!(role = %name, "rollout: changed meanwhile (a command); next round");
+            }
+        }
+        self.rolling
+            .store(rolling, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Moves the role's instance on `host` to `image`: the machine's required image, its
+    /// instance record (so that the role loop keeps counting it), and a wait until the
+    /// dominator has taken the change (so that the next plan does not see the instance on
+    /// an image its machine is not required to run, and replace it).
+    async fn set_version(&self, role: &str, host: &str, image: &str) -> anyhow::Result<()> {
+        for (r, id, a) in self.assigned().await? {
+            if r != role || a.host != host || a.image == image {
+                continue;
+            }
+            crate::dominator::set_required_image(&self.dominator, host, image)
+                .await
+                .map_err(|e| anyhow::anyhow!(e.message))?;
+            let record = ImageInstance {
+                host: host.to_string(),
+                image: image.to_string(),
+            };
+            self.store
+                .put(&format!("{IMAGES}{r}/{id}"), serde_json::to_vec(&record)?)
+                .await?;
+        }
+        let deadline = Instant::now() + MDB_FOLLOWED;
+        while Instant::now() < deadline {
+            let taken = self
+                .dominator
+                .census
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(host)
+                .is_none_or(|s| s.required_image.as_deref() == Some(image));
+            if taken {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     fn remember(&self, cfg: &RolesConfig, r: &ActionResult) {

@@ -126,6 +126,12 @@ impl Fleet {
     /// An appliance with minbase (and `more` images) added, and `n` subds on copies of
     /// minbase, none in the MDB yet.
     fn start(n: usize, more: &[(&str, &Path)], subd_args: &str) -> Fleet {
+        Fleet::start_with(n, more, subd_args, "")
+    }
+
+    /// [`Fleet::start`] with `extra` added to the appliance's configuration (a section
+    /// after `[dominator]`).
+    fn start_with(n: usize, more: &[(&str, &Path)], subd_args: &str, extra: &str) -> Fleet {
         require(&["curl", "ip", "cp", "tar"]);
         let dir = images_dir();
         assert!(
@@ -157,7 +163,7 @@ impl Fleet {
             &format!(
                 "[tftp]\nenabled = false\n[dominator]\nsubd_port = 6969\nmax_updates = \
                  {MAX_UPDATES}\npoll_interval_ms = {POLL_MS}\nfetch_speed_percent = \
-                 {fetch_percent}\n"
+                 {fetch_percent}\n{extra}"
             ),
         );
         let app = Appliance::start(&link.server, &scratch, &config);
@@ -916,4 +922,126 @@ fn the_required_image_changes_from_the_cli_and_the_console() {
         &tree(&images_dir().join("minbase")),
         "minbase",
     );
+}
+
+/// An image role on six machines (minimum four) is rolled from minbase to minbase2 by a
+/// spec change, two at a time: at no moment are fewer than four machines synced (sampled
+/// every 100 ms from the dominator's census), and the rollout ends done, three batches.
+#[test]
+fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let m2 = images_dir().join("minbase2.tar");
+    let hooks = std::env::temp_dir().join(format!("paddock-rollout-hooks-{}", std::process::id()));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let roles = format!(
+        "[roles]\nhooks_dir = \"{}\"\nround_secs = 2\ndebounce_ms = 100\n",
+        hooks.display()
+    );
+    let fleet = Fleet::start_with(6, &[("minbase2", &m2)], "", &roles);
+    // Each machine is an enrolled node too: what makes a reachable sub a host for roles.
+    for i in 0..6 {
+        let body =
+            json!({"macs": [format!("52:54:00:d1:00:{i:02x}")], "name": format!("sub{i:02}")});
+        let (status, node) = call(
+            fleet.ns(),
+            "POST",
+            &format!("{PUBLIC_URL}/api/v1/nodes"),
+            Some(body),
+        );
+        assert!((200..300).contains(&status), "{status} {node}");
+    }
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+    let spec = |image: &str| {
+        format!(
+            "[roles.app]\nmin = 4\nmax = 6\nimage = \"{image}\"\n\
+             update = {{ max_parallel = 3, min_healthy_secs = 2 }}\n"
+        )
+    };
+    let apply = |text: String| {
+        fleet.api(
+            "POST",
+            "/api/v1/spec",
+            Some(json!({"file": "spec/app.toml", "text": text})),
+        )
+    };
+    apply(spec("minbase"));
+    // Six instances, one a machine, before the change.
+    let instances = || {
+        let p = fleet.api("POST", "/api/v1/spec/plan", Some(json!({})));
+        p["census"]["instances"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|i| i["role"] == "app").count())
+    };
+    let t = Instant::now();
+    while instances() != 6 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "not six instances of app: {}\nrounds: {}",
+            fleet.api("POST", "/api/v1/spec/plan", Some(json!({}))),
+            fleet.api("GET", "/api/v1/spec/rounds?limit=2", None)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    apply(spec("minbase2"));
+    let t = Instant::now();
+    let (mut fewest, mut most_away, mut samples) = (6usize, 0usize, 0u32);
+    loop {
+        let census = fleet.census();
+        let synced = census
+            .values()
+            .filter(|(_, summary)| summary.starts_with("synced to minbase"))
+            .count();
+        fewest = fewest.min(synced);
+        most_away = most_away.max(6 - synced);
+        samples += 1;
+        assert!(
+            synced >= 4,
+            "{synced} synced after {:.1} s: {census:#?}",
+            t.elapsed().as_secs_f64()
+        );
+        let done = census.values().all(|(_, s)| s == "synced to minbase2")
+            && fleet.api("GET", "/api/v1/rollouts/app", None)["phase"]["phase"] == "done";
+        if done {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "not rolled: {census:?}\n{}\n{}",
+            fleet.api("GET", "/api/v1/rollouts/app", None),
+            without_colours(&fleet.app.log_text())
+                .lines()
+                .filter(|l| l.contains("roll"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "rolled 6 machines to minbase2 in {:.1} s, {samples} samples: never fewer than \
+         {fewest} synced, at most {most_away} away at once",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        most_away, 2,
+        "two at a time (max_parallel 3, but the minimum is 4)"
+    );
+    let r = fleet.api("GET", "/api/v1/rollouts/app", None);
+    assert_eq!(
+        (r["from"].as_str(), r["to"].as_str(), r["batches"].as_u64()),
+        (Some("minbase"), Some("minbase2"), Some(3)),
+        "{r}"
+    );
+    let history = fleet.api("GET", "/api/v1/rollouts/app/history", None);
+    assert_eq!(history.as_array().map(Vec::len), Some(1), "{history}");
+    let status = fleet.link.server.sh_ok(&format!(
+        "PADDOCK_API={PUBLIC_URL} {} rollout status app",
+        env!("CARGO_BIN_EXE_paddock")
+    ));
+    assert!(
+        status.starts_with("app") && status.contains("minbase -> minbase2  done  3 batches"),
+        "{status}"
+    );
+    let _ = std::fs::remove_dir_all(&hooks);
 }

@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "provisioning",
             "pxe_filter",
             "dominator",
+            "rollouts",
             "roles",
             "dhcp",
             "dns_zones",
@@ -53,7 +54,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("http: the router and its listeners", &["http"]),
     (
         "cli: the client and the commands",
-        &["cli", "certs_cli", "roles_cli", "dns_cli"],
+        &["cli", "certs_cli", "roles_cli", "dns_cli", "rollouts_cli"],
     ),
     ("serve: the recipe", &["serve"]),
 ];

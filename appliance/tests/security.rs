@@ -128,6 +128,13 @@ POST   /api/v1/census/status                      Census.Status                 
 GET    /api/v1/dns/zone                           Dns.Zone                              rt
 GET    /api/v1/dns/names/ghost                    Dns.Names                             rt
 GET    /api/v1/dns/peers                          Dns.Peers                             rt
+GET    /api/v1/rollouts                           Rollout.List                          rt
+GET    /api/v1/rollouts/ghost                     Rollout.Status                        rt
+GET    /api/v1/rollouts/ghost/history             Rollout.History                       rt
+POST   /api/v1/rollouts/ghost/promote             Rollout.Promote                       -
+POST   /api/v1/rollouts/ghost/pause               Rollout.Pause                         -
+POST   /api/v1/rollouts/ghost/resume              Rollout.Resume                        -
+POST   /api/v1/rollouts/ghost/revert              Rollout.Revert                        -
 # Ironic Inspector v1.
 GET    /v1/introspection                          Introspection.List                    rt
 GET    /v1/introspection/ghost                    Introspection.Get                     rt

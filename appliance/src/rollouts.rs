@@ -1,0 +1,329 @@
+//! Rolling updates of image roles: the shell around `paddock_rollout`.
+//!
+//! When the applied spec names a new image for an image role whose instances run another,
+//! the leader's role round starts a rollout (`rollouts/current/<role>`) from the image most
+//! of them run (the last stable one) to the spec's. Every round, and every second while a
+//! rollout runs, it observes the role's instances from the dominator's census (on which
+//! image each machine is synced, and whether its health check after the update passed),
+//! steps the rollout, and carries out its effects: a machine moved to a version gets that
+//! required image in the MDB and in its instance record (so the role loop keeps counting
+//! it), and the notes go to the machines' timelines. An ended rollout is kept under
+//! `rollouts/history/<role>/<ms>`.
+//!
+//! The stored rollout changes only by compare-and-swap on its revision: an operator's
+//! command (any host) and the leader's step (fenced) cannot overwrite each other; the loser
+//! reads again. A new leader goes on from the stored state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paddock_dominator::{SubState, SubStatus};
+use paddock_rollout::{Command, Instance, Rollout};
+use paddock_store::{Compare, Op, Revision, Store, Txn};
+use paddock_wire::ApiError;
+
+/// `rollouts/current/<role>`: the role's rollout, running or the last one.
+pub const CURRENT: &str = "rollouts/current/";
+/// `rollouts/history/<role>/<ms>`: ended rollouts, the newest [`HISTORY_KEPT`] per role.
+pub const HISTORY: &str = "rollouts/history/";
+const HISTORY_KEPT: usize = 20;
+
+/// A role's rollout as stored, and the revision it was read at.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub rollout: Rollout,
+    pub revision: Revision,
+}
+
+pub async fn load(store: &dyn Store, role: &str) -> anyhow::Result<Option<Stored>> {
+    let Some(kv) = store.get(&format!("{CURRENT}{role}")).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Stored {
+        rollout: serde_json::from_slice(&kv.value)?,
+        revision: kv.mod_revision,
+    }))
+}
+
+/// Every role's rollout, by role.
+pub async fn load_all(store: &dyn Store) -> anyhow::Result<BTreeMap<String, Stored>> {
+    let mut all = BTreeMap::new();
+    for kv in store.range(CURRENT).await? {
+        let Ok(rollout) = serde_json::from_slice::<Rollout>(&kv.value) else {
+            tracing::warn!(key = %kv.key, "rollouts: a record that does not parse is skipped");
+            continue;
+        };
+        let stored = Stored {
+            rollout,
+            revision: kv.mod_revision,
+        };
+        all.insert(kv.key[CURRENT.len()..].to_string(), stored);
+    }
+    Ok(all)
+}
+
+/// Writes `next` over the rollout read at `read` (absent: 0), with `fence` when the leader
+/// writes, keeping it in the history once it has ended. `false`: someone wrote first.
+pub async fn save(
+    store: &dyn Store,
+    next: &Rollout,
+    read: Revision,
+    fence: Option<Compare>,
+    now_ms: i64,
+) -> anyhow::Result<bool> {
+    let key = format!("{CURRENT}{}", next.role);
+    let mut txn = Txn::default();
+    txn.compare.extend(fence);
+    txn.compare.push(Compare::ModRevision {
+        key: key.clone(),
+        revision: read,
+    });
+    let value = serde_json::to_vec(next)?;
+    txn.success.push(Op::put(key, value.clone()));
+    if next.phase.ended() {
+        let prefix = format!("{HISTORY}{}/", next.role);
+        txn.success
+            .push(Op::put(format!("{prefix}{now_ms:013}"), value));
+        let kept = store.range(&prefix).await?;
+        let extra = (kept.len() + 1).saturating_sub(HISTORY_KEPT);
+        txn.success
+            .extend(kept.iter().take(extra).map(|kv| Op::delete(kv.key.clone())));
+    }
+    Ok(store.txn(txn).await?.succeeded)
+}
+
+/// The image a role's instances mostly run (ties: the first by name): the version a
+/// rollout starts from.
+pub fn stable_image<'a>(images: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for i in images {
+        *counts.entry(i).or_default() += 1;
+    }
+    let most = counts.values().copied().max()?;
+    counts
+        .into_iter()
+        .find(|(_, n)| *n == most)
+        .map(|(i, _)| i.to_string())
+}
+
+/// Whether a rollout of the role to `wanted` must start now, and from which image: when
+/// some of its instances are on another image and no rollout to `wanted` is under way (a
+/// rollout to an older spec's image is replaced, going on from its last stable image).
+pub fn to_start(wanted: &str, images: &[&str], current: Option<&Rollout>) -> Option<String> {
+    if images.iter().all(|i| *i == wanted) {
+        return None;
+    }
+    match current {
+        Some(r) if r.to == wanted && !r.phase.ended() => None,
+        // After a revert the role stays on its old image until the spec changes again.
+        Some(r) if r.to == wanted && r.phase == paddock_rollout::Phase::Reverted => None,
+        Some(r) if !r.phase.ended() => Some(r.from.clone()),
+        _ => stable_image(images.iter().copied().filter(|i| *i != wanted))
+            .or_else(|| stable_image(images.iter().copied())),
+    }
+}
+
+/// The role's instances as a rollout sees them: `(host, image its instance was set to)`
+/// against the dominator's census. An instance runs the image its machine is synced to; it
+/// is healthy when synced with no failed health check for that image (a machine with no
+/// check configured is healthy once synced).
+pub fn observe(assigned: &[(String, String)], subs: &BTreeMap<String, SubStatus>) -> Vec<Instance> {
+    assigned
+        .iter()
+        .map(|(host, _)| {
+            let sub = subs.get(host);
+            let version = sub.and_then(|s| match &s.state {
+                SubState::Synced { image } => Some(image.clone()),
+                _ => None,
+            });
+            let healthy = version.as_ref().is_some_and(|v| {
+                sub.and_then(|s| s.health.as_ref())
+                    .is_none_or(|h| h.image != *v || h.passed)
+            });
+            Instance {
+                host: host.clone(),
+                version,
+                healthy,
+            }
+        })
+        .collect()
+}
+
+pub fn router(store: Arc<dyn Store>) -> Router {
+    Router::new()
+        .route("/api/v1/rollouts", get(list))
+        .route("/api/v1/rollouts/{role}", get(status))
+        .route("/api/v1/rollouts/{role}/history", get(history))
+        .route("/api/v1/rollouts/{role}/promote", post(promote))
+        .route("/api/v1/rollouts/{role}/pause", post(pause))
+        .route("/api/v1/rollouts/{role}/resume", post(resume))
+        .route("/api/v1/rollouts/{role}/revert", post(revert))
+        .with_state(store)
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(e.to_string())
+}
+
+async fn list(State(store): State<Arc<dyn Store>>) -> Result<Json<Vec<Rollout>>, ApiError> {
+    let all = load_all(store.as_ref()).await.map_err(internal)?;
+    Ok(Json(all.into_values().map(|s| s.rollout).collect()))
+}
+
+async fn status(
+    State(store): State<Arc<dyn Store>>,
+    Path(role): Path<String>,
+) -> Result<Json<Rollout>, ApiError> {
+    let stored = load(store.as_ref(), &role).await.map_err(internal)?;
+    stored
+        .map(|s| Json(s.rollout))
+        .ok_or_else(|| ApiError::not_found(format!("role {role} has had no rollout")))
+}
+
+async fn history(
+    State(store): State<Arc<dyn Store>>,
+    Path(role): Path<String>,
+) -> Result<Json<Vec<Rollout>>, ApiError> {
+    let kvs = store
+        .range(&format!("{HISTORY}{role}/"))
+        .await
+        .map_err(internal)?;
+    Ok(Json(
+        kvs.iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect(),
+    ))
+}
+
+type Commanded = Result<Json<Rollout>, ApiError>;
+
+async fn promote(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -> Commanded {
+    command(store, role, Command::Promote).await
+}
+
+async fn pause(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -> Commanded {
+    command(store, role, Command::Pause).await
+}
+
+async fn resume(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -> Commanded {
+    command(store, role, Command::Resume).await
+}
+
+async fn revert(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -> Commanded {
+    command(store, role, Command::Revert).await
+}
+
+/// An operator's command: the rollout after it (the leader acts on it at its next step);
+/// 409 when the rollout's phase does not take it.
+async fn command(store: Arc<dyn Store>, role: String, command: Command) -> Commanded {
+    // A step of the leader may land between the read and the write: read again.
+    for _ in 0..5 {
+        let Some(mut stored) = load(store.as_ref(), &role).await.map_err(internal)? else {
+            return Err(ApiError::not_found(format!("role {role} has no rollout")));
+        };
+        let now = paddock_clock::now();
+        let notes = stored
+            .rollout
+            .command(command, now)
+            .map_err(|e| ApiError::new(409, e.to_string()))?;
+        let saved = save(
+            store.as_ref(),
+            &stored.rollout,
+            stored.revision,
+            None,
+            now.0,
+        )
+        .await
+        .map_err(internal)?;
+        if saved {
+            for n in notes {
+                if let paddock_rollout::Effect::Note { text, .. } = n {
+                    tracing::info!(%role, "rollout: {text}");
+                }
+            }
+            return Ok(Json(stored.rollout));
+        }
+    }
+    Err(ApiError::new(
+        409,
+        "the rollout kept changing under the command: try again",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(host: &str, state: SubState, health: Option<(&str, bool)>) -> (String, SubStatus) {
+        let mut s = crate::dominator::test_sub(host, state);
+        s.health = health.map(|(image, passed)| paddock_dominator::SubHealth {
+            image: image.into(),
+            passed,
+            at_ms: 1,
+        });
+        (host.to_string(), s)
+    }
+
+    #[test]
+    fn an_instance_is_healthy_when_synced_without_a_failed_check_for_its_image() {
+        let synced = |i: &str| SubState::Synced { image: i.into() };
+        let subs: BTreeMap<String, SubStatus> = [
+            sub("h1", synced("a"), None),
+            sub("h2", synced("b"), Some(("b", false))),
+            sub("h3", synced("b"), Some(("b", true))),
+            sub("h4", SubState::Updating, Some(("a", true))),
+            // A check for an older image says nothing of this one.
+            sub("h5", synced("b"), Some(("a", false))),
+        ]
+        .into_iter()
+        .collect();
+        let assigned: Vec<(String, String)> = ["h1", "h2", "h3", "h4", "h5", "gone"]
+            .iter()
+            .map(|h| (h.to_string(), "b".to_string()))
+            .collect();
+        let seen: Vec<(Option<String>, bool)> = observe(&assigned, &subs)
+            .into_iter()
+            .map(|i| (i.version, i.healthy))
+            .collect();
+        let v = |s: &str| Some(s.to_string());
+        assert_eq!(
+            seen,
+            [
+                (v("a"), true),
+                (v("b"), false),
+                (v("b"), true),
+                (None, false),
+                (v("b"), true),
+                (None, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rollout_starts_when_the_spec_names_an_image_its_instances_do_not_run() {
+        let p = paddock_rollout::Policy::default();
+        let at = paddock_clock::UnixMs(0);
+        assert_eq!(to_start("b", &["a", "a", "b"], None), Some("a".into()));
+        assert_eq!(to_start("b", &["b", "b"], None), None, "all there");
+        let running = Rollout::start("db", "a", "b", p.clone(), at);
+        assert_eq!(to_start("b", &["a", "b"], Some(&running)), None);
+        // The spec moved on to c mid-rollout: a new one from the last stable image.
+        assert_eq!(to_start("c", &["a", "b"], Some(&running)), Some("a".into()));
+        // Reverted to a: the spec still says b, and nothing starts until it changes.
+        let mut reverted = running.clone();
+        reverted.phase = paddock_rollout::Phase::Reverted;
+        assert_eq!(to_start("b", &["a", "a"], Some(&reverted)), None);
+        assert_eq!(
+            to_start("c", &["a", "a"], Some(&reverted)),
+            Some("a".into())
+        );
+        // Done to b, and now c.
+        let mut done = running;
+        done.phase = paddock_rollout::Phase::Done;
+        assert_eq!(to_start("c", &["b", "b"], Some(&done)), Some("b".into()));
+        assert_eq!(stable_image(["x", "y", "y"]), Some("y".into()));
+    }
+}
