@@ -510,6 +510,7 @@ impl Roles {
                 return Ok(());
             }
         };
+        let applied = paddock_clock::UnixMs(stored.applied_ms);
         let (census, uuids) = self.live_census().await?;
         let mut plan = plan(&spec, &census);
         // A new instance of a role being rolled starts on the version the rollout reached.
@@ -539,7 +540,7 @@ impl Roles {
                 .await?;
         }
         // After the plan (which counted the instances as they were): the rollouts' step.
-        self.roll(&spec, rollouts, &uuids, fence).await
+        self.roll(&spec, applied, rollouts, &uuids, fence).await
     }
 
     /// Runs the plan's actions in order (stopping at the first failure: the next round
@@ -592,6 +593,7 @@ impl Roles {
     async fn roll(
         &self,
         spec: &Spec,
+        applied: paddock_clock::UnixMs,
         mut rollouts: BTreeMap<String, crate::rollouts::Stored>,
         uuids: &BTreeMap<String, uuid::Uuid>,
         fence: Option<Compare>,
@@ -611,18 +613,19 @@ impl Roles {
             let images: Vec<&str> = mine.iter().map(|a| a.image.as_str()).collect();
             let stored = rollouts.remove(name);
             let current = stored.as_ref().map(|s| &s.rollout);
-            let (mut rollout, read) = match crate::rollouts::to_start(image, &images, current) {
-                Some(from) => {
-                    let text = format!("rollout of {name} from {from} to {image} started");
-                    tracing::info!("roles: {text}");
-                    let r = Rollout::start(name, &from, image, role.update.clone(), now);
-                    (r, stored.map_or(0, |s| s.revision))
-                }
-                None => match stored {
-                    Some(s) if !s.rollout.phase.ended() => (s.rollout, s.revision),
-                    _ => continue,
-                },
-            };
+            let (mut rollout, read) =
+                match crate::rollouts::to_start(image, &images, current, applied) {
+                    Some(from) => {
+                        let text = format!("rollout of {name} from {from} to {image} started");
+                        tracing::info!("roles: {text}");
+                        let r = Rollout::start(name, &from, image, role.update.clone(), now);
+                        (r, stored.map_or(0, |s| s.revision))
+                    }
+                    None => match stored {
+                        Some(s) if !s.rollout.phase.ended() => (s.rollout, s.revision),
+                        _ => continue,
+                    },
+                };
             let before = (read != 0).then(|| rollout.clone());
             let hosts: Vec<(String, String)> = mine
                 .iter()

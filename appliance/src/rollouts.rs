@@ -112,14 +112,26 @@ pub fn stable_image<'a>(images: impl IntoIterator<Item = &'a str>) -> Option<Str
 /// Whether a rollout of the role to `wanted` must start now, and from which image: when
 /// some of its instances are on another image and no rollout to `wanted` is under way (a
 /// rollout to an older spec's image is replaced, going on from its last stable image).
-pub fn to_start(wanted: &str, images: &[&str], current: Option<&Rollout>) -> Option<String> {
+/// After a revert the role stays on its old image until a spec is applied again
+/// (`applied`, after the reverted rollout started): the operator's word to try again.
+pub fn to_start(
+    wanted: &str,
+    images: &[&str],
+    current: Option<&Rollout>,
+    applied: paddock_clock::UnixMs,
+) -> Option<String> {
     if images.iter().all(|i| *i == wanted) {
         return None;
     }
     match current {
         Some(r) if r.to == wanted && !r.phase.ended() => None,
-        // After a revert the role stays on its old image until the spec changes again.
-        Some(r) if r.to == wanted && r.phase == paddock_rollout::Phase::Reverted => None,
+        Some(r)
+            if r.to == wanted
+                && r.phase == paddock_rollout::Phase::Reverted
+                && applied <= r.started =>
+        {
+            None
+        }
         Some(r) if !r.phase.ended() => Some(r.from.clone()),
         _ => stable_image(images.iter().copied().filter(|i| *i != wanted))
             .or_else(|| stable_image(images.iter().copied())),
@@ -305,25 +317,34 @@ mod tests {
     #[test]
     fn a_rollout_starts_when_the_spec_names_an_image_its_instances_do_not_run() {
         let p = paddock_rollout::Policy::default();
-        let at = paddock_clock::UnixMs(0);
-        assert_eq!(to_start("b", &["a", "a", "b"], None), Some("a".into()));
-        assert_eq!(to_start("b", &["b", "b"], None), None, "all there");
-        let running = Rollout::start("db", "a", "b", p.clone(), at);
-        assert_eq!(to_start("b", &["a", "b"], Some(&running)), None);
-        // The spec moved on to c mid-rollout: a new one from the last stable image.
-        assert_eq!(to_start("c", &["a", "b"], Some(&running)), Some("a".into()));
-        // Reverted to a: the spec still says b, and nothing starts until it changes.
-        let mut reverted = running.clone();
-        reverted.phase = paddock_rollout::Phase::Reverted;
-        assert_eq!(to_start("b", &["a", "a"], Some(&reverted)), None);
+        let at = paddock_clock::UnixMs(1_000);
+        let before = paddock_clock::UnixMs(500);
         assert_eq!(
-            to_start("c", &["a", "a"], Some(&reverted)),
+            to_start("b", &["a", "a", "b"], None, before),
             Some("a".into())
         );
+        assert_eq!(to_start("b", &["b", "b"], None, before), None, "all there");
+        let running = Rollout::start("db", "a", "b", p.clone(), at);
+        assert_eq!(to_start("b", &["a", "b"], Some(&running), before), None);
+        // The spec moved on to c mid-rollout: a new one from the last stable image.
+        let c = to_start("c", &["a", "b"], Some(&running), before);
+        assert_eq!(c, Some("a".into()));
+        // Reverted to a: the spec still says b, and nothing starts until it is applied
+        // again (or changes).
+        let mut reverted = running.clone();
+        reverted.phase = paddock_rollout::Phase::Reverted;
+        assert_eq!(to_start("b", &["a", "a"], Some(&reverted), before), None);
+        assert_eq!(to_start("b", &["a", "a"], Some(&reverted), at), None);
+        let again = paddock_clock::UnixMs(2_000);
+        let retried = to_start("b", &["a", "a"], Some(&reverted), again);
+        assert_eq!(retried, Some("a".into()));
+        let c = to_start("c", &["a", "a"], Some(&reverted), before);
+        assert_eq!(c, Some("a".into()));
         // Done to b, and now c.
         let mut done = running;
         done.phase = paddock_rollout::Phase::Done;
-        assert_eq!(to_start("c", &["b", "b"], Some(&done)), Some("b".into()));
+        let c = to_start("c", &["b", "b"], Some(&done), before);
+        assert_eq!(c, Some("b".into()));
         assert_eq!(stable_image(["x", "y", "y"]), Some("y".into()));
     }
 }

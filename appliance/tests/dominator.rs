@@ -924,21 +924,16 @@ fn the_required_image_changes_from_the_cli_and_the_console() {
     );
 }
 
-/// An image role on six machines (minimum four) is rolled from minbase to minbase2 by a
-/// spec change, two at a time: at no moment are fewer than four machines synced (sampled
-/// every 100 ms from the dominator's census), and the rollout ends done, three batches.
-#[test]
-fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+/// Six subds, each an enrolled node of its name (what makes a reachable sub a host for
+/// roles), synced to minbase, with the role loop on (hooks in `hooks`).
+fn role_fleet(subd_args: &str, hooks: &Path) -> Fleet {
     let m2 = images_dir().join("minbase2.tar");
-    let hooks = std::env::temp_dir().join(format!("paddock-rollout-hooks-{}", std::process::id()));
-    std::fs::create_dir_all(&hooks).unwrap();
+    std::fs::create_dir_all(hooks).unwrap();
     let roles = format!(
         "[roles]\nhooks_dir = \"{}\"\nround_secs = 2\ndebounce_ms = 100\n",
         hooks.display()
     );
-    let fleet = Fleet::start_with(6, &[("minbase2", &m2)], "", &roles);
-    // Each machine is an enrolled node too: what makes a reachable sub a host for roles.
+    let fleet = Fleet::start_with(6, &[("minbase2", &m2)], subd_args, &roles);
     for i in 0..6 {
         let body =
             json!({"macs": [format!("52:54:00:d1:00:{i:02x}")], "name": format!("sub{i:02}")});
@@ -952,39 +947,87 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
     }
     fleet.require_image("minbase");
     fleet.wait_all("synced to minbase", 120);
-    let spec = |image: &str| {
-        format!(
-            "[roles.app]\nmin = 4\nmax = 6\nimage = \"{image}\"\n\
-             update = {{ max_parallel = 3, min_healthy_secs = 2 }}\n"
-        )
-    };
-    let apply = |text: String| {
-        fleet.api(
+    fleet
+}
+
+impl Fleet {
+    /// Applies a spec of one image role `app` (min 4, max 6) on `image`, rolled by `update`.
+    fn apply_app(&self, image: &str, update: &str) {
+        let text = format!(
+            "[roles.app]\nmin = 4\nmax = 6\nimage = \"{image}\"\nupdate = {{ {update} }}\n"
+        );
+        self.api(
             "POST",
             "/api/v1/spec",
             Some(json!({"file": "spec/app.toml", "text": text})),
-        )
-    };
-    apply(spec("minbase"));
-    // Six instances, one a machine, before the change.
-    let instances = || {
-        let p = fleet.api("POST", "/api/v1/spec/plan", Some(json!({})));
-        p["census"]["instances"]
-            .as_array()
-            .map_or(0, |a| a.iter().filter(|i| i["role"] == "app").count())
-    };
-    let t = Instant::now();
-    while instances() != 6 {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "not six instances of app: {}\nrounds: {}",
-            fleet.api("POST", "/api/v1/spec/plan", Some(json!({}))),
-            fleet.api("GET", "/api/v1/spec/rounds?limit=2", None)
         );
-        std::thread::sleep(Duration::from_millis(200));
     }
 
-    apply(spec("minbase2"));
+    /// Waits until the role loop counts six instances of `app`.
+    fn wait_six_instances(&self) {
+        let t = Instant::now();
+        loop {
+            let p = self.api("POST", "/api/v1/spec/plan", Some(json!({})));
+            let n = p["census"]["instances"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|i| i["role"] == "app").count());
+            if n == 6 {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "not six instances of app: {p}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `app`'s rollout (null before it has one).
+    fn rollout(&self) -> Value {
+        let url = format!("{PUBLIC_URL}/api/v1/rollouts/app");
+        match call(self.ns(), "GET", &url, None) {
+            (200, v) => v,
+            _ => Value::Null,
+        }
+    }
+
+    /// Waits until `app`'s rollout is in `phase`.
+    fn wait_rollout(&self, phase: &str, secs: u64) -> Value {
+        let t = Instant::now();
+        loop {
+            let r = self.rollout();
+            if r["phase"]["phase"] == phase {
+                return r;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "no {phase} rollout after {secs} s: {r}\n{:?}",
+                self.census()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// How many machines are synced to exactly `image`.
+    fn synced_to(&self, image: &str) -> usize {
+        let want = format!("synced to {image}");
+        self.census().values().filter(|(_, s)| *s == want).count()
+    }
+}
+
+/// An image role on six machines (minimum four) is rolled from minbase to minbase2 by a
+/// spec change, two at a time: at no moment are fewer than four machines synced (sampled
+/// every 100 ms from the dominator's census), and the rollout ends done, three batches.
+#[test]
+fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let hooks = std::env::temp_dir().join(format!("paddock-rollout-{}-a", std::process::id()));
+    let fleet = role_fleet("", &hooks);
+    let update = "max_parallel = 3, min_healthy_secs = 2";
+    fleet.apply_app("minbase", update);
+    fleet.wait_six_instances();
+
+    fleet.apply_app("minbase2", update);
     let t = Instant::now();
     let (mut fewest, mut most_away, mut samples) = (6usize, 0usize, 0u32);
     loop {
@@ -1002,19 +1045,14 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
             t.elapsed().as_secs_f64()
         );
         let done = census.values().all(|(_, s)| s == "synced to minbase2")
-            && fleet.api("GET", "/api/v1/rollouts/app", None)["phase"]["phase"] == "done";
+            && fleet.rollout()["phase"]["phase"] == "done";
         if done {
             break;
         }
         assert!(
             t.elapsed() < Duration::from_secs(300),
-            "not rolled: {census:?}\n{}\n{}",
-            fleet.api("GET", "/api/v1/rollouts/app", None),
-            without_colours(&fleet.app.log_text())
-                .lines()
-                .filter(|l| l.contains("roll"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            "not rolled: {census:?}\n{}",
+            fleet.rollout()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -1027,12 +1065,9 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         most_away, 2,
         "two at a time (max_parallel 3, but the minimum is 4)"
     );
-    let r = fleet.api("GET", "/api/v1/rollouts/app", None);
-    assert_eq!(
-        (r["from"].as_str(), r["to"].as_str(), r["batches"].as_u64()),
-        (Some("minbase"), Some("minbase2"), Some(3)),
-        "{r}"
-    );
+    let r = fleet.rollout();
+    let got = (r["from"].as_str(), r["to"].as_str(), r["batches"].as_u64());
+    assert_eq!(got, (Some("minbase"), Some("minbase2"), Some(3)), "{r}");
     let history = fleet.api("GET", "/api/v1/rollouts/app/history", None);
     assert_eq!(history.as_array().map(Vec::len), Some(1), "{history}");
     let status = fleet.link.server.sh_ok(&format!(
@@ -1043,5 +1078,78 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         status.starts_with("app") && status.contains("minbase -> minbase2  done  3 batches"),
         "{status}"
     );
+    let _ = std::fs::remove_dir_all(&hooks);
+}
+
+/// minbase2 whose health check fails pauses the rollout on its first batch, four machines
+/// still on minbase; `paddock rollout revert` brings the two back. Applied again with the
+/// check passing, the rollout survives a kill -9 of the appliance mid-way and ends done.
+#[test]
+fn a_failing_image_pauses_a_revert_brings_it_back_and_a_restart_goes_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let hooks = std::env::temp_dir().join(format!("paddock-rollout-{}-b", std::process::id()));
+    std::fs::create_dir_all(&hooks).unwrap();
+    // subd runs the check with the image it applied in PADDOCK_SUBD_IMAGE.
+    let ok = hooks.join("minbase2-ok");
+    let check = hooks.join("health.sh");
+    std::fs::write(
+        &check,
+        format!(
+            "#!/bin/sh\ntest \"$PADDOCK_SUBD_IMAGE\" != minbase2 || test -e {}\n",
+            ok.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&check, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut fleet = role_fleet(&format!("--health-command {}", check.display()), &hooks);
+    let update =
+        "max_parallel = 2, auto_revert = false, min_healthy_secs = 2, healthy_deadline_secs = 20";
+    fleet.apply_app("minbase", update);
+    fleet.wait_six_instances();
+
+    fleet.apply_app("minbase2", update);
+    let paused = fleet.wait_rollout("paused", 180);
+    assert_eq!(paused["phase"]["failed"], true, "{paused}");
+    let why = paused["why"].as_str().unwrap_or_default();
+    assert!(why.contains("healthy_deadline_secs"), "{why}");
+    assert_eq!(fleet.synced_to("minbase"), 4, "{:?}", fleet.census());
+    let cli = |args: &str| {
+        fleet.link.server.sh_ok(&format!(
+            "PADDOCK_API={PUBLIC_URL} {} rollout {args}",
+            env!("CARGO_BIN_EXE_paddock")
+        ))
+    };
+    cli("revert app");
+    fleet.wait_rollout("reverted", 180);
+    fleet.wait_all("synced to minbase", 120);
+
+    // The check passes now; the spec applied again tries minbase2 again.
+    std::fs::write(&ok, "").unwrap();
+    fleet.apply_app("minbase2", update);
+    let t = Instant::now();
+    loop {
+        let r = fleet.rollout();
+        if r["to"] == "minbase2" && r["phase"]["phase"] == "forward" && r["batches"] == 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(180),
+            "no first batch: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fleet.app.kill9();
+    let Fleet { app, link, .. } = &mut fleet;
+    app.restart(&link.server);
+    fleet.wait_rollout("done", 300);
+    fleet.wait_all("synced to minbase2", 60);
+    let history = fleet.api("GET", "/api/v1/rollouts/app/history", None);
+    let phases: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["phase"]["phase"].as_str())
+        .collect();
+    assert_eq!(phases, ["reverted", "done"], "{history}");
     let _ = std::fs::remove_dir_all(&hooks);
 }
