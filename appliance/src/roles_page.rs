@@ -1,6 +1,6 @@
 //! The roles page of the console (`/ui/roles`): the applied spec, the census, a
-//! preview of the plan for the live census (nothing is run) and the last rounds with what
-//! each action did. Served by the roles router; maud escapes every value.
+//! preview of the plan for the live census (nothing is run), the rollouts, and the last
+//! rounds with what each action did. Served by the roles router; maud escapes every value.
 
 use std::sync::Arc;
 
@@ -41,6 +41,9 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
         .collect();
     let mut rounds = r.rounds(ROUNDS_SHOWN).await.unwrap_or_default();
     rounds.reverse();
+    let rollouts = crate::rollouts::load_all(r.store.as_ref())
+        .await
+        .unwrap_or_default();
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
@@ -81,6 +84,24 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
                             }
                         }
                     }
+                }
+                @if !rollouts.is_empty() {
+                    h2 { "Rollouts" }
+                    table {
+                        tr { th { "Role" } th { "From" } th { "To" } th { "Phase" } th { "Batches" } th { "In flight" } th { "Why" } }
+                        @for (role, s) in &rollouts {
+                            tr {
+                                td { (role) }
+                                td { code { (s.rollout.from) } }
+                                td { code { (s.rollout.to) } }
+                                td { (s.rollout.phase.name()) }
+                                td { (s.rollout.batches) }
+                                td { (s.rollout.batch.keys().cloned().collect::<Vec<_>>().join(", ")) }
+                                td { (s.rollout.why.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
+                    p { code { "paddock rollout promote|pause|resume|revert ROLE" } }
                 }
                 @if dns.is_some() {
                     h2 { "Services (DNS)" }

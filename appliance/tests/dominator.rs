@@ -1078,6 +1078,27 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         status.starts_with("app") && status.contains("minbase -> minbase2  done  3 batches"),
         "{status}"
     );
+    // The console's roles page shows it.
+    let page = http(
+        &fleet.link.server,
+        &fleet.scratch,
+        "GET",
+        "/ui/roles",
+        None,
+        &[],
+    );
+    let rollouts = page
+        .body
+        .split("<h2>Rollouts</h2>")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        rollouts.contains(
+            "<td><code>minbase</code></td><td><code>minbase2</code></td><td>done</td><td>3</td>"
+        ),
+        "{}",
+        page.body
+    );
     let _ = std::fs::remove_dir_all(&hooks);
 }
 
