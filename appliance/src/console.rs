@@ -649,7 +649,7 @@ impl ActionForm {
 /// The page that asks to confirm a destructive form: `question`, then a form posting the
 /// same `fields` to `action` again with `confirm=yes` (and `extra`: what the operator adds
 /// there, such as a reason), and a link back to `back`.
-fn confirm_page(
+pub(crate) fn confirm_page(
     title: &str,
     question: Markup,
     action: &str,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_dhcp::shell::DhcpService;
 use paddock_inspector::service::{Inspector, Subject};
@@ -81,6 +81,19 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::rollouts::router(state.roles.store.clone()));
     let roles_page = axum::Router::new()
         .route("/ui/roles", get(crate::roles_page::page))
+        .route(
+            "/ui/rollouts/{role}/promote",
+            post(crate::roles_page::promote),
+        )
+        .route("/ui/rollouts/{role}/pause", post(crate::roles_page::pause))
+        .route(
+            "/ui/rollouts/{role}/resume",
+            post(crate::roles_page::resume),
+        )
+        .route(
+            "/ui/rollouts/{role}/revert",
+            post(crate::roles_page::revert),
+        )
         .with_state((state.roles.clone(), state.dns.clone()));
     let console = crate::console::router(crate::console::Console {
         inspector: state.inspector.clone(),

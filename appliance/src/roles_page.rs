@@ -10,6 +10,7 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, html};
 use paddock_inspector::node::iso;
 
+use crate::console::{ActionPost, confirm_page};
 use crate::dns::{DnsHandle, ServiceNames};
 use crate::roles::plan_text;
 use crate::roles::{Roles, SpecBody, describe};
@@ -88,7 +89,7 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
                 @if !rollouts.is_empty() {
                     h2 { "Rollouts" }
                     table {
-                        tr { th { "Role" } th { "From" } th { "To" } th { "Phase" } th { "Batches" } th { "In flight" } th { "Why" } }
+                        tr { th { "Role" } th { "From" } th { "To" } th { "Phase" } th { "Batches" } th { "In flight" } th { "Why" } th {} }
                         @for (role, s) in &rollouts {
                             tr {
                                 td { (role) }
@@ -98,10 +99,18 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
                                 td { (s.rollout.batches) }
                                 td { (s.rollout.batch.keys().cloned().collect::<Vec<_>>().join(", ")) }
                                 td { (s.rollout.why.as_deref().unwrap_or("")) }
+                                td {
+                                    @for c in commands(&s.rollout.phase) {
+                                        form.inline method="post" action={ "/ui/rollouts/" (role) "/" (c) } {
+                                            button type="submit" { (c) }
+                                        }
+                                        " "
+                                    }
+                                }
                             }
                         }
                     }
-                    p { code { "paddock rollout promote|pause|resume|revert ROLE" } }
+
                 }
                 @if dns.is_some() {
                     h2 { "Services (DNS)" }
@@ -136,4 +145,76 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
         }
     };
     Html(markup.into_string()).into_response()
+}
+
+/// The commands a rollout in `phase` takes, as its buttons name them.
+fn commands(phase: &paddock_rollout::Phase) -> Vec<&'static str> {
+    use paddock_rollout::Phase as P;
+    match phase {
+        P::Canary | P::Forward => vec!["pause", "revert"],
+        P::Promoting => vec!["promote", "pause", "revert"],
+        P::Paused { .. } => vec!["resume", "revert"],
+        P::Failed => vec!["revert"],
+        P::Reverting | P::Done | P::Reverted => Vec::new(),
+    }
+}
+
+/// `POST /ui/rollouts/{role}/{promote|pause|resume|revert}`: as the API's command; pause
+/// and revert ask to confirm first. Then back to the roles page, or the refusal.
+async fn rollout_form(
+    r: Arc<Roles>,
+    post: ActionPost,
+    command: paddock_rollout::Command,
+) -> Response {
+    use paddock_rollout::Command as C;
+    let role = post.target;
+    let name = match command {
+        C::Promote => "promote",
+        C::Pause => "pause",
+        C::Resume => "resume",
+        C::Revert => "revert",
+    };
+    if matches!(command, C::Pause | C::Revert) && !post.form.confirmed() {
+        let what = if command == C::Pause {
+            "The batch in flight lands; no new one starts until resumed."
+        } else {
+            "Every machine moved goes back to the last stable image."
+        };
+        return confirm_page(
+            "Confirm a rollout command",
+            html! { (name) " the rollout of " code { (role) } "? " (what) },
+            &format!("/ui/rollouts/{role}/{name}"),
+            &[],
+            html! {},
+            name,
+            "/ui/roles",
+        );
+    }
+    match crate::rollouts::command(r.store.clone(), role, command).await {
+        Ok(_) => axum::response::Redirect::to("/ui/roles").into_response(),
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            let body = html! {
+                p.error { (e.message) }
+                p { a href="/ui/roles" { "Back to the roles" } }
+            };
+            (status, crate::console::page("Refused", false, body)).into_response()
+        }
+    }
+}
+
+pub async fn promote(State((r, _)): State<PageState>, post: ActionPost) -> Response {
+    rollout_form(r, post, paddock_rollout::Command::Promote).await
+}
+
+pub async fn pause(State((r, _)): State<PageState>, post: ActionPost) -> Response {
+    rollout_form(r, post, paddock_rollout::Command::Pause).await
+}
+
+pub async fn resume(State((r, _)): State<PageState>, post: ActionPost) -> Response {
+    rollout_form(r, post, paddock_rollout::Command::Resume).await
+}
+
+pub async fn revert(State((r, _)): State<PageState>, post: ActionPost) -> Response {
+    rollout_form(r, post, paddock_rollout::Command::Revert).await
 }

@@ -210,7 +210,7 @@ async fn history(
     ))
 }
 
-type Commanded = Result<Json<Rollout>, ApiError>;
+pub type Commanded = Result<Json<Rollout>, ApiError>;
 
 async fn promote(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -> Commanded {
     command(store, role, Command::Promote).await
@@ -230,7 +230,7 @@ async fn revert(State(store): State<Arc<dyn Store>>, Path(role): Path<String>) -
 
 /// An operator's command: the rollout after it (the leader acts on it at its next step);
 /// 409 when the rollout's phase does not take it.
-async fn command(store: Arc<dyn Store>, role: String, command: Command) -> Commanded {
+pub async fn command(store: Arc<dyn Store>, role: String, command: Command) -> Commanded {
     // A step of the leader may land between the read and the write: read again.
     for _ in 0..5 {
         let Some(mut stored) = load(store.as_ref(), &role).await.map_err(internal)? else {

@@ -982,6 +982,18 @@ impl Fleet {
         }
     }
 
+    /// The console's roles page.
+    fn roles_page(&self) -> Resp {
+        http(
+            &self.link.server,
+            &self.scratch,
+            "GET",
+            "/ui/roles",
+            None,
+            &[],
+        )
+    }
+
     /// `app`'s rollout (null before it has one).
     fn rollout(&self) -> Value {
         let url = format!("{PUBLIC_URL}/api/v1/rollouts/app");
@@ -1079,14 +1091,7 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         "{status}"
     );
     // The console's roles page shows it.
-    let page = http(
-        &fleet.link.server,
-        &fleet.scratch,
-        "GET",
-        "/ui/roles",
-        None,
-        &[],
-    );
+    let page = fleet.roles_page();
     let rollouts = page
         .body
         .split("<h2>Rollouts</h2>")
@@ -1134,13 +1139,37 @@ fn a_failing_image_pauses_a_revert_brings_it_back_and_a_restart_goes_on() {
     let why = paused["why"].as_str().unwrap_or_default();
     assert!(why.contains("healthy_deadline_secs"), "{why}");
     assert_eq!(fleet.synced_to("minbase"), 4, "{:?}", fleet.census());
-    let cli = |args: &str| {
-        fleet.link.server.sh_ok(&format!(
-            "PADDOCK_API={PUBLIC_URL} {} rollout {args}",
-            env!("CARGO_BIN_EXE_paddock")
-        ))
-    };
-    cli("revert app");
+    // Promote is refused (nothing to promote); revert, from the console's button, asks to
+    // confirm first.
+    let refused = fleet.link.server.sh(&format!(
+        "PADDOCK_API={PUBLIC_URL} {} rollout promote app 2>&1",
+        env!("CARGO_BIN_EXE_paddock")
+    ));
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        !refused.status.success() && text.contains("cannot promote a rollout that is paused"),
+        "{text}"
+    );
+    let page = fleet.roles_page();
+    assert!(
+        page.body.contains(r#"action="/ui/rollouts/app/revert""#)
+            && page.body.contains(r#"action="/ui/rollouts/app/resume""#)
+            && !page.body.contains(r#"action="/ui/rollouts/app/promote""#),
+        "a paused rollout's buttons: {}",
+        page.body
+    );
+    let url = format!("{PUBLIC_URL}/ui/rollouts/app/revert");
+    assert_eq!(
+        post_form(fleet.ns(), &url, PUBLIC_URL, ""),
+        200,
+        "the confirmation page"
+    );
+    assert_eq!(
+        fleet.rollout()["phase"]["phase"],
+        "paused",
+        "nothing before confirming"
+    );
+    assert_eq!(post_form(fleet.ns(), &url, PUBLIC_URL, "confirm=yes"), 303);
     fleet.wait_rollout("reverted", 180);
     fleet.wait_all("synced to minbase", 120);
 

@@ -194,6 +194,10 @@ GET    /ui/rules                                  Console.View                  
 GET    /ui/images                                 Console.View                          rt
 GET    /ui/subs                                   Console.View                          rt
 GET    /ui/roles                                  Console.View                          rt
+POST   /ui/rollouts/ghost/promote                 Rollout.Promote                       -
+POST   /ui/rollouts/ghost/pause                   Rollout.Pause                         -
+POST   /ui/rollouts/ghost/resume                  Rollout.Resume                        -
+POST   /ui/rollouts/ghost/revert                  Rollout.Revert                        -
 GET    /ui/leases                                 Console.View                          rt
 GET    /ui/mdb                                    Console.View                          rt
 GET    /ui/audit                                  Audit.List                            rt
