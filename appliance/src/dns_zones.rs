@@ -176,6 +176,7 @@ pub async fn keep_zones(
         crate::roles::SPEC_KEY,
         PUBLISHED,
     ];
+    debug_assert_eq!(prefixes[PUBLISHED_WATCH], PUBLISHED);
     let mut watches = Vec::new();
     for p in prefixes {
         watches.push(store.watch(p, 0).await?);
@@ -260,22 +261,35 @@ pub async fn keep_zones(
             let since = *behind_since.get_or_insert(now);
             wait = wait.min(since.after(IN_STEP_GRACE).since(now));
         }
-        let woke = tokio::select! {
-            () = tokio::time::sleep(wait) => true,
-            ev = next_event(&mut watches) => ev,
-            // A new leader publishes at once; one that stepped down stops deciding.
-            Ok(()) = leader_rx.changed() => true,
-            () = ctx.cancel.cancelled() => return Ok(()),
-        };
-        if !woke {
-            anyhow::bail!("the store's watch ended");
-        }
-        tokio::time::sleep(DEBOUNCE).await;
-        for w in &mut watches {
-            while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, w.next()).await {}
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let fired = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => None,
+                ev = next_event(&mut watches) => match ev {
+                    Some(i) => Some(i),
+                    None => anyhow::bail!("the store's watch ended"),
+                },
+                // A new leader publishes at once; one that stepped down stops deciding.
+                Ok(()) = leader_rx.changed() => None,
+                () = ctx.cancel.cancelled() => return Ok(()),
+            };
+            tokio::time::sleep(DEBOUNCE).await;
+            let mut only_published = fired == Some(PUBLISHED_WATCH);
+            for (i, w) in watches.iter_mut().enumerate() {
+                while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, w.next()).await {
+                    only_published &= i == PUBLISHED_WATCH;
+                }
+            }
+            // What a leading host published itself changes nothing it builds from.
+            if !(only_published && leadership.is_some()) {
+                break;
+            }
         }
     }
 }
+
+/// The index of the watch of [`PUBLISHED`] among `keep_zones`' watches.
+const PUBLISHED_WATCH: usize = 4;
 
 /// The leader's last word (nothing before a leader has published; a record that does not
 /// parse is logged and taken as nothing, so that this host goes on alone).
@@ -289,11 +303,11 @@ async fn read_published(store: &dyn Store) -> anyhow::Result<Published> {
     }))
 }
 
-/// The next event of any of the watches; `false` once one has ended.
-async fn next_event(watches: &mut [paddock_store::Watch]) -> bool {
+/// Which of the watches has the next event; `None` once one has ended.
+async fn next_event(watches: &mut [paddock_store::Watch]) -> Option<usize> {
     let nexts = watches.iter_mut().map(|w| Box::pin(w.next()));
-    let (ev, _, _) = futures_util::future::select_all(nexts).await;
-    matches!(ev, Some(Ok(_)))
+    let (ev, i, _) = futures_util::future::select_all(nexts).await;
+    matches!(ev, Some(Ok(_))).then_some(i)
 }
 
 /// The machines as DNS sees them, and the census's instances with their word on their

@@ -605,12 +605,12 @@ impl Roles {
         let mut rolling = false;
         for (name, role) in &spec.roles {
             let Some(image) = &role.image else { continue };
-            let mine: Vec<&ImageInstance> = assigned
+            let mine: Vec<(&str, &ImageInstance)> = assigned
                 .iter()
                 .filter(|(r, _, _)| r == name)
-                .map(|(_, _, a)| a)
+                .map(|(_, id, a)| (id.as_str(), a))
                 .collect();
-            let images: Vec<&str> = mine.iter().map(|a| a.image.as_str()).collect();
+            let images: Vec<&str> = mine.iter().map(|(_, a)| a.image.as_str()).collect();
             let stored = rollouts.remove(name);
             let current = stored.as_ref().map(|s| &s.rollout);
             let (mut rollout, read) =
@@ -627,16 +627,14 @@ impl Roles {
                     },
                 };
             let before = (read != 0).then(|| rollout.clone());
-            let hosts: Vec<(String, String)> = mine
-                .iter()
-                .map(|a| (a.host.clone(), a.image.clone()))
-                .collect();
+            let hosts: Vec<&str> = mine.iter().map(|(_, a)| a.host.as_str()).collect();
             let instances = crate::rollouts::observe(&hosts, &self.subs());
             let min = u32::try_from(minimums.get(name).copied().unwrap_or(0)).unwrap_or(u32::MAX);
             for effect in rollout.step(now, &instances, min) {
                 match effect {
                     Effect::Set { host, version } => {
-                        if let Err(e) = self.set_version(name, &host, &version).await {
+                        let on_host = mine.iter().filter(|(_, a)| a.host == host);
+                        if let Err(e) = self.set_version(name, on_host, &version).await {
                             tracing::warn!(role = %name, %host, error = %e, "rollout: not moved");
                         }
                     }
@@ -674,29 +672,36 @@ impl Roles {
     /// instance record (so that the role loop keeps counting it), and a wait until the
     /// dominator has taken the change (so that the next plan does not see the instance on
     /// an image its machine is not required to run, and replace it).
-    async fn set_version(&self, role: &str, host: &str, image: &str) -> anyhow::Result<()> {
-        for (r, id, a) in self.assigned().await? {
-            if r != role || a.host != host || a.image == image {
-                continue;
-            }
-            crate::dominator::set_required_image(&self.dominator, host, image)
+    async fn set_version<'a>(
+        &self,
+        role: &str,
+        on_host: impl Iterator<Item = &'a (&'a str, &'a ImageInstance)>,
+        image: &str,
+    ) -> anyhow::Result<()> {
+        let mut host = None;
+        for (id, a) in on_host.filter(|(_, a)| a.image != image) {
+            crate::dominator::set_required_image(&self.dominator, &a.host, image)
                 .await
                 .map_err(|e| anyhow::anyhow!(e.message))?;
             let record = ImageInstance {
-                host: host.to_string(),
+                host: a.host.clone(),
                 image: image.to_string(),
             };
             self.store
-                .put(&format!("{IMAGES}{r}/{id}"), serde_json::to_vec(&record)?)
+                .put(
+                    &format!("{IMAGES}{role}/{id}"),
+                    serde_json::to_vec(&record)?,
+                )
                 .await?;
+            host = Some(a.host.as_str());
         }
+        let Some(host) = host else {
+            return Ok(());
+        };
         let deadline = Instant::now() + MDB_FOLLOWED;
         while Instant::now() < deadline {
             let taken = self
-                .dominator
-                .census
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
+                .subs()
                 .get(host)
                 .is_none_or(|s| s.required_image.as_deref() == Some(image));
             if taken {

@@ -138,15 +138,14 @@ pub fn to_start(
     }
 }
 
-/// The role's instances as a rollout sees them: `(host, image its instance was set to)`
-/// against the dominator's census. An instance runs the image its machine is synced to; it
+/// The role's instances as a rollout sees them: their hosts against the dominator's census. An instance runs the image its machine is synced to; it
 /// is healthy when synced with no failed health check for that image (a machine with no
 /// check configured is healthy once synced).
-pub fn observe(assigned: &[(String, String)], subs: &BTreeMap<String, SubStatus>) -> Vec<Instance> {
-    assigned
+pub fn observe(hosts: &[&str], subs: &BTreeMap<String, SubStatus>) -> Vec<Instance> {
+    hosts
         .iter()
-        .map(|(host, _)| {
-            let sub = subs.get(host);
+        .map(|host| {
+            let sub = subs.get(*host);
             let version = sub.and_then(|s| match &s.state {
                 SubState::Synced { image } => Some(image.clone()),
                 _ => None,
@@ -156,7 +155,7 @@ pub fn observe(assigned: &[(String, String)], subs: &BTreeMap<String, SubStatus>
                     .is_none_or(|h| h.image != *v || h.passed)
             });
             Instance {
-                host: host.clone(),
+                host: host.to_string(),
                 version,
                 healthy,
             }
@@ -292,11 +291,8 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let assigned: Vec<(String, String)> = ["h1", "h2", "h3", "h4", "h5", "gone"]
-            .iter()
-            .map(|h| (h.to_string(), "b".to_string()))
-            .collect();
-        let seen: Vec<(Option<String>, bool)> = observe(&assigned, &subs)
+        let hosts = ["h1", "h2", "h3", "h4", "h5", "gone"];
+        let seen: Vec<(Option<String>, bool)> = observe(&hosts, &subs)
             .into_iter()
             .map(|i| (i.version, i.healthy))
             .collect();
