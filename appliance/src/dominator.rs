@@ -152,6 +152,10 @@ pub fn sub_specs(
                     updates_disabled,
                     disable_safety_check: m.tags.contains_key("DisableSafetyCheck"),
                     paused: pause.map(|p| p.reason.clone()),
+                    force_disruption: m
+                        .tags
+                        .get("ForceDisruptiveUpdate")
+                        .is_some_and(|v| v == "true"),
                 },
                 safety_clearance: control.safety_clearance,
                 hostname: m.hostname,
@@ -195,6 +199,8 @@ pub struct Wiring {
     /// TLS to the subs: this host's certificate (the dominator's identity, `Subd.*`) and
     /// the CA they are checked against; `None`: plain HTTP (insecure mode).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Asked before an update that reboots a machine or runs a high-impact trigger.
+    pub disruption: Option<Arc<dyn paddock_dominator::DisruptionCheck>>,
 }
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
@@ -208,6 +214,7 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
         host,
         inspector,
         tls,
+        disruption,
     } = w;
     let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
     rt.spawn_future("dominator: changes", async move {
@@ -223,8 +230,10 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
             Ok(())
         });
     }
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let policy = Policy {
-        poll_interval_ms: u64::try_from(cfg.poll_interval.as_millis()).unwrap_or(u64::MAX),
+        poll_interval_ms: ms(cfg.poll_interval),
+        disruption_retry_ms: ms(cfg.disruption_retry),
         ..Policy::default()
     };
     let limits = Limits {
@@ -249,6 +258,10 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
             c.clone(),
         )
         .with_changes(changes_tx.clone());
+        let herd = match &disruption {
+            Some(check) => herd.with_disruption_check(check.clone()),
+            None => herd,
+        };
         let (specs_rx, c) = (specs_rx.clone(), c.clone());
         async move {
             tracing::info!("dominator: this host leads; keeping the subs");
@@ -567,6 +580,10 @@ pub struct DominatorConfig {
     pub fetch_speed_percent: f64,
     /// Share of the subs that may run a high-impact or reboot update at once.
     pub high_impact_share: f64,
+    /// The program asked whether a machine may be disrupted (see `crate::disruption`).
+    pub disruption_check: Option<std::path::PathBuf>,
+    pub disruption_retry: Duration,
+    pub disruption_timeout: Duration,
 }
 
 /// A sub as the census holds it, for the tests of what shows subs.

@@ -16,6 +16,7 @@ pub mod config;
 pub mod console;
 pub mod console_access;
 pub mod dhcp;
+pub mod disruption;
 pub mod dns;
 pub mod dns_cli;
 pub mod dns_zones;

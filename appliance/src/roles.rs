@@ -206,6 +206,8 @@ fn sub_alive(state: &paddock_dominator::SubState) -> bool {
             | S::Fetching { .. }
             | S::WaitingForScan { .. }
             | S::Updating
+            | S::AskingDisruption
+            | S::DisruptionDenied { .. }
     )
 }
 
@@ -371,6 +373,22 @@ impl Roles {
         Ok((census, uuids))
     }
 
+    /// The spec in force (none, or one that no longer validates: none) and the instances
+    /// live on `host` by the census the planner sees.
+    pub async fn on_host(&self, host: &str) -> anyhow::Result<(Option<Spec>, Vec<Instance>)> {
+        let spec = self
+            .stored_spec()
+            .await?
+            .and_then(|s| Spec::parse(&s.file, &s.text).ok());
+        let (census, _) = self.live_census().await?;
+        let mine = census
+            .instances
+            .into_iter()
+            .filter(|i| i.host.as_deref() == Some(host))
+            .collect();
+        Ok((spec, mine))
+    }
+
     /// The dominator's census (this host's, which is the leader's while it leads).
     fn subs(&self) -> BTreeMap<String, paddock_dominator::SubStatus> {
         self.dominator
@@ -522,6 +540,15 @@ impl Roles {
                 *image = r.rollout.version_for_new().to_string();
             }
         }
+        // So does a hook role's: its hooks are given that version.
+        let mut acting = spec.clone();
+        for (name, r) in &rollouts {
+            if let Some(role) = acting.roles.get_mut(name)
+                && role.version.is_some()
+            {
+                role.version = Some(r.rollout.version_for_new().to_string());
+            }
+        }
         let changed = {
             let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
             let changed = m.last_outcome.as_ref() != Some(&plan.outcome);
@@ -536,11 +563,12 @@ impl Roles {
                 plan,
                 results: Vec::new(),
             };
-            self.carry_out(cfg, &spec, round, &uuids, fence.clone())
+            self.carry_out(cfg, &acting, round, &uuids, fence.clone())
                 .await?;
         }
         // After the plan (which counted the instances as they were): the rollouts' step.
-        self.roll(&spec, applied, rollouts, &uuids, fence).await
+        self.roll(cfg, &spec, applied, rollouts, &uuids, fence)
+            .await
     }
 
     /// Runs the plan's actions in order (stopping at the first failure: the next round
@@ -592,6 +620,7 @@ impl Roles {
     /// taken again next round).
     async fn roll(
         &self,
+        cfg: &RolesConfig,
         spec: &Spec,
         applied: paddock_clock::UnixMs,
         mut rollouts: BTreeMap<String, crate::rollouts::Stored>,
@@ -600,25 +629,58 @@ impl Roles {
     ) -> anyhow::Result<()> {
         use paddock_rollout::{Effect, Rollout};
         let assigned = self.assigned().await?;
+        let versions = self.versions().await?;
+        let registered = self.census.view().await?.instances;
         let minimums = paddock_roles::minimums(spec).unwrap_or_default();
         let now = paddock_clock::now();
         let mut rolling = false;
         for (name, role) in &spec.roles {
-            let Some(image) = &role.image else { continue };
-            let mine: Vec<(&str, &ImageInstance)> = assigned
+            // What the spec wants, and the members the rollout moves: an image role's
+            // machines, or a hook role's instances (with the machine each is on).
+            let images: Vec<(&str, &ImageInstance)> = assigned
                 .iter()
                 .filter(|(r, _, _)| r == name)
                 .map(|(_, id, a)| (id.as_str(), a))
                 .collect();
-            let images: Vec<&str> = mine.iter().map(|(_, a)| a.image.as_str()).collect();
+            let hooked: Vec<(String, crate::rollouts::Versioned)> = versions
+                .iter()
+                .filter(|(r, _, _)| r == name)
+                .map(|(_, id, v)| (id.clone(), v.clone()))
+                .collect();
+            let (wanted, running, instances) = match (&role.image, &role.version) {
+                (Some(image), _) => {
+                    let hosts: Vec<&str> = images.iter().map(|(_, a)| a.host.as_str()).collect();
+                    let running: Vec<&str> = images.iter().map(|(_, a)| a.image.as_str()).collect();
+                    (
+                        image,
+                        running,
+                        crate::rollouts::observe(&hosts, &self.subs()),
+                    )
+                }
+                (None, Some(version)) => {
+                    let mine: Vec<_> = registered
+                        .iter()
+                        .filter(|e| e.role == *name)
+                        .cloned()
+                        .collect();
+                    let running: Vec<&str> =
+                        hooked.iter().map(|(_, v)| v.version.as_str()).collect();
+                    (
+                        version,
+                        running,
+                        crate::rollouts::observe_versions(&hooked, &mine),
+                    )
+                }
+                (None, None) => continue,
+            };
             let stored = rollouts.remove(name);
             let current = stored.as_ref().map(|s| &s.rollout);
             let (mut rollout, read) =
-                match crate::rollouts::to_start(image, &images, current, applied) {
+                match crate::rollouts::to_start(wanted, &running, current, applied) {
                     Some(from) => {
-                        let text = format!("rollout of {name} from {from} to {image} started");
+                        let text = format!("rollout of {name} from {from} to {wanted} started");
                         tracing::info!("roles: {text}");
-                        let r = Rollout::start(name, &from, image, role.update.clone(), now);
+                        let r = Rollout::start(name, &from, wanted, role.update.clone(), now);
                         (r, stored.map_or(0, |s| s.revision))
                     }
                     None => match stored {
@@ -627,26 +689,59 @@ impl Roles {
                     },
                 };
             let before = (read != 0).then(|| rollout.clone());
-            let hosts: Vec<&str> = mine.iter().map(|(_, a)| a.host.as_str()).collect();
-            let instances = crate::rollouts::observe(&hosts, &self.subs());
+            // The machine a member is on, for its timeline.
+            let machine = |key: &str| -> Option<String> {
+                if role.image.is_some() {
+                    return Some(key.to_string());
+                }
+                hooked
+                    .iter()
+                    .find(|(id, _)| id == key)
+                    .and_then(|(_, v)| v.host.clone())
+            };
             let min = u32::try_from(minimums.get(name).copied().unwrap_or(0)).unwrap_or(u32::MAX);
             for effect in rollout.step(now, &instances, min) {
                 match effect {
-                    Effect::Set { host, version } => {
-                        let on_host = mine.iter().filter(|(_, a)| a.host == host);
+                    Effect::Set { host, version } if role.image.is_some() => {
+                        let on_host = images.iter().filter(|(_, a)| a.host == host);
                         if let Err(e) = self.set_version(name, on_host, &version).await {
                             tracing::warn!(role = %name, %host, error = %e, "rollout: not moved");
                         }
                     }
+                    Effect::Set { host: id, version } => {
+                        // Asked again every step until healthy: moved once.
+                        let Some((_, record)) = hooked.iter().find(|(i, _)| *i == id) else {
+                            continue;
+                        };
+                        if record.version == version {
+                            continue;
+                        }
+                        let r = self.restart(cfg, spec, name, &id, record, &version).await;
+                        let node = record.host.as_ref().and_then(|h| uuids.get(h));
+                        for result in r {
+                            let message = describe(&result);
+                            if let Some(uuid) = node {
+                                let _ = self
+                                    .census
+                                    .inspector
+                                    .event(Subject::Node(*uuid), "role", &message, !result.ok)
+                                    .await;
+                            }
+                            tracing::info!("roles: rollout: {message}");
+                        }
+                    }
                     Effect::Note { host, text } => {
                         tracing::info!(role = %name, host = ?host, "rollout: {text}");
-                        let node = host.as_ref().and_then(|h| uuids.get(h));
+                        let node = host
+                            .as_deref()
+                            .and_then(machine)
+                            .and_then(|h| uuids.get(&h).copied());
                         if let Some(uuid) = node {
                             let text = format!("rollout of {name}: {text}");
                             let _ = self
                                 .census
                                 .inspector
-                                .event(Subject::Node(*uuid), "role", &text, false)
+                                .event(Subject::Node(uuid), "role", &text, false)
                                 .await;
                         }
                     }
@@ -666,6 +761,58 @@ impl Roles {
         self.rolling
             .store(rolling, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The hook roles' instances and their versions: `(role, instance, version)`.
+    async fn versions(&self) -> anyhow::Result<Vec<(String, String, crate::rollouts::Versioned)>> {
+        let mut out = Vec::new();
+        for kv in self.store.range(crate::rollouts::VERSIONS).await? {
+            let Some((role, id)) = kv.key[crate::rollouts::VERSIONS.len()..].split_once('/') else {
+                continue;
+            };
+            if let Ok(v) = serde_json::from_slice(&kv.value) {
+                out.push((role.to_string(), id.to_string(), v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves a hook role's instance to `version`: its stop hook given the version it runs,
+    /// then its start hook given the new one (which records it). Until it registers again
+    /// it counts as started, so the plan does not replace it meanwhile. The actions' results.
+    async fn restart(
+        &self,
+        cfg: &RolesConfig,
+        spec: &Spec,
+        role: &str,
+        id: &str,
+        record: &crate::rollouts::Versioned,
+        version: &str,
+    ) -> Vec<ActionResult> {
+        let on = |v: &str| {
+            let mut s = spec.clone();
+            if let Some(r) = s.roles.get_mut(role) {
+                r.version = Some(v.to_string());
+            }
+            s
+        };
+        let action = |kind| Action {
+            kind,
+            role: role.to_string(),
+            instance: id.to_string(),
+            host: record.host.clone(),
+            image: None,
+            why: paddock_roles::Why::Rollout,
+        };
+        let stop = self
+            .execute(cfg, &on(&record.version), &action(Kind::Stop))
+            .await;
+        if !stop.ok {
+            return vec![stop];
+        }
+        let start = self.execute(cfg, &on(version), &action(Kind::Start)).await;
+        self.remember(cfg, &start);
+        vec![stop, start]
     }
 
     /// Moves the role's instance on `host` to `image`: the machine's required image, its
@@ -781,6 +928,7 @@ impl Roles {
         action: &Action,
         r: &mut ActionResult,
     ) -> Result<(), ActionError> {
+        let started_ms = unix_ms();
         let key = format!("{IMAGES}{}/{}", action.role, action.instance);
         if let (Kind::Start, Some(image)) = (action.kind, &action.image) {
             let host = action.host.as_deref().ok_or(ActionError::NoHost)?;
@@ -818,19 +966,52 @@ impl Roles {
                     source,
                 })?;
         }
+        let versioned = spec.roles.get(&action.role).and_then(|r| r.version.clone());
+        let version_key = format!(
+            "{}{}/{}",
+            crate::rollouts::VERSIONS,
+            action.role,
+            action.instance
+        );
         let Some(argv) = action.command(spec)? else {
             return Ok(());
         };
         r.argv = Some(argv.clone());
-        let out = run_hook(cfg, &self.public_url, action, &argv).await?;
+        let call = HookCall {
+            role: &action.role,
+            instance: &action.instance,
+            action: action.kind.as_str(),
+            host: action.host.as_deref(),
+            input: None,
+        };
+        let out = run_hook(cfg, &self.public_url, &call, &argv).await?;
         r.exit = out.exit;
         r.stdout = out.stdout;
         r.stderr = out.stderr;
         match out.exit {
-            Some(0) => Ok(()),
-            Some(code) => Err(ActionError::Exit(code)),
-            None => Err(ActionError::Signal),
+            Some(0) => {}
+            Some(code) => return Err(ActionError::Exit(code)),
+            None => return Err(ActionError::Signal),
         }
+        // A hook role's instance is recorded on its version once started (its registration
+        // from then on is that version's), and forgotten once stopped.
+        let done = match (action.kind, versioned) {
+            (Kind::Start, Some(version)) => {
+                let record = crate::rollouts::Versioned {
+                    version,
+                    host: action.host.clone(),
+                    since_ms: started_ms,
+                };
+                let value = serde_json::to_vec(&record).unwrap_or_default();
+                self.store.put(&version_key, value).await.map(|_| ())
+            }
+            (Kind::Stop, Some(_)) => self.store.delete(&version_key).await.map(|_| ()),
+            (_, None) => Ok(()),
+        };
+        done.map_err(|source| ActionError::Record {
+            key: version_key,
+            source,
+        })
     }
 }
 
@@ -841,50 +1022,101 @@ pub struct HookRun {
     pub stderr: String,
 }
 
+/// What a hook is run for: its environment's `PADDOCK_ROLE`, `PADDOCK_INSTANCE`,
+/// `PADDOCK_ACTION` (`start`, `stop`, `disrupt`) and `PADDOCK_HOST`, and its stdin
+/// (empty unless given).
+pub struct HookCall<'a> {
+    pub role: &'a str,
+    pub instance: &'a str,
+    pub action: &'a str,
+    pub host: Option<&'a str>,
+    pub input: Option<&'a [u8]>,
+}
+
 /// Runs `argv` (its first word relative to the hooks directory) without a shell, with only
 /// the documented environment, for at most `hook_timeout`; a hook still running then is
 /// killed with its process group.
 pub async fn run_hook(
     cfg: &RolesConfig,
     public_url: &str,
-    action: &Action,
+    call: &HookCall<'_>,
     argv: &[String],
 ) -> Result<HookRun, ActionError> {
     let (first, args) = argv.split_first().ok_or(ActionError::EmptyCommand)?;
-    let program = cfg.hooks_dir.join(first);
     let _ = std::fs::create_dir_all(&cfg.state_dir);
     let me = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "paddock".into());
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(args)
+    let mut env: Vec<(&str, String)> = vec![
+        ("PADDOCK_URL", public_url.to_string()),
+        ("PADDOCK_ROLE", call.role.to_string()),
+        ("PADDOCK_INSTANCE", call.instance.to_string()),
+        ("PADDOCK_ACTION", call.action.to_string()),
+        ("PADDOCK_HOOK_STATE", cfg.state_dir.display().to_string()),
+        ("PADDOCK_BIN", me),
+    ];
+    if let Some(h) = call.host {
+        env.push(("PADDOCK_HOST", h.to_string()));
+    }
+    let program = Program {
+        path: &cfg.hooks_dir.join(first),
+        args,
+        env: &env,
+        dir: &cfg.hooks_dir,
+        input: call.input,
+        timeout: cfg.hook_timeout,
+    };
+    run_program(&program).await
+}
+
+/// A program run for the appliance: no shell, `PATH` and `LC_ALL` plus `env` only.
+pub struct Program<'a> {
+    pub path: &'a std::path::Path,
+    pub args: &'a [String],
+    pub env: &'a [(&'a str, String)],
+    pub dir: &'a std::path::Path,
+    /// Written to its stdin (else stdin is empty).
+    pub input: Option<&'a [u8]>,
+    pub timeout: Duration,
+}
+
+/// Runs `p` for at most its timeout; one still running then is killed with its process
+/// group. The tails of its stdout and stderr are kept.
+pub async fn run_program(p: &Program<'_>) -> Result<HookRun, ActionError> {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(p.path);
+    cmd.args(p.args)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("LC_ALL", "C")
-        .env("PADDOCK_URL", public_url)
-        .env("PADDOCK_ROLE", &action.role)
-        .env("PADDOCK_INSTANCE", &action.instance)
-        .env("PADDOCK_ACTION", action.kind.as_str())
-        .env("PADDOCK_HOOK_STATE", &cfg.state_dir)
-        .env("PADDOCK_BIN", me)
-        .current_dir(&cfg.hooks_dir)
-        .stdin(Stdio::null())
+        .envs(p.env.iter().map(|(k, v)| (*k, v.as_str())))
+        .current_dir(p.dir)
+        .stdin(if p.input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(h) = &action.host {
-        cmd.env("PADDOCK_HOST", h);
-    }
     let mut child = cmd.spawn().map_err(|source| ActionError::Spawn {
-        program: program.clone(),
+        program: p.path.to_path_buf(),
         source,
     })?;
     let pid = child.id();
+    let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
     let read = async {
         let (mut o, mut e) = (Vec::new(), Vec::new());
+        let fi = async {
+            if let (Some(s), Some(bytes)) = (stdin.as_mut(), p.input) {
+                // A program that reads none of it is not an error.
+                let _ = s.write_all(bytes).await;
+            }
+            drop(stdin.take());
+        };
         let fo = async {
             if let Some(s) = stdout.as_mut() {
                 let _ = s.read_to_end(&mut o).await;
@@ -895,11 +1127,11 @@ pub async fn run_hook(
                 let _ = s.read_to_end(&mut e).await;
             }
         };
-        tokio::join!(fo, fe);
+        tokio::join!(fi, fo, fe);
         let status = child.wait().await;
         (o, e, status)
     };
-    match tokio::time::timeout(cfg.hook_timeout, read).await {
+    match tokio::time::timeout(p.timeout, read).await {
         Ok((o, e, status)) => Ok(HookRun {
             exit: status.map_err(ActionError::Wait)?.code(),
             stdout: tail(&o),
@@ -912,7 +1144,7 @@ pub async fn run_hook(
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            Err(ActionError::Timeout(cfg.hook_timeout))
+            Err(ActionError::Timeout(p.timeout))
         }
     }
 }
@@ -1071,7 +1303,6 @@ pub enum ActionError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paddock_roles::Why;
 
     fn cfg(dir: &std::path::Path, timeout: u64) -> RolesConfig {
         RolesConfig {
@@ -1085,14 +1316,13 @@ mod tests {
         }
     }
 
-    fn action(host: &str) -> Action {
-        Action {
-            kind: Kind::Start,
-            role: "db".into(),
-            instance: "db-1".into(),
-            host: Some(host.into()),
-            image: None,
-            why: Why::Minimum,
+    fn action(host: &str) -> HookCall<'_> {
+        HookCall {
+            role: "db",
+            instance: "db-1",
+            action: "start",
+            host: Some(host),
+            input: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! Rolling updates of image roles: the shell around `paddock_rollout`.
+//! Rolling updates of image roles and of hook roles' versions: the shell around
+//! `paddock_rollout`.
 //!
 //! When the applied spec names a new image for an image role whose instances run another,
 //! the leader's role round starts a rollout (`rollouts/current/<role>`) from the image most
@@ -9,6 +10,12 @@
 //! required image in the MDB and in its instance record (so the role loop keeps counting
 //! it), and the notes go to the machines' timelines. An ended rollout is kept under
 //! `rollouts/history/<role>/<ms>`.
+//!
+//! A hook role's rollout moves instances, not machines: each instance's version is
+//! recorded when the role loop starts it (`roles/versions/<role>/<instance>`, [`Versioned`])
+//! and moved by running its stop hook with the old version and its start hook with the new
+//! one; the instance is healthy on its version once it registered `up` after that
+//! ([`observe_versions`]).
 //!
 //! The stored rollout changes only by compare-and-swap on its revision: an operator's
 //! command (any host) and the leader's step (fenced) cannot overwrite each other; the loser
@@ -24,12 +31,44 @@ use paddock_dominator::{SubState, SubStatus};
 use paddock_rollout::{Command, Instance, Rollout};
 use paddock_store::{Compare, Op, Revision, Store, Txn};
 use paddock_wire::ApiError;
+use serde::{Deserialize, Serialize};
 
 /// `rollouts/current/<role>`: the role's rollout, running or the last one.
 pub const CURRENT: &str = "rollouts/current/";
 /// `rollouts/history/<role>/<ms>`: ended rollouts, the newest [`HISTORY_KEPT`] per role.
 pub const HISTORY: &str = "rollouts/history/";
 const HISTORY_KEPT: usize = 20;
+/// `<role>/<instance>` → [`Versioned`]: the version a hook role's instance was started on.
+pub const VERSIONS: &str = "roles/versions/";
+
+/// The version a hook role's instance runs, and since when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versioned {
+    pub version: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    pub since_ms: i64,
+}
+
+/// A hook role's instances as a rollout sees them, each under its instance name (a hook
+/// role's rollout moves instances): its recorded version; healthy once registered `up`
+/// after it started on that version (a registration from before is the old version's).
+/// `registered`: the role's registrations.
+pub fn observe_versions(
+    versions: &[(String, Versioned)],
+    registered: &[crate::census::InstanceEntry],
+) -> Vec<Instance> {
+    versions
+        .iter()
+        .map(|(id, v)| Instance {
+            host: id.clone(),
+            version: Some(v.version.clone()),
+            healthy: registered
+                .iter()
+                .any(|e| e.instance == *id && e.says_up() && e.since_ms >= v.since_ms),
+        })
+        .collect()
+}
 
 /// A role's rollout as stored, and the revision it was read at.
 #[derive(Clone, Debug)]
@@ -306,6 +345,54 @@ mod tests {
                 (None, false),
                 (v("b"), true),
                 (None, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hook_instance_is_healthy_once_registered_up_after_its_version_started() {
+        let versioned = |id: &str, version: &str, since_ms: i64| {
+            let v = Versioned {
+                version: version.into(),
+                host: None,
+                since_ms,
+            };
+            (id.to_string(), v)
+        };
+        let reg = |id: &str, status: Option<&str>, since_ms: i64| crate::census::InstanceEntry {
+            role: "cache".into(),
+            instance: id.into(),
+            host: None,
+            status: status.map(str::to_string),
+            since_ms,
+        };
+        let versions = [
+            versioned("cache-1", "7.2", 100),
+            versioned("cache-2", "7.2", 100),
+            versioned("cache-3", "7.2", 100),
+            versioned("cache-4", "7.1", 100),
+            versioned("cache-5", "7.2", 100),
+        ];
+        let registered = [
+            reg("cache-1", None, 150),
+            // Still the registration of the version before.
+            reg("cache-2", None, 90),
+            reg("cache-3", Some("starting"), 150),
+            reg("cache-4", Some("up"), 100),
+        ];
+        let seen: Vec<(String, Option<String>, bool)> = observe_versions(&versions, &registered)
+            .into_iter()
+            .map(|i| (i.host, i.version, i.healthy))
+            .collect();
+        let row = |id: &str, v: &str, h: bool| (id.to_string(), Some(v.to_string()), h);
+        assert_eq!(
+            seen,
+            [
+                row("cache-1", "7.2", true),
+                row("cache-2", "7.2", false),
+                row("cache-3", "7.2", false),
+                row("cache-4", "7.1", true),
+                row("cache-5", "7.2", false),
             ]
         );
     }

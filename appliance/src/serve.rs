@@ -76,7 +76,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
-    let dominator = core.start_dominator(&mut rt, &provisioner)?;
+    let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner)?;
     let roles = crate::roles::Roles::new(
         core.store.clone(),
         crate::census::CensusService {
@@ -88,6 +88,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.api_url().to_string(),
         core.leader.clone(),
     );
+    if let Some(check) = &disruption {
+        check.set_roles(roles.clone());
+    }
     roles.start(&mut rt);
     let state = crate::http::AppState {
         power,
@@ -286,14 +289,29 @@ impl Core {
     }
 
     /// The dominator (when configured) and provisioning's leader work, which follows the
-    /// dominator's census.
+    /// dominator's census; with the disruption check the herd asks (when a program or the
+    /// roles' hooks can answer), which learns the roles once they are built.
     fn start_dominator(
         &self,
         rt: &mut Runtime,
         provisioner: &Arc<crate::provisioning::Provisioner>,
-    ) -> anyhow::Result<crate::dominator::Dominator> {
+    ) -> anyhow::Result<(
+        crate::dominator::Dominator,
+        Option<Arc<crate::disruption::Checker>>,
+    )> {
+        let mut checker = None;
         let census = match &self.cfg.dominator {
             Some(d) => {
+                if d.disruption_check.is_some() || self.cfg.roles.is_some() {
+                    checker = Some(crate::disruption::Checker::new(
+                        d.disruption_check.clone(),
+                        d.disruption_timeout,
+                        self.mdb.clone(),
+                    ));
+                }
+                let disruption = checker
+                    .clone()
+                    .map(|c| c as Arc<dyn paddock_dominator::DisruptionCheck>);
                 let wiring = crate::dominator::Wiring {
                     store: self.store.clone(),
                     mdb: self.mdb.clone(),
@@ -306,19 +324,21 @@ impl Core {
                         .map_or_else(|| "paddock".to_string(), |c| c.host.clone()),
                     inspector: self.inspector.clone(),
                     tls: self.security.sub_client_config()?,
+                    disruption,
                 };
                 crate::dominator::start(rt, d, wiring)
             }
             None => paddock_dominator::Census::default(),
         };
         crate::provisioning::start(rt, provisioner.clone(), census.clone());
-        Ok(crate::dominator::Dominator {
+        let dominator = crate::dominator::Dominator {
             store: self.store.clone(),
             census,
             leader: self.leader.clone(),
             enabled: self.cfg.dominator.is_some(),
             mdb: self.mdb.clone(),
             images: self.images.clone(),
-        })
+        };
+        Ok((dominator, checker))
     }
 }

@@ -253,10 +253,15 @@ impl Fleet {
     }
 
     fn add_image(&self, name: &str, tar: &Path) {
+        self.add_image_with(name, tar, "");
+    }
+
+    /// [`Fleet::add_image`] with more arguments to `paddock image add` (`--triggers F`).
+    fn add_image_with(&self, name: &str, tar: &Path, args: &str) {
         let filter = self.scratch.path("filter");
         std::fs::write(&filter, FILTER.join("\n") + "\n").unwrap();
         self.link.server.sh_ok(&format!(
-            "PADDOCK_API={PUBLIC_URL} {} image add {name} {} --filter {}",
+            "PADDOCK_API={PUBLIC_URL} {} image add {name} {} --filter {} {args}",
             env!("CARGO_BIN_EXE_paddock"),
             tar.display(),
             filter.display()
@@ -1202,4 +1207,216 @@ fn a_failing_image_pauses_a_revert_brings_it_back_and_a_restart_goes_on() {
         .collect();
     assert_eq!(phases, ["reverted", "done"], "{history}");
     let _ = std::fs::remove_dir_all(&hooks);
+}
+
+/// A machine's dominator entries on its node's timeline.
+fn dominator_timeline(fleet: &Fleet, node: &str) -> Vec<String> {
+    let v = fleet.api("GET", &format!("/api/v1/nodes/{node}"), None);
+    v["timeline"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no timeline: {v}"))
+        .iter()
+        .filter(|e| e["kind"] == "dominator")
+        .filter_map(|e| e["message"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The disruption check with real subds: an update whose trigger reboots the machine waits
+/// in `disruption denied` while the configured program denies (asked again every second,
+/// the machine untouched), and goes on once it permits; an ordinary update on another
+/// machine is never asked about. Each ask is on stdin as the machine's JSON.
+#[test]
+fn a_reboot_update_waits_while_the_check_denies_and_an_ordinary_one_never_asks() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("paddock-disrupt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (asked, open) = (dir.join("asked"), dir.join("window-open"));
+    let check = dir.join("maintenance-window");
+    std::fs::write(
+        &check,
+        format!(
+            "#!/bin/sh\n{{ echo \"$1 $PADDOCK_HOST\"; cat; echo; }} >> {asked}\n\
+             if [ -e {open} ]; then echo 'window open'; exit 0; fi\n\
+             echo 'outside the maintenance window'; exit 2\n",
+            asked = asked.display(),
+            open = open.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&check, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hooks = dir.join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let extra = format!(
+        "disruption_check = \"{}\"\ndisruption_retry_secs = 1\n[roles]\nhooks_dir = \"{}\"\n\
+         round_secs = 2\ndebounce_ms = 100\n",
+        check.display(),
+        hooks.display()
+    );
+    let fleet = Fleet::start_with(2, &[], "", &extra);
+    let m2 = images_dir().join("minbase2.tar");
+    let triggers = dir.join("triggers.json");
+    std::fs::write(
+        &triggers,
+        r#"[{"MatchLines": ["/etc/.*", "/usr/.*"], "Service": "kernel", "DoReboot": true, "HighImpact": true}]"#,
+    )
+    .unwrap();
+    fleet.add_image_with(
+        "reboot2",
+        &m2,
+        &format!("--triggers {}", triggers.display()),
+    );
+    fleet.add_image("plain2", &m2);
+    let m1 = images_dir().join("minbase.tar");
+    fleet.add_image_with(
+        "reboot1",
+        &m1,
+        &format!("--triggers {}", triggers.display()),
+    );
+    // sub00 is a node, so its changes are on a timeline.
+    let (status, node) = call(
+        fleet.ns(),
+        "POST",
+        &format!("{PUBLIC_URL}/api/v1/nodes"),
+        Some(json!({"macs": ["52:54:00:d2:00:00"], "name": "sub00"})),
+    );
+    assert!((200..300).contains(&status), "{status} {node}");
+    fleet.require_image("minbase");
+    fleet.wait_all("synced to minbase", 120);
+
+    fleet.require_image_of(&fleet.subs[0], "reboot2");
+    fleet.require_image_of(&fleet.subs[1], "plain2");
+    let denied = "disruption denied: maintenance-window: outside the maintenance window";
+    wait_long("sub00 denied and sub01 on plain2", 120, || {
+        let c = fleet.census();
+        let is = |h: &str, want: &str| c.get(h).is_some_and(|(_, s)| s == want);
+        is("sub00", denied) && is("sub01", "synced to plain2")
+    });
+    // Held: asked again every second, the machine still on minbase.
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(fleet.census()["sub00"].1, denied);
+    let log = std::fs::read_to_string(&asked).unwrap();
+    let asks = log.lines().filter(|l| *l == "request sub00").count();
+    println!(
+        "asked {asks} times in {:.1} s of denial",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(asks >= 3, "asked only {asks} times:\n{log}");
+    assert!(
+        !log.contains("sub01"),
+        "an ordinary update was asked about:\n{log}"
+    );
+    let subject: Value = log
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .unwrap_or_else(|| panic!("no JSON on stdin:\n{log}"));
+    assert_eq!(subject["hostname"], "sub00", "{subject}");
+    assert_eq!(subject["image"], "reboot2", "{subject}");
+    assert_eq!(subject["reboot"], true, "{subject}");
+    assert_eq!(subject["services"], json!(["kernel"]), "{subject}");
+    assert_eq!(subject["machine"]["RequiredImage"], "reboot2", "{subject}");
+    let want_minbase = tree(&images_dir().join("minbase"));
+    assert_same_tree(&fleet.subs[0].root, &want_minbase, "minbase");
+
+    // The window opens: the next ask permits and the update runs.
+    std::fs::write(&open, "").unwrap();
+    let d = wait_long("sub00 synced to reboot2", 60, || {
+        fleet
+            .census()
+            .get("sub00")
+            .is_some_and(|(_, s)| s == "synced to reboot2")
+    });
+    println!(
+        "sub00 updated {:.1} s after the window opened",
+        d.as_secs_f64()
+    );
+    assert_same_tree(
+        &fleet.subs[0].root,
+        &tree(&images_dir().join("minbase2")),
+        "minbase2",
+    );
+    let entries = dominator_timeline(&fleet, "sub00");
+    assert!(
+        entries.iter().any(|m| m == &format!("dominator: {denied}")),
+        "{entries:#?}"
+    );
+    let done = entries
+        .iter()
+        .find(|m| m.contains("updated to reboot2"))
+        .unwrap_or_else(|| panic!("no update on sub00's timeline: {entries:#?}"));
+    println!("sub00's timeline: {done}");
+    assert!(
+        done.contains("disruption permitted after ")
+            && done.contains(" s denied: by maintenance-window: window open")
+            && done.contains("rebooting"),
+        "{done}"
+    );
+
+    // A role's `disrupt` hook is asked too, after the program, and a rollout's disruptive
+    // update waits for it the same way: `app` (one instance, on sub00, the only node) rolls
+    // from reboot2 to reboot1 (minbase's tree under the rebooting trigger).
+    let (hook_log, quorum) = (dir.join("hook-asked"), dir.join("quorum"));
+    std::fs::write(
+        hooks.join("may-disrupt.sh"),
+        format!(
+            "#!/bin/sh\n{{ echo \"$PADDOCK_ACTION $PADDOCK_ROLE $*\"; cat; echo; }} >> {log}\n\
+             if [ -e {quorum} ]; then exit 0; fi\necho 'the quorum would be lost'; exit 1\n",
+            log = hook_log.display(),
+            quorum = quorum.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        hooks.join("may-disrupt.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let app = |image: &str| {
+        let text = format!(
+            "[roles.app]\nmin = 0\nmax = 1\nimage = \"{image}\"\n\
+             disrupt = {{ hook = \"may-disrupt.sh\", args = [\"h\"] }}\n\
+             update = {{ min_healthy_secs = 1 }}\n"
+        );
+        fleet.api(
+            "POST",
+            "/api/v1/spec",
+            Some(json!({"file": "spec/app.toml", "text": text})),
+        );
+    };
+    app("reboot2");
+    wait_long("app's instance on sub00", 60, || {
+        let p = fleet.api("POST", "/api/v1/spec/plan", Some(json!({})));
+        p["census"]["instances"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|i| i["role"] == "app" && i["host"] == "sub00"))
+    });
+    app("reboot1");
+    let held = "disruption denied: role app's disrupt hook: the quorum would be lost";
+    wait_long("the rollout's update held by app's hook", 90, || {
+        fleet.census().get("sub00").is_some_and(|(_, s)| s == held)
+    });
+    let r = fleet.api("GET", "/api/v1/rollouts/app", None);
+    assert!(
+        !["done", "failed"].contains(&r["phase"]["phase"].as_str().unwrap_or("")),
+        "{r}"
+    );
+    let log = std::fs::read_to_string(&hook_log).unwrap();
+    assert!(log.starts_with("disrupt app -h sub00\n{"), "{log}");
+    std::fs::write(&quorum, "").unwrap();
+    let d = wait_long("sub00 synced to reboot1", 60, || {
+        fleet
+            .census()
+            .get("sub00")
+            .is_some_and(|(_, s)| s == "synced to reboot1")
+    });
+    println!(
+        "the rollout's update went on {:.1} s after the hook permitted",
+        d.as_secs_f64()
+    );
+    wait_long("app's rollout done", 60, || {
+        fleet.api("GET", "/api/v1/rollouts/app", None)["phase"]["phase"] == "done"
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }

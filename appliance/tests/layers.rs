@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "dominator",
             "rollouts",
             "roles",
+            "disruption",
             "dhcp",
             "dns_zones",
             "dns",

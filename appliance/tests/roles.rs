@@ -28,6 +28,38 @@ struct Lab {
 }
 
 impl Lab {
+    /// The appliance with the role loop on (hooks in `hooks`, their state in the scratch
+    /// directory's `hook-state`) and `hosts` live hosts.
+    fn start(link: Link, scratch: Scratch, hooks: &std::path::Path, hosts: usize) -> Lab {
+        let config = base_config(
+            &link,
+            &scratch,
+            &format!(
+                "[tftp]\nenabled = false\n[roles]\nhooks_dir = \"{}\"\nstate_dir = \"{}\"\n\
+                 round_secs = {ROUND_SECS}\ndebounce_ms = 200\nregister_grace_secs = 5\n\
+                 quarantine_secs = 5\n",
+                hooks.display(),
+                scratch.path("hook-state").display()
+            ),
+        );
+        let appliance = Appliance::start(&link.server, &scratch, &config);
+        let mut lab = Lab {
+            link,
+            scratch,
+            appliance,
+            hosts: Vec::new(),
+        };
+        for i in 1..=hosts {
+            lab.add_host(i);
+        }
+        within(
+            &format!("{hosts} live hosts"),
+            Duration::from_secs(15),
+            || lab.live_hosts() == hosts,
+        );
+        lab
+    }
+
     /// Host `i` (1-based): a namespace on its own link to the appliance's, 198.18.<10+i>.2,
     /// with its agent registering the host.
     fn add_host(&mut self, i: usize) {
@@ -151,27 +183,7 @@ fn the_leader_keeps_the_sim_at_minimum_viable_and_grows_it() {
         env!("CARGO_MANIFEST_DIR"),
         hooks.display()
     ));
-    let config = base_config(
-        &link,
-        &scratch,
-        &format!(
-            "[tftp]\nenabled = false\n[roles]\nhooks_dir = \"{}\"\nround_secs = {ROUND_SECS}\ndebounce_ms = 200\nregister_grace_secs = 5\nquarantine_secs = 5\n",
-            hooks.display()
-        ),
-    );
-    let appliance = Appliance::start(&link.server, &scratch, &config);
-    let mut lab = Lab {
-        link,
-        scratch,
-        appliance,
-        hosts: Vec::new(),
-    };
-    for i in 1..=4 {
-        lab.add_host(i);
-    }
-    within("4 live hosts", Duration::from_secs(15), || {
-        lab.live_hosts() == 4
-    });
+    let mut lab = Lab::start(link, scratch, &hooks, 4);
 
     // A bad spec is refused with its line and field, and changes nothing.
     let bad = serde_json::json!({"file": "bad.toml", "text": "[roles.a]\nmin = 2\nmax = 1\nstart = { hook = \"x\" }\nstop = { hook = \"y\" }\n"});
@@ -320,6 +332,147 @@ fn the_leader_keeps_the_sim_at_minimum_viable_and_grows_it() {
     );
     let log = lab.appliance.log_text();
     assert!(log.contains("fail-stop"), "the log says so:\n{log}");
+}
+
+/// A hook role's `version` rolls one instance at a time: each instance's stop hook gets the
+/// version it ran, its start hook the new one, and it counts healthy once registered `up`
+/// again; never fewer than the minimum are up (sampled every 100 ms from the census). A
+/// version whose instances never say `up` fails at the healthy deadline and goes back by
+/// itself (auto_revert) to the last good version, restarting the instance it moved.
+#[test]
+fn a_hook_role_rolls_its_version_one_instance_at_a_time_and_a_bad_one_goes_back() {
+    require(&["ip", "curl", "setsid"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&format!("{}-rollv", link.tag));
+    let hooks = scratch.path("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    // start.sh -h HOST -v VERSION --ttl T: registers the instance, `starting` (not up) on
+    // the version "bad"; stop.sh -h HOST -v VERSION: ends it. Both log what they did.
+    let start = r#"#!/bin/sh
+set -eu
+host=$2; version=$4; ttl=$6
+echo "start $PADDOCK_INSTANCE $version" >> "$PADDOCK_HOOK_STATE/cache.log"
+status=up
+if [ "$version" = bad ]; then status=starting; fi
+setsid "$PADDOCK_BIN" census hold --url "$PADDOCK_URL" --role cache --instance "$PADDOCK_INSTANCE" --host "$host" --status "$status" --ttl "$ttl" </dev/null >/dev/null 2>&1 &
+echo $! > "$PADDOCK_HOOK_STATE/cache.$PADDOCK_INSTANCE.pid"
+"#;
+    let stop = r#"#!/bin/sh
+set -eu
+echo "stop $PADDOCK_INSTANCE $4" >> "$PADDOCK_HOOK_STATE/cache.log"
+pid="$PADDOCK_HOOK_STATE/cache.$PADDOCK_INSTANCE.pid"
+if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$pid"; fi
+"#;
+    for (name, body) in [("start.sh", start), ("stop.sh", stop)] {
+        std::fs::write(hooks.join(name), body).unwrap();
+        sh_ok(&format!("chmod 755 {}", hooks.join(name).display()));
+    }
+    let state = scratch.path("hook-state");
+    let lab = Lab::start(link, scratch, &hooks, 3);
+    let apply = |lab: &Lab, version: &str| {
+        let text = format!(
+            "[args]\nttl = \"{TTL_SECS}\"\n[roles.cache]\nmin = 2\nmax = 3\nversion = \"{version}\"\n\
+             start = {{ hook = \"start.sh\", args = [\"h\", \"v\", \"ttl\"] }}\n\
+             stop = {{ hook = \"stop.sh\", args = [\"h\", \"v\"] }}\n\
+             update = {{ min_healthy_secs = 1, healthy_deadline_secs = 6 }}\n"
+        );
+        let r = lab.post(
+            "/api/v1/spec",
+            &serde_json::json!({"file": "spec/cache.toml", "text": text}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    // Instances of cache registered up.
+    let up = |lab: &Lab| -> usize {
+        lab.get("/api/v1/census")["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "cache" && i["status"].as_str().is_none_or(|s| s == "up"))
+            .count()
+    };
+    let phase = |lab: &Lab| -> String {
+        let r = http(
+            &lab.link.server,
+            &lab.scratch,
+            "GET",
+            "/api/v1/rollouts/cache",
+            None,
+            &[],
+        );
+        if r.status == 200 {
+            r.json()["phase"]["phase"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        } else {
+            String::new()
+        }
+    };
+    let log = || std::fs::read_to_string(state.join("cache.log")).unwrap_or_default();
+    apply(&lab, "7.1");
+    within("three caches up", Duration::from_secs(30), || up(&lab) == 3);
+    assert_eq!(log().matches(" 7.1\n").count(), 3, "{}", log());
+
+    // To 7.2, one at a time, never fewer than 2 up.
+    apply(&lab, "7.2");
+    let t = Instant::now();
+    let mut fewest = usize::MAX;
+    within("the rollout to 7.2 done", Duration::from_secs(90), || {
+        fewest = fewest.min(up(&lab));
+        std::thread::sleep(Duration::from_millis(100));
+        phase(&lab) == "done"
+    });
+    println!(
+        "7.1 → 7.2 in {:.1} s, at least {fewest} of 3 up throughout",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(fewest >= 2, "{fewest} caches up at one point");
+    within("three caches up on 7.2", Duration::from_secs(20), || {
+        up(&lab) == 3
+    });
+    let text = log();
+    for id in ["cache-1", "cache-2", "cache-3"] {
+        let stop = format!("stop {id} 7.1\nstart {id} 7.2\n");
+        assert!(text.contains(&stop), "{id} not restarted on 7.2:\n{text}");
+    }
+
+    // A version whose instance never says up: the batch fails at the healthy deadline and
+    // the rollout goes back to 7.2 by itself, restarting the one instance it moved.
+    let before = log().len();
+    apply(&lab, "bad");
+    let mut fewest = usize::MAX;
+    within("the bad rollout reverted", Duration::from_secs(90), || {
+        fewest = fewest.min(up(&lab));
+        std::thread::sleep(Duration::from_millis(100));
+        phase(&lab) == "reverted"
+    });
+    within(
+        "three caches up on 7.2 again",
+        Duration::from_secs(20),
+        || up(&lab) == 3,
+    );
+    let after = log()[before..].to_string();
+    println!("the bad rollout's hooks:\n{after}");
+    assert!(fewest >= 2, "{fewest} caches up at one point");
+    assert_eq!(after.matches("start ").count(), 2, "{after}");
+    let moved = after
+        .lines()
+        .find_map(|l| l.strip_suffix(" bad")?.strip_prefix("start "))
+        .unwrap_or_else(|| panic!("no instance started on bad:\n{after}"));
+    assert!(
+        after.contains(&format!("stop {moved} bad\nstart {moved} 7.2\n")),
+        "{after}"
+    );
+    let r = lab.get("/api/v1/rollouts/cache/history");
+    let phases: Vec<&str> = r
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["phase"]["phase"].as_str())
+        .collect();
+    // Oldest first.
+    assert_eq!(phases, ["done", "reverted"], "{r}");
 }
 
 /// `paddock spec check` reads files only: it works with no appliance to reach and no

@@ -106,6 +106,10 @@ pub fn compute(
         unused_cache_objects: count(unused.len()),
         planned_objects_to_fetch: count(preload.len()),
         planned_image: planned.map(|p| p.image.name.clone()),
+        disruptive: request
+            .matched_triggers()
+            .iter()
+            .any(|t| t.high_impact || t.do_reboot),
     };
     Computed {
         summary,

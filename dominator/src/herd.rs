@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::compute::{Computed, PreparedImage, compute};
-use crate::sub::{Action, Desired, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
+use crate::sub::{
+    Action, Desired, Disruption, Event, PlanSummary, Policy, PollAnswer, Sub, SubState,
+};
 
 /// A failed RPC, as the sub's state will show it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +78,30 @@ pub trait SubRpc: Send + Sync + 'static {
 pub trait ImageSource: Send + Sync + 'static {
     /// `Ok(None)`: no such image.
     async fn image(&self, name: &str) -> Result<Option<Arc<Image>>, RpcError>;
+}
+
+/// What the disruption check is asked about one sub: an update that runs a high-impact or
+/// reboot trigger (Dominator's disruption manager).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisruptionQuery {
+    pub hostname: String,
+    /// `host:port` of its subd.
+    pub address: String,
+    /// The image the update brings.
+    pub image: String,
+    /// The services whose triggers the update runs.
+    pub services: Vec<String>,
+    /// A trigger reboots the machine.
+    pub reboot: bool,
+    /// A trigger is marked high-impact.
+    pub high_impact: bool,
+}
+
+/// Whether a machine may be disrupted now. An answer that cannot be had is a denial (with
+/// the reason): the sub asks again later.
+#[async_trait]
+pub trait DisruptionCheck: Send + Sync + 'static {
+    async fn ask(&self, query: DisruptionQuery) -> Disruption;
 }
 
 /// Trees read but not yet planned, per CPU (see the module's note on memory).
@@ -155,6 +181,8 @@ pub fn admit(
 pub struct ChangeReport {
     /// The first plan of the cycle (what it set out to do).
     pub plan: Option<PlanSummary>,
+    /// The disruption check's permission, and how long it was denied before.
+    pub disruption: Option<String>,
     /// The fetches of the cycle, added up.
     pub fetched: Option<FetchStats>,
     pub update: Option<UpdateReport>,
@@ -184,6 +212,9 @@ impl ChangeReport {
                 p.sub_inodes,
                 p.image_inodes
             ));
+        }
+        if let Some(d) = &self.disruption {
+            parts.push(d.clone());
         }
         match &self.fetched {
             Some(f) => parts.push(format!(
@@ -296,6 +327,7 @@ enum Outcome {
     Fetched(Result<FetchReply, RpcError>),
     Updated(Result<Box<UpdateReport>, RpcError>),
     CleanedUp(Result<(), RpcError>),
+    Asked(Disruption),
 }
 
 struct Slot {
@@ -311,6 +343,8 @@ struct Slot {
     report: Option<Box<ChangeReport>>,
     /// The health check its last poll reported.
     health: Option<SubHealth>,
+    /// When the disruption check first denied the update it waits for.
+    denied_since_ms: Option<u64>,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -385,6 +419,7 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
     limits: Limits,
     census: Census,
     changes: Option<mpsc::UnboundedSender<Change>>,
+    disruption: Option<Arc<dyn DisruptionCheck>>,
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
@@ -403,7 +438,16 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             limits,
             census,
             changes: None,
+            disruption: None,
         }
+    }
+
+    /// Updates that run a high-impact or reboot trigger ask `check` first (unless the MDB
+    /// forces them).
+    pub fn with_disruption_check(mut self, check: Arc<dyn DisruptionCheck>) -> Self {
+        self.policy.check_disruption = true;
+        self.disruption = Some(check);
+        self
     }
 
     /// Every change of a sub's state (after its first) is also sent to `tx`, for the
@@ -476,6 +520,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     queued: None,
                                     report: None,
                                     health: None,
+                                    denied_since_ms: None,
                                 },
                             );
                         }
@@ -517,7 +562,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     }
                     if let Some(slot) = slots.get_mut(&host) {
                         let mut tree = None;
-                        let event = Self::absorb(slot, outcome, &mut tree);
+                        let event = Self::absorb(slot, outcome, &mut tree, now);
                         let action =
                             slot.sub.handle(event, &slot.spec.desired, now, &self.policy);
                         // The tree goes to the plan, if the sub wants one now; else it is
@@ -546,8 +591,30 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     /// Turns an RPC's outcome into the state machine's event, keeping what later steps
     /// need: a tree that came with a poll goes to `tree`, the computed update is kept
     /// until sent.
-    fn absorb(slot: &mut Slot, outcome: Outcome, tree: &mut Option<Tree>) -> Event {
+    fn absorb(slot: &mut Slot, outcome: Outcome, tree: &mut Option<Tree>, now: u64) -> Event {
         match outcome {
+            Outcome::Asked(answer) => {
+                match &answer {
+                    Disruption::Permitted(why) => {
+                        let waited = slot
+                            .denied_since_ms
+                            .take()
+                            .map(|t| format!(" after {} s denied", now.saturating_sub(t) / 1000))
+                            .unwrap_or_default();
+                        let why = if why.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {why}")
+                        };
+                        slot.report.get_or_insert_default().disruption =
+                            Some(format!("disruption permitted{waited}{why}"));
+                    }
+                    Disruption::Denied(_) => {
+                        slot.denied_since_ms.get_or_insert(now);
+                    }
+                }
+                Event::Disruption(answer)
+            }
             Outcome::Polled(Ok(r), permit) => {
                 let r = *r;
                 let health = r.last_health_check.as_ref().map(|h| SubHealth {
@@ -576,6 +643,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             Outcome::Planned(Ok(Some(mut c))) => {
                 let summary = c.summary.clone();
                 if summary.empty {
+                    slot.denied_since_ms = None;
                     // A synced sub keeps only what it may still send: the objects to clean
                     // up and to preload.
                     c.request = UpdateRequest::default();
@@ -662,6 +730,39 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
         match action {
             Action::Wait => {}
+            Action::AskDisruption { image } => {
+                let triggers = slot
+                    .computed
+                    .as_ref()
+                    .map(|c| {
+                        c.request
+                            .matched_triggers()
+                            .into_iter()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
+                let mut services: Vec<String> =
+                    triggers.iter().map(|t| t.service.clone()).collect();
+                services.sort();
+                services.dedup();
+                let query = DisruptionQuery {
+                    hostname: host.clone(),
+                    address,
+                    image,
+                    services,
+                    reboot: triggers.iter().any(|t| t.do_reboot),
+                    high_impact: triggers.iter().any(|t| t.high_impact),
+                };
+                let check = self.disruption.clone();
+                tokio::spawn(async move {
+                    let answer = match check {
+                        Some(c) => c.ask(query).await,
+                        None => Disruption::Permitted(String::new()),
+                    };
+                    let _ = tx.send((host, Outcome::Asked(answer)));
+                });
+            }
             Action::Poll { have_generation } => {
                 let (polls, trees) = (tasks.polls.clone(), tasks.trees.clone());
                 tokio::spawn(async move {
@@ -868,7 +969,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     let _ = tx.send((host, Outcome::CleanedUp(r)));
                 });
             }
-            Action::Wait | Action::Poll { .. } | Action::Plan { .. } => {}
+            Action::Wait
+            | Action::Poll { .. }
+            | Action::Plan { .. }
+            | Action::AskDisruption { .. } => {}
         }
     }
 
@@ -1012,6 +1116,7 @@ mod tests {
                 image_inodes: 7_100,
                 ..PlanSummary::default()
             }),
+            disruption: Some("disruption permitted after 60 s denied: window open".into()),
             fetched: Some(FetchStats {
                 objects: 343,
                 bytes: 15_600_000,
@@ -1023,7 +1128,7 @@ mod tests {
         assert_eq!(
             r.describe(),
             "updated to minbase2: plan: 343 objects to fetch (15.6 MB), 2 deletions, \
-             7000 → 7100 inodes, 343 objects (15.6 MB) fetched in 1.2 s, change window 22 ms, \
+             7000 → 7100 inodes, disruption permitted after 60 s denied: window open, 343 objects (15.6 MB) fetched in 1.2 s, change window 22 ms, \
              triggers: systemctl restart ssh.service ok, systemctl start cron.service \
              failed (exit 1), errors: trigger cron.service failed"
         );

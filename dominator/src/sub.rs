@@ -8,7 +8,10 @@
 //! scan newer than the fetch → update → wait for a scan newer than the update → poll and
 //! plan again, which proves the sub equals its image (an empty plan: synced). A synced sub
 //! is polled every `poll_interval_ms`; a change of its tree or of its required image starts
-//! the cycle again. Failures back off per sub, doubling from `backoff_min_ms` to
+//! the cycle again. An update that runs a high-impact or reboot trigger first asks whether
+//! the machine may be disrupted now (when the herd has a check): a denial holds the sub,
+//! which asks again after `disruption_retry_ms` without planning again while its tree stays
+//! the same. Failures back off per sub, doubling from `backoff_min_ms` to
 //! `backoff_max_ms` with jitter (so that subs a network outage failed together do not come
 //! back together); other subs are not slowed.
 
@@ -31,6 +34,8 @@ pub struct Desired {
     pub disable_safety_check: bool,
     /// The whole dominator is paused (the reason).
     pub paused: Option<String>,
+    /// The MDB tag `ForceDisruptiveUpdate`: a disruptive update is not asked about.
+    pub force_disruption: bool,
 }
 
 /// The timing every sub follows.
@@ -43,6 +48,11 @@ pub struct Policy {
     /// Updates in a row that leave the sub still different from its image before the sub
     /// is put in error (something on the machine undoes them).
     pub max_update_attempts: u32,
+    /// A disruption check is configured: an update with a high-impact or reboot trigger
+    /// asks it first.
+    pub check_disruption: bool,
+    /// After a denial, the wait before asking again.
+    pub disruption_retry_ms: u64,
 }
 
 impl Policy {
@@ -62,6 +72,8 @@ impl Default for Policy {
             backoff_min_ms: 1_000,
             backoff_max_ms: 300_000,
             max_update_attempts: 3,
+            check_disruption: false,
+            disruption_retry_ms: 60_000,
         }
     }
 }
@@ -105,6 +117,17 @@ pub struct PlanSummary {
     /// The planned image `planned_objects_to_fetch` (and the preload list) was computed
     /// for: another planned image needs another plan.
     pub planned_image: Option<String>,
+    /// The update runs a high-impact or reboot trigger.
+    pub disruptive: bool,
+}
+
+/// What the disruption check answered for one sub.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Disruption {
+    /// The update may go on (what the check said, if anything).
+    Permitted(String),
+    /// Not now (why).
+    Denied(String),
 }
 
 /// The bytes `sizes` take on the sub's file system: each rounded up to 4 KiB.
@@ -160,6 +183,8 @@ pub enum Event {
     CleanupFailed(String),
     /// An operator cleared the safety hold (`paddock sub clear-safety`).
     ClearSafety,
+    /// The disruption check answered.
+    Disruption(Disruption),
 }
 
 /// What the shell does next for this sub.
@@ -178,6 +203,8 @@ pub enum Action {
     Update { image: String },
     /// `Subd.Cleanup`: remove the cache objects neither image needs.
     Cleanup,
+    /// Ask the disruption check whether the update to this image may disrupt the machine.
+    AskDisruption { image: String },
 }
 
 /// Where the sub stands, with the reason an operator needs.
@@ -208,6 +235,12 @@ pub enum SubState {
         after_scan: u64,
     },
     Updating,
+    /// The update runs a high-impact or reboot trigger: the disruption check is asked.
+    AskingDisruption,
+    /// The disruption check said not now; it is asked again later.
+    DisruptionDenied {
+        reason: String,
+    },
     Synced {
         image: String,
     },
@@ -242,6 +275,8 @@ impl SubState {
             SubState::Fetching { .. } => "fetching",
             SubState::WaitingForScan { .. } => "waiting_for_scan",
             SubState::Updating => "updating",
+            SubState::AskingDisruption => "asking_disruption",
+            SubState::DisruptionDenied { .. } => "disruption_denied",
             SubState::Synced { .. } => "synced",
             SubState::UnsafeUpdate { .. } => "unsafe_update",
             SubState::NotEnoughSpace { .. } => "not_enough_space",
@@ -281,6 +316,10 @@ impl fmt::Display for SubState {
                 write!(f, "waiting for a scan after scan {after_scan}")
             }
             SubState::Updating => write!(f, "updating"),
+            SubState::AskingDisruption => {
+                write!(f, "asking whether the update may disrupt the machine")
+            }
+            SubState::DisruptionDenied { reason } => write!(f, "disruption denied: {reason}"),
             SubState::Synced { image } => write!(f, "synced to {image}"),
             SubState::UnsafeUpdate { reason } => {
                 write!(f, "unsafe update held until cleared: {reason}")
@@ -307,6 +346,7 @@ enum Pending {
     Fetch { preload: Option<String> },
     Update,
     Cleanup,
+    Disruption { image: String },
 }
 
 /// One sub. Small and of fixed size: the sub's tree is the shell's, held only while a plan
@@ -392,6 +432,12 @@ impl Sub {
                 self.state,
                 SubState::UpdatesDisabled { .. } | SubState::UnsafeUpdate { .. }
             )
+    }
+
+    /// Denied a disruption, with nothing new to decide: the same plan is asked about
+    /// again, so its tree need not travel.
+    fn denied(&self) -> bool {
+        !self.replan && matches!(self.state, SubState::DisruptionDenied { .. })
     }
 
     fn fail(&mut self, state: SubState, now_ms: u64) -> Action {
@@ -491,6 +537,20 @@ impl Sub {
                 self.cleaned = true;
                 self.wait(now_ms, p)
             }
+            Event::Disruption(answer) => {
+                let Some(Pending::Disruption { image }) = self.pending.take() else {
+                    return Action::Wait;
+                };
+                match answer {
+                    Disruption::Permitted(_) => self.queue_update(image, now_ms, p),
+                    Disruption::Denied(reason) => {
+                        // A hold, not a failure: the sub is fine and asks again later.
+                        self.state = SubState::DisruptionDenied { reason };
+                        self.next_at_ms = now_ms.saturating_add(p.disruption_retry_ms);
+                        Action::Wait
+                    }
+                }
+            }
             Event::ClearSafety => {
                 self.safety_cleared = true;
                 self.replan = true;
@@ -525,7 +585,7 @@ impl Sub {
             && self.synced_image == want.required_image
             && self.planned_for == want.planned_image
             && matches!(self.state, SubState::Synced { .. });
-        let have_generation = if synced || self.held() {
+        let have_generation = if synced || self.held() || self.denied() {
             self.generation
         } else {
             0
@@ -561,6 +621,14 @@ impl Sub {
         };
         if a.generation == self.generation && self.held() {
             return self.wait(now_ms, p);
+        }
+        if a.generation == self.generation && self.denied() {
+            return self.start(
+                Pending::Disruption {
+                    image: image.clone(),
+                },
+                Action::AskDisruption { image },
+            );
         }
         // A new planned image needs a new plan too: the preload list is the plan's.
         let unchanged = a.generation == self.generation
@@ -654,6 +722,23 @@ impl Sub {
                 },
             );
         }
+        if plan.disruptive && p.check_disruption && !want.force_disruption {
+            // Asked after the fetch, right before the update: the objects are in place
+            // whatever the answer, and the machine is disrupted only when permitted.
+            self.state = SubState::AskingDisruption;
+            let image = plan.image;
+            return self.start(
+                Pending::Disruption {
+                    image: image.clone(),
+                },
+                Action::AskDisruption { image },
+            );
+        }
+        self.queue_update(plan.image, now_ms, p)
+    }
+
+    /// Queues the update, unless updates in a row failed to make the sub its image.
+    fn queue_update(&mut self, image: String, now_ms: u64, p: &Policy) -> Action {
         self.update_attempts = self.update_attempts.saturating_add(1);
         if self.update_attempts > p.max_update_attempts {
             self.update_attempts = 0;
@@ -661,7 +746,7 @@ impl Sub {
                 SubState::Error {
                     message: format!(
                         "the sub still differs from {} after {} updates",
-                        plan.image, p.max_update_attempts
+                        image, p.max_update_attempts
                     ),
                 },
                 now_ms,
@@ -673,7 +758,7 @@ impl Sub {
             bytes: 0,
             waiting_for: "an update slot".into(),
         };
-        self.start(Pending::Update, Action::Update { image: plan.image })
+        self.start(Pending::Update, Action::Update { image })
     }
 }
 
@@ -686,6 +771,15 @@ mod tests {
         backoff_min_ms: 1_000,
         backoff_max_ms: 8_000,
         max_update_attempts: 2,
+        check_disruption: false,
+        disruption_retry_ms: 60_000,
+    };
+
+    /// With a disruption check, asked again 5 s after a denial.
+    const CHECKED: Policy = Policy {
+        check_disruption: true,
+        disruption_retry_ms: 5_000,
+        ..P
     };
 
     fn want(image: &str) -> Desired {
@@ -924,6 +1018,137 @@ mod tests {
             s.handle(Event::Planned(update_of("m", 1, 0, 0)), &resumed, 2_500, &P),
             Action::Update { image: "m".into() }
         );
+    }
+
+    fn disruptive(image: &str) -> PlanSummary {
+        PlanSummary {
+            disruptive: true,
+            ..update_of(image, 1, 0, 0)
+        }
+    }
+
+    fn ask(image: &str) -> Action {
+        Action::AskDisruption {
+            image: image.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_disruptive_update_waits_while_denied_and_goes_on_once_permitted() {
+        let w = want("m2");
+        let (c, u) = (&CHECKED, Action::Update { image: "m2".into() });
+        let mut s = Sub::new(P.backoff());
+        s.handle(Event::Tick, &w, 0, c);
+        s.handle(answer(7, 1), &w, 0, c);
+        // Asked before the update, after any fetch.
+        assert_eq!(
+            s.handle(Event::Planned(disruptive("m2")), &w, 10, c),
+            ask("m2")
+        );
+        assert_eq!(s.state().name(), "asking_disruption");
+        assert_eq!(
+            s.handle(Event::Tick, &w, 20, c),
+            Action::Wait,
+            "one at a time"
+        );
+        let no = Event::Disruption(Disruption::Denied("maintenance window closed".into()));
+        assert_eq!(s.handle(no.clone(), &w, 100, c), Action::Wait);
+        assert_eq!(
+            s.state(),
+            &SubState::DisruptionDenied {
+                reason: "maintenance window closed".into()
+            }
+        );
+        assert_eq!(s.failures(), 0, "a denial is a hold, not a failure");
+        // Asked again only after the retry wait; the unchanged tree is not sent nor planned.
+        assert_eq!(s.handle(Event::Tick, &w, 5_099, c), Action::Wait);
+        assert_eq!(s.handle(Event::Tick, &w, 5_100, c), poll(7));
+        assert_eq!(s.handle(answer(7, 2), &w, 5_100, c), ask("m2"));
+        assert_eq!(
+            s.state().name(),
+            "disruption_denied",
+            "no new state per retry"
+        );
+        assert_eq!(s.handle(no, &w, 5_200, c), Action::Wait);
+        assert_eq!(s.handle(Event::Tick, &w, 10_200, c), poll(7));
+        assert_eq!(s.handle(answer(7, 3), &w, 10_200, c), ask("m2"));
+        let yes = Event::Disruption(Disruption::Permitted(String::new()));
+        assert_eq!(s.handle(yes, &w, 10_300, c), u);
+        assert_eq!(s.state().name(), "queued");
+        assert_eq!(s.handle(Event::Started, &w, 10_300, c), Action::Wait);
+        assert_eq!(s.state().name(), "updating");
+        assert_eq!(s.handle(Event::Updated, &w, 10_400, c), Action::Wait);
+        assert_eq!(s.state().name(), "waiting_for_scan");
+    }
+
+    #[test]
+    fn only_a_disruptive_update_under_a_check_asks_and_the_mdb_can_force_it() {
+        let u = Action::Update { image: "m2".into() };
+        let forced = Desired {
+            force_disruption: true,
+            ..want("m2")
+        };
+        for (policy, w, plan, asks) in [
+            (&CHECKED, want("m2"), update_of("m2", 1, 0, 0), false),
+            (&P, want("m2"), disruptive("m2"), false),
+            (&CHECKED, forced, disruptive("m2"), false),
+            (&CHECKED, want("m2"), disruptive("m2"), true),
+        ] {
+            let mut s = answered(&w, 1, 1, 1);
+            let want_action = if asks { ask("m2") } else { u.clone() };
+            assert_eq!(
+                s.handle(Event::Planned(plan.clone()), &w, 2, policy),
+                want_action,
+                "{plan:?} check {}",
+                policy.check_disruption
+            );
+        }
+    }
+
+    #[test]
+    fn a_denied_sub_plans_again_when_its_tree_or_its_image_changes() {
+        let w = want("m2");
+        let c = &CHECKED;
+        let mut s = answered(&w, 1, 1, 1);
+        s.handle(Event::Planned(disruptive("m2")), &w, 2, c);
+        let no = Event::Disruption(Disruption::Denied("no".into()));
+        s.handle(no.clone(), &w, 3, c);
+        // The tree changed meanwhile: planned again (the plan may no longer disrupt).
+        assert_eq!(s.handle(Event::Tick, &w, 5_003, c), poll(1));
+        assert_eq!(s.handle(answer(2, 2), &w, 5_003, c), plan_a("m2"));
+        assert_eq!(
+            s.handle(Event::Planned(update_of("m2", 1, 0, 0)), &w, 5_004, c),
+            Action::Update { image: "m2".into() }
+        );
+        // Denied, then the MDB names another image: planned at once against it.
+        let mut s = answered(&w, 1, 1, 1);
+        s.handle(Event::Planned(disruptive("m2")), &w, 2, c);
+        s.handle(no, &w, 3, c);
+        let w3 = want("m3");
+        s.desired_changed(4);
+        assert_eq!(s.handle(Event::Tick, &w3, 4, c), poll(0));
+        assert_eq!(s.handle(answer(1, 2), &w3, 4, c), plan_a("m3"));
+        // Denials in a row do not count as updates that did not stick.
+        let mut s = answered(&w, 1, 1, 1);
+        for i in 0..5u64 {
+            let t = i * 10_000;
+            if i > 0 {
+                s.handle(Event::Tick, &w, t, c);
+                assert_eq!(s.handle(answer(1, 1 + i), &w, t, c), ask("m2"), "retry {i}");
+            } else {
+                assert_eq!(
+                    s.handle(Event::Planned(disruptive("m2")), &w, t, c),
+                    ask("m2")
+                );
+            }
+            s.handle(
+                Event::Disruption(Disruption::Denied("no".into())),
+                &w,
+                t + 1,
+                c,
+            );
+        }
+        assert_eq!(s.state().name(), "disruption_denied");
     }
 
     #[test]

@@ -69,6 +69,8 @@ const POLICY: Policy = Policy {
     backoff_min_ms: 50,
     backoff_max_ms: 400,
     max_update_attempts: 3,
+    check_disruption: false,
+    disruption_retry_ms: 1_000,
 };
 
 struct Running {

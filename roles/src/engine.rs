@@ -70,6 +70,8 @@ pub enum Why {
     AboveMax,
     /// A depender its dependees can no longer serve.
     Orphaned,
+    /// Restarted on another version by the role's rollout.
+    Rollout,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -806,36 +808,50 @@ impl Action {
             Kind::Stop => &role.stop,
         };
         let Some(hook) = hook else { return Ok(None) };
-        let mut argv = vec![hook.path.clone()];
-        for key in &hook.args {
-            let flag = if key.len() == 1 {
-                format!("-{key}")
-            } else {
-                format!("--{key}")
-            };
-            let value = match key.as_str() {
-                "h" | "host" => self.host.clone().ok_or_else(|| CommandError::NoHost {
-                    instance: self.instance.clone(),
-                    role: self.role.clone(),
+        hook_argv(hook, spec, role, &self.instance, self.host.as_deref()).map(Some)
+    }
+}
+
+/// A hook's argument vector for `instance` of `role` on `host` (the convention of
+/// [`Action::command`]).
+pub fn hook_argv(
+    hook: &crate::model::Hook,
+    spec: &Spec,
+    role: &crate::model::Role,
+    instance: &str,
+    host: Option<&str>,
+) -> Result<Vec<String>, CommandError> {
+    let mut argv = vec![hook.path.clone()];
+    for key in &hook.args {
+        let flag = if key.len() == 1 {
+            format!("-{key}")
+        } else {
+            format!("--{key}")
+        };
+        let value = match key.as_str() {
+            "h" | "host" => host
+                .map(str::to_string)
+                .ok_or_else(|| CommandError::NoHost {
+                    instance: instance.to_string(),
+                    role: role.name.clone(),
                     flag: flag.clone(),
                 })?,
-                "i" | "instance" => self.instance.clone(),
-                // Checked when the spec was parsed: a role whose hooks take it has one.
-                "v" | "version" => role
-                    .version
-                    .clone()
-                    .ok_or_else(|| CommandError::NoArgument(key.clone()))?,
-                other => spec
-                    .args
-                    .get(other)
-                    .cloned()
-                    .ok_or_else(|| CommandError::NoArgument(other.to_string()))?,
-            };
-            argv.push(flag);
-            argv.push(value);
-        }
-        Ok(Some(argv))
+            "i" | "instance" => instance.to_string(),
+            // Checked when the spec was parsed: a role whose hooks take it has one.
+            "v" | "version" => role
+                .version
+                .clone()
+                .ok_or_else(|| CommandError::NoArgument(key.clone()))?,
+            other => spec
+                .args
+                .get(other)
+                .cloned()
+                .ok_or_else(|| CommandError::NoArgument(other.to_string()))?,
+        };
+        argv.push(flag);
+        argv.push(value);
     }
+    Ok(argv)
 }
 
 /// A census after `plan` was carried out as planned (what the hooks' registrations would

@@ -10,7 +10,7 @@ pub mod spec;
 
 pub use engine::{
     Action, Census, CommandError, Host, Instance, Kind, Outcome, Plan, RoleCount, Why, applied,
-    minimums, plan,
+    hook_argv, minimums, plan,
 };
 pub use spec::{
     DnsPort, Hook, NameError, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word,

@@ -58,6 +58,10 @@ pub struct Role {
     pub priority: i32,
     pub start: Option<Hook>,
     pub stop: Option<Hook>,
+    /// Asked before a machine running one of its instances is disrupted (an update that
+    /// reboots it or runs a high-impact trigger): exit 0 permits.
+    #[serde(default)]
+    pub disrupt: Option<Hook>,
     /// Dependee → how many instances of this role one dependee instance serves.
     pub depends: BTreeMap<String, u32>,
     pub image: Option<String>,

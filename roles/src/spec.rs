@@ -10,6 +10,7 @@
 //! priority = 10                # growth order in phase 2 (higher first), default 0
 //! start = { hook = "sim/start_nc.sh", args = ["h"] }
 //! stop = { hook = "sim/stop_nc.sh", args = ["h", "i"] }
+//! disrupt = { hook = "may_reboot.sh", args = ["h"] }   # may its host be disrupted now? (exit 0: yes)
 //! image = "minbase"            # only for roles that run on a host (no `depends`)
 //! hosts = { traits = ["CUSTOM_NC"], properties = { cpu_arch = "x86_64" }, names = [] }
 //! dns = { ports = [8080, { port = 8443, priority = 10, weight = 5 }] }   # SRV records
@@ -93,6 +94,7 @@ struct RawRole {
     priority: Option<Spanned<i64>>,
     start: Option<Spanned<RawHook>>,
     stop: Option<Spanned<RawHook>>,
+    disrupt: Option<Spanned<RawHook>>,
     #[serde(default)]
     depends: BTreeMap<String, Spanned<i64>>,
     image: Option<Spanned<String>>,
@@ -576,6 +578,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
         };
         let start = hook(p, &r.start, "start");
         let stop = hook(p, &r.stop, "stop");
+        let disrupt = hook(p, &r.disrupt, "disrupt");
         let image = r.image.as_ref().map(|i| {
             if let Err(e) = check_word("image", i.get_ref()) {
                 p.add(i.span(), f("image"), e);
@@ -646,6 +649,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 priority,
                 start,
                 stop,
+                disrupt,
                 depends,
                 image,
                 hosts,
@@ -815,6 +819,16 @@ depends = { nc = 2 }
         };
         let argv = start.command(&s).unwrap().unwrap();
         assert_eq!(argv[1..], ["-i", "app-1", "-v", "7.2"]);
+        // A `disrupt` hook is checked like the others and given the same arguments.
+        let text = format!("{text}disrupt = {{ hook = \"may.sh\", args = [\"i\", \"v\"] }}\n");
+        let s = Spec::parse("spec/x.toml", &text).unwrap();
+        let app = &s.roles["app"];
+        let hook = app.disrupt.as_ref().unwrap();
+        let argv = crate::hook_argv(hook, &s, app, "app-2", Some("h1")).unwrap();
+        assert_eq!(argv, ["may.sh", "-i", "app-2", "-v", "7.2"]);
+        let bad = text.replace("hook = \"may.sh\"", "hook = \"/bin/sh\"");
+        let e = Spec::parse("spec/x.toml", &bad).unwrap_err().to_string();
+        assert!(e.contains("roles.app.disrupt.hook"), "{e}");
         for (bad, want) in [
             (
                 "update = { max_parallel = 0 }",
@@ -856,7 +870,7 @@ depends = { nc = 2 }
             (
                 "[roles.a]\nmn = 1\n",
                 &[
-                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `depends`, `image`, `hosts`, `dns`, `version`, `update`",
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `disrupt`, `depends`, `image`, `hosts`, `dns`, `version`, `update`",
                 ],
             ),
             (

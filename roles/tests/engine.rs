@@ -97,6 +97,7 @@ fn lines(p: &Plan) -> Vec<String> {
                 Why::Growth => "growth",
                 Why::AboveMax => "above max",
                 Why::Orphaned => "orphaned",
+                Why::Rollout => "rollout",
             };
             match &a.host {
                 Some(h) => format!("{kind} {} on {h} ({why})", a.instance),

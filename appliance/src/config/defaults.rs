@@ -50,6 +50,9 @@ pub const DOMINATOR_POLL_INTERVAL_MS: u64 = 1_000;
 pub const DOMINATOR_FETCH_SPEED_PERCENT: f64 = 10.0;
 /// At most `max(1, floor(0.1 × subs))` updates with a high-impact or reboot trigger at once.
 pub const DOMINATOR_HIGH_IMPACT_SHARE: f64 = 0.1;
+/// Dominator asks its disruption manager again a minute after a denial.
+pub const DOMINATOR_DISRUPTION_RETRY_SECS: u64 = 60;
+pub const DOMINATOR_DISRUPTION_TIMEOUT_SECS: u64 = 30;
 
 pub const CLUSTER_STORE: &str = "sqlite";
 /// Seconds (2 to 60).

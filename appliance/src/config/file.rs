@@ -110,6 +110,15 @@ pub struct DominatorFile {
     pub fetch_speed_percent: Option<f64>,
     /// Share of the subs that may run an update with a high-impact or reboot trigger at once, above 0 and at most 1; at least one such update may always run ([`super::defaults::DOMINATOR_HIGH_IMPACT_SHARE`]).
     pub high_impact_share: Option<f64>,
+    /// A program asked, before an update that reboots a machine or runs a high-impact
+    /// trigger, whether the machine may be disrupted now (an absolute path; the machine's
+    /// data as JSON on stdin; exit 0 permits, any other exit denies, its first line of
+    /// output says why). Roles' `disrupt` hooks are asked too. Unset: only those hooks.
+    pub disruption_check: Option<PathBuf>,
+    /// Seconds before a denied disruption is asked again ([`super::defaults::DOMINATOR_DISRUPTION_RETRY_SECS`]).
+    pub disruption_retry_secs: Option<u64>,
+    /// Seconds the check may take before it counts as a denial ([`super::defaults::DOMINATOR_DISRUPTION_TIMEOUT_SECS`]).
+    pub disruption_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

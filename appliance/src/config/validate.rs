@@ -373,6 +373,19 @@ fn http_idle_timeout(f: &HttpFile, p: &mut Problems) -> Duration {
     period("http.idle_timeout_secs", secs, p)
 }
 
+/// `value`, or `default` when not given, checked against `range`.
+fn given_within(
+    what: &str,
+    value: Option<u64>,
+    default: u64,
+    range: RangeInclusive<u64>,
+    p: &mut Problems,
+) -> u64 {
+    let v = value.unwrap_or(default);
+    within(what, v, range, p);
+    v
+}
+
 /// A period in seconds that must be at least 1.
 fn period(what: &str, secs: u64, p: &mut Problems) -> Duration {
     if secs == 0 {
@@ -394,10 +407,13 @@ fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
     if max_polls == 0 {
         p.push("dominator.max_polls: must be at least 1".into());
     }
-    let interval = f
-        .poll_interval_ms
-        .unwrap_or(defaults::DOMINATOR_POLL_INTERVAL_MS);
-    within("dominator.poll_interval_ms", interval, 10..=3_600_000, p);
+    let interval = given_within(
+        "dominator.poll_interval_ms",
+        f.poll_interval_ms,
+        defaults::DOMINATOR_POLL_INTERVAL_MS,
+        10..=3_600_000,
+        p,
+    );
     let speed = f
         .fetch_speed_percent
         .unwrap_or(defaults::DOMINATOR_FETCH_SPEED_PERCENT);
@@ -406,6 +422,28 @@ fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
         .high_impact_share
         .unwrap_or(defaults::DOMINATOR_HIGH_IMPACT_SHARE);
     share("dominator.high_impact_share", high_impact_share, 1.0, p);
+    if let Some(c) = &f.disruption_check
+        && !c.is_absolute()
+    {
+        p.push(format!(
+            "dominator.disruption_check: {} must be an absolute path",
+            c.display()
+        ));
+    }
+    let retry = given_within(
+        "dominator.disruption_retry_secs",
+        f.disruption_retry_secs,
+        defaults::DOMINATOR_DISRUPTION_RETRY_SECS,
+        1..=86_400,
+        p,
+    );
+    let timeout = given_within(
+        "dominator.disruption_timeout_secs",
+        f.disruption_timeout_secs,
+        defaults::DOMINATOR_DISRUPTION_TIMEOUT_SECS,
+        1..=3_600,
+        p,
+    );
     Some(DominatorConfig {
         subd_port: f.subd_port.unwrap_or(defaults::DOMINATOR_SUBD_PORT),
         max_updates,
@@ -413,6 +451,9 @@ fn dominator(f: &DominatorFile, p: &mut Problems) -> Option<DominatorConfig> {
         poll_interval: Duration::from_millis(interval),
         fetch_speed_percent: speed,
         high_impact_share,
+        disruption_check: f.disruption_check.clone(),
+        disruption_retry: Duration::from_secs(retry),
+        disruption_timeout: Duration::from_secs(timeout),
     })
 }
 
