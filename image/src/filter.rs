@@ -4,8 +4,12 @@
 //! match then means "include"). A filtered path is left out of an image when it is built
 //! and is never changed or deleted on a machine. No filter at all means a sparse image.
 
+use std::collections::BTreeSet;
+
 use regex::RegexSet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::tree::parent;
 
 #[derive(Clone, Debug)]
 pub struct Filter {
@@ -80,6 +84,56 @@ impl Filter {
     pub fn lines(&self) -> &[String] {
         &self.lines
     }
+
+    /// The directories that may hold a filtered path whether or not a scan shows one: the
+    /// ancestors of each line's literal start (`/etc/paddock/subd(|/.*)$` → `/etc/paddock`,
+    /// `/etc`; `/home/.*` → `/home`). subd leaves filtered paths out of its scans, so a
+    /// directory holding only them looks empty; these must not be removed. An inverted filter
+    /// names what is kept, so it says nothing here.
+    pub fn holders(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        if self.invert {
+            return out;
+        }
+        for line in &self.lines {
+            let lit = literal_start(line);
+            // `/home/`: /home itself holds what follows; `/etc/paddock/sub`: its parent.
+            let mut q = match lit.strip_suffix('/') {
+                Some(dir) if !dir.is_empty() => Some(dir),
+                _ => parent(&lit),
+            };
+            while let Some(a) = q {
+                if !a.starts_with('/') || !out.insert(a.to_string()) {
+                    break;
+                }
+                q = parent(a);
+            }
+        }
+        out
+    }
+}
+
+/// The text a regular expression matches literally from its start: up to the first
+/// metacharacter, an escaped punctuation mark taken as itself, and without a last character
+/// that a `?`, `*` or `{` makes optional.
+fn literal_start(re: &str) -> String {
+    let mut out = String::new();
+    let mut chars = re.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e) if e.is_ascii_punctuation() => out.push(e),
+                _ => break,
+            },
+            '?' | '*' | '{' => {
+                out.pop();
+                break;
+            }
+            '.' | '^' | '$' | '+' | '(' | ')' | '[' | ']' | '|' | '}' => break,
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl PartialEq for Filter {
@@ -130,6 +184,35 @@ mod tests {
         let back: Filter = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         assert_eq!(back, f);
         assert!(back.matches("/usr/bin/ls"));
+    }
+
+    #[test]
+    fn the_holders_of_filtered_paths_are_the_ancestors_of_each_literal_start() {
+        let f = Filter::parse(
+            "/etc/paddock/subd(|/.*)$\n/etc/systemd/system/paddock-subd\\.service$\n/home/.*\n\
+             /var/lib/paddock(|/.*)$\n/opt/ab?c\n.*\\.pyc\n/run/.*\n",
+        )
+        .unwrap();
+        let want: BTreeSet<String> = [
+            "/",
+            "/etc",
+            "/etc/paddock",
+            "/etc/systemd",
+            "/etc/systemd/system",
+            "/home",
+            "/opt",
+            "/run",
+            "/var",
+            "/var/lib",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(f.holders(), want);
+        assert_eq!(literal_start("/etc/x\\.y$"), "/etc/x.y");
+        assert_eq!(literal_start("/opt/ab?c"), "/opt/a");
+        assert_eq!(literal_start(".*"), "");
+        assert!(Filter::parse("!\n/etc/.*\n").unwrap().holders().is_empty());
     }
 
     #[test]

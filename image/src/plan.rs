@@ -6,7 +6,8 @@
 //!
 //! - a path the image's filter matches, and everything below it, is never created, changed or
 //!   deleted, even when the image names it (see [`untouchable`]); so is `/.subd` and its
-//!   contents. A sub directory holding such a path is never removed: when the image does not
+//!   contents. A sub directory holding such a path (in the sub's tree, or by the filter's
+//!   word, [`Filter::holders`]: subd's scans leave filtered paths out) is never removed: when the image does not
 //!   name it, only its other contents are deleted; when the image has a non-directory there,
 //!   that path is not made (the directory stays);
 //! - a sparse image (no filter) deletes nothing it does not name;
@@ -236,6 +237,13 @@ impl<'a> Planner<'a> {
                     break;
                 }
                 q = parent(a);
+            }
+        }
+        // And those that may hold one the sub's scan left out (subd excludes filtered
+        // paths from its scans: a directory holding only them looks empty).
+        for holder in filter.map(Filter::holders).unwrap_or_default() {
+            if let Some((p, _)) = sub.paths.get_key_value(holder.as_str()) {
+                holds_protected.insert(p.as_str());
             }
         }
 

@@ -1238,6 +1238,32 @@ fn zero_size_files_need_no_object() {
     ]);
 }
 
+/// subd leaves filtered paths out of its scans: a directory that holds only its own
+/// identity (`/etc/paddock/subd`, filtered) looks empty in the tree, and an image without it
+/// must not delete it (with the identity inside: the machine's subd would not start again).
+#[test]
+fn a_directory_whose_filtered_contents_the_scan_left_out_is_not_deleted() {
+    let sub = tree(&[
+        ("/etc", dir()),
+        ("/etc/paddock", dir()),
+        ("/etc/stale", file("s")),
+        ("/var", dir()),
+        ("/var/junk", dir()),
+    ]);
+    let filter = Filter::parse("/etc/paddock/subd(|/.*)$\n").unwrap();
+    let img = image_with(tree(&[("/etc", dir()), ("/var", dir())]), Some(filter));
+    let req = plan(&sub, &BTreeSet::new(), &img);
+    assert_eq!(
+        req.paths_to_delete,
+        ["/etc/stale", "/var/junk"],
+        "{:?}",
+        summary(&req)
+    );
+    // Once planned against the tree it leaves, nothing is left to do.
+    let out = apply(&sub, &BTreeSet::new(), &BTreeSet::new(), &req).unwrap();
+    assert!(plan(&out, &BTreeSet::new(), &img).is_empty());
+}
+
 #[test]
 fn subd_directory_is_never_touched() {
     let sub = || {
@@ -1888,10 +1914,15 @@ fn random_filtered_images_leave_filtered_paths_alone() {
             assert!(!untouchable(p, Some(&f)), "touches {p}\n{}", ctx());
         }
         let out = apply(&sub, &cache, &missing, &req).unwrap_or_else(|e| panic!("{e}\n{}", ctx()));
+        // A directory that holds a filtered path, in the sub's tree or (as a scan that left
+        // them out would show it) by the filter's word.
+        let holders = f.holders();
         let guarded = |p: &str| {
-            sub.paths
-                .keys()
-                .any(|q| untouchable(q, Some(&f)) && q.starts_with(&format!("{p}/")))
+            holders.contains(p)
+                || sub
+                    .paths
+                    .keys()
+                    .any(|q| untouchable(q, Some(&f)) && q.starts_with(&format!("{p}/")))
         };
         for p in sub.paths.keys().filter(|p| untouchable(p, Some(&f))) {
             assert_eq!(out.get(p), sub.get(p), "filtered {p}\n{}", ctx());

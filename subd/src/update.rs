@@ -292,7 +292,7 @@ impl<'a> Applier<'a> {
             "delete",
             &req.paths_to_delete,
             String::as_str,
-            |s, p| match remove_any(&s.host(p)) {
+            |s, p| match remove_sparing(&s.host(p), p, s.opts.exclusions) {
                 Ok(()) => s.stats.deleted += 1,
                 Err(e) => s.stats.error(format!("deleting {p}: {e}")),
             },
@@ -571,6 +571,43 @@ fn rename_over(src: &Path, dest: &Path) -> io::Result<()> {
     }
 }
 
+/// [`remove_any`] of the tree's path `rel` at `p`, sparing what `exclusions` match beneath
+/// a directory: those stay, with the directories that lead to them. (Scans leave excluded
+/// paths out, so a directory the image does not have may still hold them.)
+fn remove_sparing(p: &Path, rel: &str, exclusions: Option<&Filter>) -> io::Result<()> {
+    let Some(ex) = exclusions else {
+        return remove_any(p);
+    };
+    spare(p, rel, ex).map(drop)
+}
+
+/// Removes `p` but what `ex` matches beneath it; whether anything was spared.
+fn spare(p: &Path, rel: &str, ex: &Filter) -> io::Result<bool> {
+    let is_dir = match fs::symlink_metadata(p) {
+        Ok(m) => m.is_dir(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if !is_dir {
+        return remove_any(p).map(|()| false);
+    }
+    let mut spared = false;
+    for entry in fs::read_dir(p)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let child = format!("{}/{}", rel.trim_end_matches('/'), name.to_string_lossy());
+        if ex.matches(&child) {
+            spared = true;
+        } else {
+            spared |= spare(&entry.path(), &child, ex)?;
+        }
+    }
+    if !spared {
+        remove_any(p)?;
+    }
+    Ok(spared)
+}
+
 /// Removes a file, a symlink (not what it points to) or a directory tree; absent is fine.
 pub fn remove_any(p: &Path) -> io::Result<()> {
     match fs::symlink_metadata(p) {
@@ -764,6 +801,40 @@ pub fn clean_leftovers(root: &Path) -> io::Result<u64> {
 mod tests {
     use super::*;
     use paddock_image::plan::CopyToCache;
+
+    #[test]
+    fn deleting_a_directory_spares_what_the_exclusions_match_beneath_it() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for d in ["etc/paddock/subd", "etc/old/deep"] {
+            fs::create_dir_all(r.join(d)).unwrap();
+        }
+        for f in [
+            "etc/paddock/subd/key.pem",
+            "etc/paddock/stale",
+            "etc/old/deep/x",
+        ] {
+            fs::write(r.join(f), "x").unwrap();
+        }
+        let ex = Filter::parse("/etc/paddock/subd(|/.*)$\n").unwrap();
+        remove_sparing(&r.join("etc/paddock"), "/etc/paddock", Some(&ex)).unwrap();
+        assert!(
+            r.join("etc/paddock/subd/key.pem").exists(),
+            "the identity stays"
+        );
+        assert!(!r.join("etc/paddock/stale").exists());
+        remove_sparing(&r.join("etc/old"), "/etc/old", Some(&ex)).unwrap();
+        assert!(
+            !r.join("etc/old").exists(),
+            "nothing spared: all of it goes"
+        );
+        remove_sparing(&r.join("etc/none"), "/etc/none", Some(&ex)).unwrap();
+        remove_sparing(&r.join("etc/paddock"), "/etc/paddock", None).unwrap();
+        assert!(
+            !r.join("etc/paddock").exists(),
+            "no exclusions: the whole tree"
+        );
+    }
 
     #[test]
     fn requests_from_the_network_are_checked() {
