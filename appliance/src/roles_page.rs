@@ -110,7 +110,20 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
                             }
                         }
                     }
-
+                    @for (role, s) in &rollouts {
+                        details {
+                            summary { "The rollout of " (role) ": its log (newest first)" }
+                            ul {
+                                @for e in s.rollout.log.iter().rev().take(LOG_SHOWN) {
+                                    li {
+                                        (paddock_inspector::node::iso(e.at.secs())) " "
+                                        @if let Some(h) = &e.host { code { (h) } ": " }
+                                        (e.text)
+                                    }
+                                }
+                            }
+                        }
+                    }
                 }
                 @if dns.is_some() {
                     h2 { "Services (DNS)" }
@@ -146,6 +159,10 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
     };
     Html(markup.into_string()).into_response()
 }
+
+/// The newest entries of a rollout's log the page shows (`paddock rollout status ROLE`
+/// prints them all).
+const LOG_SHOWN: usize = 30;
 
 /// The commands a rollout in `phase` takes, as its buttons name them.
 fn commands(phase: &paddock_rollout::Phase) -> Vec<&'static str> {

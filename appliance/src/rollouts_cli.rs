@@ -102,5 +102,17 @@ pub fn describe(r: &Rollout) -> String {
         };
         let _ = writeln!(out, "  in flight: {} ({state})", printable(host));
     }
+    if !r.log.is_empty() {
+        let _ = writeln!(out, "log:");
+    }
+    for e in &r.log {
+        let host = e
+            .host
+            .as_deref()
+            .map(|h| format!("{}: ", printable(h)))
+            .unwrap_or_default();
+        let at = paddock_inspector::node::iso(e.at.secs());
+        let _ = writeln!(out, "  {at}  {host}{}", printable(&e.text));
+    }
     out
 }

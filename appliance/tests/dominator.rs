@@ -1095,6 +1095,28 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         status.starts_with("app") && status.contains("minbase -> minbase2  done  3 batches"),
         "{status}"
     );
+    // Its log: every step, each machine it moved, in order.
+    let log: Vec<&str> = status
+        .lines()
+        .skip_while(|l| *l != "log:")
+        .skip(1)
+        .collect();
+    assert!(
+        log[0].ends_with("started: from minbase to minbase2"),
+        "{status}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.ends_with(": forward: to minbase2"))
+            .count(),
+        6,
+        "{status}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("batch 3 healthy on minbase2: ")),
+        "{status}"
+    );
     // The console's roles page shows it.
     let page = fleet.roles_page();
     let rollouts = page
@@ -1106,6 +1128,12 @@ fn an_image_role_rolls_two_at_a_time_and_never_below_its_minimum() {
         rollouts.contains(
             "<td><code>minbase</code></td><td><code>minbase2</code></td><td>done</td><td>3</td>"
         ),
+        "{}",
+        page.body
+    );
+    assert!(
+        rollouts.contains("The rollout of app: its log (newest first)")
+            && rollouts.contains("started: from minbase to minbase2"),
         "{}",
         page.body
     );

@@ -230,6 +230,22 @@ pub struct Rollout {
     pub progress_at: UnixMs,
     /// Why it waits, paused or failed, for operators.
     pub why: Option<String>,
+    /// The role's timeline of this rollout: every note, oldest first, the newest
+    /// [`LOG_KEPT`].
+    #[serde(default)]
+    pub log: Vec<LogEntry>,
+}
+
+/// Notes a rollout keeps in its log.
+pub const LOG_KEPT: usize = 200;
+
+/// One note of a rollout's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub at: UnixMs,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub text: String,
 }
 
 impl Rollout {
@@ -251,7 +267,27 @@ impl Rollout {
             batches: 0,
             progress_at: now,
             why: None,
+            log: vec![LogEntry {
+                at: now,
+                host: None,
+                text: format!("started: from {from} to {to}"),
+            }],
         }
+    }
+
+    /// Keeps the notes of `effects` in the log.
+    fn log_notes(&mut self, now: UnixMs, effects: &[Effect]) {
+        for e in effects {
+            if let Effect::Note { host, text } = e {
+                self.log.push(LogEntry {
+                    at: now,
+                    host: host.clone(),
+                    text: text.clone(),
+                });
+            }
+        }
+        let extra = self.log.len().saturating_sub(LOG_KEPT);
+        self.log.drain(..extra);
     }
 
     /// The version the instances are being moved to now.
@@ -278,6 +314,12 @@ impl Rollout {
     /// Takes what the shell sees of the role's instances at `now`, and `min`, the fewest
     /// healthy instances the role may have: moves the rollout on, as far as it can now.
     pub fn step(&mut self, now: UnixMs, instances: &[Instance], min: u32) -> Vec<Effect> {
+        let out = self.advance(now, instances, min);
+        self.log_notes(now, &out);
+        out
+    }
+
+    fn advance(&mut self, now: UnixMs, instances: &[Instance], min: u32) -> Vec<Effect> {
         let mut out = Vec::new();
         let seen: BTreeMap<&str, &Instance> =
             instances.iter().map(|i| (i.host.as_str(), i)).collect();
@@ -566,6 +608,7 @@ impl Rollout {
             (Command::Resume, _) => return Err(refuse("resume")),
             (Command::Revert, _) => return Err(refuse("revert")),
         }
+        self.log_notes(now, &out);
         Ok(out)
     }
 

@@ -335,6 +335,39 @@ fn auto_revert_goes_straight_back_and_leaves_no_bad_instance() {
     }
     assert_eq!(phases, ["forward", "reverting", "reverted"]);
     assert_eq!(w.on("A"), 6, "no instance left on B");
+    // Every step is on the role's log, in order, with its time.
+    let log: Vec<(i64, &str)> = r
+        .log
+        .iter()
+        .map(|e| (e.at.0 / 1_000, e.text.as_str()))
+        .collect();
+    assert_eq!(log.first(), Some(&(0, "started: from A to B")));
+    assert!(log.windows(2).all(|w| w[0].0 <= w[1].0), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|(_, t)| t.starts_with("reverting to A: ") && t.contains("healthy_deadline_secs")),
+        "{log:?}"
+    );
+    assert_eq!(
+        log.last().map(|e| e.1),
+        Some("reverted: every instance healthy on A")
+    );
+    let moved: Vec<&str> = r.log.iter().filter_map(|e| e.host.as_deref()).collect();
+    assert_eq!(moved.len(), 4, "two hosts there and back: {log:?}");
+}
+
+#[test]
+fn the_log_keeps_the_newest_notes() {
+    let mut r = Rollout::start("db", "A", "B", policy(1), t(0));
+    for i in 0..300 {
+        let (pause, resume) = (Command::Pause, Command::Resume);
+        r.command(pause, t(2 * i)).unwrap();
+        r.command(resume, t(2 * i + 1)).unwrap();
+    }
+    assert_eq!(r.log.len(), paddock_rollout::LOG_KEPT);
+    assert_eq!(r.log.last().unwrap().text, "resumed");
+    // 601 notes (the start, then one a second): the 200 from the 400th second on.
+    assert_eq!(r.log.first().unwrap().at, t(400), "the oldest went first");
 }
 
 #[test]
