@@ -3,7 +3,9 @@
 //! in the same boot by the ramdisk's birth mode; it reboots into the installed Debian, whose
 //! own subd answers and is synced to A; it is re-imaged to B keeping its root as an object
 //! cache (the bytes fetched are printed as a share of B's bytes), boots B and is synced to
-//! it; `clean` then leaves a disk with no partition table.
+//! it; under BIOS it then becomes the one host of an image role on B, and a spec naming A
+//! rolls it (the dominator updates the running system, a trigger reboots it, it boots A);
+//! `clean` then leaves a disk with no partition table.
 //!
 //! Each prints its timings. They need what the other VM scenarios need (root, QEMU, iPXE,
 //! OVMF, `scripts/build-ramdisk.sh`) and the bootable test images (`scripts/test-images.sh`:
@@ -135,8 +137,18 @@ impl Installed {
     }
 
     /// Boots the installed system: it reaches a login prompt, its own subd answers Poll on
-    /// the registered address, and the dominator finds it synced to `image`.
+    /// the registered address, and the dominator finds it synced to `image`; then it is
+    /// powered off.
     fn boots_installed(&mut self, image: &str) {
+        self.boots(image);
+        // The installed system keeps running until pulled: this VM has no BMC for the
+        // appliance to power it off with, so the harness resets the machine for what comes
+        // next.
+        self.lab.vms[self.vm].power_off();
+    }
+
+    /// [`Installed::boots_installed`], left running.
+    fn boots(&mut self, image: &str) {
         let started = Instant::now();
         self.power_on();
         wait_for(
@@ -229,9 +241,117 @@ impl Installed {
             started.elapsed().as_secs_f64(),
             synced["summary"]
         );
-        // The installed system keeps running until pulled: this VM has no BMC for the
-        // appliance to power it off with, so the harness resets the machine for what comes
-        // next.
+    }
+
+    fn apply_role(&self, image: &str) {
+        // Deadlines for TCG: the batch includes a reboot.
+        let text = format!(
+            "[roles.app]\nmin = 0\nmax = 1\nimage = \"{image}\"\n\
+             update = {{ min_healthy_secs = 5, healthy_deadline_secs = 1500, \
+             progress_deadline_secs = 1800 }}\n"
+        );
+        self.lab
+            .api_json(
+                "POST",
+                "/api/v1/spec",
+                Some(&json!({"file": "spec/app.toml", "text": text}).to_string()),
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// The machine (on B, powered off) is the one host of an image role on B; a spec that
+    /// names A rolls it: the leader's rollout sets its RequiredImage, the dominator updates
+    /// the running system, whose trigger reboots it, and it boots A and is synced to it.
+    fn rolled_by_a_spec_change(&mut self) {
+        // B and A again under a role's names (words); A with a trigger that reboots the
+        // machine when its package set changes. (Not on any change: each boot of these
+        // images drifts a few paths, which the dominator puts back; a reboot for each would
+        // never end.)
+        let triggers = self.lab.dir.join("reboot-triggers.json");
+        std::fs::write(
+            &triggers,
+            r#"[{"MatchLines": ["/var/lib/dpkg/status$"], "Service": "reboot", "DoReboot": true}]"#,
+        )
+        .unwrap();
+        let dir = images();
+        for (name, tar, more) in [
+            ("rolled-b", "bootable2.tar", String::new()),
+            (
+                "rolled-a",
+                "bootable.tar",
+                format!("--triggers {}", triggers.display()),
+            ),
+        ] {
+            self.lab
+                .cli(&format!(
+                    "image add {name} {} --filter {} {more}",
+                    dir.join(tar).display(),
+                    dir.join("bootable.filter").display(),
+                ))
+                .unwrap_or_else(|e| panic!("{e:#}"));
+        }
+        self.boots(IMAGE_B);
+        self.apply_role("rolled-b");
+        wait_for(
+            "the role's instance on the machine",
+            Duration::from_secs(300),
+            || {
+                let s = self.sub().ok()?;
+                (s["state"] == "synced" && s["image"] == "rolled-b").then_some(())
+            },
+            || tail(&self.lab.appliance_log(), 3000).to_string(),
+        );
+        let started = Instant::now();
+        self.apply_role("rolled-a");
+        self.wait_exited(
+            "the reboot the update's trigger asked for",
+            Duration::from_secs(900),
+        );
+        println!(
+            "{}: spec apply → the machine rebooted by its update {:.1} s",
+            self.name(),
+            started.elapsed().as_secs_f64()
+        );
+        self.boots("rolled-a");
+        let done = wait_for(
+            "the rollout done",
+            Duration::from_secs(600),
+            || {
+                let r = self
+                    .lab
+                    .api_json("GET", "/api/v1/rollouts/app", None)
+                    .ok()?;
+                (r["phase"]["phase"] == "done").then_some(r)
+            },
+            || tail(&self.lab.appliance_log(), 3000).to_string(),
+        );
+        assert_eq!(done["from"], "rolled-b", "{done}");
+        assert_eq!(done["to"], "rolled-a", "{done}");
+        let timeline = self
+            .lab
+            .api_json("GET", &format!("/api/v1/nodes/{}", self.uuid), None)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        // The reboot may cut subd's answer to the update short: the timeline is sure to
+        // hold the sync that proved the machine on A, and the rollout's own entries.
+        let entries: Vec<&str> = timeline["timeline"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["message"].as_str())
+            .filter(|m| m.contains("rolled-a"))
+            .collect();
+        assert!(
+            entries
+                .iter()
+                .any(|m| m.starts_with("dominator: synced to rolled-a")),
+            "{entries:#?}"
+        );
+        println!(
+            "{}: rolled from B to A by a spec change, booted A, rollout done {:.1} s after the apply; timeline:\n  {}",
+            self.name(),
+            started.elapsed().as_secs_f64(),
+            entries.join("\n  ")
+        );
         self.lab.vms[self.vm].power_off();
     }
 
@@ -314,7 +434,14 @@ impl Installed {
 /// over: the ramdisk reboots it.
 fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
     let a = artifacts();
-    let mut lab = Lab::start(name, &a, "").expect("lab");
+    // The role loop on (image roles need no hooks; the directory is the lab's own).
+    let hooks = std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let roles = format!(
+        "[roles]\nhooks_dir = \"{}\"\nround_secs = 5\n",
+        hooks.display()
+    );
+    let mut lab = Lab::start(name, &a, &roles).expect("lab");
     add_image(&lab, IMAGE_A, "bootable.tar");
     lab.set_image_rule(IMAGE_A).expect("the set-image rule");
     let spec = VmSpec::provisioning(name, mac, firmware);
@@ -361,23 +488,27 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
 }
 
 /// A machine's life under one firmware kind: installed with A in one boot, synced; re-imaged
-/// to B keeping its root, synced; cleaned.
-fn life(firmware: Firmware, name: &str, mac: &str) {
+/// to B keeping its root, synced; (`rolled`) given an image role and rolled back to A by a
+/// spec change; cleaned.
+fn life(firmware: Firmware, name: &str, mac: &str, rolled: bool) {
     let mut vm = install_in_one_boot(firmware, name, mac);
     vm.boots_installed(IMAGE_A);
     add_image(&vm.lab, IMAGE_B, "bootable2.tar");
     vm.reimage(IMAGE_B);
+    if rolled {
+        vm.rolled_by_a_spec_change();
+    }
     vm.clean();
 }
 
 #[test]
 fn bios_vm_is_installed_reimaged_and_cleaned() {
-    life(Firmware::Bios, "provb", "52:54:00:16:b1:01");
+    life(Firmware::Bios, "provb", "52:54:00:16:b1:01", true);
 }
 
 #[test]
 fn uefi_vm_is_installed_reimaged_and_cleaned() {
-    life(Firmware::Uefi, "provu", "52:54:00:16:e1:01");
+    life(Firmware::Uefi, "provu", "52:54:00:16:e1:01", false);
 }
 
 #[test]
