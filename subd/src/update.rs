@@ -700,7 +700,8 @@ pub fn apply(
     Ok(a.stats)
 }
 
-/// Writes a file under the root atomically (temporary name, fsync, rename).
+/// Writes a file under the root atomically and durably (temporary name, fsync, rename, fsync
+/// of the directory: without the last, a power cut may keep the old name).
 fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push("~");
@@ -710,7 +711,11 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         f.write_all(bytes)?;
         f.sync_all()?;
     }
-    fs::rename(&tmp, path)
+    fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 /// Records the image applied ([`PATCHED_IMAGE`]).
