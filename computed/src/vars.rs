@@ -9,7 +9,7 @@ use serde_json::Value;
 pub type Vars = serde_json::Map<String, Value>;
 
 /// A host's own variables, and its variables for each of its roles.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostVars {
     #[serde(default)]
     pub vars: Vars,
@@ -18,7 +18,7 @@ pub struct HostVars {
 }
 
 /// Every source of variables.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VarSources {
     /// The spec's `[vars]`.
     #[serde(default)]

@@ -80,6 +80,23 @@ pub struct Role {
     /// How a change of its image or version rolls out.
     #[serde(default)]
     pub update: paddock_rollout::Policy,
+    /// Its variables, for its files' templates.
+    #[serde(default)]
+    pub vars: paddock_computed::Vars,
+    /// The computed files it gives the machines that run it.
+    #[serde(default)]
+    pub files: Vec<FileSpec>,
+}
+
+/// A computed file: rendered from a template for each machine that has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSpec {
+    pub path: String,
+    /// Relative to the spec's templates.
+    pub template: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A port of a role's service, as SRV records carry it (RFC 2782).
@@ -103,4 +120,43 @@ pub struct Spec {
     pub file: String,
     pub args: BTreeMap<String, String>,
     pub roles: BTreeMap<String, Role>,
+    /// `[vars]`: every template's variables.
+    #[serde(default)]
+    pub vars: paddock_computed::Vars,
+    /// `[hosts.<name>]`: a host's variables, and its variables per role.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, paddock_computed::HostVars>,
+    /// `[[files]]`: the computed files every machine has.
+    #[serde(default)]
+    pub files: Vec<FileSpec>,
+}
+
+impl Spec {
+    /// The variables, as templates see them merged.
+    pub fn var_sources(&self) -> paddock_computed::VarSources {
+        paddock_computed::VarSources {
+            spec: self.vars.clone(),
+            roles: self
+                .roles
+                .iter()
+                .filter(|(_, r)| !r.vars.is_empty())
+                .map(|(n, r)| (n.clone(), r.vars.clone()))
+                .collect(),
+            hosts: self.hosts.clone(),
+        }
+    }
+
+    /// Every computed file: the machines' own, then each role's.
+    pub fn file_decls(&self) -> Vec<paddock_computed::FileDecl> {
+        let decl = |f: &FileSpec, role: Option<&str>| paddock_computed::FileDecl {
+            path: f.path.clone(),
+            role: role.map(str::to_string),
+            template: f.template.clone(),
+        };
+        let mut out: Vec<_> = self.files.iter().map(|f| decl(f, None)).collect();
+        for (name, r) in &self.roles {
+            out.extend(r.files.iter().map(|f| decl(f, Some(name))));
+        }
+        out
+    }
 }

@@ -22,6 +22,19 @@
 //! [roles.app]
 //! min = 3
 //! depends = { node_controller = 2, db = 10 }   # one dependee instance serves N dependers
+//! vars = { port = 8080 }       # its files' variables
+//! files = [{ path = "/etc/app/peers", template = "app/peers.j2", mode = "0640" }]
+//!
+//! [vars]                       # every template's variables
+//! cluster = "paddock"
+//!
+//! [hosts.h01]                  # a host's variables, and per role
+//! vars = { rack = "r1" }
+//! roles = { app = { weight = 2 } }
+//!
+//! [[files]]                    # computed files every machine has
+//! path = "/etc/motd"
+//! template = "motd.j2"
 //! ```
 //!
 //! Every error names the file, the line and the field.
@@ -33,7 +46,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-pub use crate::model::{DnsPort, Hook, Role, Selector, Spec};
+pub use crate::model::{DnsPort, FileSpec, Hook, Role, Selector, Spec};
 
 /// One problem in a spec file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +97,32 @@ struct RawSpec {
     args: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
     roles: BTreeMap<String, Spanned<RawRole>>,
+    #[serde(default)]
+    vars: toml::Table,
+    #[serde(default)]
+    hosts: BTreeMap<String, Spanned<RawHost>>,
+    #[serde(default)]
+    files: Vec<Spanned<RawFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    #[serde(default)]
+    vars: toml::Table,
+    #[serde(default)]
+    roles: BTreeMap<String, toml::Table>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    path: String,
+    template: String,
+    /// Octal, as a string (`"0644"`).
+    mode: Option<String>,
+    uid: Option<u32>,
+    gid: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -102,6 +141,10 @@ struct RawRole {
     dns: Option<Spanned<RawDns>>,
     version: Option<Spanned<String>>,
     update: Option<Spanned<paddock_rollout::Policy>>,
+    #[serde(default)]
+    vars: toml::Table,
+    #[serde(default)]
+    files: Vec<Spanned<RawFile>>,
 }
 
 #[derive(Deserialize)]
@@ -208,6 +251,10 @@ pub enum NameError {
         "hook {0:?} must be a path relative to the hooks directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')"
     )]
     HookPath(String),
+    #[error(
+        "template {0:?} must be a path relative to the templates directory (A-Z, a-z, 0-9, '.', '_', '-', '/'; no '..', no leading '/')"
+    )]
+    TemplatePath(String),
 }
 
 /// Role names, global argument keys: lower-case words, usable as store keys and flags.
@@ -245,7 +292,16 @@ pub fn check_word(what: &'static str, word: &str) -> Result<(), NameError> {
 }
 
 fn check_hook_path(path: &str) -> Result<(), NameError> {
-    let ok = !path.is_empty()
+    if relative_path_ok(path) {
+        Ok(())
+    } else {
+        Err(NameError::HookPath(path.to_string()))
+    }
+}
+
+/// A path below a directory of ours: words of safe characters, no `..`, no leading `/`.
+fn relative_path_ok(path: &str) -> bool {
+    !path.is_empty()
         && path.len() <= 255
         && !path.starts_with('/')
         && path
@@ -253,12 +309,93 @@ fn check_hook_path(path: &str) -> Result<(), NameError> {
             .all(|part| !part.is_empty() && part != "." && part != ".." && !part.starts_with('-'))
         && path
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(NameError::HookPath(path.to_string()))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+}
+
+/// Where a computed file goes: an absolute, normal path (no `.`, `..` or empty parts, no
+/// control characters), not `/` and not under `/.subd`.
+fn file_path_problem(path: &str) -> Option<&'static str> {
+    let parts_ok = path.strip_prefix('/').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .split('/')
+                .all(|p| !p.is_empty() && p != "." && p != "..")
+    });
+    if !parts_ok || path.len() > 4096 || path.chars().any(char::is_control) {
+        return Some("must be an absolute path of normal parts (no '.', '..' or '//'), not /");
     }
+    if path == "/.subd" || path.starts_with("/.subd/") {
+        return Some("is subd's own directory, never an update's");
+    }
+    None
+}
+
+/// `toml` → JSON variables (TOML dates become their text).
+fn json_vars(t: &toml::Table) -> paddock_computed::Vars {
+    match serde_json::to_value(t) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => paddock_computed::Vars::new(),
+    }
+}
+
+/// Validates computed files (`field`: where they are declared); `seen` holds every path
+/// declared so far, with where: a path is declared once in a spec.
+fn files(
+    p: &mut Problems<'_>,
+    raw: &[Spanned<RawFile>],
+    field: &str,
+    seen: &mut BTreeMap<String, String>,
+) -> Vec<FileSpec> {
+    let mut out = Vec::new();
+    for f in raw {
+        let (span, r) = (f.span(), f.get_ref());
+        if let Some(why) = file_path_problem(&r.path) {
+            p.add(
+                span.clone(),
+                format!("{field}.path"),
+                format!("{:?} {why}", r.path),
+            );
+            continue;
+        }
+        if let Some(other) = seen.insert(r.path.clone(), field.to_string()) {
+            p.add(
+                span.clone(),
+                format!("{field}.path"),
+                format!("{} is also declared in {other}", r.path),
+            );
+            continue;
+        }
+        if !relative_path_ok(&r.template) {
+            p.add(
+                span.clone(),
+                format!("{field}.template"),
+                NameError::TemplatePath(r.template.clone()),
+            );
+            continue;
+        }
+        let mode = match &r.mode {
+            None => 0o644,
+            Some(m) => match u32::from_str_radix(m, 8) {
+                Ok(v) if v <= 0o7777 => v,
+                _ => {
+                    p.add(
+                        span.clone(),
+                        format!("{field}.mode"),
+                        format!("{m:?} is not an octal mode (0000 to 7777)"),
+                    );
+                    continue;
+                }
+            },
+        };
+        out.push(FileSpec {
+            path: r.path.clone(),
+            template: r.template.clone(),
+            mode,
+            uid: r.uid.unwrap_or(0),
+            gid: r.gid.unwrap_or(0),
+        });
+    }
+    out
 }
 
 /// Byte offset → 1-based line.
@@ -468,6 +605,33 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
         return None;
     }
     let names: BTreeSet<String> = raw.roles.keys().cloned().collect();
+    let mut paths: BTreeMap<String, String> = BTreeMap::new();
+    let machine_files = files(p, &raw.files, "files", &mut paths);
+    let mut hosts = BTreeMap::new();
+    for (host, h) in &raw.hosts {
+        if let Err(e) = check_word("host", host) {
+            p.add(h.span(), format!("hosts.{host}"), e);
+        }
+        for role in h.get_ref().roles.keys() {
+            if !names.contains(role) {
+                p.add(
+                    h.span(),
+                    format!("hosts.{host}.roles.{role}"),
+                    format!("no role {role} in this spec"),
+                );
+            }
+        }
+        let vars = paddock_computed::HostVars {
+            vars: json_vars(&h.get_ref().vars),
+            roles: h
+                .get_ref()
+                .roles
+                .iter()
+                .map(|(r, t)| (r.clone(), json_vars(t)))
+                .collect(),
+        };
+        hosts.insert(host.clone(), vars);
+    }
     let mut roles = BTreeMap::new();
     let mut spans: BTreeMap<String, (Range<usize>, Option<Range<usize>>)> = BTreeMap::new();
     for (name, raw_role) in raw.roles {
@@ -477,6 +641,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
         if let Err(e) = check_name(&name) {
             p.add(span.clone(), format!("roles.{name}"), e);
         }
+        let role_files = files(p, &r.files, &f("files"), &mut paths);
         let min = count(p, &r.min, f("min"), 0);
         let max = match &r.max {
             None => Some(None),
@@ -658,6 +823,8 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 dns_ports,
                 version,
                 update,
+                vars: json_vars(&r.vars),
+                files: role_files,
             },
         );
     }
@@ -668,6 +835,9 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
         file: p.file.to_string(),
         args,
         roles,
+        vars: json_vars(&raw.vars),
+        hosts,
+        files: machine_files,
     };
     if let Err(cycle) = topo(&spec.roles) {
         let first = cycle.first().copied().unwrap_or("");
@@ -789,6 +959,91 @@ depends = { nc = 2 }
     }
 
     #[test]
+    fn computed_files_and_their_variables_are_declared_and_checked() {
+        let text = format!(
+            "{GOOD}vars = {{ port = 8080, db = {{ pool = 5 }} }}\n\
+             files = [{{ path = \"/etc/app/peers\", template = \"app/peers.j2\", mode = \"0640\" }}]\n\
+             \n[vars]\ncluster = \"paddock\"\ndb = {{ pool = 1, host = \"a\" }}\n\
+             \n[hosts.h01]\nvars = {{ rack = \"r1\" }}\nroles = {{ app = {{ db = {{ pool = 9 }} }} }}\n\
+             \n[[files]]\npath = \"/etc/motd\"\ntemplate = \"motd.j2\"\nuid = 0\n"
+        );
+        let s = Spec::parse("spec/x.toml", &text).unwrap();
+        assert_eq!(
+            s.roles["app"].files,
+            [FileSpec {
+                path: "/etc/app/peers".into(),
+                template: "app/peers.j2".into(),
+                mode: 0o640,
+                uid: 0,
+                gid: 0,
+            }]
+        );
+        assert_eq!(
+            (s.files[0].path.as_str(), s.files[0].mode),
+            ("/etc/motd", 0o644)
+        );
+        let decls: Vec<(String, Option<String>)> = s
+            .file_decls()
+            .into_iter()
+            .map(|d| (d.path, d.role))
+            .collect();
+        assert_eq!(
+            decls,
+            [
+                ("/etc/motd".to_string(), None),
+                ("/etc/app/peers".to_string(), Some("app".to_string()))
+            ]
+        );
+        let merged = s.var_sources().for_file("h01", Some("app"));
+        assert_eq!(
+            serde_json::Value::Object(merged),
+            serde_json::json!({"cluster": "paddock", "db": {"pool": 9, "host": "a"}, "port": 8080, "rack": "r1"})
+        );
+        for (bad, want) in [
+            (
+                "[[files]]\npath = \"etc/x\"\ntemplate = \"t\"\n",
+                "files.path: \"etc/x\" must be an absolute path",
+            ),
+            (
+                "[[files]]\npath = \"/a/../b\"\ntemplate = \"t\"\n",
+                "files.path: \"/a/../b\" must be an absolute path",
+            ),
+            (
+                "[[files]]\npath = \"/.subd/x\"\ntemplate = \"t\"\n",
+                "is subd's own directory",
+            ),
+            (
+                "[[files]]\npath = \"/etc/app/peers\"\ntemplate = \"t\"\n",
+                "roles.app.files.path: /etc/app/peers is also declared in files",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\ntemplate = \"../t\"\n",
+                "files.template: template \"../t\" must be a path relative to the templates directory",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\ntemplate = \"t\"\nmode = \"0999\"\n",
+                "files.mode: \"0999\" is not an octal mode",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\ntemplate = \"t\"\nowner = 1\n",
+                "unknown field `owner`",
+            ),
+            (
+                "[hosts.h01]\nroles = { nope = { a = 1 } }\n",
+                "hosts.h01.roles.nope: no role nope in this spec",
+            ),
+        ] {
+            let with_role_file = format!(
+                "{GOOD}files = [{{ path = \"/etc/app/peers\", template = \"p.j2\" }}]\n{bad}"
+            );
+            let e = Spec::parse("spec/x.toml", &with_role_file)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn a_role_declares_how_it_rolls_and_a_hook_role_its_version() {
         let text = format!(
             "{GOOD}version = \"7.2\"\nupdate = {{ max_parallel = 2, canary = 1, auto_promote = true }}\n"
@@ -870,7 +1125,7 @@ depends = { nc = 2 }
             (
                 "[roles.a]\nmn = 1\n",
                 &[
-                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `disrupt`, `depends`, `image`, `hosts`, `dns`, `version`, `update`",
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `disrupt`, `depends`, `image`, `hosts`, `dns`, `version`, `update`, `vars`, `files`",
                 ],
             ),
             (
@@ -956,7 +1211,9 @@ depends = { nc = 2 }
             ),
             (
                 "rolez = 1\n",
-                &["spec/x.toml:1: rolez: unknown field `rolez`, expected `args` or `roles`"],
+                &[
+                    "spec/x.toml:1: rolez: unknown field `rolez`, expected one of `args`, `roles`, `vars`, `hosts`, `files`",
+                ],
             ),
         ];
         for (text, want) in cases {
