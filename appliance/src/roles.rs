@@ -629,8 +629,18 @@ impl Roles {
     ) -> anyhow::Result<()> {
         use paddock_rollout::{Effect, Rollout};
         let assigned = self.assigned().await?;
-        let versions = self.versions().await?;
-        let registered = self.census.view().await?.instances;
+        // A hook role's rollout reads the versions and the registrations: read once per
+        // round, and only when a role has a version to roll.
+        let hook_roles = spec
+            .roles
+            .values()
+            .any(|r| r.image.is_none() && r.version.is_some());
+        let (versions, registered) = if hook_roles {
+            (self.versions().await?, self.census.view().await?.instances)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let subs = self.subs();
         let minimums = paddock_roles::minimums(spec).unwrap_or_default();
         let now = paddock_clock::now();
         let mut rolling = false;
@@ -651,11 +661,7 @@ impl Roles {
                 (Some(image), _) => {
                     let hosts: Vec<&str> = images.iter().map(|(_, a)| a.host.as_str()).collect();
                     let running: Vec<&str> = images.iter().map(|(_, a)| a.image.as_str()).collect();
-                    (
-                        image,
-                        running,
-                        crate::rollouts::observe(&hosts, &self.subs()),
-                    )
+                    (image, running, crate::rollouts::observe(&hosts, &subs))
                 }
                 (None, Some(version)) => {
                     let mine: Vec<_> = registered

@@ -716,13 +716,9 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             action,
             Action::Fetch { .. } | Action::Update { .. } | Action::Cleanup
         ) {
+            // The plan said so (matching triggers against every changed path is not cheap).
             let high_impact = matches!(action, Action::Update { .. })
-                && slot.computed.as_ref().is_some_and(|c| {
-                    c.request
-                        .matched_triggers()
-                        .iter()
-                        .any(|t| t.high_impact || t.do_reboot)
-                });
+                && slot.computed.as_ref().is_some_and(|c| c.summary.disruptive);
             slot.queued = Some((action, high_impact));
             queue.push_back(host.to_string());
             return;
