@@ -47,7 +47,8 @@ Tokens.List,Nodes.List,Nodes.Get,Provisioning.Get,Provision.Show,Power.Get,Power
 Spec.Get,Spec.Plan,Spec.ListRounds,Census.List,Introspection.List,Introspection.Get,\
 Introspection.GetData,Rules.List,Rules.Get,Console.View,ImageServer.ListImages,\
 ImageServer.ShowImage,Mdb.GetMdb,Mdb.ListMachines,Dominator.ListSubs,Dominator.GetSub,\
-Dominator.Status,Dns.Zone,Dns.Names,Dns.Peers,Rollout.List,Rollout.Status,Rollout.History";
+Dominator.Status,Dominator.GetSubFiles,Dns.Zone,Dns.Names,Dns.Peers,Rollout.List,Rollout.Status,\
+Rollout.History";
 /// The admin role: everything.
 pub const ADMIN: &str = "*.*";
 /// Dominator's image-creator role, in our names.
@@ -164,6 +165,9 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "spec"] if post => write("Spec.Apply"),
         ["api", "v1", "spec", "plan"] if post => read("Spec.Plan"),
         ["api", "v1", "spec", "rounds"] if get => read("Spec.ListRounds"),
+        // A machine's computed files' contents: not for the read-only role (a program's
+        // output may be a secret).
+        ["api", "v1", "spec", "render"] if get => read("Spec.Render"),
         ["api", "v1", "census"] if get => read("Census.List"),
         ["api", "v1", "census", "register"] if post => write("Census.Register"),
         ["api", "v1", "census", "keepalive"] if post => write("Census.KeepAlive"),
@@ -235,6 +239,7 @@ pub const RPC_METHODS: &[&str] = &[
     "Dominator.ResumeSub",
     "Dominator.ClearSafety",
     "Dominator.UpdateSub",
+    "Dominator.GetSubFiles",
 ];
 
 /// RPC methods that change nothing (not audited).

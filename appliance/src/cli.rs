@@ -711,6 +711,45 @@ pub fn sub_clear_safety(api: &Client, hostname: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub fn sub_files(api: &Client, hostname: &str) -> anyhow::Result<()> {
+    let files: Vec<crate::computed::FileStatus> = api
+        .call("GET", "/rpc/Dominator.GetSubFiles")
+        .query("hostname", hostname)
+        .send()?;
+    if files.is_empty() {
+        println!("{} has no computed files", printable(hostname));
+        return Ok(());
+    }
+    let now = paddock_wire::unix_ms();
+    println!(
+        "{:<32} {:<28} {:<14} {:>8}  since",
+        "path", "source", "object", "bytes"
+    );
+    for f in &files {
+        let source = match &f.role {
+            Some(r) => format!("{} (role {r})", f.source),
+            None => f.source.clone(),
+        };
+        match &f.error {
+            Some(e) => println!(
+                "{:<32} {:<28} cannot be made: {}",
+                printable(&f.path),
+                printable(&source),
+                printable(e)
+            ),
+            None => println!(
+                "{:<32} {:<28} {:<14} {:>8}  {} s ago",
+                printable(&f.path),
+                printable(&source),
+                f.object.map(|o| o.short()).unwrap_or_default(),
+                f.size,
+                (now - f.since_ms).max(0) / 1000
+            ),
+        }
+    }
+    Ok(())
+}
+
 pub fn sub_update(api: &Client, hostname: &str, image: &str) -> anyhow::Result<()> {
     let m: Value = dominator_post(
         api,

@@ -62,6 +62,8 @@ pub struct Console {
     pub power: Arc<crate::power::Power>,
     /// The DNS server's zones, for a machine's names (`None`: DNS is off).
     pub dns: Option<crate::dns::DnsHandle>,
+    /// The machines' computed files, for the sub page.
+    pub computed: Arc<crate::computed::Renderer>,
 }
 
 /// The console's routes under `/ui`.

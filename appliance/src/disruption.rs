@@ -156,6 +156,7 @@ impl DisruptionCheck for Checker {
                 dir,
                 input: Some(&input),
                 timeout: self.timeout,
+                stdout_kept: crate::roles::OUTPUT_TAIL,
             })
             .await;
             match verdict(&who, run) {

@@ -21,8 +21,8 @@ use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_dominator::{
-    Census, Change, Desired, Herd, HttpSubRpc, ImageSource, Limits, Policy, RpcError, SubSpec,
-    SubState, SubStatus,
+    Census, Change, Desired, Herd, HttpSubRpc, ImageSource, Limits, Overlay, Policy, RpcError,
+    SubSpec, SubState, SubStatus,
 };
 use paddock_image::{Image, Machine, check_logical_name};
 use paddock_imageserver::images::{ImageError, ImageServer};
@@ -97,11 +97,23 @@ pub enum SpecsError {
     Mdb(#[from] MdbServiceError),
 }
 
-/// Every sub the herd should keep ([`sub_specs`]), read from the store and the MDB.
+/// What gives each machine its computed files: rendered, stored as objects, laid over
+/// its image by the herd.
+#[async_trait]
+pub trait Overlays: Send + Sync + 'static {
+    /// Each machine's computed files (machines with none are left out).
+    async fn overlays(&self, machines: &BTreeMap<String, Entry>) -> BTreeMap<String, Arc<Overlay>>;
+    /// The store prefixes whose changes change them (besides the MDB's).
+    fn watched(&self) -> Vec<String>;
+}
+
+/// Every sub the herd should keep ([`sub_specs`]), read from the store and the MDB, with
+/// their computed files.
 pub async fn specs(
     store: &dyn Store,
     mdb: &MdbService,
     subd_port: u16,
+    overlays: Option<&dyn Overlays>,
 ) -> Result<Vec<SubSpec>, SpecsError> {
     let pause: Option<Pause> = read(store, PAUSE).await?;
     let controls: BTreeMap<String, SubControl> = store
@@ -114,12 +126,15 @@ pub async fn specs(
         })
         .collect();
     let machines = mdb.entries().await?;
-    Ok(sub_specs(
-        machines.into_values(),
-        &controls,
-        pause.as_ref(),
-        subd_port,
-    ))
+    let overlays = match overlays {
+        Some(o) => o.overlays(&machines).await,
+        None => BTreeMap::new(),
+    };
+    let mut subs = sub_specs(machines.into_values(), &controls, pause.as_ref(), subd_port);
+    for s in &mut subs {
+        s.desired.computed = overlays.get(&s.hostname).cloned();
+    }
+    Ok(subs)
 }
 
 /// The subs of the MDB's machines, with the operator's pauses and clearances: every machine
@@ -156,6 +171,7 @@ pub fn sub_specs(
                         .tags
                         .get("ForceDisruptiveUpdate")
                         .is_some_and(|v| v == "true"),
+                    computed: None,
                 },
                 safety_clearance: control.safety_clearance,
                 hostname: m.hostname,
@@ -201,6 +217,8 @@ pub struct Wiring {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Asked before an update that reboots a machine or runs a high-impact trigger.
     pub disruption: Option<Arc<dyn paddock_dominator::DisruptionCheck>>,
+    /// The machines' computed files.
+    pub overlays: Option<Arc<dyn Overlays>>,
 }
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
@@ -215,6 +233,7 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
         inspector,
         tls,
         disruption,
+        overlays,
     } = w;
     let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
     rt.spawn_future("dominator: changes", async move {
@@ -226,7 +245,7 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
     {
         let (store, port) = (store.clone(), cfg.subd_port);
         rt.spawn_future("dominator: specs", async move {
-            follow_specs(store, mdb, port, specs_tx).await;
+            follow_specs(store, mdb, port, overlays, specs_tx).await;
             Ok(())
         });
     }
@@ -334,25 +353,41 @@ async fn follow_specs(
     store: Arc<dyn Store>,
     mdb: Arc<MdbService>,
     subd_port: u16,
+    overlays: Option<Arc<dyn Overlays>>,
     tx: watch::Sender<Vec<SubSpec>>,
 ) {
-    loop {
+    let mut prefixes = vec!["mdb/".to_string(), "dominator/".to_string()];
+    if let Some(o) = &overlays {
+        prefixes.extend(o.watched());
+    }
+    'watching: loop {
         // The watches start before the first read, so no change falls between the two;
-        // they are kept while they last (any change under mdb/ or dominator/ rebuilds at
+        // they are kept while they last (any change under one rebuilds at once, a burst
         // once; else every 5 s).
-        let (mut a, mut b) = match (
-            store.watch("mdb/", 0).await,
-            store.watch("dominator/", 0).await,
-        ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(error = %e, "dominator: cannot watch the MDB; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+        let (wtx, mut wrx) = tokio::sync::mpsc::channel::<bool>(64);
+        let mut watchers = tokio::task::JoinSet::new();
+        for prefix in &prefixes {
+            match store.watch(prefix, 0).await {
+                Ok(mut w) => {
+                    let wtx = wtx.clone();
+                    watchers.spawn(async move {
+                        while let Some(Ok(_)) = w.next().await {
+                            if wtx.send(true).await.is_err() {
+                                return;
+                            }
+                        }
+                        let _ = wtx.send(false).await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dominator: cannot watch the MDB; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue 'watching;
+                }
             }
-        };
+        }
         loop {
-            match specs(&*store, &mdb, subd_port).await {
+            match specs(&*store, &mdb, subd_port, overlays.as_deref()).await {
                 Ok(s) => {
                     tx.send_if_modified(|old| {
                         let changed = *old != s;
@@ -364,11 +399,13 @@ async fn follow_specs(
                 }
                 Err(e) => tracing::warn!(error = %e, "dominator: cannot read the MDB and controls"),
             }
-            let ended = tokio::select! {
-                ev = a.next() => !matches!(ev, Some(Ok(_))),
-                ev = b.next() => !matches!(ev, Some(Ok(_))),
+            let mut ended = tokio::select! {
+                ev = wrx.recv() => ev != Some(true),
                 _ = tokio::time::sleep(Duration::from_secs(5)) => false,
             };
+            while let Ok(more) = wrx.try_recv() {
+                ended |= !more;
+            }
             if ended {
                 break;
             }

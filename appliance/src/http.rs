@@ -49,6 +49,8 @@ pub struct AppState {
     pub power: Arc<crate::power::Power>,
     /// The DNS server's zones and secondaries (`/api/v1/dns`); `None` with DNS off.
     pub dns: Option<crate::dns::DnsHandle>,
+    /// The machines' computed files (`/api/v1/spec/render`, `/rpc/Dominator.GetSubFiles`).
+    pub computed: Arc<crate::computed::Renderer>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -72,7 +74,12 @@ pub fn router(state: AppState) -> Router {
     }
     let inspector = paddock_inspector::api::router(state.inspector.clone());
     let imageserver = paddock_imageserver::api::router(state.imageserver.clone());
-    let dominator = crate::dominator::router(state.dominator.clone());
+    let dominator = crate::dominator::router(state.dominator.clone()).merge(
+        crate::computed::router(crate::computed::ComputedRoutes {
+            renderer: state.computed.clone(),
+            mdb: state.dominator.mdb.clone(),
+        }),
+    );
     let provisioning = crate::provisioning::router(state.provisioning.clone());
     let power = crate::power::router(state.power.clone());
     let roles = crate::roles::router(state.roles.clone())
@@ -106,6 +113,7 @@ pub fn router(state: AppState) -> Router {
         provisioning: state.provisioning.clone(),
         power: state.power.clone(),
         dns: state.dns.clone(),
+        computed: state.computed.clone(),
     });
     let security = state.security.clone();
     let inspector_for_security = state.inspector.clone();

@@ -12,6 +12,7 @@ pub mod census;
 pub mod certs_cli;
 pub mod cli;
 pub mod cluster;
+pub mod computed;
 pub mod config;
 pub mod console;
 pub mod console_access;

@@ -157,6 +157,8 @@ enum SubCmd {
         #[arg(long)]
         image: String,
     },
+    /// Its computed files: each one's source, object and age, or why it cannot be made.
+    Files { hostname: String },
 }
 
 #[derive(Subcommand)]
@@ -577,6 +579,7 @@ fn sub(api: &paddock::cli::Client, cmd: SubCmd) -> anyhow::Result<()> {
         SubCmd::Resume { hostname } => cli::sub_resume(api, &hostname),
         SubCmd::ClearSafety { hostname } => cli::sub_clear_safety(api, &hostname),
         SubCmd::Update { hostname, image } => cli::sub_update(api, &hostname, &image),
+        SubCmd::Files { hostname } => cli::sub_files(api, &hostname),
     }
 }
 
@@ -596,6 +599,7 @@ fn spec(api: &paddock::cli::Client, cmd: paddock::roles_cli::SpecCmd) -> anyhow:
         SpecCmd::Plan { file } => r::spec_plan(api, file.as_deref()),
         SpecCmd::Apply { file } => r::spec_apply(api, &file),
         SpecCmd::Show => r::spec_show(api),
+        SpecCmd::Render { host, path, json } => r::spec_render(api, &host, path.as_deref(), json),
         SpecCmd::Rounds { limit, json } => r::spec_rounds(api, limit, json),
     }
 }

@@ -45,7 +45,7 @@ const MDB_FOLLOWED: Duration = Duration::from_secs(2);
 /// Rounds kept in the store (the oldest are deleted).
 const ROUNDS_KEPT: usize = 200;
 /// Bytes of a hook's stdout and stderr kept (the tail).
-const OUTPUT_TAIL: usize = 4096;
+pub const OUTPUT_TAIL: usize = 4096;
 
 /// `[roles]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -140,6 +140,39 @@ pub struct StoredSpec {
     pub text: String,
     #[serde(default)]
     pub applied_ms: i64,
+    /// The templates its computed files are made from, by name (applied with it, so a
+    /// spec and its templates change together).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub templates: BTreeMap<String, String>,
+}
+
+/// The most template text a spec may carry, all templates together.
+pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
+
+/// The templates `spec` names, from `sent`: each must be there and compile; the others are
+/// dropped.
+pub fn spec_templates(
+    spec: &Spec,
+    sent: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let mut bytes = 0usize;
+    for name in spec.templates() {
+        let Some(text) = sent.get(&name) else {
+            return Err(format!(
+                "template {name} is not among the templates sent (templates/{name} beside the spec)"
+            ));
+        };
+        bytes = bytes.saturating_add(text.len());
+        out.insert(name, text.clone());
+    }
+    if bytes > MAX_TEMPLATE_BYTES {
+        return Err(format!(
+            "the templates hold {bytes} bytes; at most {MAX_TEMPLATE_BYTES}"
+        ));
+    }
+    paddock_computed::Templates::new(&out).map_err(|e| e.to_string())?;
+    Ok(out)
 }
 
 /// What one action did.
@@ -244,6 +277,9 @@ pub struct SpecBody {
     pub file: Option<String>,
     #[serde(default)]
     pub text: Option<String>,
+    /// The templates the spec's computed files name, by name.
+    #[serde(default)]
+    pub templates: BTreeMap<String, String>,
 }
 
 struct Pending {
@@ -316,12 +352,20 @@ impl Roles {
     }
 
     /// Validates and stores a spec; a bad one changes nothing.
-    pub async fn apply(&self, file: &str, text: &str) -> Result<Spec, ApiError> {
+    pub async fn apply(
+        &self,
+        file: &str,
+        text: &str,
+        templates: &BTreeMap<String, String>,
+    ) -> Result<Spec, ApiError> {
         let spec = Spec::parse(file, text).map_err(|e| spec_errors(&e))?;
+        let templates = spec_templates(&spec, templates)
+            .map_err(|e| ApiError::bad_request(format!("{file}: {e}; nothing applied")))?;
         let stored = StoredSpec {
             file: file.to_string(),
             text: text.to_string(),
             applied_ms: unix_ms(),
+            templates,
         };
         self.store
             .put(SPEC_KEY, serde_json::to_vec(&stored).map_err(internal)?)
@@ -1071,6 +1115,7 @@ pub async fn run_hook(
         dir: &cfg.hooks_dir,
         input: call.input,
         timeout: cfg.hook_timeout,
+        stdout_kept: OUTPUT_TAIL,
     };
     run_program(&program).await
 }
@@ -1084,6 +1129,8 @@ pub struct Program<'a> {
     /// Written to its stdin (else stdin is empty).
     pub input: Option<&'a [u8]>,
     pub timeout: Duration,
+    /// Bytes of its stdout kept (the tail; stderr keeps [`OUTPUT_TAIL`]).
+    pub stdout_kept: usize,
 }
 
 /// Runs `p` for at most its timeout; one still running then is killed with its process
@@ -1140,7 +1187,8 @@ pub async fn run_program(p: &Program<'_>) -> Result<HookRun, ActionError> {
     match tokio::time::timeout(p.timeout, read).await {
         Ok((o, e, status)) => Ok(HookRun {
             exit: status.map_err(ActionError::Wait)?.code(),
-            stdout: tail(&o),
+            stdout: String::from_utf8_lossy(&o[o.len().saturating_sub(p.stdout_kept)..])
+                .into_owned(),
             stderr: tail(&e),
         }),
         Err(_) => {
@@ -1200,7 +1248,7 @@ async fn apply(
     let (Some(file), Some(text)) = (body.file, body.text) else {
         return Err(ApiError::bad_request("send {\"file\", \"text\"}"));
     };
-    let spec = r.apply(&file, &text).await?;
+    let spec = r.apply(&file, &text, &body.templates).await?;
     Ok(Json(Applied {
         file,
         roles: spec.roles.keys().cloned().collect(),

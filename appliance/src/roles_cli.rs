@@ -25,6 +25,15 @@ pub enum SpecCmd {
     Apply { file: PathBuf },
     /// The applied spec.
     Show,
+    /// What HOST's computed files would hold now; with PATH, that file and the data it is
+    /// made from (nothing is stored or sent to the machine).
+    Render {
+        host: String,
+        path: Option<String>,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The last rounds: census, plan and what each action did.
     Rounds {
         #[arg(long, default_value_t = 10)]
@@ -108,6 +117,7 @@ pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
             SpecBody {
                 file: Some(file),
                 text: Some(text),
+                ..SpecBody::default()
             }
         }
         None => SpecBody::default(),
@@ -123,20 +133,89 @@ pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_apply(api: &Client, file: &Path) -> anyhow::Result<()> {
-    let (file, text) = read_spec(file)?;
-    // Checked here first, so the errors name the operator's file even offline.
-    if let Err(e) = Spec::parse(&file, &text) {
-        bail!("{e}\nnothing applied");
+/// The templates `spec` names, read from the `templates` directory beside its file; each
+/// compiled here first, so an error names the operator's file.
+fn read_templates(
+    spec_path: &Path,
+    spec: &Spec,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let dir = spec_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("templates");
+    let mut out = std::collections::BTreeMap::new();
+    for name in spec.templates() {
+        let p = dir.join(&name);
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("template {name}: {}; nothing applied", p.display()))?;
+        out.insert(name, text);
     }
+    crate::roles::spec_templates(spec, &out).map_err(|e| anyhow::anyhow!("{e}; nothing applied"))
+}
+
+pub fn spec_apply(api: &Client, path: &Path) -> anyhow::Result<()> {
+    let (file, text) = read_spec(path)?;
+    // Checked here first, so the errors name the operator's file even offline.
+    let spec = match Spec::parse(&file, &text) {
+        Ok(s) => s,
+        Err(e) => bail!("{e}\nnothing applied"),
+    };
+    let templates = read_templates(path, &spec)?;
     let a: Applied = api.post(
         "/api/v1/spec",
         &SpecBody {
             file: Some(file),
             text: Some(text),
+            templates,
         },
     )?;
     println!("applied {}: roles {}", a.file, a.roles.join(", "));
+    Ok(())
+}
+
+pub fn spec_render(api: &Client, host: &str, path: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let mut call = api.call("GET", "/api/v1/spec/render").query("host", host);
+    if let Some(p) = path {
+        call = call.query("path", p);
+    }
+    let files: Vec<crate::computed::Rendered> = call.send()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&files)?);
+        return Ok(());
+    }
+    if files.is_empty() {
+        println!("{host} has no computed files");
+    }
+    let mut failed = 0;
+    for f in &files {
+        let role = f
+            .role
+            .as_deref()
+            .map(|r| format!(", role {r}"))
+            .unwrap_or_default();
+        println!(
+            "# {} ({}{role}; mode {:04o}, owner {}:{})",
+            f.path, f.source, f.mode, f.uid, f.gid
+        );
+        match (&f.content, &f.error) {
+            (Some(c), _) => {
+                print!("{c}");
+                if !c.ends_with('\n') && !c.is_empty() {
+                    println!();
+                }
+            }
+            (None, e) => {
+                failed += 1;
+                println!("cannot be made: {}", e.as_deref().unwrap_or("?"));
+            }
+        }
+        if path.is_some() {
+            println!("# made from:\n{}", serde_json::to_string_pretty(&f.data)?);
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} file(s) cannot be made: the machine is held until they can");
+    }
     Ok(())
 }
 

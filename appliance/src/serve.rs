@@ -76,7 +76,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
-    let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner)?;
+    let computed = crate::computed::Renderer::new(
+        core.store.clone(),
+        core.images.clone(),
+        core.inspector.clone(),
+        cfg.roles.as_ref().map(|r| crate::computed::Programs {
+            dir: r.hooks_dir.clone(),
+            timeout: r.hook_timeout,
+        }),
+        cfg.dns.as_ref().map(|d| d.zone.origin.clone()),
+    );
+    let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
     let roles = crate::roles::Roles::new(
         core.store.clone(),
         crate::census::CensusService {
@@ -99,6 +109,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         provisioning: provisioner,
         dhcp,
         dns,
+        computed,
         filter: filter.clone(),
         assets: cfg
             .assets_dir
@@ -295,6 +306,7 @@ impl Core {
         &self,
         rt: &mut Runtime,
         provisioner: &Arc<crate::provisioning::Provisioner>,
+        computed: &Arc<crate::computed::Renderer>,
     ) -> anyhow::Result<(
         crate::dominator::Dominator,
         Option<Arc<crate::disruption::Checker>>,
@@ -325,6 +337,7 @@ impl Core {
                     inspector: self.inspector.clone(),
                     tls: self.security.sub_client_config()?,
                     disruption,
+                    overlays: Some(computed.clone() as Arc<dyn crate::dominator::Overlays>),
                 };
                 crate::dominator::start(rt, d, wiring)
             }

@@ -232,13 +232,15 @@ impl Fleet {
         } else {
             "--link-speed 1073741824"
         };
+        // `{host}` in `extra` is the sub's name (a trigger command that logs per sub).
         let cmd = format!(
             "env PADDOCK_LOG=info {} --insecure --root {} --listen {}:6969 \
              --trigger-command /bin/true --reboot-command /bin/true \
-             --device-speed 1073741824 {link} --min-cycle-ms 100 {extra}",
+             --device-speed 1073741824 {link} --min-cycle-ms 100 {}",
             bin.display(),
             s.root.display(),
-            s.ip
+            s.ip,
+            extra.replace("{host}", &s.host)
         );
         let cmd = FILTER
             .iter()
@@ -1457,5 +1459,250 @@ fn a_reboot_update_waits_while_the_check_denies_and_an_ordinary_one_never_asks()
     wait_long("app's rollout done", 60, || {
         fleet.api("GET", "/api/v1/rollouts/app", None)["phase"]["phase"] == "done"
     });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The spec of the computed-files test: every machine's `/etc/paddock-name`, and the peers
+/// of role `app` on the machines that run it, checked before it replaces the old.
+fn computed_spec(marker: &str, peers_line: &str) -> String {
+    format!(
+        "[vars]\ncluster = \"fleet\"\nmarker = \"{marker}\"\n\n\
+         [[files]]\npath = \"/etc/paddock-name\"\ntemplate = \"name.j2\"\n\n\
+         [roles.app]\nmin = 1\nstart = {{ hook = \"start\" }}\nstop = {{ hook = \"stop\" }}\n\
+         files = [{{ path = \"/etc/app/peers\", template = \"peers.j2\", mode = \"0640\", \
+         check = [\"/bin/sh\", \"-c\", \"if grep -q BAD \\\"$0\\\"; then echo refused BAD; exit 1; fi\"] }}]\n\
+         # {peers_line}\n"
+    )
+}
+
+const PEERS_J2: &str = "# {{ machine.name }} in {{ vars.cluster }} ({{ vars.marker }})\n\
+{% for p in peers.app %}{{ p.instance }} {{ p.host }} {{ p.addresses[0] }}\n{% endfor %}";
+
+/// Computed files with real subds: twenty machines each get their own
+/// `/etc/paddock-name`; the two running `app` get its peers. A third peer registering
+/// changes the file on the three members and no other machine, firing the reload trigger
+/// once on each; a content the file's check refuses keeps the old file and says why on the
+/// sub and its timeline; a template with an undefined variable holds the members with
+/// "missing computed file"; a hand edit is put back as drift.
+#[test]
+fn computed_files_follow_the_peers_are_checked_and_kept_in_place() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("paddock-computed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("spec/templates")).unwrap();
+    let trig = dir.join("trigger");
+    std::fs::write(
+        &trig,
+        format!(
+            "#!/bin/sh\necho \"$2 $3\" >> {}/triggers-$1\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&trig, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let triggers_of = |host: &str| -> Vec<String> {
+        std::fs::read_to_string(dir.join(format!("triggers-{host}")))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let fleet = Fleet::start_with(
+        20,
+        &[],
+        &format!("--trigger-command '{} {{host}}'", trig.display()),
+        "",
+    );
+    let triggers = dir.join("triggers.json");
+    std::fs::write(
+        &triggers,
+        r#"[{"MatchLines": ["/etc/app/peers"], "Service": "app", "DoReload": true},
+            {"MatchLines": ["/etc/paddock-name"], "Service": "name", "DoReload": true}]"#,
+    )
+    .unwrap();
+    fleet.add_image_with(
+        "appbase",
+        &images_dir().join("minbase.tar"),
+        &format!("--triggers {}", triggers.display()),
+    );
+    let (status, node) = call(
+        fleet.ns(),
+        "POST",
+        &format!("{PUBLIC_URL}/api/v1/nodes"),
+        Some(json!({"macs": ["52:54:00:d3:00:00"], "name": "sub00"})),
+    );
+    assert!((200..300).contains(&status), "{status} {node}");
+
+    // The spec and its templates, applied from files as an operator does.
+    let spec = dir.join("spec/fleet.toml");
+    std::fs::write(&spec, computed_spec("ok", "")).unwrap();
+    std::fs::write(
+        dir.join("spec/templates/name.j2"),
+        "{{ machine.name }}.{{ vars.cluster }}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("spec/templates/peers.j2"), PEERS_J2).unwrap();
+    let paddock = env!("CARGO_BIN_EXE_paddock");
+    let cli = |args: &str| -> String {
+        fleet
+            .link
+            .server
+            .sh_ok(&format!("PADDOCK_API={PUBLIC_URL} {paddock} {args}"))
+    };
+    cli(&format!("spec apply {}", spec.display()));
+    let mut holds = Vec::new();
+    let mut hold = |instance: &str, host: &str| {
+        let log = fleet.scratch.path(&format!("hold-{instance}.log"));
+        holds.push(fleet.link.server.spawn(
+            &format!(
+                "{paddock} census hold --url {PUBLIC_URL} --role app --instance {instance} \
+                 --host {host} --ttl 30"
+            ),
+            &log,
+        ));
+    };
+    hold("app-1", "sub00");
+    hold("app-2", "sub01");
+    wait_long("two app instances registered", 30, || {
+        let v = fleet.api("GET", "/api/v1/census", None);
+        v["instances"].as_array().is_some_and(|a| a.len() == 2)
+    });
+    fleet.require_image("appbase");
+    fleet.wait_all("synced to appbase", 180);
+
+    let read = |i: usize, rel: &str| std::fs::read_to_string(fleet.subs[i].root.join(rel)).ok();
+    let peers = |hosts: &[(&str, &str)]| {
+        let mut s = String::new();
+        for (i, h) in hosts {
+            let n: usize = h[3..].parse().unwrap();
+            s.push_str(&format!("{i} {h} 127.0.0.{}\n", n + 2));
+        }
+        s
+    };
+    let two = [("app-1", "sub00"), ("app-2", "sub01")];
+    for i in 0..20 {
+        let host = &fleet.subs[i].host;
+        assert_eq!(
+            read(i, "etc/paddock-name").as_deref(),
+            Some(format!("{host}.fleet\n").as_str())
+        );
+        let want = (i < 2).then(|| format!("# {host} in fleet (ok)\n{}", peers(&two)));
+        assert_eq!(read(i, "etc/app/peers"), want, "{host}");
+    }
+    let mode = std::fs::metadata(fleet.subs[0].root.join("etc/app/peers"))
+        .unwrap()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o640);
+    let files = cli("sub files sub00");
+    println!("{files}");
+    assert!(
+        files.contains("/etc/app/peers") && files.contains("template peers.j2 (role app)"),
+        "{files}"
+    );
+    let rendered = cli("spec render sub01 /etc/app/peers");
+    assert!(
+        rendered.contains("app-2 sub01 127.0.0.3") && rendered.contains("# made from:"),
+        "{rendered}"
+    );
+
+    // A third peer: the three members' files change, no other machine's.
+    let before: Vec<Vec<String>> = (0..20).map(|i| triggers_of(&fleet.subs[i].host)).collect();
+    hold("app-3", "sub02");
+    let three = [("app-1", "sub00"), ("app-2", "sub01"), ("app-3", "sub02")];
+    let d = wait_long("three members with three peers", 60, || {
+        (0..3).all(|i| {
+            read(i, "etc/app/peers")
+                == Some(format!(
+                    "# {} in fleet (ok)\n{}",
+                    fleet.subs[i].host,
+                    peers(&three)
+                ))
+        })
+    });
+    println!(
+        "a peer added: every member's file changed {:.2} s after it registered (poll cycle {POLL_MS} ms)",
+        d.as_secs_f64()
+    );
+    fleet.wait_all("synced to appbase", 60);
+    std::thread::sleep(Duration::from_secs(2));
+    for (i, seen) in before.iter().enumerate() {
+        let host = &fleet.subs[i].host;
+        let new: Vec<String> = triggers_of(host)[seen.len()..].to_vec();
+        if i < 3 {
+            assert_eq!(new, ["app reload"], "{host}: one reload for one change");
+        } else {
+            assert!(new.is_empty(), "{host} was not concerned: {new:?}");
+            assert!(read(i, "etc/app/peers").is_none());
+        }
+    }
+
+    // A content the check refuses: the old file stays, and the sub and its timeline say why.
+    std::fs::write(&spec, computed_spec("BAD", "")).unwrap();
+    cli(&format!("spec apply {}", spec.display()));
+    wait_long("sub00 in error for its refused file", 90, || {
+        fleet.census()["sub00"].1.contains("refused BAD")
+    });
+    let state = fleet.census()["sub00"].1.clone();
+    println!("sub00: {state}");
+    assert!(
+        state.contains("its check /bin/sh exited 1: refused BAD; the old file is kept"),
+        "{state}"
+    );
+    assert_eq!(
+        read(0, "etc/app/peers"),
+        Some(format!("# sub00 in fleet (ok)\n{}", peers(&three)))
+    );
+    let timeline = dominator_timeline(&fleet, "sub00");
+    assert!(
+        timeline
+            .iter()
+            .any(|m| m.contains("refused BAD; the old file is kept")),
+        "{timeline:#?}"
+    );
+    // Machines without the file are not concerned.
+    assert_eq!(fleet.census()["sub07"].1, "synced to appbase");
+
+    // A template with an undefined variable: the members are held, the others are not.
+    std::fs::write(
+        dir.join("spec/templates/peers.j2"),
+        format!("{PEERS_J2}{{{{ vars.nope }}}}\n"),
+    )
+    .unwrap();
+    std::fs::write(&spec, computed_spec("ok", "")).unwrap();
+    cli(&format!("spec apply {}", spec.display()));
+    wait_long("the members held for a missing computed file", 60, || {
+        let c = fleet.census();
+        (0..3).all(|i| {
+            c[&fleet.subs[i].host]
+                .1
+                .starts_with("missing computed file: /etc/app/peers: peers.j2:")
+        })
+    });
+    let c = fleet.census();
+    println!("sub01: {}", c["sub01"].1);
+    assert!(
+        c["sub01"].1.ends_with("undefined variable vars.nope"),
+        "{}",
+        c["sub01"].1
+    );
+    assert_eq!(c["sub09"].1, "synced to appbase");
+    let out = fleet.link.server.sh(&format!(
+        "PADDOCK_API={PUBLIC_URL} {paddock} spec render sub01 2>&1"
+    ));
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.contains("cannot be made: peers.j2:"), "{out}");
+
+    // Fixed; then a hand edit is drift, put back.
+    std::fs::write(dir.join("spec/templates/peers.j2"), PEERS_J2).unwrap();
+    cli(&format!("spec apply {}", spec.display()));
+    fleet.wait_all("synced to appbase", 120);
+    std::fs::write(fleet.subs[5].root.join("etc/paddock-name"), "hacked\n").unwrap();
+    wait_long("sub05's name put back", 60, || {
+        read(5, "etc/paddock-name").as_deref() == Some("sub05.fleet\n")
+    });
+    for mut h in holds {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -30,6 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "rollouts",
             "roles",
             "disruption",
+            "computed",
             "dhcp",
             "dns_zones",
             "dns",

@@ -68,6 +68,22 @@ impl Site {
     /// `{machine, role, roles, instances, peers: {role: [member]}, vars}`. `peers` holds
     /// every role's members, so a file may name the members of a role its host does not run.
     pub fn data(&self, host: &str, role: Option<&str>) -> Value {
+        self.data_with(host, role, &self.peers())
+    }
+
+    /// Every role's members, by role (what [`Site::data`] calls `peers`): the same for
+    /// every host, so made once per render of all of them.
+    pub fn peers(&self) -> Value {
+        let all_roles: BTreeSet<&str> = self.instances.iter().map(|(r, _, _)| r.as_str()).collect();
+        let peers: serde_json::Map<String, Value> = all_roles
+            .into_iter()
+            .map(|r| (r.to_string(), json!(self.members(r))))
+            .collect();
+        Value::Object(peers)
+    }
+
+    /// [`Site::data`] with `peers` made already.
+    pub fn data_with(&self, host: &str, role: Option<&str>, peers: &Value) -> Value {
         let machine = self.machines.get(host).cloned().unwrap_or_else(|| Machine {
             name: host.to_string(),
             ..Machine::default()
@@ -83,11 +99,6 @@ impl Site {
             .iter()
             .filter(|(_, _, h)| h.as_deref() == Some(host))
             .map(|(r, _, _)| r.as_str())
-            .collect();
-        let all_roles: BTreeSet<&str> = self.instances.iter().map(|(r, _, _)| r.as_str()).collect();
-        let peers: serde_json::Map<String, Value> = all_roles
-            .into_iter()
-            .map(|r| (r.to_string(), json!(self.members(r))))
             .collect();
         json!({
             "machine": machine,

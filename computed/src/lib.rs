@@ -8,7 +8,8 @@
 //!   role's members (the peers), and the merged variables.
 //! - [`render`]: strict rendering; an undefined variable is an error naming the template,
 //!   the line and the variable, never an empty string.
-//! - [`files`]: which files a machine has (its own, and its roles') and their contents.
+//! - [`files`]: which files a machine has (its own, and its roles'), what each is made
+//!   from (a template, the MDB entry, a program) and their contents.
 //! - [`program`]: when a program's output must be made again (inputs changed, or its
 //!   validity ran out).
 //!
@@ -22,7 +23,7 @@ pub mod render;
 pub mod vars;
 
 pub use data::{Machine, Member, Site};
-pub use files::{FileDecl, files_of, render_host};
+pub use files::{FileDecl, RunProgram, Source, files_of, make_host};
 pub use program::{Generated, stale};
-pub use render::{RenderError, render};
+pub use render::{RenderError, Templates, render};
 pub use vars::{HostVars, VarSources, Vars, merge};

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use paddock_clock::UnixMs;
 use paddock_computed::{
-    FileDecl, Generated, HostVars, Machine, Site, VarSources, Vars, merge, render, render_host,
-    stale,
+    FileDecl, Generated, HostVars, Machine, Site, Source, Templates, VarSources, Vars, make_host,
+    merge, render, stale,
 };
 use serde_json::{Value, json};
 
@@ -215,12 +215,12 @@ fn a_template_change_concerns_only_the_hosts_that_have_its_file() {
         FileDecl {
             path: "/etc/hostname".into(),
             role: None,
-            template: "hostname.j2".into(),
+            source: Source::Template("hostname.j2".into()),
         },
         FileDecl {
             path: "/etc/etcd/members".into(),
             role: Some("etcd".into()),
-            template: "members.j2".into(),
+            source: Source::Template("members.j2".into()),
         },
     ];
     let mut templates: BTreeMap<String, String> = [
@@ -238,7 +238,7 @@ fn a_template_change_concerns_only_the_hosts_that_have_its_file() {
         ["h1", "h2", "h3"]
             .iter()
             .map(|h| {
-                let files = render_host(&s, &decls, t, h)
+                let files = host_files(&s, &decls, t, h)
                     .into_iter()
                     .map(|(p, r)| (p, r.unwrap()))
                     .collect();
@@ -266,8 +266,57 @@ fn a_template_change_concerns_only_the_hosts_that_have_its_file() {
     assert_eq!(after["h2"]["/etc/etcd/members"], "members: etcd-1 etcd-2\n");
     // A missing template is an error for the files that use it, not for the rest.
     templates.remove("members.j2");
-    let out = render_host(&s, &decls, &templates, "h1");
+    let out = host_files(&s, &decls, &templates, "h1");
     assert_eq!(out["/etc/hostname"].as_deref(), Ok("h1\n"));
     let e = out["/etc/etcd/members"].as_ref().unwrap_err();
-    assert_eq!(e.to_string(), "members.j2: no such template");
+    assert_eq!(e, "members.j2: no such template");
+}
+
+/// `host`'s files by path, programs answering with their name and the machine's name.
+fn host_files(
+    s: &Site,
+    decls: &[FileDecl],
+    t: &BTreeMap<String, String>,
+    host: &str,
+) -> BTreeMap<String, Result<String, String>> {
+    let templates = Templates::new(t).unwrap();
+    let mut run = |name: &str, _: Option<u64>, data: &Value| {
+        Ok(format!(
+            "{name} for {}\n",
+            data["machine"]["name"].as_str().unwrap()
+        ))
+    };
+    make_host(s, decls, &templates, &s.peers(), host, &mut run)
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn the_mdb_and_program_sources_and_a_template_that_does_not_compile() {
+    let mut s = site();
+    s.machines.get_mut("h1").unwrap().mdb = Some(json!({"hostname": "h1", "tags": {"rack": "r7"}}));
+    let decls = vec![
+        FileDecl {
+            path: "/etc/mdb.json".into(),
+            role: None,
+            source: Source::Mdb,
+        },
+        FileDecl {
+            path: "/etc/web/token".into(),
+            role: Some("web".into()),
+            source: Source::Program {
+                name: "token".into(),
+                valid_secs: Some(60),
+            },
+        },
+    ];
+    let h1 = host_files(&s, &decls, &BTreeMap::new(), "h1");
+    let mdb: Value = serde_json::from_str(h1["/etc/mdb.json"].as_ref().unwrap()).unwrap();
+    assert_eq!(mdb["tags"]["rack"], "r7");
+    assert!(!h1.contains_key("/etc/web/token"), "h1 runs no web");
+    let h3 = host_files(&s, &decls, &BTreeMap::new(), "h3");
+    assert_eq!(h3["/etc/web/token"].as_deref(), Ok("token for h3\n"));
+    let bad: BTreeMap<String, String> = [("t.j2".to_string(), "a\n{% for %}".to_string())].into();
+    let e = Templates::new(&bad).err().unwrap();
+    assert_eq!((e.template.as_str(), e.line), ("t.j2", Some(2)));
 }

@@ -247,6 +247,13 @@ const EXPIRE: u32 = 2_592_000;
 /// Labels under the origin that hold the structured names.
 const NODE: &str = "node";
 const INST: &str = "inst";
+
+/// The name an instance has in the zone of `origin` (`<instance>.inst.<origin>`), if its
+/// name makes a label.
+pub fn instance_name(origin: &str, instance: &str) -> Option<String> {
+    let label = name::label(instance).ok()?;
+    name::join(&format!("{label}.{INST}"), origin).ok()
+}
 const SVC: &str = "svc";
 
 impl Zone {

@@ -328,6 +328,8 @@ enum Outcome {
     Updated(Result<Box<UpdateReport>, RpcError>),
     CleanedUp(Result<(), RpcError>),
     Asked(Disruption),
+    /// The sub's computed files cannot be laid over its image.
+    ComputedMissing(String),
 }
 
 struct Slot {
@@ -668,6 +670,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 Event::ImageMissing(slot.spec.desired.required_image.clone().unwrap_or_default())
             }
             Outcome::Planned(Err(e)) => Event::PlanFailed(e.0),
+            Outcome::ComputedMissing(why) => Event::ComputedMissing(why),
             Outcome::Fetched(Ok(reply)) => {
                 // Fetched (the update is planned again from a later scan) or preloaded.
                 if let (Some(report), Some(stats)) = (&mut slot.report, reply.stats)
@@ -688,6 +691,8 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             Outcome::Fetched(Err(e)) => Event::FetchFailed(e.0),
             Outcome::Updated(Ok(update)) => {
                 slot.computed = None;
+                let first = update.apply.errors.first().or(update.error.as_ref());
+                slot.sub.note_update_error(first.cloned());
                 slot.report.get_or_insert_default().update = Some(*update);
                 Event::Updated
             }
@@ -789,6 +794,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     return;
                 };
                 let planned = slot.spec.desired.planned_image.clone();
+                let overlay = slot.spec.desired.computed.clone();
                 let (source, images, plans) = (
                     self.images.clone(),
                     tasks.images.clone(),
@@ -811,6 +817,18 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                         return;
                     };
                     let computed = tokio::task::spawn_blocking(move || {
+                        // A sub with computed files is planned against its image with them
+                        // laid over it (made here, per plan: per-host content makes every
+                        // such image its own).
+                        let required = match overlay.as_deref() {
+                            Some(o) if !o.files.is_empty() => {
+                                match crate::overlay::lay(&required.image, o) {
+                                    Ok(i) => Arc::new(PreparedImage::new(Arc::new(i))),
+                                    Err(e) => return Err(e.to_string()),
+                                }
+                            }
+                            _ => required,
+                        };
                         let mut c = compute(
                             &tree.fs,
                             &tree.cache,
@@ -818,16 +836,29 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                             planned.as_deref(),
                             tree.free_bytes,
                         );
+                        if let Some(o) = overlay.as_deref() {
+                            for (path, f) in &o.files {
+                                let made = c.request.inodes_to_make.iter().any(|(p, _)| p == path);
+                                if let (true, Some(argv)) = (made, &f.check) {
+                                    c.request.checks.insert(path.clone(), argv.clone());
+                                }
+                            }
+                        }
                         // The name asked for, found or not: the sub plans again only
                         // when the MDB names another.
                         c.summary.planned_image = planned_name;
                         // Freed here, off the async threads (and its tree slot with it).
                         drop(tree);
-                        c
+                        Ok(c)
                     })
                     .await
                     .map_err(|e| RpcError(format!("planning: {e}")));
-                    let _ = tx.send((host, Outcome::Planned(computed.map(|c| Some(Box::new(c))))));
+                    let outcome = match computed {
+                        Ok(Ok(c)) => Outcome::Planned(Ok(Some(Box::new(c)))),
+                        Ok(Err(missing)) => Outcome::ComputedMissing(missing),
+                        Err(e) => Outcome::Planned(Err(e)),
+                    };
+                    let _ = tx.send((host, outcome));
                 });
             }
             Action::Fetch { .. } | Action::Update { .. } | Action::Cleanup => {}

@@ -9,6 +9,7 @@
 pub mod client;
 pub mod compute;
 pub mod herd;
+pub mod overlay;
 pub mod sim;
 pub mod sub;
 
@@ -18,4 +19,5 @@ pub use herd::{
     Admission, Census, Change, ChangeReport, DisruptionCheck, DisruptionQuery, Herd, ImageSource,
     Limits, Polled, RpcError, SubHealth, SubRpc, SubSpec, SubStatus, admit, high_impact_limit,
 };
+pub use overlay::{ComputedFile, Overlay, OverlayError, lay};
 pub use sub::{Action, Desired, Disruption, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};

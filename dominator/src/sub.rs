@@ -36,6 +36,8 @@ pub struct Desired {
     pub paused: Option<String>,
     /// The MDB tag `ForceDisruptiveUpdate`: a disruptive update is not asked about.
     pub force_disruption: bool,
+    /// Its computed files, laid over the required image (none: the image alone).
+    pub computed: Option<std::sync::Arc<crate::overlay::Overlay>>,
 }
 
 /// The timing every sub follows.
@@ -185,6 +187,9 @@ pub enum Event {
     ClearSafety,
     /// The disruption check answered.
     Disruption(Disruption),
+    /// Its computed files cannot be laid over its image (a path the image filters, a
+    /// directory in the way): held like a file that could not be made.
+    ComputedMissing(String),
 }
 
 /// What the shell does next for this sub.
@@ -257,6 +262,10 @@ pub enum SubState {
     ImageMissing {
         image: String,
     },
+    /// A computed file could not be made: nothing of the update runs until it can.
+    MissingComputedFile {
+        reason: String,
+    },
     /// The MDB names no required image for it.
     NoImage,
     Error {
@@ -282,6 +291,7 @@ impl SubState {
             SubState::NotEnoughSpace { .. } => "not_enough_space",
             SubState::UpdatesDisabled { .. } => "updates_disabled",
             SubState::ImageMissing { .. } => "image_missing",
+            SubState::MissingComputedFile { .. } => "missing_computed_file",
             SubState::NoImage => "no_image",
             SubState::Error { .. } => "error",
         }
@@ -332,6 +342,9 @@ impl fmt::Display for SubState {
             SubState::ImageMissing { image } => {
                 write!(f, "image {image} is not on the image server")
             }
+            SubState::MissingComputedFile { reason } => {
+                write!(f, "missing computed file: {reason}")
+            }
             SubState::NoImage => write!(f, "no required image in the MDB"),
             SubState::Error { message } => write!(f, "error: {message}"),
         }
@@ -376,6 +389,9 @@ pub struct Sub {
     /// What is wanted changed (or an operator cleared a hold) since the last plan: a held
     /// sub is planned again even if its tree did not change.
     replan: bool,
+    /// The first error of the last update (a file's check that failed, a path that could
+    /// not be made), for the error state when updates in a row do not take.
+    last_update_error: Option<String>,
 }
 
 impl Sub {
@@ -395,6 +411,7 @@ impl Sub {
             planned_for: None,
             cleaned: false,
             replan: false,
+            last_update_error: None,
         }
     }
 
@@ -417,6 +434,12 @@ impl Sub {
         self.failures
     }
 
+    /// What the last update's report said went wrong, if anything (told before its
+    /// [`Event::Updated`]).
+    pub fn note_update_error(&mut self, error: Option<String>) {
+        self.last_update_error = error;
+    }
+
     /// The MDB or an operator changed what is wanted: act at the next tick, not after the
     /// poll interval.
     pub fn desired_changed(&mut self, now_ms: u64) {
@@ -424,13 +447,15 @@ impl Sub {
         self.replan = true;
     }
 
-    /// Held by a pause or the safety rule, with nothing new to decide: its tree need not
-    /// travel again until it changes or what is wanted does.
+    /// Held by a pause, the safety rule or a missing computed file, with nothing new to
+    /// decide: its tree need not travel again until it changes or what is wanted does.
     fn held(&self) -> bool {
         !self.replan
             && matches!(
                 self.state,
-                SubState::UpdatesDisabled { .. } | SubState::UnsafeUpdate { .. }
+                SubState::UpdatesDisabled { .. }
+                    | SubState::UnsafeUpdate { .. }
+                    | SubState::MissingComputedFile { .. }
             )
     }
 
@@ -482,6 +507,11 @@ impl Sub {
             Event::ImageMissing(image) => {
                 self.pending = None;
                 self.fail(SubState::ImageMissing { image }, now_ms)
+            }
+            Event::ComputedMissing(reason) => {
+                self.pending = None;
+                let generation = self.generation;
+                self.computed_missing(reason, generation, now_ms, p)
             }
             Event::Planned(plan) => {
                 self.pending = None;
@@ -581,7 +611,8 @@ impl Sub {
         }
         // The tree is wanted whatever its generation when it will be planned against an
         // image it was not last planned against (the shell keeps no tree of a synced sub).
-        let synced = self.synced_image.is_some()
+        let synced = !self.replan
+            && self.synced_image.is_some()
             && self.synced_image == want.required_image
             && self.planned_for == want.planned_image
             && matches!(self.state, SubState::Synced { .. });
@@ -630,8 +661,13 @@ impl Sub {
                 Action::AskDisruption { image },
             );
         }
-        // A new planned image needs a new plan too: the preload list is the plan's.
-        let unchanged = a.generation == self.generation
+        if let Some(reason) = want.computed.as_ref().and_then(|c| c.missing.clone()) {
+            return self.computed_missing(reason, a.generation, now_ms, p);
+        }
+        // A new planned image needs a new plan too: the preload list is the plan's, and
+        // new computed files need one (`replan`).
+        let unchanged = !self.replan
+            && a.generation == self.generation
             && self.synced_image.as_deref() == Some(image.as_str())
             && self.planned_for == want.planned_image
             && matches!(self.state, SubState::Synced { .. });
@@ -660,6 +696,21 @@ impl Sub {
         self.start(Pending::Plan, Action::Plan { image })
     }
 
+    /// Held until the file can be made: what is wanted changes when it can.
+    fn computed_missing(
+        &mut self,
+        reason: String,
+        generation: u64,
+        now_ms: u64,
+        p: &Policy,
+    ) -> Action {
+        self.generation = generation;
+        self.replan = false;
+        self.synced_image = None;
+        self.state = SubState::MissingComputedFile { reason };
+        self.wait(now_ms, p)
+    }
+
     fn planned(&mut self, plan: PlanSummary, want: &Desired, now_ms: u64, p: &Policy) -> Action {
         self.planned_for = plan.planned_image.clone();
         if plan.empty {
@@ -671,6 +722,7 @@ impl Sub {
             self.failures = 0;
             self.backoff.reset();
             self.update_attempts = 0;
+            self.last_update_error = None;
             self.safety_cleared = false;
             if plan.unused_cache_objects > 0 && !self.cleaned && want.paused.is_none() {
                 return self.start(Pending::Cleanup, Action::Cleanup);
@@ -742,12 +794,20 @@ impl Sub {
         self.update_attempts = self.update_attempts.saturating_add(1);
         if self.update_attempts > p.max_update_attempts {
             self.update_attempts = 0;
+            let last = self.last_update_error.take();
             return self.fail(
                 SubState::Error {
-                    message: format!(
-                        "the sub still differs from {} after {} updates",
-                        image, p.max_update_attempts
-                    ),
+                    message: match last {
+                        Some(e) => format!(
+                            "the sub still differs from {image} after {} updates; the last \
+                             said: {e}",
+                            p.max_update_attempts
+                        ),
+                        None => format!(
+                            "the sub still differs from {image} after {} updates",
+                            p.max_update_attempts
+                        ),
+                    },
                 },
                 now_ms,
             );
@@ -1018,6 +1078,52 @@ mod tests {
             s.handle(Event::Planned(update_of("m", 1, 0, 0)), &resumed, 2_500, &P),
             Action::Update { image: "m".into() }
         );
+    }
+
+    #[test]
+    fn a_missing_computed_file_holds_the_sub_until_it_can_be_made_and_new_files_replan() {
+        let file = |content: &[u8]| crate::overlay::ComputedFile {
+            object: paddock_image::ObjectId::of(content),
+            size: 3,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            check: None,
+        };
+        let with = |missing: Option<&str>, content: &[u8]| Desired {
+            computed: Some(std::sync::Arc::new(crate::overlay::Overlay {
+                files: [("/etc/hostname".to_string(), file(content))].into(),
+                missing: missing.map(str::to_string),
+            })),
+            ..want("m")
+        };
+        let held = with(Some("app.conf.j2:3: undefined variable vars.port"), b"a\n");
+        let mut s = answered(&held, 4, 1, 0);
+        assert_eq!(s.state().name(), "missing_computed_file");
+        assert_eq!(
+            s.state().to_string(),
+            "missing computed file: app.conf.j2:3: undefined variable vars.port"
+        );
+        // Unchanged, it stays held and its tree does not travel again.
+        assert_eq!(s.handle(Event::Tick, &held, 60_000, &P), poll(4));
+        assert_eq!(s.handle(answer(4, 2), &held, 60_000, &P), Action::Wait);
+        // The file can be made: planned at once, updated, synced.
+        let ok = with(None, b"a\n");
+        s.desired_changed(61_000);
+        assert_eq!(s.handle(Event::Tick, &ok, 61_000, &P), poll(0));
+        assert_eq!(s.handle(answer(4, 3), &ok, 61_000, &P), plan_a("m"));
+        s.handle(Event::Planned(synced("m")), &ok, 61_000, &P);
+        assert_eq!(s.state().name(), "synced");
+        // New content for a file, same image: the synced sub's tree is planned again.
+        let changed = with(None, b"b\n");
+        s.desired_changed(62_000);
+        assert_eq!(s.handle(Event::Tick, &changed, 62_000, &P), poll(0));
+        assert_eq!(s.handle(answer(4, 4), &changed, 62_000, &P), plan_a("m"));
+        // Files that cannot be laid over the image (found while planning) hold it too.
+        let why = "/var/log/x is filtered by image m's filter line \"/var/log/.*\"";
+        s.handle(Event::ComputedMissing(why.into()), &changed, 62_100, &P);
+        assert_eq!(s.state().name(), "missing_computed_file");
+        assert_eq!(s.handle(Event::Tick, &changed, 123_000, &P), poll(4));
     }
 
     fn disruptive(image: &str) -> PlanSummary {

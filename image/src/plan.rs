@@ -91,6 +91,11 @@ pub struct UpdateRequest {
     /// The paths of `inodes_to_change` whose change is only the mtime: not matched by
     /// triggers (Dominator's `checkNonMtimeChange`).
     pub mtime_only_changes: BTreeSet<String>,
+    /// Paths of `inodes_to_make` whose new content is checked before it replaces the old:
+    /// the program (an absolute path, then its arguments) runs with the new content's path
+    /// appended; any exit but 0 keeps the old file and reports the check's output.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, Vec<String>>,
 }
 
 impl UpdateRequest {

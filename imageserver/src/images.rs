@@ -113,6 +113,8 @@ pub struct ImageServer {
     /// Garbage collections waiting for adds in flight to finish.
     gc_waiting: tokio::sync::watch::Sender<usize>,
     trees: std::sync::Mutex<BTreeMap<ObjectId, Arc<FileSystem>>>,
+    /// Objects kept alive by their owners ([`ImageServer::pin`]).
+    pinned: std::sync::Mutex<BTreeMap<String, BTreeSet<ObjectId>>>,
 }
 
 pub type Result<T> = std::result::Result<T, ImageError>;
@@ -151,7 +153,18 @@ impl ImageServer {
             gc: tokio::sync::RwLock::new(()),
             gc_waiting: tokio::sync::watch::Sender::new(0),
             trees: Default::default(),
+            pinned: Default::default(),
         })
+    }
+
+    /// Keeps `objects` from garbage collection on `owner`'s behalf (replacing what it kept
+    /// before): objects that no image names but something serves, such as machines'
+    /// computed files.
+    pub fn pin(&self, owner: &str, objects: BTreeSet<ObjectId>) {
+        self.pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(owner.to_string(), objects);
     }
 
     pub fn objects(&self) -> &Arc<ObjectStore> {
@@ -459,7 +472,14 @@ impl ImageServer {
                 self.gc.write().await
             }
         };
-        let mut live: BTreeSet<ObjectId> = BTreeSet::new();
+        let mut live: BTreeSet<ObjectId> = self
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+            .copied()
+            .collect();
         for r in self.list().await? {
             if r.deleted {
                 continue;

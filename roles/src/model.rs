@@ -92,8 +92,12 @@ pub struct Role {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSpec {
     pub path: String,
-    /// Relative to the spec's templates.
-    pub template: String,
+    /// What it is made from (a template is named relative to the spec's templates).
+    pub source: paddock_computed::Source,
+    /// Run on the machine against the new content before it replaces the old (the program
+    /// and its arguments; the new content's path is appended).
+    #[serde(default)]
+    pub check: Option<Vec<String>>,
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
@@ -146,12 +150,30 @@ impl Spec {
         }
     }
 
+    /// Every template a computed file is made from.
+    pub fn templates(&self) -> std::collections::BTreeSet<String> {
+        let own = self.files.iter();
+        own.chain(self.roles.values().flat_map(|r| r.files.iter()))
+            .filter_map(|f| match &f.source {
+                paddock_computed::Source::Template(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The declaration of the computed file at `path`.
+    pub fn file(&self, path: &str) -> Option<&FileSpec> {
+        let own = self.files.iter();
+        own.chain(self.roles.values().flat_map(|r| r.files.iter()))
+            .find(|f| f.path == path)
+    }
+
     /// Every computed file: the machines' own, then each role's.
     pub fn file_decls(&self) -> Vec<paddock_computed::FileDecl> {
         let decl = |f: &FileSpec, role: Option<&str>| paddock_computed::FileDecl {
             path: f.path.clone(),
             role: role.map(str::to_string),
-            template: f.template.clone(),
+            source: f.source.clone(),
         };
         let mut out: Vec<_> = self.files.iter().map(|f| decl(f, None)).collect();
         for (name, r) in &self.roles {

@@ -118,11 +118,19 @@ struct RawHost {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     path: String,
-    template: String,
+    /// One source: a template, the MDB entry, or a program.
+    template: Option<String>,
+    #[serde(default)]
+    mdb: bool,
+    program: Option<String>,
+    /// How long a program's output holds (none: until the machine's data changes).
+    valid_secs: Option<u64>,
     /// Octal, as a string (`"0644"`).
     mode: Option<String>,
     uid: Option<u32>,
     gid: Option<u32>,
+    /// Run on the machine against the new content before it replaces the old.
+    check: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -365,11 +373,60 @@ fn files(
             );
             continue;
         }
-        if !relative_path_ok(&r.template) {
+        let source = match (&r.template, r.mdb, &r.program) {
+            (Some(t), false, None) => {
+                if !relative_path_ok(t) {
+                    p.add(
+                        span.clone(),
+                        format!("{field}.template"),
+                        NameError::TemplatePath(t.clone()),
+                    );
+                    continue;
+                }
+                paddock_computed::Source::Template(t.clone())
+            }
+            (None, true, None) => paddock_computed::Source::Mdb,
+            (None, false, Some(name)) => {
+                if !relative_path_ok(name) {
+                    p.add(
+                        span.clone(),
+                        format!("{field}.program"),
+                        format!("{name:?} must be a path relative to the hooks directory"),
+                    );
+                    continue;
+                }
+                paddock_computed::Source::Program {
+                    name: name.clone(),
+                    valid_secs: r.valid_secs,
+                }
+            }
+            _ => {
+                p.add(
+                    span.clone(),
+                    format!("{field}.path"),
+                    format!(
+                        "{} needs exactly one of template = \"NAME\", mdb = true, program = \"NAME\"",
+                        r.path
+                    ),
+                );
+                continue;
+            }
+        };
+        if r.valid_secs.is_some() && r.program.is_none() {
             p.add(
                 span.clone(),
-                format!("{field}.template"),
-                NameError::TemplatePath(r.template.clone()),
+                format!("{field}.valid_secs"),
+                "only a program's output expires",
+            );
+            continue;
+        }
+        if let Some(check) = &r.check
+            && !check.first().is_some_and(|c| c.starts_with('/'))
+        {
+            p.add(
+                span.clone(),
+                format!("{field}.check"),
+                "the check's first word must be an absolute path (it runs on the machine, no shell)",
             );
             continue;
         }
@@ -389,7 +446,8 @@ fn files(
         };
         out.push(FileSpec {
             path: r.path.clone(),
-            template: r.template.clone(),
+            source,
+            check: r.check.clone(),
             mode,
             uid: r.uid.unwrap_or(0),
             gid: r.gid.unwrap_or(0),
@@ -972,7 +1030,8 @@ depends = { nc = 2 }
             s.roles["app"].files,
             [FileSpec {
                 path: "/etc/app/peers".into(),
-                template: "app/peers.j2".into(),
+                source: paddock_computed::Source::Template("app/peers.j2".into()),
+                check: None,
                 mode: 0o640,
                 uid: 0,
                 gid: 0,
@@ -1027,6 +1086,18 @@ depends = { nc = 2 }
             (
                 "[[files]]\npath = \"/x\"\ntemplate = \"t\"\nowner = 1\n",
                 "unknown field `owner`",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\ntemplate = \"t\"\nmdb = true\n",
+                "/x needs exactly one of template",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\ntemplate = \"t\"\nvalid_secs = 5\n",
+                "only a program's output expires",
+            ),
+            (
+                "[[files]]\npath = \"/x\"\nmdb = true\ncheck = [\"nginx\", \"-t\"]\n",
+                "files.check: the check's first word must be an absolute path",
             ),
             (
                 "[hosts.h01]\nroles = { nope = { a = 1 } }\n",

@@ -64,6 +64,10 @@ pub struct ApplyOptions<'a> {
     pub vouched: Option<&'a Vouched>,
 }
 
+/// How long a file's check may run before it is killed (and the file kept as it was): a
+/// configuration check reads a file and exits.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Why a request from the network is refused ([`validate`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidRequest {
@@ -77,6 +81,8 @@ pub enum InvalidRequest {
     Inode { path: String, why: &'static str },
     #[error("an object used more than a million times")]
     TooManyUses,
+    #[error("the check of {path}: {why}")]
+    Check { path: String, why: &'static str },
 }
 
 /// Checks that a request from the network names only normalised absolute paths outside
@@ -170,6 +176,27 @@ pub fn validate(req: &UpdateRequest) -> Result<(), InvalidRequest> {
     if req.multiply_used_objects.values().any(|n| *n > 1_000_000) {
         return Err(InvalidRequest::TooManyUses);
     }
+    for (p, argv) in &req.checks {
+        let check = |why| {
+            Err(InvalidRequest::Check {
+                path: p.clone(),
+                why,
+            })
+        };
+        if !req.inodes_to_make.iter().any(|(q, _)| q == p) {
+            return check("names no file the update makes");
+        }
+        match argv.first() {
+            None => return check("names no program"),
+            Some(prog) if !prog.starts_with('/') => {
+                return check("its program must be an absolute path");
+            }
+            _ => {}
+        }
+        if argv.len() > 64 || argv.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
+            return check("at most 64 arguments of at most 4096 bytes, no NUL");
+        }
+    }
     Ok(())
 }
 
@@ -180,6 +207,8 @@ pub struct Applier<'a> {
     opts: ApplyOptions<'a>,
     /// Copies of each object consumed so far.
     used: BTreeMap<ObjectId, u64>,
+    /// The request's checks (path → program), for [`Self::make_inode`].
+    checks: BTreeMap<String, Vec<String>>,
     pub stats: ApplyStats,
 }
 
@@ -190,6 +219,7 @@ impl<'a> Applier<'a> {
             objects: root.join(OBJECTS_DIR),
             opts,
             used: BTreeMap::new(),
+            checks: BTreeMap::new(),
             stats: ApplyStats::default(),
         }
     }
@@ -270,6 +300,7 @@ impl<'a> Applier<'a> {
     /// Steps 3 to 7, the change window; returns its length.
     pub fn change(&mut self, req: &UpdateRequest) -> Duration {
         let t = Instant::now();
+        self.checks = req.checks.clone();
         self.each(
             "make directories",
             &req.directories_to_make,
@@ -438,6 +469,14 @@ impl<'a> Applier<'a> {
             }
         };
         self.set_metadata(&src, p, inode);
+        if let Some(argv) = self.checks.get(p)
+            && let Err(why) = self.check(argv, &src)
+        {
+            // The old file stays; so does the object, for the next try.
+            self.stats
+                .error(format!("making {p}: {why}; the old file is kept"));
+            return;
+        }
         match rename_over(&src, &dest) {
             Ok(()) => {
                 self.stats.inodes_made += 1;
@@ -445,6 +484,26 @@ impl<'a> Applier<'a> {
             }
             Err(e) => self.stats.error(format!("making {p}: {e}")),
         }
+    }
+
+    /// Runs a file's check against its new content at `new` (before it is renamed into
+    /// place): the program with `new` appended.
+    fn check(&self, argv: &[String], new: &Path) -> Result<(), String> {
+        let scratch = self.root.join(SUBD_DIR);
+        let new = new.to_string_lossy();
+        let out = crate::triggers::run_command(argv, &[&new], &[], CHECK_TIMEOUT, &scratch);
+        if out.ok {
+            return Ok(());
+        }
+        let first = out
+            .output
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        Err(match out.exit_code {
+            Some(code) => format!("its check {} exited {code}: {first}", argv[0]),
+            None => format!("its check {} failed: {}", argv[0], out.output.trim()),
+        })
     }
 
     /// The vouch for the file that was at `before` follows it to `now_at` (its ctime moved

@@ -371,3 +371,60 @@ fn ownership_is_set_or_the_failure_recorded() {
     assert_eq!(after.mode() & 0o7777, 0o640);
     assert_eq!(after.mtime(), 9);
 }
+
+/// A file's check runs against the new content before it replaces the old: a check that
+/// fails keeps the old file (and reports why), one that passes lets the new one in. A
+/// request whose check names no file it makes, or a relative program, is refused.
+#[test]
+fn a_files_check_guards_its_replacement() {
+    let (_d, root, want, store) = dirs();
+    write(&root, "etc/app.conf", b"port = 1\n", 0o644);
+    fs::create_dir_all(root.join(".subd")).unwrap();
+    write(&want, "etc/app.conf", b"port = oops\n", 0o644);
+    let image = image_of("checked.1", scan_tree(&want).fs, "[]");
+    store_objects(&want, &image.fs, &store);
+    let s = scan_tree(&root);
+    let missing = missing_objects(&s.fs, &s.objects, &image);
+    put_objects(&store, &root, &missing);
+    let mut req = plan(&s.fs, &missing, &image);
+    // The check refuses any file that says "oops" (grep -q finds it: exit 0 → refuse).
+    let refuse_oops = |argv: &mut Vec<String>| {
+        argv.extend(
+            [
+                "/bin/sh",
+                "-c",
+                "! grep -q oops \"$0\" || { echo bad port; exit 3; }",
+            ]
+            .map(String::from),
+        );
+    };
+    let mut argv = Vec::new();
+    refuse_oops(&mut argv);
+    req.checks.insert("/etc/app.conf".into(), argv.clone());
+    let stats = update::apply(&root, &req, ApplyOptions::default()).unwrap();
+    assert_an_error_says(&stats.errors, "/etc/app.conf", "exited 3: bad port");
+    assert_eq!(fs::read(root.join("etc/app.conf")).unwrap(), b"port = 1\n");
+
+    // A good file passes the same check.
+    write(&want, "etc/app.conf", b"port = 2\n", 0o644);
+    let image = image_of("checked.2", scan_tree(&want).fs, "[]");
+    store_objects(&want, &image.fs, &store);
+    let s = scan_tree(&root);
+    let missing = missing_objects(&s.fs, &s.objects, &image);
+    put_objects(&store, &root, &missing);
+    let mut req = plan(&s.fs, &s.objects.union(&missing).copied().collect(), &image);
+    req.checks.insert("/etc/app.conf".into(), argv.clone());
+    apply_cleanly(&root, &req);
+    assert_eq!(fs::read(root.join("etc/app.conf")).unwrap(), b"port = 2\n");
+
+    // Bad checks are refused whole.
+    let mut bad = req.clone();
+    bad.checks.insert("/etc/other".into(), argv);
+    assert!(matches!(
+        update::validate(&bad),
+        Err(InvalidRequest::Check { .. })
+    ));
+    let mut bad = req.clone();
+    bad.checks.insert("/etc/app.conf".into(), vec!["sh".into()]);
+    assert!(update::validate(&bad).is_err());
+}
