@@ -30,6 +30,13 @@
 #   comparison (TLS="on off"); with IDLE_POLL_MS (30 s), one more TLS run polls that seldom
 #   and counts the connections (each a handshake) made per short-poll cycle: kept-alive
 #   connections make none.
+#   4. With COMPUTED=1, one more TLS run at the last size where every sub has two computed
+#      files (`/etc/motd`, the same everywhere; `/etc/paddock/node.conf`, its own): the herd
+#      renders them with the appliance's templates, writes their objects, and lays them over
+#      the image per plan; the simulator's subs hold them. render_s is a change of a
+#      variable every file uses: every file rendered again, 10,001 new objects written.
+#      Prints `dominator computed subs=<N> files=<F> render_s=<s> short_poll_cycle_s=<s>
+#      rss_per_sub_kib=<k>`; goals render <= 5 s, cycle <= 10 s, <= 64 KiB per sub.
 # Prints, per TLS mode and size in SIZES (the last size is the headline):
 #   dominator subs=<N> tls=on|off poll_interval_ms=<ms> short_poll_cycle_s=<s>
 #   full_polls_per_s=<n> rss_per_sub_kib=<k> connections_per_cycle=<c>
@@ -51,6 +58,7 @@
 # Run as root (network namespace, the root-owned tree):  bash bench/dominator.sh
 # Env: SIZES=10000 (e.g. "1000 10000") POLL_INTERVAL_MS=100 POLL_SLOTS=200 CHURN_PERMILLE=10
 #      CYCLES=3 BATCH=500 FULL_POLLS=2000 TLS="on off" IDLE_POLL_MS=30000 (0: no idle run)
+#      COMPUTED=1 (0: no computed-files run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -63,6 +71,7 @@ BATCH=${BATCH:-500}
 FULL_POLLS=${FULL_POLLS:-2000}
 TLS=${TLS:-on off}
 IDLE_POLL_MS=${IDLE_POLL_MS:-30000}
+COMPUTED=${COMPUTED:-1}
 NS=pdk-bench-dom
 DIR=target/images/minbase
 BIN=$ROOT/target/release/paddock-dominator-bench
@@ -90,11 +99,13 @@ ip netns exec "$NS" sysctl -qw net.ipv4.ip_local_port_range="1024 65535" \
 
 "$BIN" certs "$SCRATCH/tls"
 
-# run SUBS TLS POLL_INTERVAL_MS CYCLES FULL_POLLS: one simulator and one herd run.
+# run SUBS TLS POLL_INTERVAL_MS CYCLES FULL_POLLS [ARGS…]: one simulator and one herd run
+# (ARGS to both).
 run() {
     local subs=$1 tls=() interval=$3 cycles=$4 full=$5
+    local more=("${@:6}")
     [[ $2 == on ]] && tls=(--tls "$SCRATCH/tls")
-    ip netns exec "$NS" "$BIN" sim "$SCRATCH/tree.json" --subs "$subs" "${tls[@]}" \
+    ip netns exec "$NS" "$BIN" sim "$SCRATCH/tree.json" --subs "$subs" "${tls[@]}" "${more[@]}" \
         >"$SCRATCH/sim-$subs.log" 2>&1 &
     BG_PID=$!
     for ((i = 0; i < 600; i++)); do
@@ -106,7 +117,7 @@ run() {
     ip netns exec "$NS" "$BIN" herd "$SCRATCH/tree.json" --subs "$subs" "${tls[@]}" \
         --poll-interval-ms "$interval" --poll-slots "$POLL_SLOTS" \
         --churn-permille "$CHURN_PERMILLE" --cycles "$cycles" \
-        --batch "$BATCH" --full-polls "$full"
+        --batch "$BATCH" --full-polls "$full" "${more[@]}"
     kill "$BG_PID"
     wait "$BG_PID" 2>/dev/null || true
     BG_PID=
@@ -117,6 +128,11 @@ for tls in $TLS; do
         run "$subs" "$tls" "$POLL_INTERVAL_MS" "$CYCLES" "$FULL_POLLS"
     done
 done
+if ((COMPUTED > 0)); then
+    # Every sub with two computed files, TLS on: the herd renders them (and stores their
+    # objects in $SCRATCH/objects) and lays them over the image per sub.
+    run "${SIZES##* }" on "$POLL_INTERVAL_MS" "$CYCLES" "$BATCH" --computed "$SCRATCH/objects"
+fi
 if ((IDLE_POLL_MS > 0)); then
     # Polls further apart than the listener's header timeout: the connections must stay.
     run "${SIZES##* }" on "$IDLE_POLL_MS" 2 "$BATCH"

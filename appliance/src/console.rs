@@ -1181,7 +1181,14 @@ async fn subs(State(s): State<Console>) -> Response {
 }
 
 /// One sub: its state with the reason, and what operators decided for it.
-fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl, images: &[String]) -> Markup {
+fn sub_body(
+    v: &DominatorView,
+    s: &SubStatus,
+    c: &SubControl,
+    images: &[String],
+    files: &[crate::computed::FileStatus],
+) -> Markup {
+    let now = paddock_wire::unix_ms();
     html! {
         (dominator_banners(v))
         table {
@@ -1206,11 +1213,35 @@ fn sub_body(v: &DominatorView, s: &SubStatus, c: &SubControl, images: &[String])
             " " button type="submit" { "Set" }
         }
         (subs_forms::pause_form(&format!("/ui/subs/{}/pause", s.hostname), c.paused.is_some(), "this sub's updates"))
+        @if !files.is_empty() {
+            h2 { "Computed files" }
+            table {
+                tr { th { "Path" } th { "Made from" } th { "Object" } th { "Bytes" } th { "Since" } }
+                @for f in files {
+                    tr {
+                        td { code { (f.path) } }
+                        td {
+                            (f.source)
+                            @if let Some(r) = &f.role { " (role " (r) ")" }
+                        }
+                        @match &f.error {
+                            Some(e) => td.error colspan="3" { "cannot be made: " (e) },
+                            None => {
+                                td { code { (f.object.map(|o| o.short()).unwrap_or_default()) } }
+                                td { (f.size) }
+                                td { ((now - f.since_ms).max(0) / 1000) " s ago" }
+                            },
+                        }
+                    }
+                }
+            }
+        }
         p {
             code { "paddock sub update " (s.hostname) " --image …" } ", "
             code { "paddock sub pause " (s.hostname) " --reason …" } ", "
             code { "paddock sub resume " (s.hostname) } ", "
-            code { "paddock sub clear-safety " (s.hostname) }
+            code { "paddock sub clear-safety " (s.hostname) } ", "
+            code { "paddock sub files " (s.hostname) }
         }
     }
 }
@@ -1246,10 +1277,11 @@ async fn sub(State(s): State<Console>, Path(hostname): Path<String>) -> Response
             .collect(),
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
+    let files = s.computed.files(&hostname);
     page(
         &format!("Sub {hostname}"),
         true,
-        sub_body(&v, &st, &c, &images),
+        sub_body(&v, &st, &c, &images, &files),
     )
     .into_response()
 }
@@ -1528,8 +1560,35 @@ mod tests {
             "{html}"
         );
         assert!(html.contains(r#"<a href="/ui/subs">Subs</a>"#), "{html}");
-        let one = sub_body(&v, &st, &SubControl::default(), &["minbase".into()]).into_string();
-        assert!(!one.contains("<script>"), "{one}");
+        let files = [
+            crate::computed::FileStatus {
+                path: "/etc/hostname".into(),
+                role: None,
+                source: "template hostname.j2".into(),
+                object: Some(paddock_image::ObjectId::of(b"web-1\n")),
+                size: 6,
+                since_ms: 0,
+                error: None,
+            },
+            crate::computed::FileStatus {
+                path: "/etc/app/<b>".into(),
+                role: Some("app".into()),
+                source: "template app.j2".into(),
+                object: None,
+                size: 0,
+                since_ms: 0,
+                error: Some(format!("app.j2:2: undefined variable {hostile}")),
+            },
+        ];
+        let one =
+            sub_body(&v, &st, &SubControl::default(), &["minbase".into()], &files).into_string();
+        assert!(!one.contains("<script>") && !one.contains("<b>"), "{one}");
         assert!(one.contains("&lt;script&gt;"), "{one}");
+        assert!(one.contains("<h2>Computed files</h2>"), "{one}");
+        assert!(one.contains("template app.j2 (role app)"), "{one}");
+        assert!(
+            one.contains("cannot be made: app.j2:2: undefined variable &lt;script&gt;"),
+            "{one}"
+        );
     }
 }

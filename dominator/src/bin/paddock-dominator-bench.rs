@@ -55,6 +55,8 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+#[path = "paddock-dominator-bench/computed.rs"]
+mod computed;
 #[path = "paddock-dominator-bench/tls.rs"]
 mod tls;
 
@@ -90,9 +92,12 @@ enum BenchError {
         "usage: paddock-dominator-bench scan DIR TREE.json | certs DIR | sim TREE.json \
          --subs N [--listen ADDR] [--tls DIR] | herd TREE.json --subs N [--sim ADDR] \
          [--poll-interval-ms MS] [--poll-slots N] [--churn-permille P] [--cycles N] \
-         [--batch N] [--full-polls N] [--tls DIR]"
+         [--batch N] [--full-polls N] [--tls DIR] [--computed OBJECTS_DIR]; the simulator \
+         takes --computed too (any value): its subs then hold the computed files"
     )]
     Usage,
+    #[error("computed files: {0}")]
+    Computed(String),
     #[error("{0} needs a value")]
     NoValue(String),
     #[error("{flag} {value}: {source}")]
@@ -175,6 +180,8 @@ struct Opts {
     full_polls: usize,
     /// Mutual TLS with the certificates in this directory.
     tls: Option<std::path::PathBuf>,
+    /// Every sub has two computed files (the herd's object store in this directory).
+    computed: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -190,6 +197,7 @@ impl Opts {
             batch: 500,
             full_polls: 2_000,
             tls: None,
+            computed: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -219,6 +227,7 @@ impl Opts {
                 "--batch" => o.batch = count()?.max(1),
                 "--full-polls" => o.full_polls = count()?.max(1),
                 "--tls" => o.tls = Some(v.into()),
+                "--computed" => o.computed = Some(v.into()),
                 _ => return Err(BenchError::UnknownOption(flag.clone())),
             }
         }
@@ -239,6 +248,10 @@ fn sub_index(local: SocketAddr) -> Option<usize> {
 }
 
 /// Sub `i`'s loopback address.
+fn hostname(i: usize) -> String {
+    format!("sub{i:07}")
+}
+
 fn sub_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(FIRST_SUB) + u32::try_from(i).unwrap_or(u32::MAX))
 }
@@ -410,6 +423,8 @@ struct Sim {
     full_tail: Vec<u8>,
     /// The binary answer's tree part ([`poll_binary::encode_scan`]).
     binary_scan: Vec<u8>,
+    /// Each sub holds its computed files: its tree is made and encoded per full poll.
+    computed: Option<Image>,
     mark: Mutex<Vec<u64>>,
     churn_permille: AtomicU64,
     /// The next sub whose generation moves.
@@ -520,7 +535,14 @@ async fn sim_poll(
         let mut body = poll_binary::encode_status(&status).unwrap_or_default();
         if full {
             sim.full.fetch_add(1, Ordering::Relaxed);
-            body.extend_from_slice(&sim.binary_scan);
+            match (&sim.computed, sub_index(local)) {
+                (Some(base), Some(i)) => {
+                    let fs = computed::sub_tree(base, i, computed::MOTD);
+                    let scan = poll_binary::encode_scan(Some((&fs, &Default::default())));
+                    body.extend_from_slice(&scan.unwrap_or_default());
+                }
+                _ => body.extend_from_slice(&sim.binary_scan),
+            }
         } else {
             body.push(0);
         }
@@ -602,6 +624,7 @@ async fn churn(sim: Arc<Sim>) {
 
 fn sim(tree: &str, o: Opts) -> Res<()> {
     let fs = load_tree(tree)?;
+    let computed = o.computed.as_ref().map(|_| minbase_image(fs.clone()));
     let binary_scan = poll_binary::encode_scan(Some((&fs, &Default::default())))?;
     let template = full_answer(fs)?;
     let head = br#"{"generation":0,"scan_count":0,"#;
@@ -619,6 +642,7 @@ fn sim(tree: &str, o: Opts) -> Res<()> {
             .collect(),
         full_tail,
         binary_scan,
+        computed,
         mark: Mutex::new(vec![0; o.subs]),
         churn_permille: AtomicU64::new(0),
         cursor: AtomicUsize::new(0),
@@ -831,17 +855,36 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
         driver.stats("/bench/churn", Some(0.into())).await?;
 
         let rss0 = rss_kib();
+        // With computed files, rendered first: the renderer and the overlays count in the
+        // memory per sub.
+        let mut renderer = match &o.computed {
+            Some(dir) => Some(computed::Renderer::new(n, dir)?),
+            None => None,
+        };
+        let overlays = match &mut renderer {
+            Some(r) => {
+                let first = r.render(computed::MOTD)?;
+                eprintln!(
+                    "# computed: {} files of {n} subs rendered in {:.2} s, {} objects written",
+                    first.files, first.seconds, first.new_objects
+                );
+                first.overlays
+            }
+            None => Vec::new(),
+        };
         let specs: Vec<SubSpec> = (0..n)
             .map(|i| SubSpec {
-                hostname: format!("sub{i:07}"),
+                hostname: hostname(i),
                 address: format!("{}:{SUB_PORT}", sub_ip(i)),
                 desired: Desired {
                     required_image: Some(IMAGE.into()),
+                    computed: overlays.get(i).cloned(),
                     ..Desired::default()
                 },
                 safety_clearance: 0,
             })
             .collect();
+        drop(overlays);
         let rpc = Arc::new(Timed {
             inner: match &o.tls {
                 Some(dir) => HttpSubRpc::with_tls(
@@ -1004,6 +1047,20 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
         );
         let _ = stop_tx.send(true);
         let _ = running.await;
+        if let Some(r) = &mut renderer {
+            // A variable every file of every host uses changes.
+            let again = r.render(computed::MOTD_CHANGED)?;
+            eprintln!(
+                "# computed: after a change of a variable every file uses, {} files rendered \
+                 and {} new objects written in {:.2} s",
+                again.files, again.new_objects, again.seconds
+            );
+            println!(
+                "dominator computed subs={n} files={} render_s={:.2} short_poll_cycle_s={cycle:.2} \
+                 rss_per_sub_kib={rss_per_sub:.1}",
+                again.files, again.seconds
+            );
+        }
         println!(
             "dominator subs={n} tls={} poll_interval_ms={} short_poll_cycle_s={cycle:.2} \
              full_polls_per_s={full_per_s:.0} rss_per_sub_kib={rss_per_sub:.1} \
