@@ -226,6 +226,7 @@ impl Renderer {
             instances: instances.into_iter().collect(),
             dns_names,
             vars,
+            roles: spec.roles.keys().cloned().collect(),
         })
     }
 
@@ -399,8 +400,10 @@ impl Renderer {
         let mut statuses: BTreeMap<String, Vec<FileStatus>> = BTreeMap::new();
         let mut in_use = BTreeSet::new();
         let mut new_objects: BTreeMap<ObjectId, Vec<u8>> = BTreeMap::new();
-        let before = std::mem::take(&mut self.kept().files);
-        let stored = self.kept().stored.clone();
+        let (before, stored) = {
+            let k = self.kept();
+            (k.files.clone(), k.stored.clone())
+        };
         for (host, files) in made.files {
             let mut overlay = Overlay::default();
             let mut status = Vec::new();
@@ -559,6 +562,16 @@ impl crate::dominator::Overlays for Renderer {
     }
 }
 
+#[async_trait]
+impl crate::provisioning::ComputedPaths for Renderer {
+    async fn every_machines(&self) -> Vec<String> {
+        match self.spec().await {
+            Ok(Some((spec, _))) => spec.files.iter().map(|f| f.path.clone()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ComputedRoutes {
     pub renderer: Arc<Renderer>,
@@ -600,4 +613,126 @@ pub fn router(c: ComputedRoutes) -> Router {
         .route("/api/v1/spec/render", get(render))
         .route("/rpc/Dominator.GetSubFiles", get(sub_files))
         .with_state(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_image::Machine as MdbMachine;
+    use paddock_imageserver::mdb::Source as MdbSource;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn entry(host: &str, ip: &str, tags: &[(&str, &str)]) -> (String, Entry) {
+        let machine = MdbMachine {
+            hostname: host.into(),
+            ip_address: ip.into(),
+            tags: tags
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..MdbMachine::default()
+        };
+        let e = Entry {
+            machine,
+            source: MdbSource::Api,
+        };
+        (host.to_string(), e)
+    }
+
+    /// The renderer over a real store and object store: a program's output is kept until
+    /// its validity ends (run once, then again), an MDB tag is a variable, every content is
+    /// an object that garbage collection keeps, and a failing program holds its machine
+    /// while the others' files are made.
+    #[tokio::test]
+    async fn programs_run_when_stale_and_contents_are_kept_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+        let inspector = Arc::new(Inspector::new(store.clone(), Default::default()));
+        let objects =
+            paddock_imageserver::objects::ObjectStore::open(dir.path().join("objects")).unwrap();
+        let images = ImageServer::new(store.clone(), Arc::new(objects));
+        let hooks = dir.path().join("hooks");
+        std::fs::create_dir_all(&hooks).unwrap();
+        let runs = dir.path().join("runs");
+        let token = hooks.join("token");
+        // The machine's name from its data on stdin; it fails for h2.
+        std::fs::write(
+            &token,
+            format!(
+                "#!/bin/sh\necho \"$PADDOCK_HOST\" >> {}\n\
+                 name=$(sed -n 's/.*\"name\":\"\\([^\"]*\\)\".*/\\1/p')\n\
+                 [ \"$PADDOCK_HOST\" = h2 ] && {{ echo 'no token for h2' >&2; exit 4; }}\n\
+                 echo \"token-for-$PADDOCK_HOST\"\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spec = "[[files]]\npath = \"/etc/token\"\nprogram = \"token\"\nvalid_secs = 1\n\n\
+                    [[files]]\npath = \"/etc/rack\"\ntemplate = \"rack.j2\"\nmode = \"0600\"\n";
+        let stored = StoredSpec {
+            file: "spec/t.toml".into(),
+            text: spec.into(),
+            applied_ms: 0,
+            templates: [("rack.j2".to_string(), "{{ vars.rack }}\n".to_string())].into(),
+        };
+        store
+            .put(crate::roles::SPEC_KEY, serde_json::to_vec(&stored).unwrap())
+            .await
+            .unwrap();
+        let r = Renderer::new(
+            store.clone(),
+            images.clone(),
+            inspector,
+            Some(Programs {
+                dir: hooks.clone(),
+                timeout: Duration::from_secs(10),
+            }),
+            None,
+        );
+        let machines: BTreeMap<String, Entry> = [
+            entry("h1", "198.18.0.11", &[("var.rack", "r7")]),
+            entry("h2", "198.18.0.12", &[("var.rack", "r8")]),
+        ]
+        .into();
+        let ran = || {
+            std::fs::read_to_string(&runs)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        let o = r.render_all(&machines).await.unwrap();
+        assert_eq!(ran(), 2);
+        let h1 = &o["h1"];
+        assert_eq!(h1.missing, None);
+        assert_eq!(
+            h1.files["/etc/token"].object,
+            ObjectId::of(b"token-for-h1\n")
+        );
+        assert_eq!(h1.files["/etc/rack"].object, ObjectId::of(b"r7\n"));
+        assert_eq!(h1.files["/etc/rack"].mode, 0o600);
+        let h2 = &o["h2"];
+        assert_eq!(
+            h2.missing.as_deref(),
+            Some("/etc/token: program token exited Some(4): no token for h2")
+        );
+        assert!(h2.files.contains_key("/etc/rack"), "the rest is made");
+        // Within its validity, h1's output is kept (h2's failure is tried again).
+        r.render_all(&machines).await.unwrap();
+        assert_eq!(ran(), 3);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        r.render_all(&machines).await.unwrap();
+        assert_eq!(ran(), 5);
+        // Stored, and kept by garbage collection though no image names them.
+        let gc = images.collect_garbage().await.unwrap();
+        assert_eq!(gc.deleted_objects, 0);
+        for content in [&b"token-for-h1\n"[..], b"r7\n", b"r8\n"] {
+            assert!(images.objects().contains(&ObjectId::of(content)));
+        }
+        let files = r.files("h2");
+        let token = files.iter().find(|f| f.path == "/etc/token").unwrap();
+        assert!(token.error.as_deref().unwrap().contains("no token for h2"));
+        assert_eq!(token.source, "program token");
+    }
 }

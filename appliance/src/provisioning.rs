@@ -168,13 +168,16 @@ pub fn rule_wish(node: &Node, taken: Option<&WishTaken>) -> Option<WishTaken> {
 }
 
 /// What `provision/next` answers for `node` with its `record` (`image`: the run's image
-/// record, when there is a run).
+/// record, when there is a run; `computed`: the paths every machine gets as computed files,
+/// which the dominator places in the run's sync: the filter given to subd keeps no line
+/// naming only one of them, and the ramdisk writes none of them).
 pub fn next_answer(
     node: &Node,
     record: &Provisioning,
     image: Option<&ImageRecord>,
     appliance_url: &str,
     subd_port: u16,
+    computed: &[String],
 ) -> NextAnswer {
     let (mode, run_image) = match record.serve() {
         Serve::BirthRamdisk { image } => (Some(Operation::Birth), Some(image)),
@@ -197,8 +200,12 @@ pub fn next_answer(
         subd_port,
         filter: image
             .and_then(|r| r.filter.as_ref())
-            .map(|f| f.lines().to_vec())
+            .map(|f| paddock_dominator::without_lines_naming(f.lines(), computed))
             .unwrap_or_default(),
+        computed: match image {
+            Some(_) => computed.to_vec(),
+            None => Vec::new(),
+        },
         appliance_url: appliance_url.to_string(),
         subd_trust: None,
     }
@@ -314,6 +321,15 @@ pub struct Provisioner {
     pub power: Option<Arc<crate::power::Power>>,
     /// When a run's steps are stamped (the system's; a manual one in tests).
     pub clock: Arc<dyn Clock>,
+    /// The paths every machine gets as computed files: the dominator places them in the
+    /// run's sync, so the ramdisk neither excludes nor writes them.
+    pub computed: Option<Arc<dyn ComputedPaths>>,
+}
+
+/// Which computed files every machine has (the spec's own `[[files]]`).
+#[async_trait::async_trait]
+pub trait ComputedPaths: Send + Sync {
+    async fn every_machines(&self) -> Vec<String>;
 }
 
 /// One write: the record's transition, and the wish it acts on.
@@ -593,12 +609,17 @@ impl Provisioner {
                 .map_err(|e| ProvisionError::Internal(e.to_string()))?,
             _ => None,
         };
+        let computed = match (&self.computed, &image) {
+            (Some(c), Some(_)) => c.every_machines().await,
+            _ => Vec::new(),
+        };
         Ok(next_answer(
             &node,
             &record,
             image.as_ref(),
             &self.public_url,
             self.subd_port,
+            &computed,
         ))
     }
 
@@ -1100,7 +1121,7 @@ mod tests {
             .insert("root_device".into(), serde_json::json!({"serial": "disk0"}));
         let a = image("debian/a", Some("/tmp/.*"));
         let birth = record(P::Birth(run("debian/a", None, false)));
-        let got = next_answer(&n, &birth, Some(&a), "http://p", 6969);
+        let got = next_answer(&n, &birth, Some(&a), "http://p", 6969, &[]);
         assert_eq!(
             got.node.as_deref(),
             Some("0b6c2a4e-1111-2222-3333-444455556666")
@@ -1118,15 +1139,38 @@ mod tests {
             (got.subd_port, got.appliance_url.as_str()),
             (6969, "http://p")
         );
+        // A computed /etc/hostname: the dominator places it, subd does not exclude it.
+        let named = image("debian/a", Some("/etc/hostname$"));
+        let hostname = ["/etc/hostname".to_string()];
+        let got = next_answer(&n, &birth, Some(&named), "http://p", 6969, &hostname);
+        assert!(got.filter.is_empty(), "{:?}", got.filter);
+        assert_eq!(got.computed, hostname);
+        let got = next_answer(&n, &birth, Some(&a), "http://p", 6969, &hostname);
+        assert_eq!(got.filter, ["/tmp/.*"]);
         let rebirth = record(P::Rebirth(run("debian/a", Some(Step::ChooseDisk), false)));
         assert_eq!(
-            next_answer(&n, &rebirth, Some(&a), "http://p", 1).mode,
+            next_answer(&n, &rebirth, Some(&a), "http://p", 1, &[]).mode,
             Some(Operation::Rebirth)
         );
         // Another image's record is not this run's.
-        let other = next_answer(&n, &birth, Some(&image("debian/b", None)), "http://p", 1);
+        let other = next_answer(
+            &n,
+            &birth,
+            Some(&image("debian/b", None)),
+            "http://p",
+            1,
+            &[],
+        );
         assert_eq!((other.image_bytes, other.filter.len()), (0, 0));
-        let clean = next_answer(&n, &record(P::Clean { last_step: None }), None, "u", 1);
+        let clean = next_answer(
+            &n,
+            &record(P::Clean { last_step: None }),
+            None,
+            "u",
+            1,
+            &hostname,
+        );
+        assert!(clean.computed.is_empty(), "a clean writes no system");
         assert_eq!((clean.mode, clean.image), (Some(Operation::Clean), None));
         for idle in [
             P::Unknown,
@@ -1140,7 +1184,7 @@ mod tests {
                 image: Some("debian/a".into()),
             },
         ] {
-            let got = next_answer(&n, &record(idle.clone()), Some(&a), "u", 1);
+            let got = next_answer(&n, &record(idle.clone()), Some(&a), "u", 1, &[]);
             assert_eq!((got.mode, got.image.as_deref()), (None, None), "{idle:?}");
             assert_eq!(got.hostname, "r1");
         }
@@ -1310,6 +1354,7 @@ mod tests {
             security: None,
             power: None,
             clock: clock.clone(),
+            computed: None,
         };
         let mut n = node(Some("r1"));
         n.macs = vec!["52:54:00:00:00:01".parse().unwrap()];

@@ -66,16 +66,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         paddock_power::RetryPolicy::default(),
     );
     crate::power::start(&mut rt, power.clone());
-    let provisioner = core.provisioner(&power);
-    core.observe(&filter, &power, &provisioner);
-    let dhcp = match &cfg.dhcp {
-        Some(d) => Some(core.start_dhcp(&mut rt, d, &filter).await?),
-        None => None,
-    };
-    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url)?;
-    let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
-    crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
-    crate::audit::start(&mut rt, core.security.audit.clone());
     let computed = crate::computed::Renderer::new(
         core.store.clone(),
         core.images.clone(),
@@ -86,6 +76,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }),
         cfg.dns.as_ref().map(|d| d.zone.origin.clone()),
     );
+    let provisioner = core.provisioner(&power, &computed);
+    core.observe(&filter, &power, &provisioner);
+    let dhcp = match &cfg.dhcp {
+        Some(d) => Some(core.start_dhcp(&mut rt, d, &filter).await?),
+        None => None,
+    };
+    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url)?;
+    let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
+    crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
+    crate::audit::start(&mut rt, core.security.audit.clone());
     let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
     let roles = crate::roles::Roles::new(
         core.store.clone(),
@@ -219,6 +219,7 @@ impl Core {
     fn provisioner(
         &self,
         power: &Arc<crate::power::Power>,
+        computed: &Arc<crate::computed::Renderer>,
     ) -> Arc<crate::provisioning::Provisioner> {
         let cfg = &self.cfg;
         Arc::new(crate::provisioning::Provisioner {
@@ -235,6 +236,7 @@ impl Core {
             security: Some(self.security.clone()),
             power: Some(power.clone()),
             clock: Arc::new(paddock_clock::SystemClock),
+            computed: Some(computed.clone() as Arc<dyn crate::provisioning::ComputedPaths>),
         })
     }
 

@@ -57,6 +57,10 @@ pub struct NextAnswer {
     /// image, or none): paths subd must leave alone.
     #[serde(default)]
     pub filter: Vec<String>,
+    /// Paths the dominator places on this machine (its computed files, `/etc/hostname`
+    /// among them when the spec computes it): the ramdisk writes none of them itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub computed: Vec<String>,
     /// The appliance's base URL (reports, the image server's objects).
     pub appliance_url: String,
     /// subd's trust material when the appliance runs with TLS: the ramdisk starts subd with
@@ -107,6 +111,7 @@ impl NextAnswer {
             root_device_hints: None,
             subd_port: SUBD_PORT,
             filter: Vec::new(),
+            computed: Vec::new(),
             appliance_url: appliance_url.to_string(),
             subd_trust: None,
         }
@@ -162,6 +167,7 @@ mod tests {
             root_device_hints: Some(json!({"serial": "disk0"})),
             subd_port: 6969,
             filter: vec!["/tmp/.*".into()],
+            computed: Vec::new(),
             appliance_url: "http://198.18.0.1:8080".into(),
             subd_trust: None,
         };

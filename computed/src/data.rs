@@ -40,6 +40,9 @@ pub struct Site {
     /// `(role, instance)` → its DNS name.
     pub dns_names: BTreeMap<(String, String), String>,
     pub vars: VarSources,
+    /// The roles the spec declares: each is in `peers`, with no members while it has no
+    /// instance (a template may loop over a role that has none yet).
+    pub roles: BTreeSet<String>,
 }
 
 impl Site {
@@ -74,7 +77,12 @@ impl Site {
     /// Every role's members, by role (what [`Site::data`] calls `peers`): the same for
     /// every host, so made once per render of all of them.
     pub fn peers(&self) -> Value {
-        let all_roles: BTreeSet<&str> = self.instances.iter().map(|(r, _, _)| r.as_str()).collect();
+        let all_roles: BTreeSet<&str> = self
+            .instances
+            .iter()
+            .map(|(r, _, _)| r.as_str())
+            .chain(self.roles.iter().map(String::as_str))
+            .collect();
         let peers: serde_json::Map<String, Value> = all_roles
             .into_iter()
             .map(|r| (r.to_string(), json!(self.members(r))))

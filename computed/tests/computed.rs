@@ -150,6 +150,7 @@ fn site() -> Site {
         )]
         .into(),
         vars: VarSources::default(),
+        roles: ["etcd", "web", "app", "cache"].map(String::from).into(),
     }
 }
 
@@ -168,6 +169,12 @@ fn a_role_s_peers_are_its_members_with_their_hosts_addresses() {
     assert_eq!(
         d["peers"]["app"],
         json!([{"instance": "app-1", "host": null, "addresses": [], "dns_name": null}])
+    );
+    // A declared role with no instance yet has no members, not an undefined name.
+    assert_eq!(d["peers"]["cache"], json!([]));
+    assert_eq!(
+        render("n.j2", "{{ peers.cache | length }}", &d).unwrap(),
+        "0"
     );
     assert_eq!(d["roles"], json!(["etcd"]));
     assert_eq!(

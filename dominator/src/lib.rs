@@ -19,5 +19,5 @@ pub use herd::{
     Admission, Census, Change, ChangeReport, DisruptionCheck, DisruptionQuery, Herd, ImageSource,
     Limits, Polled, RpcError, SubHealth, SubRpc, SubSpec, SubStatus, admit, high_impact_limit,
 };
-pub use overlay::{ComputedFile, Overlay, OverlayError, lay};
+pub use overlay::{ComputedFile, Overlay, OverlayError, lay, without_lines_naming};
 pub use sub::{Action, Desired, Disruption, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};

@@ -132,6 +132,16 @@ fn make_parents(out: &mut Image, path: &str) -> Result<(), OverlayError> {
     Ok(())
 }
 
+/// A filter's `lines` without those that name exactly one of `paths` (`/etc/hostname$`): the
+/// exclusions of a machine whose computed files include those paths.
+pub fn without_lines_naming(lines: &[String], paths: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| literal(l).is_none_or(|p| !paths.contains(&p)))
+        .cloned()
+        .collect()
+}
+
 /// `filter` without the lines that name exactly one computed path; an error when a computed
 /// path is still filtered.
 fn unfiltered(filter: &Filter, overlay: &Overlay, image: &str) -> Result<Filter, OverlayError> {
@@ -283,6 +293,12 @@ mod tests {
         assert_eq!(literal("/etc/a.b$"), None);
         assert_eq!(literal("/etc/a\\.b$").as_deref(), Some("/etc/a.b"));
         assert_eq!(literal("/etc/hostname"), None);
+        let lines: Vec<String> = ["/etc/hostname$", "/tmp/.*"].map(String::from).into();
+        assert_eq!(
+            without_lines_naming(&lines, &["/etc/hostname".into()]),
+            ["/tmp/.*"]
+        );
+        assert_eq!(without_lines_naming(&lines, &["/tmp/x".into()]), lines);
     }
 
     #[test]

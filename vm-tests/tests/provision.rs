@@ -65,6 +65,34 @@ struct Installed {
     vm: usize,
     uuid: String,
     hostname: String,
+    /// The machine has computed files: its `/etc/hostname` (`<name>-lab1`) and, while it
+    /// runs the role `app`, `/etc/app/role.conf`.
+    computed: bool,
+}
+
+/// Every machine's `/etc/hostname` is computed (its name and the site), and the role `app`
+/// (when `app_image` is given: an image role on it) gives its machines `/etc/app/role.conf`.
+fn computed_spec(app_image: Option<&str>) -> Value {
+    let mut text = "[vars]\nsite = \"lab1\"\n\n[[files]]\npath = \"/etc/hostname\"\n\
+                    template = \"hostname.j2\"\n"
+        .to_string();
+    if let Some(image) = app_image {
+        // Deadlines for TCG: the batch includes a reboot.
+        text.push_str(&format!(
+            "\n[roles.app]\nmin = 0\nmax = 1\nimage = \"{image}\"\n\
+             update = {{ min_healthy_secs = 5, healthy_deadline_secs = 1500, \
+             progress_deadline_secs = 1800 }}\n\
+             files = [{{ path = \"/etc/app/role.conf\", template = \"app.j2\", mode = \"0640\" }}]\n"
+        ));
+    }
+    json!({
+        "file": "spec/lab.toml",
+        "text": text,
+        "templates": {
+            "hostname.j2": "{{ machine.name }}-{{ vars.site }}\n",
+            "app.j2": "role={{ role }} host={{ machine.name }} members={{ peers.app | length }}\n",
+        },
+    })
 }
 
 impl Installed {
@@ -244,19 +272,72 @@ impl Installed {
     }
 
     fn apply_role(&self, image: &str) {
-        // Deadlines for TCG: the batch includes a reboot.
-        let text = format!(
-            "[roles.app]\nmin = 0\nmax = 1\nimage = \"{image}\"\n\
-             update = {{ min_healthy_secs = 5, healthy_deadline_secs = 1500, \
-             progress_deadline_secs = 1800 }}\n"
-        );
+        let body = if self.computed {
+            computed_spec(Some(image))
+        } else {
+            // Deadlines for TCG: the batch includes a reboot.
+            let text = format!(
+                "[roles.app]\nmin = 0\nmax = 1\nimage = \"{image}\"\n\
+                 update = {{ min_healthy_secs = 5, healthy_deadline_secs = 1500, \
+                 progress_deadline_secs = 1800 }}\n"
+            );
+            json!({"file": "spec/app.toml", "text": text})
+        };
         self.lab
-            .api_json(
-                "POST",
-                "/api/v1/spec",
-                Some(&json!({"file": "spec/app.toml", "text": text}).to_string()),
-            )
+            .api_json("POST", "/api/v1/spec", Some(&body.to_string()))
             .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// With computed files: the running system's login prompt names it by its computed
+    /// `/etc/hostname` (so it booted with it), and `paths` hold what the spec made of them,
+    /// read from the machine by its own subd (`Subd.GetFiles`).
+    fn has_computed_files(&self, paths: &[(&str, String)]) {
+        if !self.computed {
+            return;
+        }
+        let prompt = format!("{}-lab1 login:", self.hostname);
+        assert!(
+            self.console().contains(&prompt),
+            "no {prompt:?}: {}",
+            tail(&self.console(), 3000)
+        );
+        let names: Vec<&str> = paths.iter().map(|(p, _)| *p).collect();
+        let body = json!({ "paths": names }).to_string();
+        let (status, got) = self
+            .subd_call("GetFiles", &body)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(status, 200, "GetFiles: {got}");
+        for (path, want) in paths {
+            assert!(
+                got.contains(want.as_str()),
+                "{path}: {want:?} not in {got:?}"
+            );
+        }
+        println!(
+            "{}: booted as {prompt:?}; its computed files hold {:?}",
+            self.name(),
+            paths.iter().map(|(_, w)| w.trim()).collect::<Vec<_>>()
+        );
+    }
+
+    /// A call to the machine's own subd (over mutual TLS with the lab's admin certificate,
+    /// verified against the subd CA, as the dominator calls it).
+    fn subd_call(&self, method: &str, body: &str) -> anyhow::Result<(u16, String)> {
+        let sub = self.sub()?;
+        let address = sub["address"].as_str().unwrap_or("").to_string();
+        let host = address.split(':').next().unwrap_or("").to_string();
+        let (scheme, creds) = match &self.lab.certs {
+            Some(dir) => ("https", self.lab.creds.with_ca(dir.join("subd-ca.pem"))),
+            None => ("http", self.lab.creds.clone()),
+        };
+        curl_as(
+            &self.lab.ns,
+            &creds,
+            "POST",
+            &format!("{scheme}://{host}:6969/rpc/Subd.{method}"),
+            Some(body),
+            10,
+        )
     }
 
     /// The machine (on B, powered off) is the one host of an image role on B; a spec that
@@ -301,6 +382,26 @@ impl Installed {
             },
             || tail(&self.lab.appliance_log(), 3000).to_string(),
         );
+        let role_file = format!("role=app host={} members=1\n", self.hostname);
+        let hostname = format!("{}-lab1\n", self.hostname);
+        if self.computed {
+            // The role's file arrives once the machine's instance counts.
+            wait_for(
+                "the role's file on the machine",
+                Duration::from_secs(300),
+                || {
+                    let (status, got) = self
+                        .subd_call("GetFiles", r#"{"paths": ["/etc/app/role.conf"]}"#)
+                        .ok()?;
+                    (status == 200 && got.contains(&role_file)).then_some(())
+                },
+                || tail(&self.lab.appliance_log(), 3000).to_string(),
+            );
+        }
+        self.has_computed_files(&[
+            ("/etc/hostname", hostname.clone()),
+            ("/etc/app/role.conf", role_file.clone()),
+        ]);
         let started = Instant::now();
         self.apply_role("rolled-a");
         self.wait_exited(
@@ -313,6 +414,10 @@ impl Installed {
             started.elapsed().as_secs_f64()
         );
         self.boots("rolled-a");
+        self.has_computed_files(&[
+            ("/etc/hostname", hostname),
+            ("/etc/app/role.conf", role_file),
+        ]);
         let done = wait_for(
             "the rollout done",
             Duration::from_secs(600),
@@ -432,7 +537,7 @@ impl Installed {
 
 /// A blank VM is inspected and installed in the same boot (a `set-image` rule), and hands
 /// over: the ramdisk reboots it.
-fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
+fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool) -> Installed {
     let a = artifacts();
     // The role loop on (image roles need no hooks; the directory is the lab's own).
     let hooks = std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id()));
@@ -442,6 +547,14 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
         hooks.display()
     );
     let mut lab = Lab::start(name, &a, &roles).expect("lab");
+    if computed {
+        lab.api_json(
+            "POST",
+            "/api/v1/spec",
+            Some(&computed_spec(None).to_string()),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
     add_image(&lab, IMAGE_A, "bootable.tar");
     lab.set_image_rule(IMAGE_A).expect("the set-image rule");
     let spec = VmSpec::provisioning(name, mac, firmware);
@@ -468,6 +581,7 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
         vm,
         uuid,
         hostname,
+        computed,
     };
     installed.wait_state("healthy", Duration::from_secs(3600));
     let took = installed.lab.vms[vm].powered_on.elapsed();
@@ -488,11 +602,16 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str) -> Installed {
 }
 
 /// A machine's life under one firmware kind: installed with A in one boot, synced; re-imaged
-/// to B keeping its root, synced; (`rolled`) given an image role and rolled back to A by a
+/// to B keeping its root, synced; (`rolled`) with computed files from the first boot on (its
+/// `/etc/hostname`, then its role's file), given an image role and rolled back to A by a
 /// spec change; cleaned.
 fn life(firmware: Firmware, name: &str, mac: &str, rolled: bool) {
-    let mut vm = install_in_one_boot(firmware, name, mac);
-    vm.boots_installed(IMAGE_A);
+    let mut vm = install_in_one_boot(firmware, name, mac, rolled);
+    vm.boots(IMAGE_A);
+    // Its computed /etc/hostname was placed in the install's sync: the first boot has it.
+    let hostname = format!("{}-lab1\n", vm.hostname);
+    vm.has_computed_files(&[("/etc/hostname", hostname)]);
+    vm.lab.vms[vm.vm].power_off();
     add_image(&vm.lab, IMAGE_B, "bootable2.tar");
     vm.reimage(IMAGE_B);
     if rolled {

@@ -432,13 +432,15 @@ pub fn trust_files(trust: &SubdTrust) -> Vec<IdentityFile> {
 
 /// The machine's identity, written in the target after the sync (paths the image's filter
 /// leaves alone): its host name, a fresh machine id, subd's binary, its trust material (when
-/// the appliance gave some) and its enabled unit.
+/// the appliance gave some) and its enabled unit; none of the `computed` paths, which the
+/// dominator placed in the sync.
 pub fn identity_files(
     hostname: &str,
     machine_id: &str,
     port: u16,
     filter: &[String],
     trust: Option<&SubdTrust>,
+    computed: &[String],
 ) -> Vec<IdentityFile> {
     let mut files = vec![
         IdentityFile::File {
@@ -469,6 +471,7 @@ pub fn identity_files(
             target: "../paddock-subd.service".into(),
         },
     ]);
+    files.retain(|f| !computed.iter().any(|c| c == f.path()));
     files
 }
 
@@ -742,6 +745,16 @@ mod tests {
     }
 
     #[test]
+    fn computed_paths_are_left_to_the_dominator() {
+        let all = identity_files("web-1", "id", 6969, &filter(), None, &[]);
+        assert!(all.iter().any(|f| f.path() == "/etc/hostname"));
+        let computed = ["/etc/hostname".to_string()];
+        let some = identity_files("web-1", "id", 6969, &filter(), None, &computed);
+        assert!(some.iter().all(|f| f.path() != "/etc/hostname"));
+        assert_eq!(some.len(), all.len() - 1);
+    }
+
+    #[test]
     fn subd_in_the_ramdisk() {
         let argv = subd_argv(TARGET, "198.18.0.20", 6969, &filter(), false);
         assert_eq!(
@@ -831,7 +844,7 @@ mod tests {
 
     #[test]
     fn identity() {
-        let files = identity_files("web-1", &machine_id([0xff; 16]), 6969, &filter(), None);
+        let files = identity_files("web-1", &machine_id([0xff; 16]), 6969, &filter(), None, &[]);
         let paths: Vec<&str> = files.iter().map(IdentityFile::path).collect();
         assert_eq!(
             paths,
@@ -882,7 +895,7 @@ mod tests {
             cert_pem: "CERT PEM".into(),
             key_pem: "KEY PEM".into(),
         };
-        let tls = identity_files("web-1", "id", 6969, &filter(), Some(&trust));
+        let tls = identity_files("web-1", "id", 6969, &filter(), Some(&trust), &[]);
         let tls_paths: Vec<&str> = tls.iter().map(IdentityFile::path).collect();
         assert_eq!(
             tls_paths,

@@ -451,6 +451,7 @@ impl<'a> Run<'a> {
             subd_port(&self.assignment),
             &self.assignment.filter,
             trust,
+            &self.assignment.computed,
         );
         for f in &files {
             write_identity(TARGET, f).or_else(|e| fail(Step::Identity, e))?;
