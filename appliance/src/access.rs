@@ -44,7 +44,7 @@ impl Access {
 /// added here.
 pub const READ_ONLY: &str = "Metrics.Get,Leases.List,Firewall.Get,Cluster.Get,Audit.List,\
 Tokens.List,Nodes.List,Nodes.Get,Provisioning.Get,Provision.Show,Power.Get,Power.GetThrottle,\
-Spec.Get,Spec.Plan,Spec.ListRounds,Census.List,Introspection.List,Introspection.Get,\
+Spec.Get,Spec.Plan,Spec.ListRounds,Spec.Replay,Spec.ListShadows,Census.List,Introspection.List,Introspection.Get,\
 Introspection.GetData,Rules.List,Rules.Get,Console.View,ImageServer.ListImages,\
 ImageServer.ShowImage,Mdb.GetMdb,Mdb.ListMachines,Dominator.ListSubs,Dominator.GetSub,\
 Dominator.Status,Dominator.GetSubFiles,Dns.Zone,Dns.Names,Dns.Peers,Rollout.List,Rollout.Status,\
@@ -165,6 +165,10 @@ pub fn access(http: &str, path: &str) -> Access {
         ["api", "v1", "spec"] if post => write("Spec.Apply"),
         ["api", "v1", "spec", "plan"] if post => read("Spec.Plan"),
         ["api", "v1", "spec", "rounds"] if get => read("Spec.ListRounds"),
+        ["api", "v1", "spec", "replay", _] if post => read("Spec.Replay"),
+        ["api", "v1", "spec", "shadow"] if get => read("Spec.ListShadows"),
+        ["api", "v1", "spec", "shadow", _] if post => write("Spec.ApplyShadow"),
+        ["api", "v1", "spec", "shadow", _] if http == "DELETE" => write("Spec.RemoveShadow"),
         // A machine's computed files' contents: not for the read-only role (a program's
         // output may be a secret).
         ["api", "v1", "spec", "render"] if get => read("Spec.Render"),

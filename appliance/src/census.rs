@@ -51,7 +51,37 @@ pub struct InstanceEntry {
     /// What the instance says of itself; `None` is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// Numbers it reports of its load (a role's `scale` follows one of them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, paddock_roles::Metric>,
     pub since_ms: i64,
+}
+
+/// Metrics one instance may report.
+pub const MAX_METRICS: usize = 32;
+
+/// Checks an instance's metrics: names as hook words, finite values, at most
+/// [`MAX_METRICS`].
+pub fn check_metrics(
+    m: &BTreeMap<String, f64>,
+) -> Result<BTreeMap<String, paddock_roles::Metric>, RegisterError> {
+    if m.len() > MAX_METRICS {
+        return Err(RegisterError::Metrics(format!(
+            "{} metrics; at most {MAX_METRICS}",
+            m.len()
+        )));
+    }
+    m.iter()
+        .map(|(k, v)| {
+            check_word("metric", k)?;
+            if !v.is_finite() {
+                return Err(RegisterError::Metrics(format!(
+                    "{k} = {v} is not a finite number"
+                )));
+            }
+            Ok((k.clone(), paddock_roles::Metric(*v)))
+        })
+        .collect()
 }
 
 impl InstanceEntry {
@@ -68,7 +98,7 @@ pub struct CensusView {
     pub instances: Vec<InstanceEntry>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Register {
     #[serde(default)]
@@ -80,6 +110,9 @@ pub struct Register {
     /// An instance's own word on its health: `up`, or anything else for not up.
     #[serde(default)]
     pub status: Option<String>,
+    /// An instance's numbers (`rps`, …).
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
     #[serde(default)]
     pub ttl_secs: Option<u64>,
 }
@@ -97,12 +130,15 @@ pub struct LeaseRef {
 }
 
 /// `POST /api/v1/census/status`: what the instance registered under `lease` says of itself.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatusReport {
     pub lease: LeaseId,
     #[serde(default)]
     pub status: Option<String>,
+    /// Its metrics now (absent: unchanged).
+    #[serde(default)]
+    pub metrics: Option<BTreeMap<String, f64>>,
 }
 
 impl Register {
@@ -123,11 +159,14 @@ impl Register {
                     instance: instance.clone(),
                     host: self.host.clone(),
                     status: self.status.clone(),
+                    metrics: check_metrics(&self.metrics)?,
                     since_ms: now_ms,
                 };
                 (format!("{INSTANCES}{role}/{instance}"), json(&e))
             }
-            (None, None) if self.status.is_some() => return Err(RegisterError::HostStatus),
+            (None, None) if self.status.is_some() || !self.metrics.is_empty() => {
+                return Err(RegisterError::HostStatus);
+            }
             (None, None) => {
                 let Some(host) = &self.host else {
                     return Err(RegisterError::Nothing);
@@ -162,8 +201,10 @@ pub enum RegisterError {
     Nothing,
     #[error("a role instance needs both role and instance")]
     HalfAnInstance,
-    #[error("a status belongs to a role instance, not to a host")]
+    #[error("a status or metrics belong to a role instance, not to a host")]
     HostStatus,
+    #[error("metrics: {0}")]
+    Metrics(String),
     #[error("ttl_secs {0} must be 1 to {MAX_TTL_SECS}")]
     Ttl(u64),
 }
@@ -282,13 +323,22 @@ impl CensusService {
                 host
             })
             .collect();
+        let mut metrics: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
         let instances = view
             .instances
             .into_iter()
-            .map(|i| Instance {
-                role: i.role,
-                id: i.instance,
-                host: i.host,
+            .map(|i| {
+                if !i.metrics.is_empty() {
+                    metrics
+                        .entry(i.role.clone())
+                        .or_default()
+                        .insert(i.instance.clone(), i.metrics);
+                }
+                Instance {
+                    role: i.role,
+                    id: i.instance,
+                    host: i.host,
+                }
             })
             .collect();
         let uuids = by_name.iter().map(|(k, n)| (k.clone(), n.uuid)).collect();
@@ -296,6 +346,7 @@ impl CensusService {
             Census {
                 hosts,
                 instances,
+                metrics,
                 ..Census::default()
             },
             uuids,
@@ -366,6 +417,10 @@ async fn status(
     if let Some(s) = &r.status {
         check_word("status", s).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
+    let metrics = match &r.metrics {
+        Some(m) => Some(check_metrics(m).map_err(|e| ApiError::bad_request(e.to_string()))?),
+        None => None,
+    };
     let held = c
         .store
         .range(INSTANCES)
@@ -382,6 +437,9 @@ async fn status(
     let mut entry: InstanceEntry = serde_json::from_slice(&kv.value)
         .map_err(|e| ApiError::internal(format!("{}: {e}", kv.key)))?;
     entry.status = r.status;
+    if let Some(m) = metrics {
+        entry.metrics = m;
+    }
     let txn = Txn {
         compare: vec![Compare::ModRevision {
             key: kv.key.clone(),
@@ -414,6 +472,7 @@ mod tests {
             instance: instance.map(str::to_string),
             host: host.map(str::to_string),
             status: None,
+            metrics: BTreeMap::new(),
             ttl_secs: None,
         };
         let (k, v) = r(Some("db"), Some("db-1"), Some("h1")).entry(5).unwrap();
@@ -439,6 +498,19 @@ mod tests {
         let mut hostile = r(Some("db"), Some("db-1"), None);
         hostile.status = Some("<script>".into());
         assert!(hostile.entry(0).is_err());
+        // Metrics: an instance's, named as words, finite.
+        let mut loaded = r(Some("web"), Some("web-1"), None);
+        loaded.metrics = [("rps".to_string(), 120.5)].into();
+        let (_, v) = loaded.entry(0).unwrap();
+        let e: InstanceEntry = serde_json::from_slice(&v).unwrap();
+        assert_eq!(e.metrics["rps"], paddock_roles::Metric(120.5));
+        for (name, value) in [("rps", f64::INFINITY), ("rps", f64::NAN), ("r ps", 1.0)] {
+            loaded.metrics = [(name.to_string(), value)].into();
+            assert!(loaded.entry(0).is_err(), "{name} = {value}");
+        }
+        let mut host_metrics = r(None, None, Some("h1"));
+        host_metrics.metrics = [("rps".to_string(), 1.0)].into();
+        assert_eq!(host_metrics.entry(0), Err(RegisterError::HostStatus));
         assert_eq!(
             r(None, None, Some("h1")).entry(0).unwrap().0,
             "census/hosts/h1"

@@ -340,6 +340,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     )
     .map(|text| crate::power::add_metrics(text, &s.power.throttle_view()))
     .map(|text| crate::dns::add_metrics(text, s.dns.as_ref()))
+    .map(|text| crate::roles::add_metrics(text, s.roles.round_stats().as_ref()))
     {
         Ok(text) => (
             [(

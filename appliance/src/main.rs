@@ -600,7 +600,13 @@ fn spec(api: &paddock::cli::Client, cmd: paddock::roles_cli::SpecCmd) -> anyhow:
         SpecCmd::Apply { file } => r::spec_apply(api, &file),
         SpecCmd::Show => r::spec_show(api),
         SpecCmd::Render { host, path, json } => r::spec_render(api, &host, path.as_deref(), json),
-        SpecCmd::Rounds { limit, json } => r::spec_rounds(api, limit, json),
+        SpecCmd::Rounds {
+            limit,
+            json,
+            shadow,
+        } => r::spec_rounds(api, limit, json, shadow),
+        SpecCmd::Shadow { cmd } => r::shadow(api, cmd),
+        SpecCmd::Replay { at_ms, spec } => r::spec_replay(api, at_ms, spec.as_deref()),
     }
 }
 
@@ -617,6 +623,8 @@ fn census(
             instance,
             host,
             status,
+            metrics,
+            metrics_file,
             ttl,
         }) => r::census_hold(
             &url.as_deref().map_or_else(|| api.clone(), |u| api.at(u)),
@@ -625,8 +633,10 @@ fn census(
                 instance,
                 host,
                 status,
+                metrics: metrics.into_iter().collect(),
                 ttl_secs: Some(ttl),
             },
+            metrics_file,
         ),
     }
 }

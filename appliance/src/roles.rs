@@ -25,7 +25,7 @@ use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_inspector::service::Subject;
-use paddock_roles::{Action, Census, Instance, Kind, Outcome, Plan, Spec, SpecErrors, plan};
+use paddock_roles::{Action, Census, Instance, Kind, Outcome, Plan, Spec, SpecErrors};
 use paddock_store::{Compare, Op, Store, Txn};
 use paddock_wire::{ApiError, unix_ms};
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,9 @@ use tokio::io::AsyncReadExt;
 use crate::census::CensusService;
 
 pub const SPEC_KEY: &str = "roles/spec";
+/// `roles/shadow/<name>`: a [`StoredSpec`] planned every round beside the live one, never
+/// acted on.
+pub const SHADOWS: &str = "roles/shadow/";
 pub const ROUNDS: &str = "roles/rounds/";
 /// `roles/images/<role>/<instance>`: `{host, image}`, an image role's instance started on a
 /// host (its required image set); removed when the instance is stopped.
@@ -197,6 +200,51 @@ pub struct Round {
     pub census: Census,
     pub plan: Plan,
     pub results: Vec<ActionResult>,
+    /// Each scaled role's count for this round, and why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scale: BTreeMap<String, paddock_roles::Decision>,
+    /// What the scaled roles' history was before the round (a replay starts from it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scale_before: BTreeMap<String, paddock_roles::ScaleState>,
+    /// Each shadow spec's plan for the same census and metrics (nothing of it is run).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shadows: BTreeMap<String, ShadowPlan>,
+}
+
+/// A shadow spec's plan in a round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowPlan {
+    pub file: String,
+    pub plan: Plan,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scale: BTreeMap<String, paddock_roles::Decision>,
+}
+
+/// Where a shadow's plan and the live one differ: per role, the live and the shadow's
+/// target counts, where they differ.
+pub fn shadow_differences(live: &Plan, shadow: &Plan) -> Vec<(String, Option<u64>, Option<u64>)> {
+    let roles: std::collections::BTreeSet<&String> =
+        live.roles.keys().chain(shadow.roles.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|r| {
+            let a = live.roles.get(r).map(|c| c.target);
+            let b = shadow.roles.get(r).map(|c| c.target);
+            (a != b).then(|| (r.clone(), a, b))
+        })
+        .collect()
+}
+
+/// A round planned again ([`Roles::replay`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replayed {
+    pub spec_file: String,
+    pub plan: Plan,
+    pub scale: BTreeMap<String, paddock_roles::Decision>,
+    /// The plan the round recorded.
+    pub recorded: Plan,
+    /// The replay planned what the round did.
+    pub same: bool,
 }
 
 /// A plan preview: the plan and each action's command line.
@@ -293,6 +341,79 @@ struct Memory {
     pending: Vec<Pending>,
     quarantine: BTreeMap<String, Instant>,
     last_outcome: Option<Outcome>,
+    /// The scaled roles' history (a new leader starts from the last kept round's counts).
+    scale: Option<BTreeMap<String, paddock_roles::ScaleState>>,
+    /// Each shadow spec's scaled roles' history.
+    shadow_scale: BTreeMap<String, BTreeMap<String, paddock_roles::ScaleState>>,
+    /// The shadow plans of the last round, to keep a round when they change.
+    last_shadows: BTreeMap<String, ShadowPlan>,
+    /// What `/metrics` shows of the last round.
+    last_round: Option<RoundStats>,
+}
+
+/// The last round, as `/metrics` shows it: per role the instances counted and the plan's
+/// target, the actions planned, the round's length.
+#[derive(Clone, Debug, Default)]
+pub struct RoundStats {
+    pub roles: BTreeMap<String, (u64, u64)>,
+    pub actions: usize,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct RoleLabels {
+    role: String,
+}
+
+/// `text` (an OpenMetrics exposition) with the role loop's last round (on the leader):
+/// `paddock_role_instances{role}`, `paddock_role_desired{role}` (the plan's target: a
+/// scaled role's load-driven count), `paddock_role_round_actions` and
+/// `paddock_role_round_seconds`.
+pub fn add_metrics(text: String, stats: Option<&RoundStats>) -> String {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let Some(stats) = stats else {
+        return text;
+    };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (instances, desired) = (
+        Family::<RoleLabels, Gauge>::default(),
+        Family::<RoleLabels, Gauge>::default(),
+    );
+    for (role, (current, target)) in &stats.roles {
+        let l = RoleLabels { role: role.clone() };
+        instances
+            .get_or_create(&l)
+            .set(i64::try_from(*current).unwrap_or(i64::MAX));
+        desired
+            .get_or_create(&l)
+            .set(i64::try_from(*target).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "paddock_role_instances",
+        "Live instances of each role, as the last round counted them",
+        instances,
+    );
+    registry.register(
+        "paddock_role_desired",
+        "Each role's target in the last round's plan (a scaled role's count from its load)",
+        desired,
+    );
+    let actions = Gauge::<i64>::default();
+    actions.set(i64::try_from(stats.actions).unwrap_or(i64::MAX));
+    registry.register(
+        "paddock_role_round_actions",
+        "Actions the last round planned",
+        actions,
+    );
+    let seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    seconds.set(stats.seconds);
+    registry.register(
+        "paddock_role_round_seconds",
+        "How long the last round took",
+        seconds,
+    );
+    crate::metrics::append(text, &registry)
 }
 
 pub struct Roles {
@@ -471,7 +592,15 @@ impl Roles {
         };
         let spec = Spec::parse(&file, &text).map_err(|e| spec_errors(&e))?;
         let (census, _) = self.live_census().await.map_err(internal)?;
-        let plan = plan(&spec, &census);
+        // The scaled roles' counts as the next round would decide them (nothing kept).
+        let mut states = self
+            .memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .scale
+            .clone()
+            .unwrap_or_default();
+        let (plan, _) = paddock_roles::round_plan(&spec, &census, &mut states, unix_ms());
         let commands = plan
             .actions
             .iter()
@@ -482,6 +611,33 @@ impl Roles {
             census,
             plan,
             commands,
+        })
+    }
+
+    /// `paddock spec replay`: the round kept at `at_ms` planned again from its record (its
+    /// census, its scaled roles' history, its time) with its own spec or `body`'s.
+    pub async fn replay(&self, at_ms: i64, body: &SpecBody) -> Result<Replayed, ApiError> {
+        let key = format!("{ROUNDS}{at_ms:013}");
+        let Some(kv) = self.store.get(&key).await.map_err(internal)? else {
+            return Err(ApiError::not_found(format!(
+                "no round kept at {at_ms} (paddock spec rounds lists them)"
+            )));
+        };
+        let round: Round = serde_json::from_slice(&kv.value).map_err(internal)?;
+        let (file, text) = match (&body.file, &body.text) {
+            (file, Some(text)) => (file.clone().unwrap_or_else(|| "spec".into()), text.clone()),
+            (_, None) => (round.spec.file.clone(), round.spec.text.clone()),
+        };
+        let spec = Spec::parse(&file, &text).map_err(|e| spec_errors(&e))?;
+        let mut states = round.scale_before.clone();
+        let (plan, scale) =
+            paddock_roles::round_plan(&spec, &round.census, &mut states, round.at_ms);
+        Ok(Replayed {
+            same: plan == round.plan,
+            spec_file: file,
+            plan,
+            scale,
+            recorded: round.plan,
         })
     }
 
@@ -530,6 +686,8 @@ impl Roles {
                 _ = tokio::time::sleep(every) => {}
             }
             let Some(leadership) = self.leader.borrow().clone() else {
+                // Another host decides meanwhile: its counts are taken back from its rounds.
+                self.memory.lock().unwrap_or_else(|e| e.into_inner()).scale = None;
                 continue;
             };
             if let Err(e) = self.round(&cfg, leadership.fence()).await {
@@ -562,6 +720,7 @@ impl Roles {
     /// One round: plan, run the actions in order (stopping at the first failure: the next
     /// round re-plans from what happened), keep the round.
     pub async fn round(&self, cfg: &RolesConfig, fence: Option<Compare>) -> anyhow::Result<()> {
+        let started = Instant::now();
         let Some(stored) = self.stored_spec().await? else {
             return Ok(());
         };
@@ -574,7 +733,8 @@ impl Roles {
         };
         let applied = paddock_clock::UnixMs(stored.applied_ms);
         let (census, uuids) = self.live_census().await?;
-        let mut plan = plan(&spec, &census);
+        let at_ms = unix_ms();
+        let (mut plan, decisions, scale_before) = self.scale(&spec, &census, at_ms).await;
         // A new instance of a role being rolled starts on the version the rollout reached.
         let rollouts = crate::rollouts::load_all(self.store.as_ref()).await?;
         for a in &mut plan.actions {
@@ -593,19 +753,34 @@ impl Roles {
                 role.version = Some(r.rollout.version_for_new().to_string());
             }
         }
+        let shadows = self.shadows(&census, at_ms).await;
         let changed = {
             let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            let changed = m.last_outcome.as_ref() != Some(&plan.outcome);
+            m.last_round = Some(RoundStats {
+                roles: plan
+                    .roles
+                    .iter()
+                    .map(|(r, c)| (r.clone(), (c.current, c.target)))
+                    .collect(),
+                actions: plan.actions.len(),
+                seconds: started.elapsed().as_secs_f64(),
+            });
+            let changed =
+                m.last_outcome.as_ref() != Some(&plan.outcome) || m.last_shadows != shadows;
             m.last_outcome = Some(plan.outcome.clone());
+            m.last_shadows = shadows.clone();
             changed
         };
         if !plan.actions.is_empty() || changed {
             let round = Round {
-                at_ms: unix_ms(),
+                at_ms,
                 spec: stored,
                 census,
                 plan,
                 results: Vec::new(),
+                scale: decisions,
+                scale_before,
+                shadows,
             };
             self.carry_out(cfg, &acting, round, &uuids, fence.clone())
                 .await?;
@@ -613,6 +788,132 @@ impl Roles {
         // After the plan (which counted the instances as they were): the rollouts' step.
         self.roll(cfg, &spec, applied, rollouts, &uuids, fence)
             .await
+    }
+
+    /// This round's count for each scaled role, and the history it started from. A new
+    /// leader starts from the counts of the last round kept (not its history: the
+    /// stabilisation window starts again, so nothing declines on a partial view).
+    async fn scale(
+        &self,
+        spec: &Spec,
+        census: &Census,
+        at_ms: i64,
+    ) -> (
+        Plan,
+        BTreeMap<String, paddock_roles::Decision>,
+        BTreeMap<String, paddock_roles::ScaleState>,
+    ) {
+        let known = self
+            .memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .scale
+            .is_some();
+        if !known {
+            let last = self.rounds(1).await.ok().and_then(|mut r| r.pop());
+            let restored = last
+                .map(|r| {
+                    r.scale
+                        .into_iter()
+                        .map(|(role, d)| {
+                            let st = paddock_roles::ScaleState {
+                                desired: Some(d.desired),
+                                ..paddock_roles::ScaleState::default()
+                            };
+                            (role, st)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+            m.scale.get_or_insert(restored);
+        }
+        let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let states = m.scale.get_or_insert_with(BTreeMap::new);
+        let before = states.clone();
+        let (plan, decisions) = paddock_roles::round_plan(spec, census, states, at_ms);
+        (plan, decisions, before)
+    }
+
+    /// Every shadow spec planned for `census` at `at_ms`, each with its own scaled roles'
+    /// history; a shadow that no longer validates is left out (and logged).
+    async fn shadows(&self, census: &Census, at_ms: i64) -> BTreeMap<String, ShadowPlan> {
+        let stored = match self.shadow_specs().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "roles: cannot read the shadow specs");
+                return BTreeMap::new();
+            }
+        };
+        let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        m.shadow_scale.retain(|name, _| stored.contains_key(name));
+        let mut out = BTreeMap::new();
+        for (name, s) in stored {
+            let spec = match Spec::parse(&s.file, &s.text) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    tracing::warn!(shadow = %name, error = %e, "roles: a shadow spec does not validate");
+                    continue;
+                }
+            };
+            let states = m.shadow_scale.entry(name.clone()).or_default();
+            let (plan, scale) = paddock_roles::round_plan(&spec, census, states, at_ms);
+            out.insert(
+                name,
+                ShadowPlan {
+                    file: s.file,
+                    plan,
+                    scale,
+                },
+            );
+        }
+        out
+    }
+
+    /// The last round, for `/metrics` (none before this host's first round as leader).
+    pub fn round_stats(&self) -> Option<RoundStats> {
+        if self.leader.borrow().is_none() {
+            return None;
+        }
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_round
+            .clone()
+    }
+
+    /// The shadow specs, by name.
+    pub async fn shadow_specs(&self) -> anyhow::Result<BTreeMap<String, StoredSpec>> {
+        let mut out = BTreeMap::new();
+        for kv in self.store.range(SHADOWS).await? {
+            if let (Some(name), Ok(s)) = (kv.name_under(SHADOWS), serde_json::from_slice(&kv.value))
+            {
+                out.insert(name, s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Validates and stores a shadow spec (a bad one changes nothing).
+    pub async fn apply_shadow(&self, name: &str, file: &str, text: &str) -> Result<Spec, ApiError> {
+        paddock_roles::check_word("shadow", name)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let spec = Spec::parse(file, text).map_err(|e| spec_errors(&e))?;
+        let stored = StoredSpec {
+            file: file.to_string(),
+            text: text.to_string(),
+            applied_ms: unix_ms(),
+            templates: BTreeMap::new(),
+        };
+        self.store
+            .put(
+                &format!("{SHADOWS}{name}"),
+                serde_json::to_vec(&stored).map_err(internal)?,
+            )
+            .await
+            .map_err(internal)?;
+        self.wake.notify_one();
+        Ok(spec)
     }
 
     /// Runs the plan's actions in order (stopping at the first failure: the next round
@@ -1224,6 +1525,12 @@ pub fn router(roles: Arc<Roles>) -> Router {
         .route("/api/v1/spec", get(show).post(apply))
         .route("/api/v1/spec/plan", post(preview))
         .route("/api/v1/spec/rounds", get(rounds))
+        .route("/api/v1/spec/replay/{at_ms}", post(replay))
+        .route("/api/v1/spec/shadow", get(list_shadows))
+        .route(
+            "/api/v1/spec/shadow/{name}",
+            post(apply_shadow).delete(remove_shadow),
+        )
         .with_state(roles)
 }
 
@@ -1260,6 +1567,48 @@ async fn preview(
     Json(body): Json<SpecBody>,
 ) -> Result<Json<PlanPreview>, ApiError> {
     Ok(Json(r.preview(&body).await?))
+}
+
+async fn list_shadows(
+    State(r): State<Arc<Roles>>,
+) -> Result<Json<BTreeMap<String, StoredSpec>>, ApiError> {
+    Ok(Json(r.shadow_specs().await.map_err(internal)?))
+}
+
+async fn apply_shadow(
+    State(r): State<Arc<Roles>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    Json(body): Json<SpecBody>,
+) -> Result<Json<Applied>, ApiError> {
+    let (Some(file), Some(text)) = (body.file, body.text) else {
+        return Err(ApiError::bad_request("send {\"file\", \"text\"}"));
+    };
+    let spec = r.apply_shadow(&name, &file, &text).await?;
+    Ok(Json(Applied {
+        file,
+        roles: spec.roles.keys().cloned().collect(),
+    }))
+}
+
+async fn remove_shadow(
+    State(r): State<Arc<Roles>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let gone = r
+        .store
+        .delete(&format!("{SHADOWS}{name}"))
+        .await
+        .map_err(internal)?;
+    r.wake.notify_one();
+    Ok(Json(serde_json::json!({ "removed": gone })))
+}
+
+async fn replay(
+    State(r): State<Arc<Roles>>,
+    axum::extract::Path(at_ms): axum::extract::Path<i64>,
+    Json(body): Json<SpecBody>,
+) -> Result<Json<Replayed>, ApiError> {
+    Ok(Json(r.replay(at_ms, &body).await?))
 }
 
 async fn rounds(

@@ -34,6 +34,14 @@ pub enum SpecCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Plan a kept round again from its record (census, scaled roles' history, time),
+    /// with its own spec or FILE: the same spec always gives the same plan.
+    Replay {
+        /// The round's time (`paddock spec rounds` shows it).
+        at_ms: i64,
+        #[arg(long)]
+        spec: Option<PathBuf>,
+    },
     /// The last rounds: census, plan and what each action did.
     Rounds {
         #[arg(long, default_value_t = 10)]
@@ -41,7 +49,66 @@ pub enum SpecCmd {
         /// Print the rounds as JSON (for replay: each has the spec and the census).
         #[arg(long)]
         json: bool,
+        /// Show each shadow spec's plan where it differs from the live one.
+        #[arg(long)]
+        shadow: bool,
     },
+    /// Shadow specs: planned every round beside the live spec, against the same census and
+    /// metrics, and never acted on.
+    Shadow {
+        #[command(subcommand)]
+        cmd: ShadowCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ShadowCmd {
+    /// Validate FILE and plan it every round as the shadow NAME.
+    Apply { name: String, file: PathBuf },
+    /// Stop planning the shadow NAME.
+    Remove { name: String },
+    /// Every shadow spec.
+    List,
+}
+
+pub fn shadow(api: &Client, cmd: ShadowCmd) -> anyhow::Result<()> {
+    match cmd {
+        ShadowCmd::Apply { name, file } => {
+            let (file, text) = read_spec(&file)?;
+            if let Err(e) = Spec::parse(&file, &text) {
+                bail!("{e}\nnothing applied");
+            }
+            let a: Applied = api.post(
+                &format!("/api/v1/spec/shadow/{name}"),
+                &SpecBody {
+                    file: Some(file),
+                    text: Some(text),
+                    ..SpecBody::default()
+                },
+            )?;
+            println!("shadow {name} is {}: roles {}", a.file, a.roles.join(", "));
+        }
+        ShadowCmd::Remove { name } => {
+            let _: serde_json::Value = api
+                .call("DELETE", format!("/api/v1/spec/shadow/{name}"))
+                .send()?;
+            println!("shadow {name} removed");
+        }
+        ShadowCmd::List => {
+            let all: std::collections::BTreeMap<String, StoredSpec> =
+                api.get("/api/v1/spec/shadow")?;
+            if all.is_empty() {
+                println!("no shadow specs");
+            }
+            for (name, s) in all {
+                println!(
+                    "{name}: {} (applied {} ms since the epoch)",
+                    s.file, s.applied_ms
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -62,9 +129,41 @@ pub enum CensusCmd {
         /// service's DNS records (its own name stays).
         #[arg(long)]
         status: Option<String>,
+        /// A number of the instance's load, `NAME=VALUE` (repeatable); a role's `scale`
+        /// follows one of them.
+        #[arg(long = "metric", value_parser = parse_metric)]
+        metrics: Vec<(String, f64)>,
+        /// Read the metrics (`NAME=VALUE` lines) from FILE again every keep-alive and
+        /// report them when they change.
+        #[arg(long)]
+        metrics_file: Option<PathBuf>,
         #[arg(long, default_value_t = crate::census::DEFAULT_TTL_SECS)]
         ttl: u64,
     },
+}
+
+/// `NAME=VALUE`, a finite number.
+pub fn parse_metric(s: &str) -> Result<(String, f64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: write NAME=VALUE"))?;
+    let v: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: {v:?} is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("{s:?}: not a finite number"));
+    }
+    Ok((k.trim().to_string(), v))
+}
+
+/// The metrics in `text`: `NAME=VALUE` lines (blank lines and `#` comments skipped).
+pub fn parse_metrics(text: &str) -> Result<std::collections::BTreeMap<String, f64>, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(parse_metric)
+        .collect()
 }
 
 fn read_spec(path: &Path) -> anyhow::Result<(String, String)> {
@@ -110,8 +209,9 @@ pub fn spec_check(files: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
-    let body = match file {
+/// A spec file as a request's body (none: the applied spec).
+fn body_of(file: Option<&Path>) -> anyhow::Result<SpecBody> {
+    Ok(match file {
         Some(f) => {
             let (file, text) = read_spec(f)?;
             SpecBody {
@@ -121,7 +221,11 @@ pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
             }
         }
         None => SpecBody::default(),
-    };
+    })
+}
+
+pub fn spec_plan(api: &Client, file: Option<&Path>) -> anyhow::Result<()> {
+    let body = body_of(file)?;
     let p: PlanPreview = api.post("/api/v1/spec/plan", &body)?;
     println!(
         "spec {}: {} hosts, {} instances in the census",
@@ -219,6 +323,26 @@ pub fn spec_render(api: &Client, host: &str, path: Option<&str>, json: bool) -> 
     Ok(())
 }
 
+pub fn spec_replay(api: &Client, at_ms: i64, spec: Option<&Path>) -> anyhow::Result<()> {
+    let body = body_of(spec)?;
+    let r: crate::roles::Replayed = api.post(&format!("/api/v1/spec/replay/{at_ms}"), &body)?;
+    println!("round {at_ms} planned again with {}:", r.spec_file);
+    for (role, d) in &r.scale {
+        println!("  {role}: {} ({})", d.desired, d.reason);
+    }
+    print!("{}", plan_text(&r.plan, &vec![None; r.plan.actions.len()]));
+    if r.same {
+        println!("the same plan as the round's");
+    } else {
+        println!("not the round's plan, which was:");
+        print!(
+            "{}",
+            plan_text(&r.recorded, &vec![None; r.recorded.actions.len()])
+        );
+    }
+    Ok(())
+}
+
 pub fn spec_show(api: &Client) -> anyhow::Result<()> {
     let s: StoredSpec = api.get("/api/v1/spec")?;
     println!("# {} (applied {} ms since the epoch)", s.file, s.applied_ms);
@@ -226,7 +350,7 @@ pub fn spec_show(api: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn spec_rounds(api: &Client, limit: usize, json: bool) -> anyhow::Result<()> {
+pub fn spec_rounds(api: &Client, limit: usize, json: bool, shadow: bool) -> anyhow::Result<()> {
     let rounds: Vec<Round> = api.get(&format!("/api/v1/spec/rounds?limit={limit}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rounds)?);
@@ -240,8 +364,28 @@ pub fn spec_rounds(api: &Client, limit: usize, json: bool) -> anyhow::Result<()>
             r.census.instances.len(),
             r.plan.actions.len()
         );
+        for (role, d) in &r.scale {
+            println!("  scale {role}: {} ({})", d.desired, d.reason);
+        }
         let commands: Vec<_> = r.results.iter().map(|x| x.argv.clone()).collect();
         print!("{}", plan_text(&r.plan, &commands));
+        if shadow {
+            for (name, s) in &r.shadows {
+                let diff = crate::roles::shadow_differences(&r.plan, &s.plan);
+                if diff.is_empty() {
+                    println!("  shadow {name} ({}): the same counts", s.file);
+                    continue;
+                }
+                println!("  shadow {name} ({}), where it differs:", s.file);
+                for (role, live, theirs) in diff {
+                    let n = |x: Option<u64>| x.map_or("-".to_string(), |v| v.to_string());
+                    println!("    {role}: live {} / shadow {}", n(live), n(theirs));
+                }
+                for (role, d) in &s.scale {
+                    println!("    scale {role}: {} ({})", d.desired, d.reason);
+                }
+            }
+        }
         for x in &r.results {
             println!("  {}", crate::roles::describe(x));
         }
@@ -269,8 +413,19 @@ pub fn census_list(api: &Client) -> anyhow::Result<()> {
 }
 
 /// `paddock census hold`: register, keep alive every TTL/3 (registering again if the lease
-/// was lost), revoke at SIGTERM/SIGINT.
-pub fn census_hold(api: &Client, r: Register) -> anyhow::Result<()> {
+/// was lost; reporting `metrics_file`'s metrics when they change), revoke at SIGTERM/SIGINT.
+pub fn census_hold(
+    api: &Client,
+    mut r: Register,
+    metrics_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let read = |f: &Path| -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
+        let text = std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?;
+        parse_metrics(&text).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))
+    };
+    if let Some(f) = &metrics_file {
+        r.metrics.extend(read(f)?);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -291,6 +446,7 @@ pub fn census_hold(api: &Client, r: Register) -> anyhow::Result<()> {
             }
         };
         let mut held = register().await?;
+        let mut reported = r.metrics.clone();
         eprintln!(
             "registered {} (lease {:x}, ttl {} s)",
             held.key, held.lease, held.ttl_secs
@@ -314,6 +470,30 @@ pub fn census_hold(api: &Client, r: Register) -> anyhow::Result<()> {
                     Err(e) => eprintln!("registering again: {e}"),
                 },
                 Err(e @ CallError::Unreachable { .. }) | Err(e) => eprintln!("keep-alive: {e}"),
+            }
+            let Some(f) = &metrics_file else { continue };
+            let now = match read(f) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("metrics: {e:#}");
+                    continue;
+                }
+            };
+            if now != reported {
+                let report = crate::census::StatusReport {
+                    lease: held.lease,
+                    status: r.status.clone(),
+                    metrics: Some(now.clone()),
+                };
+                let a = api.clone();
+                let sent = tokio::task::spawn_blocking(move || {
+                    a.post::<serde_json::Value>("/api/v1/census/status", &report)
+                })
+                .await?;
+                match sent {
+                    Ok(_) => reported = now,
+                    Err(e) => eprintln!("reporting metrics: {e}"),
+                }
             }
         }
         let (a, lease) = (api.clone(), LeaseRef { lease: held.lease });

@@ -125,6 +125,28 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
                         }
                     }
                 }
+                @if let Some(last) = rounds.iter().find(|r| !r.shadows.is_empty()) {
+                    h2 { "Shadow specs (round at " (iso(last.at_ms / 1000)) " UTC)" }
+                    p { "Planned every round against the same census and metrics; nothing of theirs runs." }
+                    table {
+                        tr { th { "Shadow" } th { "Role" } th { "Live" } th { "Shadow" } th { "Why (shadow)" } }
+                        @for (name, sh) in &last.shadows {
+                            @let diff = crate::roles::shadow_differences(&last.plan, &sh.plan);
+                            @if diff.is_empty() {
+                                tr { td { (name) " " code { (sh.file) } } td colspan="4" { "the same counts as the live spec" } }
+                            }
+                            @for (role, live, theirs) in &diff {
+                                tr {
+                                    td { (name) " " code { (sh.file) } }
+                                    td { (role) }
+                                    td { (live.map_or("-".into(), |v| v.to_string())) }
+                                    td { (theirs.map_or("-".into(), |v| v.to_string())) }
+                                    td { (sh.scale.get(role).map(|d| d.reason.as_str()).unwrap_or("")) }
+                                }
+                            }
+                        }
+                    }
+                }
                 @if dns.is_some() {
                     h2 { "Services (DNS)" }
                     table {

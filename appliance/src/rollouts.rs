@@ -364,6 +364,7 @@ mod tests {
             instance: id.into(),
             host: None,
             status: status.map(str::to_string),
+            metrics: Default::default(),
             since_ms,
         };
         let versions = [

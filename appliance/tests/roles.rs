@@ -494,3 +494,178 @@ fn spec_check_needs_no_appliance() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Load-driven capacity end to end: `web` (hostless: it depends on `lb`) follows the `rps`
+/// its instances report through `paddock census hold --metrics-file` (the test, as the
+/// balancer, writes each instance's share of the load). The load goes from 100 to 1,000:
+/// web grows to 10, at most 5 per rate period (4 s here); it falls back to 1 once the load
+/// drops and the stabilisation window (6 s) has passed. A shadow spec with half the target
+/// plans 20 in its rounds and starts nothing. A kept round replays to the same plan.
+#[test]
+fn a_scaled_role_follows_its_load_within_its_rates_and_a_shadow_only_plans() {
+    require(&["ip", "curl", "setsid"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&format!("{}-scale", link.tag));
+    let hooks = scratch.path("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let rps = scratch.path("rps");
+    std::fs::create_dir_all(&rps).unwrap();
+    // lb runs on a host (as in the other tests); each web instance reports the share of the
+    // load the test (the balancer) writes in its file, none until the balancer gives it one.
+    let start = format!(
+        r#"#!/bin/sh
+set -eu
+host=${{2:-}}
+if [ "$PADDOCK_ROLE" = web ]; then
+  f={rps}/$PADDOCK_INSTANCE
+  [ -f "$f" ] || echo rps=0 > "$f"
+  setsid "$PADDOCK_BIN" census hold --url "$PADDOCK_URL" --role web --instance "$PADDOCK_INSTANCE" --metrics-file "$f" --ttl 3 </dev/null >/dev/null 2>&1 &
+else
+  setsid "$PADDOCK_BIN" census hold --url "$PADDOCK_URL" --role "$PADDOCK_ROLE" --instance "$PADDOCK_INSTANCE" --host "$host" --ttl 3 </dev/null >/dev/null 2>&1 &
+fi
+echo $! > "$PADDOCK_HOOK_STATE/$PADDOCK_INSTANCE.pid"
+"#,
+        rps = rps.display()
+    );
+    let stop = r#"#!/bin/sh
+pid="$PADDOCK_HOOK_STATE/$PADDOCK_INSTANCE.pid"
+if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$pid"; fi
+"#;
+    for (name, body) in [("start.sh", start.as_str()), ("stop.sh", stop)] {
+        std::fs::write(hooks.join(name), body).unwrap();
+        sh_ok(&format!("chmod 755 {}", hooks.join(name).display()));
+    }
+    let lab = Lab::start(link, scratch, &hooks, 1);
+    let spec = |target: u32| {
+        format!(
+            "[roles.lb]\nmin = 1\nmax = 1\nstart = {{ hook = \"start.sh\", args = [\"h\"] }}\n\
+             stop = {{ hook = \"stop.sh\" }}\n\n\
+             [roles.web]\nmin = 1\nmax = 20\ndepends = {{ lb = 100 }}\n\
+             start = {{ hook = \"start.sh\" }}\nstop = {{ hook = \"stop.sh\" }}\n\
+             scale = {{ metric = \"rps\", target_per_instance = {target}, up_per_min = 5, \
+             down_per_min = 5, rate_secs = 4, down_stabilise_secs = 6 }}\n"
+        )
+    };
+    let r = lab.post(
+        "/api/v1/spec",
+        &serde_json::json!({"file": "spec/web.toml", "text": spec(100)}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = lab.post(
+        "/api/v1/spec/shadow/half",
+        &serde_json::json!({"file": "spec/web-half.toml", "text": spec(50)}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let webs = |lab: &Lab| lab.census().iter().filter(|(r, _)| r == "web").count();
+    // The balancer: each live web instance gets its share of `total`.
+    let balance = |lab: &Lab, total: f64| {
+        let v = lab.get("/api/v1/census");
+        let ids: Vec<String> = v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "web")
+            .filter_map(|i| i["instance"].as_str().map(str::to_string))
+            .collect();
+        for id in &ids {
+            let share = total / ids.len() as f64;
+            std::fs::write(rps.join(id), format!("rps={share}\n")).unwrap();
+        }
+    };
+    within("one web at 100 rps", Duration::from_secs(30), || {
+        balance(&lab, 100.0);
+        webs(&lab) == 1
+    });
+
+    // 1,000 rps: up to 10, at most 5 in any 4 s.
+    let t = Instant::now();
+    let mut seen: Vec<(Instant, usize)> = Vec::new();
+    within("ten webs at 1,000 rps", Duration::from_secs(60), || {
+        balance(&lab, 1000.0);
+        let n = webs(&lab);
+        seen.push((Instant::now(), n));
+        std::thread::sleep(Duration::from_millis(100));
+        n >= 10
+    });
+    // Settled: ten, three seconds running (an instance that started before the balancer
+    // moved its share reports the old share a moment, and may add one, which the
+    // stabilisation window then takes back).
+    let mut stable_since = Instant::now();
+    within("ten webs steady", Duration::from_secs(60), || {
+        balance(&lab, 1000.0);
+        let n = webs(&lab);
+        seen.push((Instant::now(), n));
+        if n != 10 {
+            stable_since = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        stable_since.elapsed() >= Duration::from_secs(3)
+    });
+    println!(
+        "100 → 1,000 rps: 1 → 10 webs in {:.1} s; counts seen {:?}",
+        t.elapsed().as_secs_f64(),
+        {
+            let mut c: Vec<usize> = seen.iter().map(|(_, n)| *n).collect();
+            c.dedup();
+            c
+        }
+    );
+    for (i, (at, n)) in seen.iter().enumerate() {
+        for (later, m) in &seen[i..] {
+            if later.duration_since(*at) < Duration::from_millis(3500) {
+                assert!(m.saturating_sub(*n) <= 5, "{n} → {m} within 4 s: {seen:?}");
+            }
+        }
+    }
+    let rounds = lab.get("/api/v1/spec/rounds?limit=200");
+    let rounds = rounds.as_array().unwrap();
+    let scaled = rounds
+        .iter()
+        .rev()
+        .find(|r| r["scale"]["web"]["desired"] == 10)
+        .unwrap_or_else(|| panic!("no round decided 10 webs"));
+    println!("the round: {}", scaled["scale"]["web"]["reason"]);
+    // The shadow (target 50) wants 20 (within its own rates), and its plan is beside the
+    // live one.
+    let shadow = &scaled["shadows"]["half"];
+    let reason = shadow["scale"]["web"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("wants 20"), "{shadow}");
+    assert!(
+        shadow["plan"]["roles"]["web"]["target"].as_u64() > Some(10),
+        "{shadow}"
+    );
+    assert_eq!(webs(&lab), 10, "the shadow started nothing");
+    let m = http(&lab.link.server, &lab.scratch, "GET", "/metrics", None, &[]);
+    for line in [
+        "paddock_role_desired{role=\"web\"} 10",
+        "paddock_role_instances{role=\"web\"} 10",
+    ] {
+        assert!(
+            m.body.contains(line),
+            "no {line:?} in /metrics:\n{}",
+            m.body
+        );
+    }
+    // The round replays to the same plan.
+    let at = scaled["at_ms"].as_i64().unwrap();
+    let replayed = lab.post(&format!("/api/v1/spec/replay/{at}"), &serde_json::json!({}));
+    assert_eq!(replayed.status, 200, "{}", replayed.body);
+    assert_eq!(replayed.json()["same"], true, "{}", replayed.body);
+
+    // The load drops: nothing for the 6 s window, then back to 1.
+    let t = Instant::now();
+    within("one web again at 100 rps", Duration::from_secs(60), || {
+        balance(&lab, 100.0);
+        std::thread::sleep(Duration::from_millis(200));
+        webs(&lab) == 1
+    });
+    let back = t.elapsed();
+    println!(
+        "1,000 → 100 rps: 10 → 1 webs in {:.1} s",
+        back.as_secs_f64()
+    );
+    assert!(
+        back >= Duration::from_secs(6),
+        "declined within the window: {back:?}"
+    );
+}

@@ -4,10 +4,18 @@
 //! that plan leads to (the steady state the leader re-plans every round).
 //! Prints `roles hosts=<n> plan_ms=<t>` (the median of RUNS plans from empty) and `#` detail
 //! lines on stderr.
+//!
+//! Then load-driven capacity at scale: SCALED_ROLES (19) hostless roles, each with `scale`
+//! on `rps` and served by `base` (on hosts), 10,000 instances among them each reporting
+//! its `rps`, over the same hosts; a round (each role's count from the metrics, then the
+//! plan) from the live census, with a load that grows every role by one instance and with
+//! the load steady. Prints `roles scale hosts=<n> roles=<r> instances=<i> plan_ms=<t>`.
 
 use std::time::Instant;
 
-use paddock_roles::{Census, Host, Spec, applied, plan};
+use std::collections::BTreeMap;
+
+use paddock_roles::{Census, Host, Instance, Metric, ScaleState, Spec, applied, plan};
 
 fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
     let mut times: Vec<f64> = (0..runs)
@@ -73,4 +81,93 @@ fn main() {
     );
     eprintln!("# plan from empty {cold:.2} ms, steady state {warm:.2} ms (median of {runs})");
     println!("roles hosts={n} plan_ms={cold:.2}");
+    scaled(
+        &empty.hosts,
+        runs,
+        env("INSTANCES", 10_000),
+        env("SCALED_ROLES", 19),
+    );
+}
+
+/// The load-driven round at scale (see the module's note).
+fn scaled(hosts: &[Host], runs: usize, instances: usize, roles: usize) {
+    let per_role = instances / roles.max(1);
+    let mut text = String::from(
+        "[roles.base]\nmin = 10\nmax = 10\nstart = { hook = \"s\" }\nstop = { hook = \"t\" }\n",
+    );
+    for r in 0..roles {
+        text.push_str(&format!(
+            "\n[roles.web{r:02}]\nmin = 1\nmax = {}\ndepends = {{ base = 10000 }}\n\
+             start = {{ hook = \"s\" }}\nstop = {{ hook = \"t\" }}\n\
+             scale = {{ metric = \"rps\", target_per_instance = 100 }}\n",
+            per_role * 2
+        ));
+    }
+    let spec = Spec::parse("bench/scaled.toml", &text).unwrap_or_else(|e| panic!("{e}"));
+    let mut census = Census {
+        hosts: hosts.to_vec(),
+        ..Census::default()
+    };
+    for (i, h) in hosts.iter().take(10).enumerate() {
+        census.instances.push(Instance {
+            role: "base".into(),
+            id: format!("base-{}", i + 1),
+            host: Some(h.name.clone()),
+        });
+    }
+    for r in 0..roles {
+        let role = format!("web{r:02}");
+        let reports = census.metrics.entry(role.clone()).or_default();
+        for i in 1..=per_role {
+            let id = format!("{role}-{i}");
+            reports.insert(
+                id.clone(),
+                BTreeMap::from([("rps".to_string(), Metric(100.0))]),
+            );
+            census.instances.push(Instance {
+                role: role.clone(),
+                id,
+                host: None,
+            });
+        }
+    }
+    let live = census.instances.len();
+    let round = |census: &Census| {
+        let mut states: BTreeMap<String, ScaleState> = BTreeMap::new();
+        paddock_roles::round_plan(&spec, census, &mut states, 0)
+    };
+    let (steady_plan, _) = round(&census);
+    assert!(
+        steady_plan.actions.is_empty(),
+        "a steady load must plan nothing"
+    );
+    // Each role's load grows by a tenth and more (past the tolerance): 5 more each (the rate).
+    let mut busier = census.clone();
+    for reports in busier.metrics.values_mut() {
+        if let Some(m) = reports.values_mut().next() {
+            m.insert("rps".into(), Metric(5_500.0));
+        }
+    }
+    let (grown, decisions) = round(&busier);
+    let starts = grown.actions.len();
+    let steady = median_ms(runs, || {
+        std::hint::black_box(round(&census));
+    });
+    let growing = median_ms(runs, || {
+        std::hint::black_box(round(&busier));
+    });
+    eprintln!(
+        "# scale: {live} live instances in {} roles; steady load {steady:.2} ms (no action), \
+         growing load {growing:.2} ms ({starts} starts; web00 {})",
+        roles + 1,
+        decisions
+            .get("web00")
+            .map_or(String::new(), |d| d.reason.clone())
+    );
+    println!(
+        "roles scale hosts={} roles={} instances={live} plan_ms={:.2}",
+        hosts.len(),
+        roles + 1,
+        steady.max(growing)
+    );
 }

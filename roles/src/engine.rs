@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::model::Host;
 use crate::model::{Role, Spec};
+use crate::scale::{Decision, ScaleState};
 
 /// A live role instance (its registration's lease is alive).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -38,6 +39,14 @@ pub struct Instance {
     pub host: Option<String>,
 }
 
+/// A metric's value, as an instance registered it: finite (the census refuses others), so
+/// it compares and orders as a number.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Metric(pub f64);
+
+impl Eq for Metric {}
+
 /// What the planner sees.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Census {
@@ -47,6 +56,25 @@ pub struct Census {
     /// Hosts not to start anything on now (a hook failed there recently).
     #[serde(default)]
     pub quarantined: BTreeSet<String>,
+    /// What the live instances report: role → instance → metric → value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, BTreeMap<String, BTreeMap<String, Metric>>>,
+}
+
+impl Census {
+    /// `metric` as each live instance of `role` reports it (an instance not in the census,
+    /// its lease gone, does not count, whatever it reported).
+    pub fn metric(&self, role: &str, metric: &str) -> Vec<f64> {
+        let Some(by_instance) = self.metrics.get(role) else {
+            return Vec::new();
+        };
+        self.instances
+            .iter()
+            .filter(|i| i.role == role)
+            .filter_map(|i| by_instance.get(&i.id)?.get(metric))
+            .map(|m| m.0)
+            .collect()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +100,8 @@ pub enum Why {
     Orphaned,
     /// Restarted on another version by the role's rollout.
     Rollout,
+    /// More instances than the role's load wants (`scale`).
+    Load,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +169,8 @@ struct Graph<'a> {
     dependers: Vec<Vec<(usize, u32)>>,
     /// Per role: the least common multiple of its dependers' capacities.
     lcm: Vec<u64>,
+    /// Per role: the count its load wants (`scale`), if it has one.
+    goal: Vec<Option<u64>>,
 }
 
 impl<'a> Graph<'a> {
@@ -174,6 +206,7 @@ impl<'a> Graph<'a> {
             }
         }
         Ok(Graph {
+            goal: vec![None; roles.len()],
             roles,
             index,
             dependees,
@@ -206,6 +239,16 @@ impl<'a> Graph<'a> {
 
     fn max(&self, r: usize) -> u64 {
         self.roles[r].max.map_or(u64::MAX, u64::from)
+    }
+
+    /// How far growth takes the role: its load's count when it scales, else its max.
+    fn limit(&self, r: usize) -> u64 {
+        self.goal[r].map_or(self.max(r), |g| g.min(self.max(r)))
+    }
+
+    /// Roles that grow in phase 2: the roots, and every role its load sizes.
+    fn grown(&self, r: usize) -> bool {
+        self.dependers[r].is_empty() || self.goal[r].is_some()
     }
 }
 
@@ -487,10 +530,11 @@ impl Alloc<'_, '_> {
         true
     }
 
-    /// Phase 2: roots grow by priority, one all-or-nothing step at a time, idle hosts only.
+    /// Phase 2: roots (and roles their load sizes) grow by priority, one all-or-nothing
+    /// step at a time, idle hosts only, up to their max (a scaled role: its load's count).
     fn grow(&mut self) {
         let mut roots: Vec<usize> = (0..self.g.roles.len())
-            .filter(|&r| self.g.dependers[r].is_empty())
+            .filter(|&r| self.g.grown(r))
             .collect();
         roots.sort_by_key(|&r| (std::cmp::Reverse(self.g.roles[r].priority), r));
         // Every step starts at least one instance on a finite pool of hosts or stops at a
@@ -501,7 +545,7 @@ impl Alloc<'_, '_> {
             while !active.is_empty() && budget > 0 {
                 active.retain(|&r| {
                     budget = budget.saturating_sub(1);
-                    if self.rep[r] >= self.g.max(r) {
+                    if self.rep[r] >= self.g.limit(r) {
                         return false;
                     }
                     let mark = self.mark();
@@ -520,7 +564,14 @@ impl Alloc<'_, '_> {
 
 /// The plan for `spec` given `census`. See the module documentation.
 pub fn plan(spec: &Spec, census: &Census) -> Plan {
-    let g = match Graph::new(spec) {
+    plan_with(spec, census, &BTreeMap::new())
+}
+
+/// [`plan`], where a role in `goals` (its load's count, from [`crate::scale::desired`]) is
+/// kept at that count: instances above it (and above what its dependers need) stop, and
+/// phase 2 grows it to it rather than to its max.
+pub fn plan_with(spec: &Spec, census: &Census, goals: &BTreeMap<String, u64>) -> Plan {
+    let mut g = match Graph::new(spec) {
         Ok(g) => g,
         Err(e) => {
             return Plan {
@@ -531,6 +582,12 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
             };
         }
     };
+    for (role, goal) in goals {
+        if let Some(&r) = g.index.get(role.as_str()) {
+            g.goal[r] = Some(*goal);
+        }
+    }
+    let g = g;
     let n = g.roles.len();
     let mut notes = Vec::new();
     // Hosts: the census's, then any an instance names that the census does not list.
@@ -632,11 +689,18 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
     let current = a.rep.clone();
     let minimum = g.minimums();
 
-    // Phase 0: above max (dependers first).
+    // Phase 0: above max, or above what its load wants and its dependers need (dependers
+    // first).
     for r in 0..n {
         while a.rep[r] > g.max(r) {
             let Some(id) = a.victim(r) else { break };
             a.stop(r, &id, Why::AboveMax);
+        }
+        if let Some(goal) = g.goal[r] {
+            while a.rep[r] > goal.max(g.needed(&a.rep, r)) {
+                let Some(id) = a.victim(r) else { break };
+                a.stop(r, &id, Why::Load);
+            }
         }
     }
     // Phase 1, keeping every current depender; else with the dependers trimmed to their
@@ -669,8 +733,8 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
     }
     a.grow();
     let optimal = (0..n)
-        .filter(|&r| g.dependers[r].is_empty())
-        .all(|r| a.rep[r] >= g.max(r));
+        .filter(|&r| g.grown(r))
+        .all(|r| a.rep[r] >= g.limit(r));
     let actions = order(&g, net(&g, std::mem::take(&mut a.actions)));
     Plan {
         outcome: if optimal {
@@ -682,6 +746,54 @@ pub fn plan(spec: &Spec, census: &Census) -> Plan {
         roles: counts(&g, &current, &minimum, &a.rep),
         notes,
     }
+}
+
+/// Every scaled role's decision for a round over `census` at `now_ms`; `states` hold what
+/// the last round left, and are updated (a role no longer scaled is forgotten). Its
+/// minimum is the engine's (declared, or what its dependers need), its max the declared one.
+pub fn decide(
+    spec: &Spec,
+    census: &Census,
+    states: &mut BTreeMap<String, ScaleState>,
+    now_ms: i64,
+) -> BTreeMap<String, Decision> {
+    let minimums = minimums(spec).unwrap_or_default();
+    states.retain(|role, _| spec.roles.get(role).is_some_and(|r| r.scale.is_some()));
+    let mut out = BTreeMap::new();
+    for (name, role) in &spec.roles {
+        let Some(scale) = &role.scale else { continue };
+        let min = minimums
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| u64::from(role.min));
+        let max = role.max.map_or(u64::MAX, u64::from);
+        let current = census.instances.iter().filter(|i| i.role == *name).count();
+        let current = u64::try_from(current).unwrap_or(u64::MAX);
+        let metrics = census.metric(name, &scale.metric);
+        let state = states.entry(name.clone()).or_default();
+        out.insert(
+            name.clone(),
+            crate::scale::desired(scale, min, max, current, &metrics, state, now_ms),
+        );
+    }
+    out
+}
+
+/// A round's plan: each scaled role's count ([`decide`]), then the engine's plan with those
+/// counts. The live round and a replay of its record both come here, so the same spec,
+/// census, history and time give the same plan.
+pub fn round_plan(
+    spec: &Spec,
+    census: &Census,
+    states: &mut BTreeMap<String, ScaleState>,
+    at_ms: i64,
+) -> (Plan, BTreeMap<String, Decision>) {
+    let decisions = decide(spec, census, states, at_ms);
+    let goals = decisions
+        .iter()
+        .map(|(r, d)| (r.clone(), d.desired))
+        .collect();
+    (plan_with(spec, census, &goals), decisions)
 }
 
 fn counts(

@@ -6,12 +6,14 @@
 
 pub mod engine;
 mod model;
+pub mod scale;
 pub mod spec;
 
 pub use engine::{
-    Action, Census, CommandError, Host, Instance, Kind, Outcome, Plan, RoleCount, Why, applied,
-    hook_argv, minimums, plan,
+    Action, Census, CommandError, Host, Instance, Kind, Metric, Outcome, Plan, RoleCount, Why,
+    applied, decide, hook_argv, minimums, plan, plan_with, round_plan,
 };
+pub use scale::{Decision, Scale, ScaleState, desired};
 pub use spec::{
     DnsPort, Hook, NameError, Role, Selector, Spec, SpecError, SpecErrors, check_name, check_word,
 };

@@ -80,6 +80,9 @@ pub struct Role {
     /// How a change of its image or version rolls out.
     #[serde(default)]
     pub update: paddock_rollout::Policy,
+    /// Its instance count follows a metric its instances report.
+    #[serde(default)]
+    pub scale: Option<crate::scale::Scale>,
     /// Its variables, for its files' templates.
     #[serde(default)]
     pub vars: paddock_computed::Vars,

@@ -149,6 +149,7 @@ struct RawRole {
     dns: Option<Spanned<RawDns>>,
     version: Option<Spanned<String>>,
     update: Option<Spanned<paddock_rollout::Policy>>,
+    scale: Option<Spanned<crate::scale::Scale>>,
     #[serde(default)]
     vars: toml::Table,
     #[serde(default)]
@@ -856,6 +857,16 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 u.get_ref().clone()
             }
         };
+        let scale = r.scale.as_ref().map(|sc| {
+            let v = sc.get_ref();
+            if let Some(problem) = v.problem() {
+                p.add(sc.span(), f("scale"), problem);
+            }
+            if let Err(e) = check_word("metric", &v.metric) {
+                p.add(sc.span(), f("scale.metric"), e);
+            }
+            v.clone()
+        });
         spans.insert(
             name.clone(),
             (span.clone(), r.max.as_ref().map(|m| m.span())),
@@ -881,6 +892,7 @@ fn validate(p: &mut Problems<'_>, raw: RawSpec) -> Option<Spec> {
                 dns_ports,
                 version,
                 update,
+                scale,
                 vars: json_vars(&r.vars),
                 files: role_files,
             },
@@ -1196,7 +1208,7 @@ depends = { nc = 2 }
             (
                 "[roles.a]\nmn = 1\n",
                 &[
-                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `disrupt`, `depends`, `image`, `hosts`, `dns`, `version`, `update`, `vars`, `files`",
+                    "spec/x.toml:2: roles.a.mn: unknown field `mn`, expected one of `min`, `max`, `priority`, `start`, `stop`, `disrupt`, `depends`, `image`, `hosts`, `dns`, `version`, `update`, `scale`, `vars`, `files`",
                 ],
             ),
             (

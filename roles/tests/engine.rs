@@ -98,6 +98,7 @@ fn lines(p: &Plan) -> Vec<String> {
                 Why::AboveMax => "above max",
                 Why::Orphaned => "orphaned",
                 Why::Rollout => "rollout",
+                Why::Load => "load",
             };
             match &a.host {
                 Some(h) => format!("{kind} {} on {h} ({why})", a.instance),
