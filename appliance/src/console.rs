@@ -39,6 +39,7 @@ mod rules;
 mod subs_forms;
 
 use crate::config::ClusterConfig;
+use crate::console_style::bytes;
 use crate::dominator::{Dominator, PAUSE, Pause, SUBS, SubControl};
 use crate::provisioning::Provisioner;
 use crate::pxe_filter::PxeFilter;
@@ -109,15 +110,6 @@ pub fn router(console: Console) -> Router {
         .with_state(console)
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222} h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:1.5rem}
-table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;vertical-align:top}
-.state{font-weight:600} .error{color:#b00} .finished{color:#070} .waiting,.enrolling,.processing{color:#a60}
-code{font-size:.9em} nav a{margin-right:1rem} #live-status{color:#666;font-size:.85em}
-form.inline{display:inline} .columns{display:flex;flex-wrap:wrap;gap:2rem} h3{font-size:1rem} .pages a,.pages span{margin-right:.6rem} textarea{width:100%;max-width:60rem;font-family:monospace}
-@media (max-width:700px){body{margin:.6rem} table{display:block;overflow-x:auto}}
-.banner{background:#fdecea;border:1px solid #b00;padding:.5rem .8rem;margin:.8rem 0}
-.synced{color:#070} .queued{color:#666} .unreachable,.unsafe_update,.not_enough_space,.image_missing{color:#b00}";
-
 pub(crate) fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
     page_with(title, refresh, None, body)
 }
@@ -146,7 +138,7 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                     title { (title) " · Paddock" }
                     // No favicon request (a 404 the browser would log as an error).
                     link rel="icon" href="data:,";
-                    style { (PreEscaped(STYLE)) }
+                    style { (PreEscaped(crate::console_style::STYLE)) }
                     @if live.is_some() { script src="/ui/assets/console.js" defer {} }
                 }
                 body data-live=[live.as_ref().map(|l| l.kind)]
@@ -181,7 +173,7 @@ fn failure(status: StatusCode, error: &str) -> Response {
 
 fn state_cell(n: &Node) -> Markup {
     let s = n.state().map_or("-", |s| s.as_str());
-    html! { span class={ "state " (s) } { (s) } }
+    crate::console_style::badge(s)
 }
 
 /// A scheduling property as text (strings without their quotes).
@@ -329,7 +321,7 @@ fn nodes_body(all: usize, sel: &Selection<'_>, q: &NodesQuery) -> Markup {
                     " · "
                     @for (i, (st, n)) in sel.states.iter().enumerate() {
                         @if i > 0 { ", " }
-                        span class={ "state " (st) } { (st) } " " (n)
+                        (crate::console_style::badge(st)) " " (n)
                     }
                 }
                 table #nodes {
@@ -729,7 +721,7 @@ fn provisioning_body(
     html! {
         table {
             tr { th { "State" } td {
-                span class={ "state " (state) } { (state) }
+                (crate::console_style::badge(state))
                 @if never { " (never provisioned by Paddock: it boots its local disk)" }
             } }
             tr { th { "Image" } td { (record.state.image().unwrap_or("-")) } }
@@ -906,21 +898,6 @@ async fn leases(State(s): State<Console>) -> Response {
         subjects: Vec::new(),
     };
     page_with("DHCP leases", true, Some(live), body).into_response()
-}
-
-fn bytes(n: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 fn ms_iso(ms: Option<i64>) -> String {
@@ -1119,14 +1096,17 @@ fn dominator_banners(v: &DominatorView) -> Markup {
 }
 
 fn sub_state(s: &SubStatus) -> Markup {
-    let name = s.state.name();
-    html! { span class={ "state " (name) } { (name) } }
+    crate::console_style::badge(s.state.name())
 }
 
-/// The compliance overview: subs per state, then every sub.
-fn subs_body(v: &DominatorView, subs: &[SubStatus]) -> Markup {
+/// The compliance overview: subs per state, then every sub; machines without a required
+/// image (enrolled, never given one: no subd to keep) are named apart, not as subs.
+fn subs_body(v: &DominatorView, all: &[SubStatus]) -> Markup {
+    let (idle, subs): (Vec<&SubStatus>, Vec<&SubStatus>) = all
+        .iter()
+        .partition(|s| matches!(s.state, paddock_dominator::SubState::NoImage));
     let mut counts = std::collections::BTreeMap::new();
-    for s in subs {
+    for s in &subs {
         *counts.entry(s.state.name()).or_insert(0usize) += 1;
     }
     let synced = counts.get("synced").copied().unwrap_or(0);
@@ -1137,13 +1117,13 @@ fn subs_body(v: &DominatorView, subs: &[SubStatus]) -> Markup {
         table {
             tr { th { "State" } th { "Subs" } }
             @for (state, n) in &counts {
-                tr { td { span class={ "state " (state) } { (state) } } td { (n) } }
+                tr { td { (crate::console_style::badge(state)) } td { (n) } }
             }
         }
         h2 { "Subs" }
         table {
             tr { th { "Hostname" } th { "Address" } th { "Required image" } th { "State" } th { "Summary" } th { "Failures" } }
-            @for s in subs {
+            @for s in &subs {
                 tr {
                     td { a href={ "/ui/subs/" (s.hostname) } { (s.hostname) } }
                     td { code { (s.address) } }
@@ -1151,6 +1131,15 @@ fn subs_body(v: &DominatorView, subs: &[SubStatus]) -> Markup {
                     td { (sub_state(s)) }
                     td { (s.summary) }
                     td { (s.failures) }
+                }
+            }
+        }
+        @if !idle.is_empty() {
+            p.muted {
+                (idle.len()) " machine(s) in the MDB have no required image (nothing to keep them on): "
+                @for (k, s) in idle.iter().enumerate() {
+                    @if k > 0 { ", " }
+                    a href={ "/ui/subs/" (s.hostname) } { (s.hostname) }
                 }
             }
         }
@@ -1229,7 +1218,7 @@ fn sub_body(
                             None => {
                                 td { code { (f.object.map(|o| o.short()).unwrap_or_default()) } }
                                 td { (f.size) }
-                                td { ((now - f.since_ms).max(0) / 1000) " s ago" }
+                                td { (crate::console_style::when(now, f.since_ms)) }
                             },
                         }
                     }

@@ -91,7 +91,7 @@ fn counts(map: &BTreeMap<&'static str, usize>, link: bool) -> Markup {
         table {
             @for (st, n) in map {
                 tr {
-                    td { @if link { a href={ "/ui?state=" (st) } { span class={ "state " (st) } { (st) } } } @else { span class={ "state " (st) } { (st) } } }
+                    td { @if link { a href={ "/ui?state=" (st) } { (crate::console_style::badge(st)) } } @else { (crate::console_style::badge(st)) } }
                     td { (n) }
                 }
             }

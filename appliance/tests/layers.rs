@@ -50,6 +50,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "console_power",
             "console_rules",
             "console_subs",
+            "console_style",
             "roles_page",
         ],
     ),

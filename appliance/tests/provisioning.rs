@@ -624,7 +624,7 @@ fn the_console_provisions_a_node_from_the_same_origin_only() {
     assert_ramdisk(&s.script(), Some("birth"));
     let page = s.page(&format!("/ui/nodes/{uuid}"));
     assert!(
-        page.contains(r#"<span class="state birth">birth</span>"#),
+        page.contains(r#"<span class="state badge tone-busy birth">birth</span>"#),
         "{page}"
     );
     assert!(!page.contains("never provisioned"), "{page}");
