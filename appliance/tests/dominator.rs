@@ -535,18 +535,24 @@ fn twenty_subs_converge_to_minbase2_with_at_most_n_updating() {
 
     // The change that proved sub00 synced to minbase2 is on its node's timeline with what
     // the update did: the plan, the bytes fetched, the change window, the triggers.
-    let v = fleet.api("GET", "/api/v1/nodes/sub00", None);
-    let entries: Vec<&str> = v["timeline"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no timeline: {v}"))
-        .iter()
-        .filter(|e| e["kind"] == "dominator")
-        .filter_map(|e| e["message"].as_str())
-        .collect();
-    let done = entries
-        .iter()
-        .find(|m| m.contains("updated to minbase2"))
-        .unwrap_or_else(|| panic!("no update on sub00's timeline: {entries:#?}"));
+    // The timeline is written after the census shows the change (a task of its own): it
+    // is waited for, not read once.
+    let mut entries = Vec::new();
+    let mut done = String::new();
+    let found = (0..100).any(|_| {
+        entries = dominator_timeline(&fleet, "sub00");
+        match entries.iter().find(|m| m.contains("updated to minbase2")) {
+            Some(m) => {
+                done = m.clone();
+                true
+            }
+            None => {
+                std::thread::sleep(Duration::from_millis(100));
+                false
+            }
+        }
+    });
+    assert!(found, "no update on sub00's timeline: {entries:#?}");
     println!("sub00's timeline: {done}");
     assert!(
         done.starts_with("dominator: synced to minbase2; updated to minbase2: plan: "),
