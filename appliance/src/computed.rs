@@ -231,13 +231,15 @@ impl Renderer {
     }
 
     /// Makes the files of `hosts`: programs whose output is stale run first (their output
-    /// kept), then every template renders, off the async threads.
+    /// kept), then every template renders, off the async threads; `with_data`: each file's
+    /// data is kept too (for `spec render`).
     async fn make(
         &self,
         spec: &Spec,
         templates: &BTreeMap<String, String>,
         site: Arc<Site>,
         hosts: Vec<String>,
+        with_data: bool,
     ) -> Made {
         let decls = Arc::new(spec.file_decls());
         let peers = Arc::new(site.peers());
@@ -263,7 +265,13 @@ impl Renderer {
                     .into_iter()
                     .zip(made)
                     .map(|(d, (path, content))| MadeFile {
-                        data: site.data_with(&host, d.role.as_deref(), &peers),
+                        // The data again only for `spec render`: the render of every
+                        // machine needs the content alone.
+                        data: if with_data {
+                            site.data_with(&host, d.role.as_deref(), &peers)
+                        } else {
+                            Value::Null
+                        },
                         path,
                         role: d.role.clone(),
                         source: d.source.clone(),
@@ -374,7 +382,7 @@ impl Renderer {
         }
         let site = Arc::new(self.site(&spec, machines).await?);
         let hosts: Vec<String> = machines.keys().cloned().collect();
-        let made = self.make(&spec, &templates, site, hosts).await;
+        let made = self.make(&spec, &templates, site, hosts, false).await;
         self.store_and_keep(&spec, made).await
     }
 
@@ -505,7 +513,7 @@ impl Renderer {
         }
         let site = Arc::new(self.site(&spec, &machines).await.map_err(internal)?);
         let made = self
-            .make(&spec, &templates, site, vec![host.to_string()])
+            .make(&spec, &templates, site, vec![host.to_string()], true)
             .await;
         let files: Vec<Rendered> = made
             .files
