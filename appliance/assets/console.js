@@ -5,7 +5,7 @@
 // node change matters), data-live="node" with data-subjects="<uuid> mac-<hex> …" (changes to
 // these subjects matter, power records included), data-live="images" or "leases" (image or DHCP lease changes matter). On such a change the
 // page is fetched again and every element with a data-live-region attribute is replaced by
-// its fresh copy, parsed by the browser from the server's own (escaped) HTML. Nothing here
+// its fresh copy (also every data-live-poll ms while a region carries that attribute), parsed by the browser from the server's own (escaped) HTML. Nothing here
 // builds HTML from strings; messages are set as text.
 (function () {
   "use strict";
@@ -23,7 +23,18 @@
     }
   }
 
+  // The machines picked for a bulk action stay picked when the list is read again.
+  function picked() {
+    var out = {};
+    var boxes = document.querySelectorAll('input[name="node"]:checked');
+    for (var i = 0; i < boxes.length; i++) {
+      out[boxes[i].value] = true;
+    }
+    return out;
+  }
+
   function swap(text) {
+    var keep = picked();
     var fresh = new DOMParser().parseFromString(text, "text/html");
     var regions = document.querySelectorAll("[data-live-region]");
     for (var i = 0; i < regions.length; i++) {
@@ -33,6 +44,10 @@
       if (next) {
         old.replaceWith(document.adoptNode(next));
       }
+    }
+    var boxes = document.querySelectorAll('input[name="node"]');
+    for (var j = 0; j < boxes.length; j++) {
+      boxes[j].checked = keep[boxes[j].value] === true;
     }
     var title = fresh.querySelector("title");
     if (title) {
@@ -139,6 +154,16 @@
     });
   }
 
+  // "Select every machine on this page": the header's checkbox ticks the rows' boxes.
+  document.addEventListener("change", function (e) {
+    if (e.target.hasAttribute && e.target.hasAttribute("data-select-all")) {
+      var boxes = document.querySelectorAll('input[name="node"]');
+      for (var i = 0; i < boxes.length; i++) {
+        boxes[i].checked = e.target.checked;
+      }
+    }
+  });
+
   var form = document.querySelector("form[data-upload]");
   if (form && window.XMLHttpRequest) {
     upload(form);
@@ -161,6 +186,19 @@
     });
   });
   source.addEventListener("resync", schedule);
+  // A region that shows what the store does not hold (a fetch's bytes, in the dominator's
+  // memory) asks to be read again every data-live-poll ms while the page shows it.
+  function poll() {
+    var region = document.querySelector("[data-live-poll]");
+    var every = region ? parseInt(region.getAttribute("data-live-poll"), 10) : 0;
+    window.setTimeout(function () {
+      if (every > 0) {
+        refresh();
+      }
+      poll();
+    }, every > 0 ? every : 2000);
+  }
+  poll();
   // Leaving the page closes its stream: a page kept in the back/forward cache would hold
   // one of the few connections a browser opens to this host (six), and after a few live
   // pages the next page would wait for a free one. Shown again from that cache, the page

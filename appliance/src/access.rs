@@ -197,6 +197,12 @@ pub fn access(http: &str, path: &str) -> Access {
         ["ui", "nodes", _, "power"] if post => write("Power.Act"),
         ["ui", "nodes", _, "introspect"] if post => write("Introspection.Start"),
         ["ui", "nodes", _, "abort"] if post => write("Introspection.Abort"),
+        // The machines list's bulk actions: each needs what the single-machine form does.
+        ["ui", "bulk", "power-on" | "power-off" | "power-cycle"] if post => write("Power.Act"),
+        ["ui", "bulk", "introspect"] if post => write("Introspection.Start"),
+        ["ui", "bulk", "provision"] if post => write("Provisioning.Provision"),
+        ["ui", "bulk", "reimage"] if post => write("Provisioning.Reimage"),
+        ["ui", "bulk", "clean"] if post => write("Provisioning.Clean"),
         ["ui", "rules"] if post => write("Rules.Create"),
         ["ui", "rules", _, "delete"] if post => write("Rules.Delete"),
         ["ui", "images"] if post => write("ImageServer.AddImage"),
@@ -342,6 +348,9 @@ mod tests {
                 write("Provisioning.Reimage"),
             ),
             ("GET", "/ui/nodes/n1", read("Console.View")),
+            ("POST", "/ui/bulk/power-off", write("Power.Act")),
+            ("POST", "/ui/bulk/clean", write("Provisioning.Clean")),
+            ("POST", "/ui/bulk/explode", write("Http.Unlisted")),
             ("PUT", "/api/v1/nodes", write("Http.Unlisted")),
             (
                 "POST",

@@ -20,15 +20,21 @@ use paddock_dominator::SubStatus;
 use paddock_imageserver::api::ImageServerState;
 use paddock_inspector::node::{Node, iso};
 use paddock_inspector::service::{Inspector, TimelineEvent};
-use paddock_inventory::{IntrospectionData, Inventory};
+use paddock_inventory::IntrospectionData;
 use serde_json::Value;
 
+#[path = "console_charts.rs"]
+mod charts;
 #[path = "console_dashboard.rs"]
 mod dashboard;
 #[path = "console_images.rs"]
 mod images_upload;
+#[path = "console_list.rs"]
+mod list;
 #[path = "console_live.rs"]
 mod live;
+#[path = "console_machine.rs"]
+mod machine;
 #[path = "console_nodes.rs"]
 mod node_view;
 #[path = "console_power.rs"]
@@ -65,14 +71,33 @@ pub struct Console {
     pub dns: Option<crate::dns::DnsHandle>,
     /// The machines' computed files, for the sub page.
     pub computed: Arc<crate::computed::Renderer>,
+    /// The role plan, for the dashboard's capacity.
+    pub roles: Arc<crate::roles::Roles>,
+    /// The dashboard's samples over time (filled by [`sample_every_minute`]).
+    pub history: Arc<crate::console_history::History>,
+}
+
+/// Takes a sample for the dashboard's charts now and every minute, for as long as the
+/// process runs.
+pub fn sample_every_minute(console: Console) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Some(sample) = dashboard::sample(&console).await {
+                console.history.record(sample);
+            }
+        }
+    });
 }
 
 /// The console's routes under `/ui`.
 pub fn router(console: Console) -> Router {
     Router::new()
         .route("/ui/firewall", get(firewall))
-        .route("/ui", get(nodes))
-        .route("/ui/", get(nodes))
+        .route("/ui", get(list::nodes))
+        .route("/ui/", get(list::nodes))
         .route("/ui/nodes/{node}", get(node))
         .route("/ui/nodes/{node}/provision", post(provision_form))
         .route("/ui/nodes/{node}/reimage", post(reimage_form))
@@ -107,6 +132,7 @@ pub fn router(console: Console) -> Router {
         .route("/ui/subs/{hostname}/pause", post(subs_forms::one))
         .route("/ui/subs/{hostname}", get(sub))
         .route("/ui/subs/{hostname}/image", post(set_image))
+        .merge(list::bulk_routes())
         .with_state(console)
 }
 
@@ -117,12 +143,17 @@ pub(crate) fn page(title: &str, refresh: bool, body: Markup) -> Html<String> {
 /// A page that updates itself: `kind` is `list` (any node change) or `node` (changes of
 /// `subjects`: the node's UUID and its MACs' timelines). The parts to re-read carry a
 /// `data-live-region` attribute.
-struct Live {
+pub(crate) struct Live {
     kind: &'static str,
     subjects: Vec<String>,
 }
 
-fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Html<String> {
+pub(crate) fn page_with(
+    title: &str,
+    refresh: bool,
+    live: Option<Live>,
+    body: Markup,
+) -> Html<String> {
     Html(
         html! {
             (DOCTYPE)
@@ -143,9 +174,10 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                 }
                 body data-live=[live.as_ref().map(|l| l.kind)]
                     data-subjects=[live.as_ref().map(|l| l.subjects.join(" "))] {
-                    nav {
+                    a.skip href="#main" { "Skip to content" }
+                    nav aria-label="console" {
                         a href="/ui/dashboard" { "Dashboard" }
-                        a href="/ui" { "Nodes" }
+                        a href="/ui" { "Machines" }
                         a href="/ui/rules" { "Rules" }
                         a href="/ui/leases" { "Leases" }
                         a href="/ui/firewall" { "PXE filter" }
@@ -157,8 +189,10 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
                         a href="/metrics" { "Metrics" }
                         @if live.is_some() { span #live-status role="status" {} }
                     }
-                    h1 { (title) }
-                    (body)
+                    main #main tabindex="-1" {
+                        h1 { (title) }
+                        (body)
+                    }
                 }
             }
         }
@@ -167,17 +201,17 @@ fn page_with(title: &str, refresh: bool, live: Option<Live>, body: Markup) -> Ht
 }
 
 /// A failure reading what a page shows: the status and the error as text.
-fn failure(status: StatusCode, error: &str) -> Response {
+pub(crate) fn failure(status: StatusCode, error: &str) -> Response {
     (status, html! { (error) }.into_string()).into_response()
 }
 
-fn state_cell(n: &Node) -> Markup {
+pub(crate) fn state_cell(n: &Node) -> Markup {
     let s = n.state().map_or("-", |s| s.as_str());
     crate::console_style::badge(s)
 }
 
 /// A scheduling property as text (strings without their quotes).
-fn prop(n: &Node, k: &str) -> String {
+pub(crate) fn prop(n: &Node, k: &str) -> String {
     match n.properties.get(k) {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -185,7 +219,7 @@ fn prop(n: &Node, k: &str) -> String {
     }
 }
 
-fn macs(n: &Node) -> String {
+pub(crate) fn macs(n: &Node) -> String {
     n.macs
         .iter()
         .map(ToString::to_string)
@@ -193,260 +227,17 @@ fn macs(n: &Node) -> String {
         .join(" ")
 }
 
-fn error_of(n: &Node) -> Option<&str> {
+pub(crate) fn error_of(n: &Node) -> Option<&str> {
     n.introspection.as_ref().and_then(|i| i.error.as_deref())
 }
 
-/// `GET /ui?q=&state=&page=`: the machines, newest first, a page at a time.
-#[derive(Debug, Default, serde::Deserialize)]
-struct NodesQuery {
-    /// Words every shown machine matches (name, UUID, MAC, BMC, trait, architecture).
-    #[serde(default)]
-    q: String,
-    /// Only machines in this introspection state (empty: any).
-    #[serde(default)]
-    state: String,
-    /// 1-based.
-    #[serde(default)]
-    page: Option<usize>,
-}
-
-/// Machines per page.
-const PER_PAGE: usize = 50;
-
-fn state_name(n: &Node) -> &'static str {
+pub(crate) fn state_name(n: &Node) -> &'static str {
     n.state().map_or("-", |s| s.as_str())
-}
-
-/// Whether `n` matches every word of the search (case-insensitively).
-fn matches_search(n: &Node, words: &[String]) -> bool {
-    if words.is_empty() {
-        return true;
-    }
-    let mut hay = format!(
-        "{} {} {} {} {} {}",
-        n.label(),
-        n.uuid,
-        macs(n),
-        n.bmc_address.as_deref().unwrap_or(""),
-        n.traits.join(" "),
-        prop(n, "cpu_arch")
-    );
-    hay.make_ascii_lowercase();
-    words.iter().all(|w| hay.contains(w.as_str()))
-}
-
-/// The machines list's selection: the page asked for (clamped) of the machines matching the
-/// query, newest first (then by UUID, so pages are stable), with the number matching and the
-/// count of every state among all machines (for the filter).
-struct Selection<'a> {
-    shown: Vec<&'a Node>,
-    matching: usize,
-    page: usize,
-    pages: usize,
-    states: std::collections::BTreeMap<&'static str, usize>,
-}
-
-fn select_nodes<'a>(mut nodes: Vec<&'a Node>, q: &NodesQuery) -> Selection<'a> {
-    nodes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.uuid.cmp(&b.uuid)));
-    let words: Vec<String> =
-        q.q.split_whitespace()
-            .map(str::to_ascii_lowercase)
-            .collect();
-    let mut states = std::collections::BTreeMap::new();
-    let mut matching = Vec::new();
-    for n in nodes {
-        *states.entry(state_name(n)).or_insert(0) += 1;
-        if (q.state.is_empty() || q.state == state_name(n)) && matches_search(n, &words) {
-            matching.push(n);
-        }
-    }
-    let pages = matching.len().div_ceil(PER_PAGE).max(1);
-    let page = q.page.unwrap_or(1).clamp(1, pages);
-    let total = matching.len();
-    let shown = matching
-        .into_iter()
-        .skip((page - 1) * PER_PAGE)
-        .take(PER_PAGE)
-        .collect();
-    Selection {
-        shown,
-        matching: total,
-        page,
-        pages,
-        states,
-    }
-}
-
-/// Percent-encodes a query value (everything but RFC 3986's unreserved characters).
-fn query_value(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn nodes_link(q: &NodesQuery, page: usize) -> String {
-    format!(
-        "/ui?q={}&state={}&page={page}",
-        query_value(&q.q),
-        query_value(&q.state)
-    )
-}
-
-fn nodes_body(all: usize, sel: &Selection<'_>, q: &NodesQuery) -> Markup {
-    html! {
-        form.filter method="get" action="/ui" role="search" {
-            label { "Search " input type="search" name="q" value=(q.q) placeholder="name, UUID, MAC, trait…"; }
-            " "
-            label { "State " select name="state" {
-                option value="" { "any" }
-                @for (st, n) in &sel.states {
-                    option value=(st) selected[q.state == *st] { (st) " (" (n) ")" }
-                }
-            } }
-            " " button type="submit" { "Show" }
-        }
-        div data-live-region="nodes" {
-            @if all == 0 {
-                p { "No nodes yet. Power on a machine on the provisioning network: it enrols itself." }
-            } @else {
-                p #node-count {
-                    (sel.matching) " of " (all) " machine(s)"
-                    @if sel.pages > 1 { ", page " (sel.page) " of " (sel.pages) }
-                    " · "
-                    @for (i, (st, n)) in sel.states.iter().enumerate() {
-                        @if i > 0 { ", " }
-                        (crate::console_style::badge(st)) " " (n)
-                    }
-                }
-                table #nodes {
-                    tr { th { "Node" } th { "State" } th { "Error" } th { "MACs" } th { "CPUs" } th { "Memory MiB" } th { "Disk GiB" } th { "Arch" } }
-                    @for n in &sel.shown {
-                        tr data-node=(n.uuid) {
-                            td { a href={ "/ui/nodes/" (n.uuid) } { (n.label()) } }
-                            td { (state_cell(n)) }
-                            td { @if let Some(e) = error_of(n) { span class="error" { (e) } } }
-                            td { code { (macs(n)) } }
-                            td { (prop(n, "cpus")) }
-                            td { (prop(n, "memory_mb")) }
-                            td { (prop(n, "local_gb")) }
-                            td { (prop(n, "cpu_arch")) }
-                        }
-                    }
-                }
-                @if sel.pages > 1 {
-                    p.pages {
-                        @if sel.page > 1 { a rel="prev" href=(nodes_link(q, sel.page - 1)) { "← newer" } }
-                        span { "page " (sel.page) " of " (sel.pages) }
-                        @if sel.page < sel.pages { a rel="next" href=(nodes_link(q, sel.page + 1)) { "older →" } }
-                    }
-                }
-            }
-        }
-    }
-}
-
-async fn nodes(State(s): State<Console>, query: axum::extract::Query<NodesQuery>) -> Response {
-    // The in-memory view (console_nodes.rs); the store itself until its first load is done.
-    let view = node_view::view(&s.dominator.store);
-    let body = if view.ready(std::time::Duration::from_secs(2)).await {
-        view.with(|nodes| {
-            let all = nodes.len();
-            nodes_body(all, &select_nodes(nodes, &query), &query)
-        })
-    } else {
-        let nodes = match s.inspector.list().await {
-            Ok(n) => n,
-            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
-        };
-        nodes_body(
-            nodes.len(),
-            &select_nodes(nodes.iter().collect(), &query),
-            &query,
-        )
-    };
-    let live = Live {
-        kind: "list",
-        subjects: Vec::new(),
-    };
-    page_with("Nodes", true, Some(live), body).into_response()
 }
 
 /// A value that may be absent (a number the agent did not send, no PXE NIC): `-`.
 fn or_dash(n: Option<impl ToString>) -> String {
     n.map_or_else(|| "-".into(), |n| n.to_string())
-}
-
-/// The inventory rows of the node page: text the machine sent, escaped like any other.
-fn inventory_rows(inv: &Inventory) -> Vec<(&'static str, String)> {
-    let text = |s: Option<&String>| s.map_or("", String::as_str).to_string();
-    let vendor = inv.system_vendor.clone().unwrap_or_default();
-    let firmware = vendor.firmware.clone().unwrap_or_default();
-    let cpu = inv.cpu.clone().unwrap_or_default();
-    let memory = inv.memory.clone().unwrap_or_default();
-    let mut rows = vec![
-        (
-            "System",
-            format!(
-                "{} {} (serial {})",
-                text(vendor.manufacturer.as_ref()),
-                text(vendor.product_name.as_ref()),
-                text(vendor.serial_number.as_ref())
-            ),
-        ),
-        (
-            "Firmware",
-            format!(
-                "{} {} · boot mode {}",
-                text(firmware.vendor.as_ref()),
-                text(firmware.version.as_ref()),
-                inv.boot
-                    .as_ref()
-                    .map_or("", |b| b.current_boot_mode.as_str())
-            ),
-        ),
-        (
-            "CPU",
-            format!(
-                "{} × {} ({})",
-                or_dash(cpu.count),
-                text(cpu.model_name.as_ref()),
-                text(cpu.architecture.as_ref())
-            ),
-        ),
-        ("Memory", format!("{} MiB", or_dash(memory.physical_mb))),
-    ];
-    for d in &inv.disks {
-        rows.push((
-            "Disk",
-            format!(
-                "{} {} bytes {} serial {}",
-                d.name,
-                d.size,
-                text(d.model.as_ref()),
-                text(d.serial.as_ref())
-            ),
-        ));
-    }
-    for i in &inv.interfaces {
-        rows.push((
-            "NIC",
-            format!(
-                "{} {} {} {} {}",
-                i.name,
-                text(i.mac_address.as_ref()),
-                text(i.ipv4_address.as_ref()),
-                text(i.driver.as_ref()),
-                text(i.pci_address.as_ref())
-            ),
-        ));
-    }
-    rows
 }
 
 async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
@@ -460,13 +251,12 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
     };
     let n = &v.node;
     let timeline: Vec<TimelineEvent> = s.inspector.timeline(n).await.unwrap_or_default();
-    let inventory: Option<Inventory> = s
+    let data: Option<IntrospectionData> = s
         .inspector
         .data(&n.uuid.to_string(), true)
         .await
         .ok()
-        .and_then(|b| serde_json::from_slice::<IntrospectionData>(&b).ok())
-        .map(|d| d.inventory.unwrap_or_default());
+        .and_then(|b| serde_json::from_slice::<IntrospectionData>(&b).ok());
     let i = n.introspection.as_ref();
     let provisioning = match s.provisioning.record(n).await {
         Ok((record, rev)) => Some((record, rev == 0)),
@@ -475,18 +265,7 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
             None
         }
     };
-    let images: Vec<String> = s
-        .imageserver
-        .images
-        .list()
-        .await
-        .map(|l| {
-            l.into_iter()
-                .filter(|r| !r.deleted)
-                .map(|r| r.name)
-                .collect()
-        })
-        .unwrap_or_default();
+    let images = list::image_names(&s).await;
     let power = power_page::section(&s, n).await;
     let uuid = n.uuid.to_string();
     let dns_names = s
@@ -496,18 +275,33 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
     let running = provisioning
         .as_ref()
         .is_some_and(|(r, _)| r.serve().ramdisk_mode().is_some());
+    let sub = s
+        .dominator
+        .census
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&crate::census::node_hostname(n))
+        .cloned();
+    let run = provisioning
+        .as_ref()
+        .and_then(|(r, _)| machine::RunProgress::of(r, sub.as_ref()));
+    let now_ms = i64::try_from(paddock_dhcp::shell::unix_now_ms()).unwrap_or(0);
+    let at = |secs: Option<i64>| {
+        html! { @if let Some(t) = secs { (crate::console_style::when(now_ms, t.saturating_mul(1000))) } }
+    };
     let body = html! {
         div data-live-region="summary" {
-        table {
+        table #summary {
             tr { th { "UUID" } td { code { (n.uuid) } } }
             tr { th { "State" } td { (state_cell(n)) } }
-            tr { th { "Error" } td class="error" { (error_of(n).unwrap_or("")) } }
-            tr { th { "Started" } td { (i.and_then(|i| i.started_at).map(iso).unwrap_or_default()) } }
-            tr { th { "Finished" } td { (i.and_then(|i| i.finished_at).map(iso).unwrap_or_default()) } }
+            @if let Some(e) = error_of(n) { tr { th { "Error" } td class="error" { (e) } } }
+            tr { th { "Introspection" } td {
+                "started " (at(i.and_then(|i| i.started_at)))
+                @if let Some(f) = i.and_then(|i| i.finished_at) { ", finished " (at(Some(f))) }
+            } }
+            tr { th { "Hardware" } td { (machine::headline(n)) } }
             tr { th { "MACs" } td { code { (macs(n)) } " (PXE " (or_dash(n.pxe_mac)) ")" } }
             tr { th { "BMC" } td { (n.bmc_address.as_deref().unwrap_or("-")) } }
-            tr { th { "Auto-discovered" } td { (n.auto_discovered) } }
-            tr { th { "Properties" } td { code { (Value::Object(n.properties.clone())) } } }
             tr { th { "Traits" } td { (n.traits.join(", ")) } }
             @if let Some(names) = &dns_names {
                 tr { th { "DNS names" } td {
@@ -516,34 +310,44 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
                 } }
             }
         }
+        details {
+            summary { "Node properties (JSON)" }
+            pre { (serde_json::to_string_pretty(&Value::Object(n.properties.clone())).unwrap_or_default()) }
+            p { "Auto-discovered: " (n.auto_discovered) }
+        }
         (introspection_forms(n))
         }
-        h2 { "Power" }
-        div data-live-region="power" { (power) }
+        div data-live-region="inventory" {
+        @if let Some(data) = &data {
+            h2 { "Hardware" }
+            (machine::hardware(n, data))
+        }
+        }
         h2 { "Provisioning" }
+        // A run's fetch progress lives in the dominator's memory, not the store: the page
+        // reads it again every 2 s while a run is under way.
+        div data-live-region="progress" data-live-poll=[run.is_some().then_some("2000")] {
+            @if let Some(run) = &run { (machine::progress(run)) }
+        }
         div data-live-region="provisioning" {
         @match &provisioning {
             Some((record, never)) => { (provisioning_body(n.uuid, record, *never, &images)) }
             None => { p.error { "The provisioning record could not be read." } }
         }
         }
-        div data-live-region="inventory" {
-        @if let Some(inv) = &inventory {
-            h2 { "Inventory" }
-            table #inventory {
-                @for (what, text) in inventory_rows(inv) {
-                    tr { th { (what) } td { (text) } }
-                }
-            }
+        h2 { "Image compliance" }
+        div data-live-region="compliance" {
+            (machine::compliance(sub.as_ref()))
         }
-        }
+        h2 { "Power" }
+        div data-live-region="power" { (power) }
         h2 { "Timeline" }
         table #timeline data-live-region="timeline" {
-            tr { th { "When (UTC)" } th { "What" } th { "Details" } }
+            tr { th { "When" } th { "What" } th { "Details" } }
             @for e in &timeline {
                 tr class=[e.error.then_some("error")] {
-                    td { (iso(e.at_ms / 1000)) "." (format!("{:03}", e.at_ms % 1000)) }
-                    td { (e.kind) }
+                    td { (crate::console_style::when(now_ms, e.at_ms)) }
+                    td { (machine::event_kind(&e.kind, e.error)) }
                     td { (e.message) }
                 }
             }
@@ -681,7 +485,7 @@ fn done_or_refused<T, E: Into<paddock_wire::ApiError>>(to: &str, r: Result<T, E>
     }
 }
 
-fn refused_origin() -> Response {
+pub(crate) fn refused_origin() -> Response {
     failure(
         StatusCode::FORBIDDEN,
         "a form from another site was refused",
@@ -931,7 +735,7 @@ async fn images(State(s): State<Console>) -> Response {
             " "
             label { "Tarball " input type="file" name="tarball" required accept=".tar,application/x-tar"; }
             " " button type="submit" { "Upload" }
-            " " progress #upload-progress value="0" max="100" hidden {}
+            " " progress #upload-progress value="0" max="100" aria-label="upload progress" hidden {}
             " " span #upload-status role="status" {}
             noscript { p { "Uploading needs JavaScript; the CLI works without it." } }
         }
@@ -1358,80 +1162,6 @@ mod tests {
         assert!(
             html.contains("&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;"),
             "{html}"
-        );
-    }
-
-    /// The machines list: newest first, searched by every word, filtered by state, paged
-    /// with the page clamped; links keep the query, percent-encoded.
-    #[test]
-    fn the_machines_list_is_searched_filtered_and_paged() {
-        let nodes: Vec<Node> = (0..120u128)
-            .map(|i| {
-                let mut n = Node::new(uuid::Uuid::from_u128(i), 1_700_000_000 + i as i64);
-                n.name = Some(format!("rack{}-node{i}", i % 3));
-                n
-            })
-            .collect();
-        let q = |q: &str, state: &str, page: Option<usize>| NodesQuery {
-            q: q.into(),
-            state: state.into(),
-            page,
-        };
-        let sel = select_nodes(nodes.iter().collect(), &q("", "", None));
-        assert_eq!((sel.matching, sel.page, sel.pages), (120, 1, 3));
-        assert_eq!(sel.shown.len(), PER_PAGE);
-        assert_eq!(sel.shown[0].name.as_deref(), Some("rack2-node119"));
-        let sel = select_nodes(nodes.iter().collect(), &q("", "", Some(9)));
-        assert_eq!((sel.page, sel.shown.len()), (3, 20));
-        let sel = select_nodes(nodes.iter().collect(), &q("RACK1 node1", "", None));
-        // rack1: i % 3 == 1, and "node1" in the name: 1, 10, 13, 16, 19, 100, 103, …
-        assert!(sel.shown.iter().all(|n| {
-            let name = n.name.as_deref().unwrap();
-            name.starts_with("rack1-") && name.contains("node1")
-        }));
-        assert_eq!(sel.matching, 12);
-        let sel = select_nodes(nodes.iter().collect(), &q("", "finished", None));
-        assert_eq!(sel.matching, 0);
-        assert_eq!(sel.states.values().sum::<usize>(), 120);
-        assert_eq!(
-            nodes_link(&q("a b&c", "", None), 2),
-            "/ui?q=a%20b%26c&state=&page=2"
-        );
-        let html = nodes_body(
-            120,
-            &select_nodes(nodes.iter().collect(), &q("", "", Some(2))),
-            &q("", "", Some(2)),
-        )
-        .into_string();
-        assert!(
-            html.contains(r#"rel="prev" href="/ui?q=&amp;state=&amp;page=1""#),
-            "{html}"
-        );
-        assert!(html.contains(r#"data-live-region="nodes""#), "{html}");
-    }
-
-    #[test]
-    fn inventory_rows_read_the_typed_inventory() {
-        let data: IntrospectionData = serde_json::from_value(serde_json::json!({"inventory": {
-            "system_vendor": {"manufacturer": "QEMU", "product_name": "<b>x</b>", "serial_number": "s1"},
-            "cpu": {"count": 2, "model_name": "m", "architecture": "x86_64"},
-            "memory": {"physical_mb": 1024},
-            "disks": [{"name": "/dev/vda", "size": 16, "model": "d", "serial": "ds"}],
-            "interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01"}],
-        }}))
-        .unwrap();
-        let rows = inventory_rows(data.inventory.as_ref().unwrap());
-        let text: Vec<String> = rows.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        assert_eq!(
-            text,
-            [
-                "System: QEMU <b>x</b> (serial s1)",
-                "Firmware:   · boot mode ",
-                "CPU: 2 × m (x86_64)",
-                "Memory: 1024 MiB",
-                "Disk: /dev/vda 16 bytes d serial ds",
-                "NIC: eth0 52:54:00:00:00:01   ",
-            ]
         );
     }
 

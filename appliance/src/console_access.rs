@@ -25,18 +25,14 @@ struct LoginForm {
 }
 
 async fn login_page() -> Response {
-    let page = maud::html! {
-        (maud::DOCTYPE)
-        html { head { title { "Paddock: sign in" } } body {
-            h1 { "Paddock" }
-            p { "Paste an operator token (" code { "paddock certs token NAME --role read-only" } "), or use a client certificate." }
-            form method="post" action="/ui/login" {
-                input type="password" name="token" size="80" autocomplete="off";
-                button type="submit" { "Sign in" }
-            }
-        } }
+    let body = maud::html! {
+        p { "Paste an operator token (" code { "paddock certs token NAME --role read-only" } "), or use a client certificate." }
+        form method="post" action="/ui/login" {
+            label { "Token " input type="password" name="token" size="80" autocomplete="off"; }
+            " " button type="submit" { "Sign in" }
+        }
     };
-    axum::response::Html(page.into_string()).into_response()
+    crate::console::page("Sign in", false, body).into_response()
 }
 
 async fn login(State(sec): State<Arc<Security>>, form: axum::Form<LoginForm>) -> Response {

@@ -38,7 +38,7 @@ impl Tone {
 /// provisioning run, a sub, a power action, a rollout.
 pub fn tone(state: &str) -> Tone {
     match state {
-        "finished" | "synced" | "healthy" | "done" | "on" | "active" | "optimal" => Tone::Ok,
+        "finished" | "synced" | "healthy" | "done" | "on" | "active" | "optimal" | "ok" => Tone::Ok,
         "error"
         | "unreachable"
         | "unsafe_update"

@@ -637,6 +637,7 @@ pub(crate) fn test_sub(
         failures: u32::from(!matches!(state, paddock_dominator::SubState::Synced { .. })) * 2,
         state,
         health: None,
+        fetch: None,
     }
 }
 

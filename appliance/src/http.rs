@@ -29,6 +29,8 @@ use crate::pxe_filter::FirewallAnswer;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
+    /// The console dashboard's samples over time.
+    pub console_history: Arc<crate::console_history::History>,
     pub inspector: Arc<Inspector>,
     pub dhcp: Option<Arc<DhcpService>>,
     pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
@@ -102,19 +104,7 @@ pub fn router(state: AppState) -> Router {
             post(crate::roles_page::revert),
         )
         .with_state((state.roles.clone(), state.dns.clone()));
-    let console = crate::console::router(crate::console::Console {
-        inspector: state.inspector.clone(),
-        dhcp: state.dhcp.clone(),
-        filter: state.filter.clone(),
-        imageserver: state.imageserver.clone(),
-        leader: state.leader.clone(),
-        cluster: state.config.cluster.clone(),
-        dominator: state.dominator.clone(),
-        provisioning: state.provisioning.clone(),
-        power: state.power.clone(),
-        dns: state.dns.clone(),
-        computed: state.computed.clone(),
-    });
+    let console = crate::console::router(console(&state));
     let security = state.security.clone();
     let inspector_for_security = state.inspector.clone();
     r.with_state(state)
@@ -429,8 +419,28 @@ fn render_metrics(
 /// Binds the plain listener and, with TLS, the HTTPS one, and serves the API on them. At
 /// shutdown both stop accepting and give the requests in flight `[http]
 /// shutdown_grace_secs` to finish.
+/// What the console reads, from the appliance's state.
+fn console(state: &AppState) -> crate::console::Console {
+    crate::console::Console {
+        inspector: state.inspector.clone(),
+        dhcp: state.dhcp.clone(),
+        filter: state.filter.clone(),
+        imageserver: state.imageserver.clone(),
+        leader: state.leader.clone(),
+        cluster: state.config.cluster.clone(),
+        dominator: state.dominator.clone(),
+        provisioning: state.provisioning.clone(),
+        power: state.power.clone(),
+        dns: state.dns.clone(),
+        computed: state.computed.clone(),
+        roles: state.roles.clone(),
+        history: state.console_history.clone(),
+    }
+}
+
 pub async fn start(rt: &mut crate::runtime::Runtime, state: AppState) -> anyhow::Result<()> {
     let (cfg, security) = (state.config.clone(), state.security.clone());
+    crate::console::sample_every_minute(console(&state));
     let app = router(state);
     let listener = bind(cfg.http_listen, "HTTP").await?;
     tracing::info!(listen = %cfg.http_listen, public_url = %cfg.public_url, "http: listening");

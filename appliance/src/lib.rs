@@ -16,6 +16,7 @@ pub mod computed;
 pub mod config;
 pub mod console;
 pub mod console_access;
+pub mod console_history;
 pub mod console_style;
 pub mod dhcp;
 pub mod disruption;

@@ -1803,6 +1803,7 @@ mod tests {
                     summary: String::new(),
                     failures: 0,
                     health: None,
+                    fetch: None,
                 },
             )
         };

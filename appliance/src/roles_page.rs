@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, html};
+use axum::response::{IntoResponse, Response};
+use maud::html;
 use paddock_inspector::node::iso;
 
 use crate::console::{ActionPost, confirm_page};
@@ -46,140 +46,128 @@ pub async fn page(State((r, dns)): State<PageState>) -> Response {
         .await
         .unwrap_or_default();
     let markup = html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta http-equiv="refresh" content="5";
-                title { "Roles · Paddock" }
+        @if r.config.is_none() {
+            p { strong { "The role loop is off on this host ([roles] hooks_dir is not set)." } }
+        }
+        h2 { "Spec" }
+        @match &spec {
+            Some(s) => {
+                p { code { (s.file) } ", applied " (iso(s.applied_ms / 1000)) " UTC" }
+                details { summary { "text" } pre { (s.text) } }
             }
-            body style="font-family:system-ui,sans-serif;margin:2rem" {
-                nav { a href="/ui" { "Console" } }
-                h1 { "Roles" }
-                @if r.config.is_none() {
-                    p { strong { "The role loop is off on this host ([roles] hooks_dir is not set)." } }
-                }
-                h2 { "Spec" }
-                @match &spec {
-                    Some(s) => {
-                        p { code { (s.file) } ", applied " (iso(s.applied_ms / 1000)) " UTC" }
-                        details { summary { "text" } pre { (s.text) } }
-                    }
-                    None => p { "No spec applied: " code { "paddock spec apply FILE" } },
-                }
-                h2 { "Census: " (census.hosts.len()) " hosts alive, " (census.instances.len()) " instances" }
-                p { @for h in &census.hosts { code { (h.host) } " " } }
-                table {
-                    tr {
-                        th { "Role" } th { "Instance" } th { "Host" } th { "Since (UTC)" }
-                        @if dns.is_some() { th { "DNS name" } }
-                    }
-                    @for i in &census.instances {
-                        tr {
-                            td { (i.role) }
-                            td { code { (i.instance) } }
-                            td { (i.host.as_deref().unwrap_or("-")) }
-                            td { (iso(i.since_ms / 1000)) }
-                            @if let Some(d) = &dns {
-                                td { code { (d.instance_name(&i.instance).unwrap_or_else(|| "-".into())) } }
-                            }
-                        }
-                    }
-                }
-                @if !rollouts.is_empty() {
-                    h2 { "Rollouts" }
-                    table {
-                        tr { th { "Role" } th { "From" } th { "To" } th { "Phase" } th { "Batches" } th { "In flight" } th { "Why" } th {} }
-                        @for (role, s) in &rollouts {
-                            tr {
-                                td { (role) }
-                                td { code { (s.rollout.from) } }
-                                td { code { (s.rollout.to) } }
-                                td { (s.rollout.phase.name()) }
-                                td { (s.rollout.batches) }
-                                td { (s.rollout.batch.keys().cloned().collect::<Vec<_>>().join(", ")) }
-                                td { (s.rollout.why.as_deref().unwrap_or("")) }
-                                td {
-                                    @for c in commands(&s.rollout.phase) {
-                                        form.inline method="post" action={ "/ui/rollouts/" (role) "/" (c) } {
-                                            button type="submit" { (c) }
-                                        }
-                                        " "
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    @for (role, s) in &rollouts {
-                        details {
-                            summary { "The rollout of " (role) ": its log (newest first)" }
-                            ul {
-                                @for e in s.rollout.log.iter().rev().take(LOG_SHOWN) {
-                                    li {
-                                        (paddock_inspector::node::iso(e.at.secs())) " "
-                                        @if let Some(h) = &e.host { code { (h) } ": " }
-                                        (e.text)
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                @if let Some(last) = rounds.iter().find(|r| !r.shadows.is_empty()) {
-                    h2 { "Shadow specs (round at " (iso(last.at_ms / 1000)) " UTC)" }
-                    p { "Planned every round against the same census and metrics; nothing of theirs runs." }
-                    table {
-                        tr { th { "Shadow" } th { "Role" } th { "Live" } th { "Shadow" } th { "Why (shadow)" } }
-                        @for (name, sh) in &last.shadows {
-                            @let diff = crate::roles::shadow_differences(&last.plan, &sh.plan);
-                            @if diff.is_empty() {
-                                tr { td { (name) " " code { (sh.file) } } td colspan="4" { "the same counts as the live spec" } }
-                            }
-                            @for (role, live, theirs) in &diff {
-                                tr {
-                                    td { (name) " " code { (sh.file) } }
-                                    td { (role) }
-                                    td { (live.map_or("-".into(), |v| v.to_string())) }
-                                    td { (theirs.map_or("-".into(), |v| v.to_string())) }
-                                    td { (sh.scale.get(role).map(|d| d.reason.as_str()).unwrap_or("")) }
-                                }
-                            }
-                        }
-                    }
-                }
-                @if dns.is_some() {
-                    h2 { "Services (DNS)" }
-                    table {
-                        tr { th { "Role" } th { "Names" } th { "In service" } th { "Out (not up)" } }
-                        @for (role, s) in &services {
-                            tr {
-                                td { (role) }
-                                td { @for n in &s.names { code { (n) } " " } }
-                                td { (s.in_service.join(", ")) }
-                                td { (s.verifying.join(", ")) }
-                            }
-                        }
-                    }
-                }
-                @if let Some(p) = &preview {
-                    h2 { "Plan preview (nothing is run)" }
-                    @match p {
-                        Ok(p) => pre { (plan_text(&p.plan, &p.commands)) },
-                        Err(e) => p { (e.message) },
-                    }
-                }
-                h2 { "Last rounds" }
-                @for round in &rounds {
-                    h3 { (iso(round.at_ms / 1000)) " UTC" }
-                    pre {
-                        (plan_text(&round.plan, &round.results.iter().map(|x| x.argv.clone()).collect::<Vec<_>>()))
-                        @for x in &round.results { (describe(x)) "\n" }
+            None => p { "No spec applied: " code { "paddock spec apply FILE" } },
+        }
+        h2 { "Census: " (census.hosts.len()) " hosts alive, " (census.instances.len()) " instances" }
+        p { @for h in &census.hosts { code { (h.host) } " " } }
+        table {
+            tr {
+                th { "Role" } th { "Instance" } th { "Host" } th { "Since (UTC)" }
+                @if dns.is_some() { th { "DNS name" } }
+            }
+            @for i in &census.instances {
+                tr {
+                    td { (i.role) }
+                    td { code { (i.instance) } }
+                    td { (i.host.as_deref().unwrap_or("-")) }
+                    td { (iso(i.since_ms / 1000)) }
+                    @if let Some(d) = &dns {
+                        td { code { (d.instance_name(&i.instance).unwrap_or_else(|| "-".into())) } }
                     }
                 }
             }
         }
+        @if !rollouts.is_empty() {
+            h2 { "Rollouts" }
+            table {
+                tr { th { "Role" } th { "From" } th { "To" } th { "Phase" } th { "Batches" } th { "In flight" } th { "Why" } th {} }
+                @for (role, s) in &rollouts {
+                    tr {
+                        td { (role) }
+                        td { code { (s.rollout.from) } }
+                        td { code { (s.rollout.to) } }
+                        td { (s.rollout.phase.name()) }
+                        td { (s.rollout.batches) }
+                        td { (s.rollout.batch.keys().cloned().collect::<Vec<_>>().join(", ")) }
+                        td { (s.rollout.why.as_deref().unwrap_or("")) }
+                        td {
+                            @for c in commands(&s.rollout.phase) {
+                                form.inline method="post" action={ "/ui/rollouts/" (role) "/" (c) } {
+                                    button type="submit" { (c) }
+                                }
+                                " "
+                            }
+                        }
+                    }
+                }
+            }
+            @for (role, s) in &rollouts {
+                details {
+                    summary { "The rollout of " (role) ": its log (newest first)" }
+                    ul {
+                        @for e in s.rollout.log.iter().rev().take(LOG_SHOWN) {
+                            li {
+                                (paddock_inspector::node::iso(e.at.secs())) " "
+                                @if let Some(h) = &e.host { code { (h) } ": " }
+                                (e.text)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(last) = rounds.iter().find(|r| !r.shadows.is_empty()) {
+            h2 { "Shadow specs (round at " (iso(last.at_ms / 1000)) " UTC)" }
+            p { "Planned every round against the same census and metrics; nothing of theirs runs." }
+            table {
+                tr { th { "Shadow" } th { "Role" } th { "Live" } th { "Shadow" } th { "Why (shadow)" } }
+                @for (name, sh) in &last.shadows {
+                    @let diff = crate::roles::shadow_differences(&last.plan, &sh.plan);
+                    @if diff.is_empty() {
+                        tr { td { (name) " " code { (sh.file) } } td colspan="4" { "the same counts as the live spec" } }
+                    }
+                    @for (role, live, theirs) in &diff {
+                        tr {
+                            td { (name) " " code { (sh.file) } }
+                            td { (role) }
+                            td { (live.map_or("-".into(), |v| v.to_string())) }
+                            td { (theirs.map_or("-".into(), |v| v.to_string())) }
+                            td { (sh.scale.get(role).map(|d| d.reason.as_str()).unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        }
+        @if dns.is_some() {
+            h2 { "Services (DNS)" }
+            table {
+                tr { th { "Role" } th { "Names" } th { "In service" } th { "Out (not up)" } }
+                @for (role, s) in &services {
+                    tr {
+                        td { (role) }
+                        td { @for n in &s.names { code { (n) } " " } }
+                        td { (s.in_service.join(", ")) }
+                        td { (s.verifying.join(", ")) }
+                    }
+                }
+            }
+        }
+        @if let Some(p) = &preview {
+            h2 { "Plan preview (nothing is run)" }
+            @match p {
+                Ok(p) => pre { (plan_text(&p.plan, &p.commands)) },
+                Err(e) => p { (e.message) },
+            }
+        }
+        h2 { "Last rounds" }
+        @for round in &rounds {
+            h3 { (iso(round.at_ms / 1000)) " UTC" }
+            pre {
+                (plan_text(&round.plan, &round.results.iter().map(|x| x.argv.clone()).collect::<Vec<_>>()))
+                @for x in &round.results { (describe(x)) "\n" }
+            }
+        }
     };
-    Html(markup.into_string()).into_response()
+    crate::console::page("Roles", true, markup).into_response()
 }
 
 /// The newest entries of a rollout's log the page shows (`paddock rollout status ROLE`

@@ -103,6 +103,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     roles.start(&mut rt);
     let state = crate::http::AppState {
+        console_history: Arc::default(),
         power,
         dominator,
         roles,

@@ -96,28 +96,56 @@ impl Drop for Proc {
     }
 }
 
-/// chromedriver's (Selenium's) log command: the browser's console since the last call.
+/// A chromedriver command beyond WebDriver's: a POST to `session/<id>/<path>` with `body`.
+/// Its (Selenium's) log command, `se/log`, reads the browser's console since the last call;
+/// `goog/cdp/execute` runs a Chrome DevTools command (the colour scheme a page is shown in).
 #[derive(Debug)]
-struct BrowserLog;
+struct Chromedriver(&'static str, Value);
 
-impl WebDriverCompatibleCommand for BrowserLog {
+impl WebDriverCompatibleCommand for Chromedriver {
     fn endpoint(
         &self,
         base_url: &url::Url,
         session_id: Option<&str>,
     ) -> Result<url::Url, url::ParseError> {
         base_url.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
+            "session/{}/{}",
+            session_id.unwrap_or_default(),
+            self.0
         ))
     }
     fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
-        (
-            http::Method::POST,
-            Some(json!({"type": "browser"}).to_string()),
-        )
+        (http::Method::POST, Some(self.1.to_string()))
     }
 }
+
+/// The browser's console since the last call.
+fn browser_log() -> Chromedriver {
+    Chromedriver("se/log", json!({"type": "browser"}))
+}
+
+/// The accessibility check run in each page (axe-core's serious rules that apply here).
+const A11Y: &str = include_str!("support/a11y.js");
+
+/// What keyboard-only navigation must reach: every visible link, button and control, keyed
+/// by what it is (a live region swapped meanwhile holds equal elements, not the same ones).
+const ACTIONABLE: &str = r#"
+window.__key = function (el) {
+  return [el.tagName, el.getAttribute('href') || '', el.getAttribute('name') || '',
+          el.getAttribute('value') || '', el.getAttribute('formaction') || '',
+          (el.textContent || '').trim().slice(0, 60)].join('|');
+};
+window.__actionable = function () {
+  return Array.from(document.querySelectorAll(
+      'a[href], button, input:not([type=hidden]), select, textarea, summary'))
+    .filter(el => el.getClientRects().length && !el.disabled && el.tabIndex >= 0
+                  && getComputedStyle(el).visibility !== 'hidden');
+};
+window.__reached = new Set();
+document.addEventListener('focusin', e => window.__reached.add(window.__key(e.target)), true);
+document.activeElement && document.activeElement.blur();
+return window.__actionable().length;
+"#;
 
 /// The browser, the appliance it looks at, and where screenshots go.
 struct Session {
@@ -142,7 +170,7 @@ impl Session {
     async fn no_console_errors(&mut self, during: &str) {
         let entries = self
             .browser
-            .issue_cmd(BrowserLog)
+            .issue_cmd(browser_log())
             .await
             .expect("browser log");
         let entries = entries.as_array().cloned().unwrap_or_default();
@@ -269,6 +297,115 @@ impl Session {
         )
         .await;
     }
+
+    /// Shows pages in the light or the dark scheme (`prefers-color-scheme`).
+    async fn scheme(&self, scheme: &str) {
+        self.browser
+            .issue_cmd(Chromedriver(
+                "goog/cdp/execute",
+                json!({
+                    "cmd": "Emulation.setEmulatedMedia",
+                    "params": {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+                }),
+            ))
+            .await
+            .expect("emulate the colour scheme");
+        let dark = self
+            .browser
+            .execute(
+                "return matchMedia('(prefers-color-scheme: dark)').matches;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(dark, json!(scheme == "dark"), "the scheme took");
+    }
+
+    /// The accessibility check's violations on the page as shown now.
+    async fn a11y(&self, page: &str) {
+        let found = self
+            .browser
+            .execute(A11Y, vec![])
+            .await
+            .expect("a11y check");
+        let found = found.as_array().cloned().unwrap_or_default();
+        assert!(
+            found.is_empty(),
+            "{page}: accessibility violations:\n{}",
+            found
+                .iter()
+                .map(|v| v.as_str().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// Tabs through the page with the keyboard alone: every visible link, button and
+    /// control takes the focus on the way. Returns how many there were.
+    async fn keyboard(&self, page: &str) -> u64 {
+        let (n, missed) = self.tab_through().await;
+        assert_eq!(
+            missed,
+            json!([]),
+            "{page}: keyboard navigation does not reach these"
+        );
+        n
+    }
+
+    /// Presses Tab once more than the page has links and controls; returns how many it has,
+    /// and those the focus never reached.
+    async fn tab_through(&self) -> (u64, Value) {
+        use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+        use fantoccini::key::Key;
+        let n = self
+            .browser
+            .execute(ACTIONABLE, vec![])
+            .await
+            .expect("actionable")
+            .as_u64()
+            .unwrap_or(0);
+        let mut keys = KeyActions::new("keyboard".into());
+        for _ in 0..n + 2 {
+            keys = keys
+                .then(KeyAction::Down {
+                    value: Key::Tab.into(),
+                })
+                .then(KeyAction::Up {
+                    value: Key::Tab.into(),
+                });
+        }
+        self.browser.perform_actions(keys).await.expect("Tab");
+        let missed = self
+            .browser
+            .execute(
+                "return window.__actionable().map(window.__key).filter(k => !window.__reached.has(k));",
+                vec![],
+            )
+            .await
+            .expect("missed");
+        (n, missed)
+    }
+
+    /// A page as an operator may see it: at a laptop's and a desktop's size, light and
+    /// dark, each screenshotted and checked for accessibility; and navigated by keyboard.
+    async fn review(&mut self, path: &str, name: &str) -> u64 {
+        self.goto(path).await;
+        let mut actions = 0;
+        for (w, h) in [(1280, 800), (1920, 1080)] {
+            self.browser
+                .set_window_size(w, h)
+                .await
+                .expect("window size");
+            for scheme in ["light", "dark"] {
+                self.scheme(scheme).await;
+                self.a11y(&format!("{path} at {w}x{h}, {scheme}")).await;
+                self.shot(&format!("{name}-{w}x{h}-{scheme}")).await;
+            }
+        }
+        self.scheme("light").await;
+        actions += self.keyboard(path).await;
+        actions
+    }
 }
 
 /// Posts an introspection report as the agent does; returns the node's UUID.
@@ -374,11 +511,36 @@ async fn the_console_in_a_real_browser() {
         .execute("console.error('paddock-probe'); return null;", vec![])
         .await
         .unwrap();
-    let probe = s.browser.issue_cmd(BrowserLog).await.expect("browser log");
+    let probe = s
+        .browser
+        .issue_cmd(browser_log())
+        .await
+        .expect("browser log");
     assert!(
         probe.to_string().contains("paddock-probe") && probe.to_string().contains("SEVERE"),
         "the browser log does not show console errors: {probe}"
     );
+
+    // The accessibility check and the keyboard walk find what they look for: a button with
+    // no name, faint text and a link the keyboard cannot reach, put in the page.
+    s.browser
+        .execute(
+            "document.body.insertAdjacentHTML('beforeend', '<button></button><p style=\"color:#c8c8c8\">faint</p><div inert><a href=\"#x\">unreachable</a></div>'); return null;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let found = s.browser.execute(A11Y, vec![]).await.unwrap().to_string();
+    assert!(
+        found.contains("name: button") && found.contains("color-contrast: p \\\"faint\\\""),
+        "the accessibility check missed the probes: {found}"
+    );
+    let (_, missed) = s.tab_through().await;
+    assert!(
+        missed.to_string().contains("unreachable"),
+        "the keyboard walk missed the probe: {missed}"
+    );
+    s.goto("/ui").await;
 
     // 1. The machines list, empty; a machine enrols while it is open and appears by itself.
     s.wait_live().await;
@@ -400,7 +562,7 @@ async fn the_console_in_a_real_browser() {
         "#inventory",
         &[
             "QEMU",
-            "8192 MiB",
+            "8.0 GiB",
             "4 × QEMU Virtual CPU",
             "/dev/vda",
             "52:54:00:c0:50:01",
@@ -573,9 +735,10 @@ async fn the_console_in_a_real_browser() {
         "[data-live-region=dashboard]",
         &[
             "one host: this host serves PXE",
-            "Machines (1)",
-            "finished",
-            "sub(s) synced to their required image",
+            "Nothing needs you",
+            "Machines",
+            "subs synced to their required image",
+            "Per minute, the last hour",
         ],
     )
     .await;
@@ -599,6 +762,87 @@ async fn the_console_in_a_real_browser() {
         );
         s.shot(name).await;
     }
+
+    // 8. A run's progress, live: the machine is provisioned; as the ramdisk reports its steps
+    //    the bar on its page moves, without a reload.
+    support::sh_ok(&format!(
+        "curl -sf -H 'Content-Type: application/x-tar' --data-binary @{} '{base}/ui/images?name=console/run.1'",
+        tarball.display()
+    ));
+    support::sh_ok(&format!(
+        "curl -sf -H 'Content-Type: application/json' -d '{{\"image\": \"console/run.1\"}}' {base}/api/v1/nodes/{uuid}/provision"
+    ));
+    s.goto(&format!("/ui/nodes/{uuid}")).await;
+    s.wait_live().await;
+    s.wait_present("the run's progress bar", "#run-bar").await;
+    s.text_has(
+        "#run-progress",
+        &["birth of console/run.1", "step 1 of 9", "choose_disk"],
+    )
+    .await;
+    s.mark().await;
+    let bar = "const e = document.getElementById('run-bar'); return e ? e.value : null;";
+    let mut last = s.wait_js("the bar at 0", bar, |v| v == 0).await;
+    for step in ["choose_disk", "partition", "filesystems"] {
+        let body = json!({"event": {"event": "step_done", "step": step}}).to_string();
+        support::sh_ok(&format!(
+            "curl -sf -H 'Content-Type: application/json' -d '{body}' {base}/api/v1/provision/{uuid}/report"
+        ));
+        let before = last.as_u64().unwrap_or(0);
+        last = s
+            .wait_js(&format!("the bar past {before} after {step}"), bar, |v| {
+                v.as_u64().is_some_and(|v| v > before)
+            })
+            .await;
+    }
+    s.not_reloaded().await;
+    assert_eq!(last, json!(33), "three steps of nine");
+    s.text_has("#run-step", &["start_subd"]).await;
+    s.shot("machine-progress").await;
+
+    // 9. A bulk action from the list: the machine ticked, "Introspect" asks first, naming
+    //    it; confirmed, each machine's outcome is shown.
+    s.goto("/ui").await;
+    s.wait_live().await;
+    s.click(&format!("{row} input[name=node]")).await;
+    s.click("button[formaction=\"/ui/bulk/introspect\"]").await;
+    s.wait_present("the bulk confirmation", "form input[name=confirm]")
+        .await;
+    s.text_has("main", &["Introspect: 1 machine(s)?", &uuid])
+        .await;
+    s.shot("bulk-confirm").await;
+    s.click("form button[type=submit]").await;
+    s.wait_present("the bulk outcome", "#bulk-summary").await;
+    s.text_has("#bulk-summary", &["Introspect: 1 done, 0 refused."])
+        .await;
+    s.shot("bulk-done").await;
+
+    // 10. Every page, reviewed: two sizes, light and dark, screenshots, the accessibility
+    //     check and keyboard-only navigation.
+    let pages = [
+        ("/ui/dashboard".to_string(), "review-dashboard"),
+        ("/ui".to_string(), "review-machines"),
+        (format!("/ui/nodes/{uuid}"), "review-machine"),
+        ("/ui/rules".to_string(), "review-rules"),
+        ("/ui/leases".to_string(), "review-leases"),
+        ("/ui/firewall".to_string(), "review-firewall"),
+        ("/ui/images".to_string(), "review-images"),
+        ("/ui/images/console/run.1".to_string(), "review-image"),
+        ("/ui/mdb".to_string(), "review-mdb"),
+        ("/ui/subs".to_string(), "review-subs"),
+        ("/ui/roles".to_string(), "review-roles"),
+        ("/ui/audit".to_string(), "review-audit"),
+        ("/ui/login".to_string(), "review-login"),
+    ];
+    let mut reached = 0;
+    for (path, name) in &pages {
+        reached += s.review(path, name).await;
+    }
+    eprintln!(
+        "console review: {} pages at 2 sizes, light and dark: no accessibility violation; \
+         keyboard reached all {reached} links and controls",
+        pages.len()
+    );
     s.browser.close().await.expect("close the session");
     drop(driver);
     drop(app);

@@ -43,9 +43,13 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "console",
             "console_access",
+            "console_charts",
             "console_dashboard",
+            "console_history",
             "console_images",
+            "console_list",
             "console_live",
+            "console_machine",
             "console_nodes",
             "console_power",
             "console_rules",

@@ -321,6 +321,31 @@ impl Leases {
         self.by_ip.is_empty()
     }
 
+    /// Each subnet's pools at `now`: (network, addresses held, addresses the pools offer,
+    /// excluded ones left out). A released lease holds nothing; a declined one does until it
+    /// expires.
+    pub fn usage(&self, now: u64) -> Vec<(Ipv4Net, u64, u64)> {
+        self.subnets
+            .iter()
+            .map(|s| {
+                let in_pools = |ip: &Ipv4Addr| {
+                    s.pools.iter().any(|p| p.contains(*ip)) && !s.exclude.contains(ip)
+                };
+                let size: u64 = s.pools.iter().map(|p| u64::from(p.len())).sum::<u64>()
+                    - s.exclude
+                        .iter()
+                        .filter(|ip| s.pools.iter().any(|p| p.contains(**ip)))
+                        .count() as u64;
+                let held = self
+                    .by_ip
+                    .values()
+                    .filter(|l| in_pools(&l.ip) && l.holds(now))
+                    .count() as u64;
+                (s.network, held, size)
+            })
+            .collect()
+    }
+
     /// May `mac` be given `ip` on subnet `idx` at `now`?
     fn usable(&self, idx: usize, mac: MacAddr, ip: Ipv4Addr, now: u64) -> Result<(), Refusal> {
         let subnet = &self.subnets[idx];
@@ -732,5 +757,32 @@ mod tests {
             Leases::new(vec![subnet(), subnet()], vec![]),
             Err(SubnetError::SubnetOverlap(..))
         ));
+    }
+
+    #[test]
+    fn usage_counts_held_addresses_of_each_pool() {
+        let net: Ipv4Net = "198.18.0.0/24".parse().unwrap();
+        let mut subnet = Subnet::with_pool(
+            net,
+            Ipv4Addr::new(198, 18, 0, 10),
+            Ipv4Addr::new(198, 18, 0, 19),
+            600,
+        );
+        subnet.exclude.insert(Ipv4Addr::new(198, 18, 0, 11));
+        let mut leases = Leases::new(vec![subnet], vec![]).unwrap();
+        let lease = |last: u8, state: LeaseState, expires: u64| Lease {
+            ip: Ipv4Addr::new(198, 18, 0, last),
+            mac: MacAddr([2, 0, 0, 0, 0, last]),
+            state,
+            expires,
+            client_id: None,
+            hostname: None,
+            relay: None,
+        };
+        leases.restore(lease(10, LeaseState::Bound, 2000));
+        leases.restore(lease(12, LeaseState::Bound, 500));
+        leases.restore(lease(13, LeaseState::Released, 2000));
+        leases.restore(lease(14, LeaseState::Declined, 2000));
+        assert_eq!(leases.usage(1000), vec![(net, 2, 9)]);
     }
 }

@@ -126,6 +126,12 @@ impl DhcpService {
         }))
     }
 
+    /// Each subnet's pool usage at `now` (Unix s): network, addresses held, pool size.
+    pub fn usage(&self, now: u64) -> Vec<(ipnet::Ipv4Net, u64, u64)> {
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+        server.leases.usage(now)
+    }
+
     /// A snapshot of every lease, for the API and the console.
     pub fn leases(&self) -> Vec<Lease> {
         let server = self.server.lock().unwrap_or_else(|p| p.into_inner());

@@ -304,7 +304,23 @@ pub struct SubStatus {
     /// no check configured, or no update yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<SubHealth>,
+    /// The fetch under way, as the sub's short polls during it report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<FetchProgress>,
 }
+
+/// A fetch under way on a sub: what the plan sends and what the sub has written so far.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchProgress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// When the fetch was sent, and when `bytes_done` was read (Unix ms).
+    pub started_ms: u64,
+    pub at_ms: u64,
+}
+
+/// How often a sub whose fetch runs is short-polled for the bytes written so far.
+const PROGRESS_EVERY_MS: u64 = 1000;
 
 /// A sub's health check after an update: what a rollout waits for besides the sync.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -327,6 +343,8 @@ enum Outcome {
     Fetched(Result<FetchReply, RpcError>),
     Updated(Result<Box<UpdateReport>, RpcError>),
     CleanedUp(Result<(), RpcError>),
+    /// The bytes a running fetch has written, from a short poll during it.
+    Progress(Result<u64, RpcError>),
     Asked(Disruption),
     /// The sub's computed files cannot be laid over its image.
     ComputedMissing(String),
@@ -347,6 +365,10 @@ struct Slot {
     health: Option<SubHealth>,
     /// When the disruption check first denied the update it waits for.
     denied_since_ms: Option<u64>,
+    /// The fetch under way (not a preload), and when it is next short-polled for progress
+    /// (`None`: a progress poll is out).
+    fetch: Option<FetchProgress>,
+    progress_at_ms: Option<u64>,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -523,6 +545,8 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     report: None,
                                     health: None,
                                     denied_since_ms: None,
+                                    fetch: None,
+                                    progress_at_ms: None,
                                 },
                             );
                         }
@@ -556,6 +580,13 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 }
                 Some((host, outcome)) = rx.recv() => {
                     let now = now_ms();
+                    if let Outcome::Progress(r) = outcome {
+                        if let Some(slot) = slots.get_mut(&host) {
+                            Self::progressed(slot, r, now);
+                            self.publish(slot);
+                        }
+                        continue;
+                    }
                     if matches!(
                         outcome,
                         Outcome::Fetched(_) | Outcome::Updated(_) | Outcome::CleanedUp(_)
@@ -577,6 +608,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 _ = tick.tick() => {
                     let now = now_ms();
                     for (host, slot) in slots.iter_mut() {
+                        if slot.fetch.is_some() && slot.progress_at_ms.is_some_and(|t| t <= now) {
+                            slot.progress_at_ms = None;
+                            self.ask_progress(host, slot, &tasks);
+                        }
                         if slot.sub.busy() || slot.sub.next_at_ms() > now {
                             continue;
                         }
@@ -671,7 +706,9 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             }
             Outcome::Planned(Err(e)) => Event::PlanFailed(e.0),
             Outcome::ComputedMissing(why) => Event::ComputedMissing(why),
+            Outcome::Progress(_) => Event::Tick,
             Outcome::Fetched(Ok(reply)) => {
+                slot.fetch = None;
                 // Fetched (the update is planned again from a later scan) or preloaded.
                 if let (Some(report), Some(stats)) = (&mut slot.report, reply.stats)
                     && matches!(slot.sub.state(), SubState::Fetching { .. })
@@ -688,7 +725,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 slot.computed = slot.computed.take().filter(|c| !c.unused.is_empty());
                 Event::Fetched
             }
-            Outcome::Fetched(Err(e)) => Event::FetchFailed(e.0),
+            Outcome::Fetched(Err(e)) => {
+                slot.fetch = None;
+                Event::FetchFailed(e.0)
+            }
             Outcome::Updated(Ok(update)) => {
                 slot.computed = None;
                 let first = update.apply.errors.first().or(update.error.as_ref());
@@ -900,7 +940,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     running.insert(host.clone(), high);
                     slot.sub
                         .handle(Event::Started, &slot.spec.desired, now, &self.policy);
-                    self.launch(&host, slot, action, tasks);
+                    self.launch(&host, slot, action, tasks, now);
                     self.publish(slot);
                 }
                 Admission::HighImpactShare => {
@@ -949,7 +989,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     }
 
     /// Sends a fetch, update or cleanup whose slot is granted.
-    fn launch(&self, host: &str, slot: &mut Slot, action: Action, tasks: &Tasks) {
+    fn launch(&self, host: &str, slot: &mut Slot, action: Action, tasks: &Tasks, now: u64) {
         let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
         // What the plan says to send; nothing if there is no plan (the sub asks again).
         let planned = |part: fn(&Computed) -> &Vec<ObjectId>| {
@@ -966,6 +1006,15 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 } else {
                     planned(|c| &c.fetch)
                 };
+                if let (false, SubState::Fetching { bytes, .. }) = (preload, slot.sub.state()) {
+                    slot.fetch = Some(FetchProgress {
+                        bytes_done: 0,
+                        bytes_total: *bytes,
+                        started_ms: now,
+                        at_ms: now,
+                    });
+                    slot.progress_at_ms = Some(now + PROGRESS_EVERY_MS);
+                }
                 let req = FetchRequest {
                     server: self.limits.image_server.clone(),
                     objects,
@@ -1012,7 +1061,34 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             summary: slot.sub.state().to_string(),
             failures: slot.sub.failures(),
             health: slot.health.clone(),
+            fetch: slot.fetch.clone(),
         }
+    }
+
+    /// Short-polls a sub whose fetch runs for the bytes it has written.
+    fn ask_progress(&self, host: &str, slot: &Slot, tasks: &Tasks) {
+        let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
+        let req = PollRequest {
+            short_poll_only: true,
+            ..PollRequest::default()
+        };
+        tokio::spawn(async move {
+            let r = rpc.poll(&address, req).await.map(|r| r.fetch_bytes);
+            let _ = tx.send((host, Outcome::Progress(r)));
+        });
+    }
+
+    /// A progress poll's answer: the bytes so far while the fetch still runs (a poll that
+    /// failed changes nothing; the fetch's own answer says what happened), and the next poll.
+    fn progressed(slot: &mut Slot, r: Result<u64, RpcError>, now: u64) {
+        let Some(f) = &mut slot.fetch else {
+            return;
+        };
+        if let Ok(done) = r {
+            f.bytes_done = done.min(f.bytes_total);
+            f.at_ms = now;
+        }
+        slot.progress_at_ms = Some(now + PROGRESS_EVERY_MS);
     }
 
     fn publish(&self, slot: &mut Slot) {
@@ -1025,6 +1101,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                 && old.address == slot.spec.address
                 && old.required_image == slot.spec.desired.required_image
                 && old.health == slot.health
+                && old.fetch == slot.fetch
         }) {
             return;
         }

@@ -16,8 +16,9 @@ pub mod sub;
 pub use client::HttpSubRpc;
 pub use compute::{Computed, PreparedImage, compute, provably_unchanged};
 pub use herd::{
-    Admission, Census, Change, ChangeReport, DisruptionCheck, DisruptionQuery, Herd, ImageSource,
-    Limits, Polled, RpcError, SubHealth, SubRpc, SubSpec, SubStatus, admit, high_impact_limit,
+    Admission, Census, Change, ChangeReport, DisruptionCheck, DisruptionQuery, FetchProgress, Herd,
+    ImageSource, Limits, Polled, RpcError, SubHealth, SubRpc, SubSpec, SubStatus, admit,
+    high_impact_limit,
 };
 pub use overlay::{ComputedFile, Overlay, OverlayError, lay, without_lines_naming};
 pub use sub::{Action, Desired, Disruption, Event, PlanSummary, Policy, PollAnswer, Sub, SubState};
