@@ -290,6 +290,11 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         html! { @if let Some(t) = secs { (crate::console_style::when(now_ms, t.saturating_mul(1000))) } }
     };
     let body = html! {
+        // A run under way comes first. Its fetch progress lives in the dominator's memory,
+        // not the store: the page reads it again every 2 s while the run goes.
+        div data-live-region="progress" data-live-poll=[run.is_some().then_some("2000")] {
+            @if let Some(run) = &run { (machine::progress(run)) }
+        }
         div data-live-region="summary" {
         table #summary {
             tr { th { "UUID" } td { code { (n.uuid) } } }
@@ -324,11 +329,6 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
         }
         }
         h2 { "Provisioning" }
-        // A run's fetch progress lives in the dominator's memory, not the store: the page
-        // reads it again every 2 s while a run is under way.
-        div data-live-region="progress" data-live-poll=[run.is_some().then_some("2000")] {
-            @if let Some(run) = &run { (machine::progress(run)) }
-        }
         div data-live-region="provisioning" {
         @match &provisioning {
             Some((record, never)) => { (provisioning_body(n.uuid, record, *never, &images)) }

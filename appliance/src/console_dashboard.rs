@@ -546,4 +546,47 @@ mod tests {
         let calm = body(&View::default()).into_string();
         assert!(calm.contains("Nothing needs you"), "{calm}");
     }
+
+    /// However long the history and large the fleet, the dashboard stays light: the charts
+    /// draw at most HISTORY_POINTS samples and the lists show SHOWN entries.
+    #[test]
+    fn a_day_of_history_at_ten_thousand_machines_stays_a_light_page() {
+        let history = crate::console_history::History::default();
+        let states = ["unknown", "birth", "healthy", "rebirth", "clean", "error"];
+        for minute in 0..crate::console_history::KEPT as i64 {
+            history.record(Sample {
+                at_ms: minute * 60_000,
+                states: states.iter().map(|s| (*s, 1666 + minute as u64)).collect(),
+                synced: 9000,
+                subs: 10_000,
+                power_queue: 12,
+            });
+        }
+        let now_ms = crate::console_history::KEPT as i64 * 60_000;
+        let events: Vec<i64> = (0..10_000).map(|i| now_ms - i * 300).collect();
+        let view = View {
+            now_ms,
+            machines: 10_000,
+            history: history.since(now_ms - HISTORY_MS, HISTORY_POINTS),
+            boots: events.clone(),
+            enrolments: events.clone(),
+            installs: events,
+            problems: (0..10_000)
+                .map(|i| Problem {
+                    link: format!("/ui/nodes/{i}"),
+                    who: format!("node-{i}"),
+                    what: "install of debian/a: no report for 20 min 0 s".into(),
+                    since_ms: Some(now_ms),
+                })
+                .collect(),
+            pools: (0..8)
+                .map(|i| (format!("198.18.{i}.0/24"), 200, 250))
+                .collect(),
+            ..View::default()
+        };
+        assert_eq!(view.history.len(), HISTORY_POINTS);
+        let html = body(&view).into_string();
+        assert!(html.len() < 100 * 1024, "{} bytes", html.len());
+        assert!(html.contains("10000 in all."), "the problems are counted");
+    }
 }

@@ -204,7 +204,9 @@ pub fn hardware(n: &Node, data: &IntrospectionData) -> Markup {
                 div.card {
                     h3 { "System" }
                     p { (text(&vendor.manufacturer)) " " (text(&vendor.product_name)) }
-                    p.muted { "serial " (text(&vendor.serial_number)) }
+                    @if let Some(serial) = vendor.serial_number.as_ref().filter(|s| !s.is_empty()) {
+                        p.muted { "serial " (serial) }
+                    }
                     p.muted {
                         "firmware " (text(&firmware.vendor)) " " (text(&firmware.version))
                         @if let Some(b) = &inv.boot { " · " (b.current_boot_mode) " boot" }

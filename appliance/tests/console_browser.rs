@@ -410,7 +410,12 @@ impl Session {
 
 /// Posts an introspection report as the agent does; returns the node's UUID.
 fn report(base: &str, mac: &str) -> String {
-    let body = inventory(&[mac], 4, 8192, &[100]).to_string();
+    report_body(base, inventory(&[mac], 4, 8192, &[100]))
+}
+
+/// Posts `body` to `/v1/continue`; returns the node's UUID.
+fn report_body(base: &str, body: Value) -> String {
+    let body = body.to_string();
     let out = Command::new("curl")
         .args([
             "-sf",
@@ -798,7 +803,16 @@ async fn the_console_in_a_real_browser() {
     s.not_reloaded().await;
     assert_eq!(last, json!(33), "three steps of nine");
     s.text_has("#run-step", &["start_subd"]).await;
+    // Tall enough to show the hardware cards too (the README's picture of a machine).
+    s.browser
+        .set_window_size(1280, 1500)
+        .await
+        .expect("window size");
     s.shot("machine-progress").await;
+    s.browser
+        .set_window_size(1280, 800)
+        .await
+        .expect("window size");
 
     // 9. A bulk action from the list: the machine ticked, "Introspect" asks first, naming
     //    it; confirmed, each machine's outcome is shown.
@@ -818,7 +832,25 @@ async fn the_console_in_a_real_browser() {
     s.shot("bulk-done").await;
 
     // 10. Every page, reviewed: two sizes, light and dark, screenshots, the accessibility
-    //     check and keyboard-only navigation.
+    //     check and keyboard-only navigation; with a few more machines, one whose ramdisk
+    //     failed (the dashboard's "needs attention" list, the list's error column).
+    for i in 2..8u32 {
+        let mut body = inventory(
+            &[&format!("52:54:00:c0:50:0{i}")],
+            2 * i,
+            4096 * u64::from(i),
+            &[50 * u64::from(i)],
+        );
+        if i == 7 {
+            // The processing fails, and says so to the agent: its answer is an error.
+            body["error"] = json!("the disk /dev/vda did not answer");
+            support::sh(&format!(
+                "curl -s -o /dev/null -H 'Content-Type: application/json' --data-binary '{body}' {base}/v1/continue"
+            ));
+            continue;
+        }
+        report_body(&base, body);
+    }
     let pages = [
         ("/ui/dashboard".to_string(), "review-dashboard"),
         ("/ui".to_string(), "review-machines"),

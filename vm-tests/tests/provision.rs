@@ -145,6 +145,38 @@ impl Installed {
         );
     }
 
+    /// Waits for the install to reach `healthy` while reading the machine's console page
+    /// every second: each change of its progress bar (percent, step, the sync's fetch line).
+    fn wait_installed_watching_the_page(
+        &self,
+        timeout: Duration,
+    ) -> Vec<(u32, String, Option<String>)> {
+        let mut seen: Vec<(u32, String, Option<String>)> = Vec::new();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.record();
+            assert_ne!(r["state"], "error", "{r}\n{}", tail(&self.console(), 4000));
+            if r["state"] == "healthy" {
+                return seen;
+            }
+            if let Ok((200, html)) = self
+                .lab
+                .api("GET", &format!("/ui/nodes/{}", self.uuid), None)
+                && let Some(p) = progress_on_page(&html)
+                && seen.last() != Some(&p)
+            {
+                seen.push(p);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} not healthy within {timeout:?}: {r}\n{}",
+                self.uuid,
+                tail(&self.console(), 4000)
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
     /// Waits until the VM has rebooted (QEMU exits there: `-no-reboot`) or powered off.
     fn wait_exited(&mut self, what: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
@@ -535,6 +567,24 @@ impl Installed {
     }
 }
 
+/// The progress bar of a machine's console page, from its HTML: the percentage, the step
+/// and the sync's fetch line (when a fetch runs).
+fn progress_on_page(html: &str) -> Option<(u32, String, Option<String>)> {
+    fn after<'a>(from: &'a str, marker: &str) -> Option<&'a str> {
+        from.find(marker).map(|i| &from[i + marker.len()..])
+    }
+    let bar = after(html, "id=\"run-bar\"")?;
+    let value = after(bar, "value=\"")?;
+    let percent = value[..value.find('"')?].parse().ok()?;
+    let step = after(html, "id=\"run-step\">")?;
+    let step = step[..step.find('<')?].to_string();
+    let fetch = after(html, "id=\"run-fetch\">").and_then(|f| {
+        let text = &f[..f.find("</p>")?];
+        Some(text.replace("&nbsp;", " "))
+    });
+    Some((percent, step, fetch))
+}
+
 /// A blank VM is inspected and installed in the same boot (a `set-image` rule), and hands
 /// over: the ramdisk reboots it.
 fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool) -> Installed {
@@ -583,8 +633,24 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool
         hostname,
         computed,
     };
-    installed.wait_state("healthy", Duration::from_secs(3600));
+    let seen = installed.wait_installed_watching_the_page(Duration::from_secs(3600));
     let took = installed.lab.vms[vm].powered_on.elapsed();
+    // The console's bar moved with the install: several values, never back.
+    let percents: Vec<u32> = seen.iter().map(|p| p.0).collect();
+    assert!(
+        percents.windows(2).all(|w| w[0] <= w[1]) && seen.len() >= 3,
+        "the machine page's progress bar did not move forward through the install: {seen:?}"
+    );
+    let fetch = seen.iter().find_map(|p| p.2.clone());
+    println!(
+        "{name}: the machine page's progress bar read {:?}{}",
+        seen.iter()
+            .map(|p| format!("{}% {}", p.0, p.1))
+            .collect::<Vec<_>>(),
+        fetch
+            .map(|f| format!("; during the sync: {f}"))
+            .unwrap_or_default()
+    );
     installed.wait_exited("the hand-over's reboot", Duration::from_secs(300));
     let out = installed.console();
     for line in ["step partition: done", "step identity: done", "hand_over"] {
