@@ -116,9 +116,14 @@ pub fn progress(p: &RunProgress) -> Markup {
             }
             @if let Some(f) = &p.fetch {
                 p #run-fetch {
-                    (bytes(f.bytes_done)) " of " (bytes(f.bytes_total)) " fetched"
-                    @if let Some(r) = p.rate() { " · " (bytes(r as u64)) "/s" }
-                    @if let Some(eta) = p.eta_secs() { " · about " (duration(eta)) " left" }
+                    @if f.done {
+                        (bytes(f.bytes_total)) " fetched in " (duration(f.at_ms.saturating_sub(f.started_ms) / 1000))
+                        "; the update is next"
+                    } @else {
+                        (bytes(f.bytes_done)) " of " (bytes(f.bytes_total)) " fetched"
+                        @if let Some(r) = p.rate() { " · " (bytes(r as u64)) "/s" }
+                        @if let Some(eta) = p.eta_secs() { " · about " (duration(eta)) " left" }
+                    }
                 }
             }
         }
@@ -375,6 +380,7 @@ mod tests {
             bytes_total: total,
             started_ms: 10_000,
             at_ms: 10_000 + secs * 1000,
+            done: done == total,
         });
         s
     }
@@ -400,6 +406,18 @@ mod tests {
         assert!(html.contains("value=\"61\""), "{html}");
         assert!(html.contains("500 B of 1000 B fetched"), "{html}");
         assert!(html.contains("about 5 s left"), "{html}");
+        // Fetched: the whole sync step's share, until the update proves it synced.
+        let fetched = RunProgress::of(
+            &birth(Some(Step::Register), false),
+            Some(&fetching(1000, 1000, 10)),
+        )
+        .unwrap();
+        assert!((fetched.fraction() - 6.0 / 9.0).abs() < 1e-9);
+        let html = progress(&fetched).into_string();
+        assert!(
+            html.contains("1000 B fetched in 10 s; the update is next"),
+            "{html}"
+        );
         // Synced, before the ramdisk reports the next step: the sync counts as done, and a
         // fetch the sub reports then is not this run's.
         let synced = RunProgress::of(&birth(Some(Step::Register), true), Some(&sub)).unwrap();

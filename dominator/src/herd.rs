@@ -317,6 +317,10 @@ pub struct FetchProgress {
     /// When the fetch was sent, and when `bytes_done` was read (Unix ms).
     pub started_ms: u64,
     pub at_ms: u64,
+    /// The fetch ended well: every object is on the sub, the update is next. Kept until the
+    /// cycle ends (synced or failed), so its progress does not go back meanwhile.
+    #[serde(default)]
+    pub done: bool,
 }
 
 /// How often a sub whose fetch runs is short-polled for the bytes written so far.
@@ -598,6 +602,12 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                         let event = Self::absorb(slot, outcome, &mut tree, now);
                         let action =
                             slot.sub.handle(event, &slot.spec.desired, now, &self.policy);
+                        if matches!(
+                            slot.sub.state(),
+                            SubState::Synced { .. } | SubState::Error { .. }
+                        ) {
+                            slot.fetch = None;
+                        }
                         // The tree goes to the plan, if the sub wants one now; else it is
                         // dropped here (the next poll asks for it again).
                         self.dispatch(&host, slot, action, tree, &tasks, &mut queue);
@@ -708,7 +718,12 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             Outcome::ComputedMissing(why) => Event::ComputedMissing(why),
             Outcome::Progress(_) => Event::Tick,
             Outcome::Fetched(Ok(reply)) => {
-                slot.fetch = None;
+                if let Some(f) = &mut slot.fetch {
+                    f.bytes_done = f.bytes_total;
+                    f.at_ms = now;
+                    f.done = true;
+                }
+                slot.progress_at_ms = None;
                 // Fetched (the update is planned again from a later scan) or preloaded.
                 if let (Some(report), Some(stats)) = (&mut slot.report, reply.stats)
                     && matches!(slot.sub.state(), SubState::Fetching { .. })
@@ -1012,6 +1027,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                         bytes_total: *bytes,
                         started_ms: now,
                         at_ms: now,
+                        done: false,
                     });
                     slot.progress_at_ms = Some(now + PROGRESS_EVERY_MS);
                 }
@@ -1081,7 +1097,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     /// A progress poll's answer: the bytes so far while the fetch still runs (a poll that
     /// failed changes nothing; the fetch's own answer says what happened), and the next poll.
     fn progressed(slot: &mut Slot, r: Result<u64, RpcError>, now: u64) {
-        let Some(f) = &mut slot.fetch else {
+        let Some(f) = slot.fetch.as_mut().filter(|f| !f.done) else {
             return;
         };
         if let Ok(done) = r {

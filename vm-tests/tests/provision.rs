@@ -641,15 +641,24 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool
         percents.windows(2).all(|w| w[0] <= w[1]) && seen.len() >= 3,
         "the machine page's progress bar did not move forward through the install: {seen:?}"
     );
-    let fetch = seen.iter().find_map(|p| p.2.clone());
+    // The sync's fetch (about 500 MB, ten seconds and more) is shown as it goes: bytes of the
+    // total, the rate and the time left.
+    let fetching: Vec<&String> = seen.iter().filter_map(|p| p.2.as_ref()).collect();
+    assert!(
+        fetching
+            .iter()
+            .any(|f| f.contains(" of ") && f.contains("/s")),
+        "the page never showed the sync's fetch with its rate: {seen:?}"
+    );
     println!(
-        "{name}: the machine page's progress bar read {:?}{}",
+        "{name}: the machine page's progress bar read {:?}; during the sync {} fetch readings, \
+         the last with a rate {:?}, then {:?}",
         seen.iter()
             .map(|p| format!("{}% {}", p.0, p.1))
             .collect::<Vec<_>>(),
-        fetch
-            .map(|f| format!("; during the sync: {f}"))
-            .unwrap_or_default()
+        fetching.len(),
+        fetching.iter().rev().find(|f| f.contains("/s")),
+        fetching.last()
     );
     installed.wait_exited("the hand-over's reboot", Duration::from_secs(300));
     let out = installed.console();
