@@ -818,11 +818,51 @@ async fn image(State(s): State<Console>, Path(name): Path<String>) -> Response {
     page(&format!("Image {name}"), false, body).into_response()
 }
 
-async fn mdb(State(s): State<Console>) -> Response {
+/// `GET /ui/mdb?q=&page=`: the MDB's machines, a page at a time.
+#[derive(Default, serde::Deserialize)]
+struct MdbQuery {
+    /// Words every shown machine matches (hostname, address, images, tags).
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    page: Option<usize>,
+}
+
+async fn mdb(
+    State(s): State<Console>,
+    axum::extract::Query(q): axum::extract::Query<MdbQuery>,
+) -> Response {
     let entries = match s.imageserver.mdb.entries().await {
         Ok(e) => e,
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
+    let words: Vec<String> =
+        q.q.split_whitespace()
+            .map(str::to_ascii_lowercase)
+            .collect();
+    let matching: Vec<_> = entries
+        .values()
+        .filter(|e| {
+            let m = &e.machine;
+            let mut hay = format!(
+                "{} {} {} {} {}",
+                m.hostname,
+                m.ip_address,
+                m.required_image,
+                m.planned_image,
+                m.tags
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            hay.make_ascii_lowercase();
+            words.iter().all(|w| hay.contains(w.as_str()))
+        })
+        .collect();
+    let pages = matching.len().div_ceil(list::PER_PAGE).max(1);
+    let page_no = q.page.unwrap_or(1).clamp(1, pages);
+    let link = |p: usize| format!("/ui/mdb?q={}&page={p}", list::query_value(&q.q));
     let st = s.imageserver.mdb.status();
     let body = html! {
         p {
@@ -836,9 +876,14 @@ async fn mdb(State(s): State<Console>) -> Response {
                 }
             }
         }
-        table {
+        form.filter method="get" action="/ui/mdb" role="search" {
+            label { "Search " input type="search" name="q" value=(q.q) placeholder="hostname, address, image, tag"; }
+            button type="submit" { "Show" }
+        }
+        p { (matching.len()) " of " (entries.len()) " machine(s)" @if pages > 1 { ", page " (page_no) " of " (pages) } }
+        table #mdb {
             tr { th { "Hostname" } th { "IpAddress" } th { "RequiredImage" } th { "PlannedImage" } th { "Updates" } th { "Tags" } th { "Source" } }
-            @for e in entries.values() {
+            @for e in matching.iter().skip((page_no - 1) * list::PER_PAGE).take(list::PER_PAGE) {
                 @let m = &e.machine;
                 tr {
                     td { (m.hostname) }
@@ -849,6 +894,13 @@ async fn mdb(State(s): State<Console>) -> Response {
                     td { (m.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")) }
                     td { (format!("{:?}", e.source)) }
                 }
+            }
+        }
+        @if pages > 1 {
+            p.pages {
+                @if page_no > 1 { a rel="prev" href=(link(page_no - 1)) { "← previous" } }
+                span { "page " (page_no) " of " (pages) }
+                @if page_no < pages { a rel="next" href=(link(page_no + 1)) { "next →" } }
             }
         }
     };

@@ -115,7 +115,7 @@ pub fn select_nodes<'a>(
 }
 
 /// Percent-encodes a query value (everything but RFC 3986's unreserved characters).
-fn query_value(s: &str) -> String {
+pub fn query_value(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
@@ -211,14 +211,17 @@ pub fn nodes_body(
                         tr {
                             th { input type="checkbox" data-select-all aria-label="select every machine on this page"; }
                             th { "Node" } th { "State" } th { "Provisioning" } th { "Compliance" } th { "Power" }
-                            th { "CPUs" } th { "Memory" } th { "Disk GiB" } th { "NICs" } th { "Arch" } th { "Error" }
+                            th { "CPUs" } th { "Memory" } th { "Disk GiB" } th { "NICs" } th { "Arch" }
                         }
                         @for n in &sel.shown {
                             @let row = rows.get(&n.uuid).unwrap_or(&none);
                             tr data-node=(n.uuid) {
                                 td { input type="checkbox" name="node" value=(n.uuid) aria-label={ "select " (n.label()) }; }
                                 td { a href={ "/ui/nodes/" (n.uuid) } { (n.label()) } }
-                                td { (state_cell(n)) }
+                                td {
+                                    (state_cell(n))
+                                    @if let Some(e) = super::error_of(n) { div.error.why { (e) } }
+                                }
                                 td.prov {
                                     @match &row.provisioning {
                                         Some(p) => {
@@ -240,7 +243,6 @@ pub fn nodes_body(
                                 td { (prop(n, "local_gb")) }
                                 td { (n.macs.len()) }
                                 td { (prop(n, "cpu_arch")) }
-                                td { @if let Some(e) = super::error_of(n) { span class="error" { (e) } } }
                             }
                         }
                     }
