@@ -371,13 +371,10 @@ fn outcome_name(o: &paddock_roles::engine::Outcome) -> String {
 }
 
 /// The provisioning records, by node.
-pub async fn records(s: &Console) -> Result<BTreeMap<uuid::Uuid, Provisioning>, String> {
-    let kvs = s
-        .dominator
-        .store
-        .range(crate::provisioning::PREFIX)
-        .await
-        .map_err(|e| e.to_string())?;
+pub async fn records(
+    s: &Console,
+) -> Result<BTreeMap<uuid::Uuid, Provisioning>, paddock_store::StoreError> {
+    let kvs = s.dominator.store.range(crate::provisioning::PREFIX).await?;
     Ok(kvs
         .into_iter()
         .filter_map(|kv| {
@@ -400,7 +397,7 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
     };
     let records = match records(&s).await {
         Ok(r) => r,
-        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
     let subs = census(&s.dominator);
     let synced = subs.iter().filter(|s| s.state.name() == "synced").count();

@@ -260,7 +260,9 @@ pub fn nodes_body(
 }
 
 /// Every machine's provisioning state (a record's absence: `unknown`).
-async fn provisioning_states(s: &Console) -> Result<BTreeMap<uuid::Uuid, &'static str>, String> {
+async fn provisioning_states(
+    s: &Console,
+) -> Result<BTreeMap<uuid::Uuid, &'static str>, paddock_store::StoreError> {
     Ok(dashboard::records(s)
         .await?
         .into_iter()
@@ -322,7 +324,7 @@ pub async fn nodes(
     } else {
         match provisioning_states(&s).await {
             Ok(p) => Some(p),
-            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e),
+            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
         }
     };
     // The in-memory view (console_nodes.rs); the store itself until its first load is done.
@@ -420,6 +422,19 @@ impl BulkAction {
     }
 }
 
+/// Why a bulk action's form was refused (nothing was done).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BulkError {
+    #[error("no action called {0:?}")]
+    Action(String),
+    #[error("no machine selected: tick the machines first")]
+    NoMachine,
+    #[error("{0} machines selected; one action takes at most {MAX_BULK}")]
+    TooMany(usize),
+    #[error("provisioning needs an image: pick one")]
+    NoImage,
+}
+
 /// A bulk action's form, read.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Bulk {
@@ -433,9 +448,9 @@ impl Bulk {
     /// Reads the action (the route's last segment) and the form (`node=…` repeated,
     /// `image`, `confirm`): a clear error for an unknown action, no machine, too many, or a
     /// provision without an image.
-    pub fn parse(action: &str, body: &[u8]) -> Result<Bulk, String> {
+    pub fn parse(action: &str, body: &[u8]) -> Result<Bulk, BulkError> {
         let action =
-            BulkAction::parse(action).ok_or_else(|| format!("no action called {action:?}"))?;
+            BulkAction::parse(action).ok_or_else(|| BulkError::Action(action.to_string()))?;
         let mut nodes = Vec::new();
         let (mut image, mut confirmed) = (String::new(), false);
         for (k, v) in form_urlencoded::parse(body) {
@@ -447,18 +462,15 @@ impl Bulk {
             }
         }
         if nodes.is_empty() {
-            return Err("no machine selected: tick the machines first".into());
+            return Err(BulkError::NoMachine);
         }
         if nodes.len() > MAX_BULK {
-            return Err(format!(
-                "{} machines selected; one action takes at most {MAX_BULK}",
-                nodes.len()
-            ));
+            return Err(BulkError::TooMany(nodes.len()));
         }
         nodes.sort();
         nodes.dedup();
         if action == BulkAction::Provision && image.is_empty() {
-            return Err("provisioning needs an image: pick one".into());
+            return Err(BulkError::NoImage);
         }
         Ok(Bulk {
             nodes,
@@ -470,7 +482,7 @@ impl Bulk {
 }
 
 /// Does the action to one machine; the error as the API would say it.
-async fn one(s: &Console, ident: &str, b: &Bulk) -> Result<(), String> {
+async fn one(s: &Console, ident: &str, b: &Bulk) -> Result<(), paddock_wire::ApiError> {
     use crate::power::Action as Power;
     let power = |a| async move { s.power.act(ident, a).await.map(|_| ()) };
     let request = |e: Event| async move {
@@ -480,7 +492,7 @@ async fn one(s: &Console, ident: &str, b: &Bulk) -> Result<(), String> {
             .map(|_| ())
             .map_err(paddock_wire::ApiError::from)
     };
-    let r = match b.action {
+    match b.action {
         BulkAction::PowerOn => power(Power::On).await,
         BulkAction::PowerOff => power(Power::Off).await,
         BulkAction::PowerCycle => power(Power::Cycle).await,
@@ -507,8 +519,7 @@ async fn one(s: &Console, ident: &str, b: &Bulk) -> Result<(), String> {
             request(Event::ReimageRequested { image }).await
         }
         BulkAction::Clean => request(Event::CleanRequested).await,
-    };
-    r.map_err(|e| e.message)
+    }
 }
 
 /// `POST /ui/bulk/<action>`, a route per action (the access table names each one's method).
@@ -578,7 +589,7 @@ async fn bulk(
                     td { a href={ "/ui/nodes/" (n) } { (n) } }
                     td { @match r {
                         Ok(()) => { (badge("done")) }
-                        Err(e) => { (badge("failed")) " " span.error { (e) } }
+                        Err(e) => { (badge("failed")) " " span.error { (e.message) } }
                     } }
                 }
             }
@@ -682,11 +693,13 @@ mod tests {
             ("clean", b"image=x", "no machine selected"),
             ("provision", b"node=a", "provisioning needs an image"),
         ] {
-            let e = Bulk::parse(action, body).unwrap_err();
+            let e = Bulk::parse(action, body).unwrap_err().to_string();
             assert!(e.contains(error), "{e}");
         }
         let many: String = (0..=MAX_BULK).map(|i| format!("node={i}&")).collect();
-        let e = Bulk::parse("clean", many.as_bytes()).unwrap_err();
+        let e = Bulk::parse("clean", many.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at most 1000"), "{e}");
         for (value, _) in BulkAction::CHOICES {
             assert_eq!(BulkAction::parse(value).unwrap().value(), value);

@@ -108,7 +108,7 @@ fn power_part(s: &Setup, node: &str) -> String {
     s.part(
         &format!("/ui/nodes/{node}"),
         "<h2>Power</h2>",
-        "<h2>Provisioning</h2>",
+        "<h2>Timeline</h2>",
     )
 }
 

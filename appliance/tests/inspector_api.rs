@@ -633,9 +633,10 @@ fn console_and_cli_show_nodes_and_timelines() {
         detail.body
     );
     for needle in [
-        "Inventory",
+        "Hardware",
+        "Raw inventory",
         "QEMU",
-        "1024 MiB",
+        "1.0 GiB",
         "/dev/vda",
         "52:54:00:12:00:01",
         "Timeline",
