@@ -52,8 +52,15 @@ impl RunProgress {
         let mut done = last
             .and_then(|l| steps.iter().position(|s| *s == l))
             .map_or(0, |i| i + 1);
-        // The sync is the dominator's step: the ramdisk reports the step after it only.
-        if synced && let Some(i) = steps.iter().position(|s| *s == Step::Sync) {
+        // The sync is the dominator's step: the ramdisk reports the step after it only. The
+        // record learns of it just after the census does: a sub already synced to the run's
+        // image has done the step.
+        let sub_synced = sub.is_some_and(|s| {
+            matches!(&s.state, paddock_dominator::SubState::Synced { image: to } if Some(to) == image.as_ref())
+        });
+        if (synced || sub_synced)
+            && let Some(i) = steps.iter().position(|s| *s == Step::Sync)
+        {
             done = done.max(i + 1);
         }
         let current = steps.get(done).copied();
@@ -424,6 +431,26 @@ mod tests {
         assert_eq!(synced.current, Some(Step::BootLoader));
         assert_eq!(synced.fetch, None);
         assert!(synced.fraction() > sync.fraction());
+        // The census says synced to the run's image before the record does: done all the same
+        // (and not for another image).
+        let synced_to = |image: &str| {
+            crate::dominator::test_sub(
+                "web-1",
+                paddock_dominator::SubState::Synced {
+                    image: image.into(),
+                },
+            )
+        };
+        let early = RunProgress::of(
+            &birth(Some(Step::Register), false),
+            Some(&synced_to("debian/a")),
+        );
+        assert_eq!(early.unwrap().current, Some(Step::BootLoader));
+        let other = RunProgress::of(
+            &birth(Some(Step::Register), false),
+            Some(&synced_to("debian/old")),
+        );
+        assert_eq!(other.unwrap().current, Some(Step::Sync));
         let last = RunProgress::of(&birth(Some(Step::HandOver), true), None).unwrap();
         assert_eq!(last.fraction(), 1.0);
         assert!(progress(&last).into_string().contains("finishing"));
