@@ -3,10 +3,12 @@
 //
 // The page says what it shows in attributes the server escaped: <body data-live="list"> (any
 // node change matters), data-live="node" with data-subjects="<uuid> mac-<hex> …" (changes to
-// these subjects matter, power records included), data-live="images" or "leases" (image or DHCP lease changes matter). On such a change the
-// page is fetched again and every element with a data-live-region attribute is replaced by
-// its fresh copy (also every data-live-poll ms while a region carries that attribute), parsed by the browser from the server's own (escaped) HTML. Nothing here
-// builds HTML from strings; messages are set as text.
+// these subjects matter, power records included), data-live="images" or "leases" (image or
+// DHCP lease changes matter). On such a change, and every data-live-poll ms while a region
+// carries that attribute, the page is fetched again and every element with a
+// data-live-region attribute is replaced by its fresh copy, parsed by the browser from the
+// server's own (escaped) HTML. Nothing here builds HTML from strings; messages are set as
+// text.
 (function () {
   "use strict";
   var body = document.body;

@@ -285,7 +285,7 @@ async fn node(State(s): State<Console>, Path(ident): Path<String>) -> Response {
     let run = provisioning
         .as_ref()
         .and_then(|(r, _)| machine::RunProgress::of(r, sub.as_ref()));
-    let now_ms = i64::try_from(paddock_dhcp::shell::unix_now_ms()).unwrap_or(0);
+    let now_ms = paddock_clock::now().0;
     let at = |secs: Option<i64>| {
         html! { @if let Some(t) = secs { (crate::console_style::when(now_ms, t.saturating_mul(1000))) } }
     };

@@ -81,12 +81,12 @@ fn ms(secs: Option<i64>) -> Option<i64> {
 
 /// Folds the nodes and their provisioning records (by node) into the view's counts, lists
 /// and problems, at `view.now_ms`.
-pub fn tally(view: &mut View, mut nodes: Vec<Node>, records: &BTreeMap<uuid::Uuid, Provisioning>) {
+pub fn tally(view: &mut View, mut nodes: Vec<&Node>, records: &BTreeMap<uuid::Uuid, Provisioning>) {
     nodes.sort_by_key(|n| std::cmp::Reverse(n.created_at));
     view.machines = nodes.len();
     let now = u64::try_from(view.now_ms).unwrap_or(0);
     let label: BTreeMap<uuid::Uuid, String> = nodes.iter().map(|n| (n.uuid, n.label())).collect();
-    for n in &nodes {
+    for n in nodes.iter().copied() {
         *view.per_state.entry(state_name(n)).or_insert(0) += 1;
         let record = records.get(&n.uuid);
         let prov = record.map_or("unknown", |r| r.state.name());
@@ -105,7 +105,11 @@ pub fn tally(view: &mut View, mut nodes: Vec<Node>, records: &BTreeMap<uuid::Uui
             });
         }
     }
-    view.inspecting = nodes.into_iter().filter(Node::inspecting).collect();
+    view.inspecting = nodes
+        .into_iter()
+        .filter(|n| n.inspecting())
+        .cloned()
+        .collect();
     for (uuid, r) in records {
         let who = label.get(uuid).cloned().unwrap_or_else(|| uuid.to_string());
         let link = format!("/ui/nodes/{uuid}");
@@ -386,15 +390,6 @@ pub async fn records(
 
 /// `GET /ui/dashboard`.
 pub async fn dashboard(State(s): State<Console>) -> Response {
-    let view_nodes = super::node_view::view(&s.dominator.store);
-    let nodes: Vec<Node> = if view_nodes.ready(std::time::Duration::from_secs(2)).await {
-        view_nodes.with(|n| n.into_iter().cloned().collect())
-    } else {
-        match s.inspector.list().await {
-            Ok(n) => n,
-            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
-        }
-    };
     let records = match records(&s).await {
         Ok(r) => r,
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -405,7 +400,7 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
         s.dominator.store.get(crate::dominator::PAUSE).await,
         Ok(Some(_))
     );
-    let now_ms = i64::try_from(paddock_dhcp::shell::unix_now_ms()).unwrap_or(0);
+    let now_ms = paddock_clock::now().0;
     let capacity = match s.roles.stored_spec().await {
         Ok(Some(_)) => s
             .roles
@@ -437,7 +432,16 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
         capacity,
         ..View::default()
     };
-    tally(&mut view, nodes, &records);
+    // The in-memory view (console_nodes.rs); the store itself until its first load is done.
+    let view_nodes = super::node_view::view(&s.dominator.store);
+    if view_nodes.ready(std::time::Duration::from_secs(2)).await {
+        view_nodes.with(|nodes| tally(&mut view, nodes, &records));
+    } else {
+        match s.inspector.list().await {
+            Ok(nodes) => tally(&mut view, nodes.iter().collect(), &records),
+            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
+        }
+    }
     view.problems.extend(sub_problems(&subs));
     let live = Live {
         kind: "list",
@@ -448,8 +452,12 @@ pub async fn dashboard(State(s): State<Console>) -> Response {
 
 /// One sample of the appliance for the charts over time.
 pub async fn sample(s: &Console) -> Option<Sample> {
-    let records = records(s).await.ok()?;
     let nodes = super::node_view::view(&s.dominator.store);
+    // Before the view's first load it holds no machine: no sample rather than a false zero.
+    if !nodes.ready(std::time::Duration::from_secs(2)).await {
+        return None;
+    }
+    let records = records(s).await.ok()?;
     let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
     nodes.with(|nodes| {
         for n in nodes {
@@ -460,7 +468,7 @@ pub async fn sample(s: &Console) -> Option<Sample> {
     let subs = census(&s.dominator);
     let synced = subs.iter().filter(|s| s.state.name() == "synced").count();
     Some(Sample {
-        at_ms: i64::try_from(paddock_dhcp::shell::unix_now_ms()).unwrap_or(0),
+        at_ms: paddock_clock::now().0,
         states,
         synced: synced as u64,
         subs: subs.len() as u64,
@@ -512,7 +520,7 @@ mod tests {
             now_ms: 1000,
             ..View::default()
         };
-        tally(&mut view, vec![a.clone(), b.clone()], &records);
+        tally(&mut view, vec![&a, &b], &records);
         assert_eq!(view.machines, 2);
         assert_eq!(view.per_provisioning.get("birth"), Some(&1));
         assert_eq!(view.per_provisioning.get("error"), Some(&1));
@@ -534,7 +542,7 @@ mod tests {
             now_ms: i64::try_from(STUCK_MS).unwrap() + 60_000,
             ..View::default()
         };
-        tally(&mut later, vec![a, b], &records);
+        tally(&mut later, vec![&a, &b], &records);
         let stuck: Vec<&str> = later.problems.iter().map(|p| p.what.as_str()).collect();
         assert!(
             stuck.contains(&"install of debian/a: requested 16 min 0 s ago; the machine has not booted the ramdisk"),

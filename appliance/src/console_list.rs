@@ -65,8 +65,9 @@ fn matches_search(n: &Node, words: &[String]) -> bool {
 /// The machines list's selection: the page asked for (clamped) of the machines matching the
 /// query, newest first (then by UUID, so pages are stable), with the number matching and the
 /// count of every state among all machines (for the filter).
-pub struct Selection<'a> {
-    pub shown: Vec<&'a Node>,
+pub struct Selection {
+    /// The page's machines (copied: 50 at most).
+    pub shown: Vec<Node>,
     pub matching: usize,
     pub page: usize,
     pub pages: usize,
@@ -74,11 +75,11 @@ pub struct Selection<'a> {
 }
 
 /// `prov`: every machine's provisioning state, when the query filters by one.
-pub fn select_nodes<'a>(
-    mut nodes: Vec<&'a Node>,
+pub fn select_nodes(
+    mut nodes: Vec<&Node>,
     q: &NodesQuery,
     prov: Option<&BTreeMap<uuid::Uuid, &'static str>>,
-) -> Selection<'a> {
+) -> Selection {
     nodes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.uuid.cmp(&b.uuid)));
     let words: Vec<String> =
         q.q.split_whitespace()
@@ -104,6 +105,7 @@ pub fn select_nodes<'a>(
         .into_iter()
         .skip((page - 1) * PER_PAGE)
         .take(PER_PAGE)
+        .cloned()
         .collect();
     Selection {
         shown,
@@ -160,7 +162,7 @@ fn memory(n: &Node) -> String {
 
 pub fn nodes_body(
     all: usize,
-    sel: &Selection<'_>,
+    sel: &Selection,
     q: &NodesQuery,
     rows: &BTreeMap<uuid::Uuid, Row>,
     images: &[String],
@@ -272,26 +274,23 @@ async fn provisioning_states(
 
 /// The rows' extras for the machines shown: each read on its own (a page is 50 machines).
 async fn rows_of(s: &Console, shown: &[Node]) -> BTreeMap<uuid::Uuid, Row> {
-    let census = s.dominator.census.clone();
-    let reads = shown.iter().map(|n| {
-        let census = census.clone();
-        async move {
-            let provisioning = s.provisioning.record(n).await.ok().map(|(r, _)| r);
-            let power = s.power.record(n.uuid).await.state;
-            let sub = census
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&crate::census::node_hostname(n))
-                .map(|st| (st.state.name(), st.summary.clone()));
-            (
-                n.uuid,
-                Row {
-                    provisioning,
-                    power,
-                    sub,
-                },
-            )
-        }
+    let census = &s.dominator.census;
+    let reads = shown.iter().map(|n| async move {
+        let provisioning = s.provisioning.record(n).await.ok().map(|(r, _)| r);
+        let power = s.power.record(n.uuid).await.state;
+        let sub = census
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&crate::census::node_hostname(n))
+            .map(|st| (st.state.name(), st.summary.clone()));
+        (
+            n.uuid,
+            Row {
+                provisioning,
+                power,
+                sub,
+            },
+        )
     });
     futures_util::future::join_all(reads)
         .await
@@ -329,40 +328,20 @@ pub async fn nodes(
     };
     // The in-memory view (console_nodes.rs); the store itself until its first load is done.
     let view = node_view::view(&s.dominator.store);
-    let stored;
-    let (all, shown, matching, page_no, pages, states) =
-        if view.ready(std::time::Duration::from_secs(2)).await {
-            view.with(|nodes| {
-                let all = nodes.len();
-                let sel = select_nodes(nodes, &q, prov.as_ref());
-                let shown: Vec<Node> = sel.shown.iter().map(|n| (*n).clone()).collect();
-                (all, shown, sel.matching, sel.page, sel.pages, sel.states)
-            })
-        } else {
-            stored = match s.inspector.list().await {
-                Ok(n) => n,
-                Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
-            };
-            let sel = select_nodes(stored.iter().collect(), &q, prov.as_ref());
-            let shown: Vec<Node> = sel.shown.iter().map(|n| (*n).clone()).collect();
-            (
-                stored.len(),
-                shown,
-                sel.matching,
-                sel.page,
-                sel.pages,
-                sel.states,
-            )
+    let (all, sel) = if view.ready(std::time::Duration::from_secs(2)).await {
+        view.with(|nodes| (nodes.len(), select_nodes(nodes, &q, prov.as_ref())))
+    } else {
+        let stored = match s.inspector.list().await {
+            Ok(n) => n,
+            Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.message),
         };
-    let rows = rows_of(&s, &shown).await;
-    let images = image_names(&s).await;
-    let sel = Selection {
-        shown: shown.iter().collect(),
-        matching,
-        page: page_no,
-        pages,
-        states,
+        (
+            stored.len(),
+            select_nodes(stored.iter().collect(), &q, prov.as_ref()),
+        )
     };
+    let rows = rows_of(&s, &sel.shown).await;
+    let images = image_names(&s).await;
     let live = Live {
         kind: "list",
         subjects: Vec::new(),

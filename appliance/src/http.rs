@@ -416,9 +416,6 @@ fn render_metrics(
     Ok(out)
 }
 
-/// Binds the plain listener and, with TLS, the HTTPS one, and serves the API on them. At
-/// shutdown both stop accepting and give the requests in flight `[http]
-/// shutdown_grace_secs` to finish.
 /// What the console reads, from the appliance's state.
 fn console(state: &AppState) -> crate::console::Console {
     crate::console::Console {
@@ -438,6 +435,9 @@ fn console(state: &AppState) -> crate::console::Console {
     }
 }
 
+/// Binds the plain listener and, with TLS, the HTTPS one, and serves the API on them. At
+/// shutdown both stop accepting and give the requests in flight `[http]
+/// shutdown_grace_secs` to finish.
 pub async fn start(rt: &mut crate::runtime::Runtime, state: AppState) -> anyhow::Result<()> {
     let (cfg, security) = (state.config.clone(), state.security.clone());
     crate::console::sample_every_minute(console(&state));

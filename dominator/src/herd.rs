@@ -347,8 +347,6 @@ enum Outcome {
     Fetched(Result<FetchReply, RpcError>),
     Updated(Result<Box<UpdateReport>, RpcError>),
     CleanedUp(Result<(), RpcError>),
-    /// The bytes a running fetch has written, from a short poll during it.
-    Progress(Result<u64, RpcError>),
     Asked(Disruption),
     /// The sub's computed files cannot be laid over its image.
     ComputedMissing(String),
@@ -435,6 +433,9 @@ struct Tasks {
     plans: Arc<Semaphore>,
     images: Arc<Images>,
     tx: mpsc::UnboundedSender<(String, Outcome)>,
+    /// The bytes a running fetch has written, from a short poll during it: beside the state
+    /// machine, which it does not concern.
+    progress: mpsc::UnboundedSender<(String, Result<u64, RpcError>)>,
 }
 
 /// The herd's shared view, for the API and metrics.
@@ -499,6 +500,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         now_ms: impl Fn() -> u64 + Send + 'static,
     ) {
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, Outcome)>();
+        let (progress, mut progress_rx) = mpsc::unbounded_channel();
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let tasks = Tasks {
             polls: Arc::new(Semaphore::new(self.limits.poll_slots.max(1))),
@@ -506,6 +508,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             plans: Arc::new(Semaphore::new(cpus)),
             images: Arc::new(Images::default()),
             tx,
+            progress,
         };
         let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
         // Fetches, updates and cleanups waiting for a slot, in order; those running (and
@@ -582,15 +585,14 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     }
                     specs_changed = true;
                 }
+                Some((host, r)) = progress_rx.recv() => {
+                    if let Some(slot) = slots.get_mut(&host) {
+                        Self::progressed(slot, r, now_ms());
+                        self.publish(slot);
+                    }
+                }
                 Some((host, outcome)) = rx.recv() => {
                     let now = now_ms();
-                    if let Outcome::Progress(r) = outcome {
-                        if let Some(slot) = slots.get_mut(&host) {
-                            Self::progressed(slot, r, now);
-                            self.publish(slot);
-                        }
-                        continue;
-                    }
                     if matches!(
                         outcome,
                         Outcome::Fetched(_) | Outcome::Updated(_) | Outcome::CleanedUp(_)
@@ -716,7 +718,6 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             }
             Outcome::Planned(Err(e)) => Event::PlanFailed(e.0),
             Outcome::ComputedMissing(why) => Event::ComputedMissing(why),
-            Outcome::Progress(_) => Event::Tick,
             Outcome::Fetched(Ok(reply)) => {
                 if let Some(f) = &mut slot.fetch {
                     f.bytes_done = f.bytes_total;
@@ -1083,14 +1084,15 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
 
     /// Short-polls a sub whose fetch runs for the bytes it has written.
     fn ask_progress(&self, host: &str, slot: &Slot, tasks: &Tasks) {
-        let (host, address, rpc, tx) = self.task_parts(host, slot, tasks);
+        let (host, address, rpc, _) = self.task_parts(host, slot, tasks);
+        let tx = tasks.progress.clone();
         let req = PollRequest {
             short_poll_only: true,
             ..PollRequest::default()
         };
         tokio::spawn(async move {
             let r = rpc.poll(&address, req).await.map(|r| r.fetch_bytes);
-            let _ = tx.send((host, Outcome::Progress(r)));
+            let _ = tx.send((host, r));
         });
     }
 
