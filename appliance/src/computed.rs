@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use paddock_computed::{Generated, Machine, Site, Source, Templates, VarSources};
+use paddock_computed::{Generated, Machine, MakeError, Site, Source, Templates, VarSources};
 use paddock_dominator::{ComputedFile, Overlay};
 use paddock_image::ObjectId;
 use paddock_imageserver::images::ImageServer;
@@ -87,7 +87,7 @@ struct MadeFile {
     path: String,
     role: Option<String>,
     source: Source,
-    content: Result<String, String>,
+    content: Result<String, MakeError>,
     data: Value,
 }
 
@@ -244,7 +244,7 @@ impl Renderer {
         let decls = Arc::new(spec.file_decls());
         let peers = Arc::new(site.peers());
         let programs = self.run_programs(&site, &decls, &peers, &hosts).await;
-        let templates = Templates::new(templates).map_err(|e| e.to_string());
+        let templates = Templates::new(templates).map_err(MakeError::from);
         tokio::task::spawn_blocking(move || {
             let mut files = BTreeMap::new();
             for host in hosts {
@@ -252,7 +252,7 @@ impl Renderer {
                     programs
                         .get(&(host.clone(), name.to_string()))
                         .cloned()
-                        .unwrap_or_else(|| Err(format!("program {name} was not run")))
+                        .unwrap_or_else(|| Err(MakeError::program(name, "not run")))
                 };
                 let made = match &templates {
                     Ok(t) => paddock_computed::make_host(&site, &decls, t, &peers, &host, &mut run),
@@ -296,7 +296,7 @@ impl Renderer {
         decls: &[paddock_computed::FileDecl],
         peers: &Value,
         hosts: &[String],
-    ) -> HashMap<(String, String), Result<String, String>> {
+    ) -> HashMap<(String, String), Result<String, MakeError>> {
         let mut out = HashMap::new();
         for host in hosts {
             for d in paddock_computed::files_of(site, decls, host) {
@@ -333,11 +333,10 @@ impl Renderer {
         out
     }
 
-    async fn run_program(&self, name: &str, host: &str, input: &[u8]) -> Result<String, String> {
+    async fn run_program(&self, name: &str, host: &str, input: &[u8]) -> Result<String, MakeError> {
+        let fail = |why: String| MakeError::program(name, why);
         let Some(p) = &self.programs else {
-            return Err(format!(
-                "program {name}: no [roles] hooks_dir to run it from"
-            ));
+            return Err(fail("no [roles] hooks_dir to run it from".into()));
         };
         let env = [("PADDOCK_HOST", host.to_string())];
         let run = run_program(&Program {
@@ -350,19 +349,22 @@ impl Renderer {
             stdout_kept: MAX_PROGRAM_OUTPUT + 1,
         })
         .await
-        .map_err(|e| format!("program {name}: {e}"))?;
+        .map_err(|e| fail(e.to_string()))?;
         if run.exit != Some(0) {
             let why = run
                 .stderr
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("");
-            return Err(format!("program {name} exited {:?}: {why}", run.exit));
+            let exit = run
+                .exit
+                .map_or("by a signal".into(), |c| format!("with {c}"));
+            return Err(fail(format!("exited {exit}: {why}")));
         }
         if run.stdout.len() > MAX_PROGRAM_OUTPUT {
-            return Err(format!(
-                "program {name} printed more than {MAX_PROGRAM_OUTPUT} bytes"
-            ));
+            return Err(fail(format!(
+                "printed more than {MAX_PROGRAM_OUTPUT} bytes"
+            )));
         }
         Ok(run.stdout)
     }
@@ -460,7 +462,7 @@ impl Renderer {
                         if overlay.missing.is_none() {
                             overlay.missing = Some(format!("{}: {why}", f.path));
                         }
-                        st.error = Some(why);
+                        st.error = Some(why.to_string());
                     }
                 }
                 status.push(st);
@@ -524,7 +526,7 @@ impl Renderer {
                 let decl = spec.file(&f.path);
                 let (content, error) = match f.content {
                     Ok(c) => (Some(c), None),
-                    Err(e) => (None, Some(e)),
+                    Err(e) => (None, Some(e.to_string())),
                 };
                 Rendered {
                     source: f.source.to_string(),
@@ -723,7 +725,7 @@ mod tests {
         let h2 = &o["h2"];
         assert_eq!(
             h2.missing.as_deref(),
-            Some("/etc/token: program token exited Some(4): no token for h2")
+            Some("/etc/token: program token: exited with 4: no token for h2")
         );
         assert!(h2.files.contains_key("/etc/rack"), "the rest is made");
         // Within its validity, h1's output is kept (h2's failure is tried again).

@@ -152,29 +152,36 @@ pub struct StoredSpec {
 /// The most template text a spec may carry, all templates together.
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
+/// Why a spec's templates are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplatesError {
+    #[error("template {0} is not among the templates sent (templates/{0} beside the spec)")]
+    Missing(String),
+    #[error("the templates hold {0} bytes; at most {MAX_TEMPLATE_BYTES}")]
+    TooLarge(usize),
+    #[error(transparent)]
+    Invalid(#[from] paddock_computed::RenderError),
+}
+
 /// The templates `spec` names, from `sent`: each must be there and compile; the others are
 /// dropped.
 pub fn spec_templates(
     spec: &Spec,
     sent: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, TemplatesError> {
     let mut out = BTreeMap::new();
     let mut bytes = 0usize;
     for name in spec.templates() {
         let Some(text) = sent.get(&name) else {
-            return Err(format!(
-                "template {name} is not among the templates sent (templates/{name} beside the spec)"
-            ));
+            return Err(TemplatesError::Missing(name));
         };
         bytes = bytes.saturating_add(text.len());
         out.insert(name, text.clone());
     }
     if bytes > MAX_TEMPLATE_BYTES {
-        return Err(format!(
-            "the templates hold {bytes} bytes; at most {MAX_TEMPLATE_BYTES}"
-        ));
+        return Err(TemplatesError::TooLarge(bytes));
     }
-    paddock_computed::Templates::new(&out).map_err(|e| e.to_string())?;
+    paddock_computed::Templates::new(&out)?;
     Ok(out)
 }
 

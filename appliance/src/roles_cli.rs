@@ -142,23 +142,34 @@ pub enum CensusCmd {
     },
 }
 
+/// A metric that is not `NAME=VALUE` with a finite number.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricError {
+    #[error("{0:?}: write NAME=VALUE")]
+    NoValue(String),
+    #[error("{0:?}: {1:?} is not a number")]
+    NotANumber(String, String),
+    #[error("{0:?}: not a finite number")]
+    NotFinite(String),
+}
+
 /// `NAME=VALUE`, a finite number.
-pub fn parse_metric(s: &str) -> Result<(String, f64), String> {
+pub fn parse_metric(s: &str) -> Result<(String, f64), MetricError> {
     let (k, v) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: write NAME=VALUE"))?;
+        .ok_or_else(|| MetricError::NoValue(s.to_string()))?;
     let v: f64 = v
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?}: {v:?} is not a number"))?;
+        .map_err(|_| MetricError::NotANumber(s.to_string(), v.to_string()))?;
     if !v.is_finite() {
-        return Err(format!("{s:?}: not a finite number"));
+        return Err(MetricError::NotFinite(s.to_string()));
     }
     Ok((k.trim().to_string(), v))
 }
 
 /// The metrics in `text`: `NAME=VALUE` lines (blank lines and `#` comments skipped).
-pub fn parse_metrics(text: &str) -> Result<std::collections::BTreeMap<String, f64>, String> {
+pub fn parse_metrics(text: &str) -> Result<std::collections::BTreeMap<String, f64>, MetricError> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))

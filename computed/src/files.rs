@@ -4,7 +4,26 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::data::Site;
-use crate::render::Templates;
+use crate::render::{RenderError, Templates};
+
+/// Why one of a machine's files could not be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MakeError {
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// Its program failed, or could not be run.
+    #[error("program {program}: {why}")]
+    Program { program: String, why: String },
+}
+
+impl MakeError {
+    pub fn program(program: &str, why: impl std::fmt::Display) -> Self {
+        MakeError::Program {
+            program: program.to_string(),
+            why: why.to_string(),
+        }
+    }
+}
 
 /// What a computed file is made from (`filegen-server`'s generators).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +77,7 @@ pub fn files_of<'a>(site: &Site, decls: &'a [FileDecl], host: &str) -> Vec<&'a F
 
 /// How a program's output is had: `(program, the machine's data)` → its output or why not
 /// (the shell runs it, or answers from what it kept).
-pub type RunProgram<'a> = dyn FnMut(&str, Option<u64>, &Value) -> Result<String, String> + 'a;
+pub type RunProgram<'a> = dyn FnMut(&str, Option<u64>, &Value) -> Result<String, MakeError> + 'a;
 
 /// Each of `host`'s files with its content, or why it cannot be made (the template and the
 /// line for a template), in declaration order. `peers` is [`Site::peers`], made once for
@@ -70,15 +89,13 @@ pub fn make_host(
     peers: &Value,
     host: &str,
     run: &mut RunProgram<'_>,
-) -> Vec<(String, Result<String, String>)> {
+) -> Vec<(String, Result<String, MakeError>)> {
     files_of(site, decls, host)
         .into_iter()
         .map(|d| {
             let data = || site.data_with(host, d.role.as_deref(), peers);
             let out = match &d.source {
-                Source::Template(name) => {
-                    templates.render(name, &data()).map_err(|e| e.to_string())
-                }
+                Source::Template(name) => templates.render(name, &data()).map_err(MakeError::from),
                 Source::Mdb => Ok(site
                     .machines
                     .get(host)

@@ -23,7 +23,7 @@ pub mod render;
 pub mod vars;
 
 pub use data::{Machine, Member, Site};
-pub use files::{FileDecl, RunProgram, Source, files_of, make_host};
+pub use files::{FileDecl, MakeError, RunProgram, Source, files_of, make_host};
 pub use program::{Generated, stale};
 pub use render::{RenderError, Templates, render};
 pub use vars::{HostVars, VarSources, Vars, merge};

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use paddock_clock::UnixMs;
 use paddock_computed::{
-    FileDecl, Generated, HostVars, Machine, Site, Source, Templates, VarSources, Vars, make_host,
-    merge, render, stale,
+    FileDecl, Generated, HostVars, Machine, MakeError, Site, Source, Templates, VarSources, Vars,
+    make_host, merge, render, stale,
 };
 use serde_json::{Value, json};
 
@@ -276,7 +276,7 @@ fn a_template_change_concerns_only_the_hosts_that_have_its_file() {
     let out = host_files(&s, &decls, &templates, "h1");
     assert_eq!(out["/etc/hostname"].as_deref(), Ok("h1\n"));
     let e = out["/etc/etcd/members"].as_ref().unwrap_err();
-    assert_eq!(e, "members.j2: no such template");
+    assert_eq!(e.to_string(), "members.j2: no such template");
 }
 
 /// `host`'s files by path, programs answering with their name and the machine's name.
@@ -285,7 +285,7 @@ fn host_files(
     decls: &[FileDecl],
     t: &BTreeMap<String, String>,
     host: &str,
-) -> BTreeMap<String, Result<String, String>> {
+) -> BTreeMap<String, Result<String, MakeError>> {
     let templates = Templates::new(t).unwrap();
     let mut run = |name: &str, _: Option<u64>, data: &Value| {
         Ok(format!(

@@ -53,9 +53,13 @@ fn the_etcd_members_settings_list_every_live_member() {
             .any(|d| d.source == Source::Template("etcd/etcd.env.j2".into())),
         "{decls:?}"
     );
-    let mut run = |_: &str, _: Option<u64>, _: &serde_json::Value| Err("none".to_string());
+    let mut run = |_: &str, _: Option<u64>, _: &serde_json::Value| {
+        Err(paddock_computed::MakeError::program("p", "none"))
+    };
     let env = |site: &Site, host: &str| -> BTreeMap<String, String> {
-        let mut run = |_: &str, _: Option<u64>, _: &serde_json::Value| Err("none".to_string());
+        let mut run = |_: &str, _: Option<u64>, _: &serde_json::Value| {
+            Err(paddock_computed::MakeError::program("p", "none"))
+        };
         let made = make_host(site, &decls, &templates, &site.peers(), host, &mut run);
         let (_, content) = made
             .into_iter()

@@ -68,6 +68,20 @@ pub struct ApplyOptions<'a> {
 /// configuration check reads a file and exits.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A file's check that refused its new content.
+#[derive(Debug, thiserror::Error)]
+enum CheckRefused {
+    #[error("its check {program} exited {code}: {first}")]
+    Exited {
+        program: String,
+        code: i32,
+        /// The first line it printed that is not blank.
+        first: String,
+    },
+    #[error("its check {program} failed: {output}")]
+    Failed { program: String, output: String },
+}
+
 /// Why a request from the network is refused ([`validate`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidRequest {
@@ -488,21 +502,29 @@ impl<'a> Applier<'a> {
 
     /// Runs a file's check against its new content at `new` (before it is renamed into
     /// place): the program with `new` appended.
-    fn check(&self, argv: &[String], new: &Path) -> Result<(), String> {
+    fn check(&self, argv: &[String], new: &Path) -> Result<(), CheckRefused> {
         let scratch = self.root.join(SUBD_DIR);
         let new = new.to_string_lossy();
         let out = crate::triggers::run_command(argv, &[&new], &[], CHECK_TIMEOUT, &scratch);
         if out.ok {
             return Ok(());
         }
-        let first = out
-            .output
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
+        let program = argv.first().cloned().unwrap_or_default();
         Err(match out.exit_code {
-            Some(code) => format!("its check {} exited {code}: {first}", argv[0]),
-            None => format!("its check {} failed: {}", argv[0], out.output.trim()),
+            Some(code) => CheckRefused::Exited {
+                program,
+                code,
+                first: out
+                    .output
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .to_string(),
+            },
+            None => CheckRefused::Failed {
+                program,
+                output: out.output.trim().to_string(),
+            },
         })
     }
 

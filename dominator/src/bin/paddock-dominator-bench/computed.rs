@@ -141,7 +141,12 @@ impl Renderer {
         let t = Instant::now();
         self.site.vars.spec.insert("motd".into(), Value::from(motd));
         let peers = self.site.peers();
-        let mut run = |_: &str, _: Option<u64>, _: &Value| Err("no programs".to_string());
+        let mut run = |name: &str, _: Option<u64>, _: &Value| {
+            Err(paddock_computed::MakeError::program(
+                name,
+                "the bench runs none",
+            ))
+        };
         let (mut files, mut new_objects) = (0, 0);
         let mut overlays = Vec::with_capacity(self.site.machines.len());
         for host in self.site.machines.keys() {
@@ -155,7 +160,7 @@ impl Renderer {
             );
             let mut overlay = Overlay::default();
             for (path, content) in made {
-                let content = content.map_err(super::BenchError::Computed)?;
+                let content = content.map_err(|e| super::BenchError::Computed(e.to_string()))?;
                 let f = file(content.as_bytes());
                 if self.stored.insert(f.object) {
                     self.store
