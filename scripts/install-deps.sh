@@ -19,7 +19,8 @@ packages=(
   isc-dhcp-relay   # dhcrelay: relayed requests with option 82
   atftp tftp-hpa   # TFTP clients
   qemu-system-x86 ipxe-qemu  # VMs with SeaBIOS and QEMU's iPXE option ROMs
-  ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware
+  ipxe ovmf        # undionly.kpxe/snponly.efi for the TFTP root; UEFI firmware (also with Secure Boot)
+  shim-signed grub-efi-amd64-signed  # the signed chain for Secure Boot machines: shimx64.efi.signed, grubnetx64.efi.signed
   socat            # the lab's console forwarder
   nftables         # the PXE filter
   debootstrap      # the Debian minbase test images and the fresh-root check

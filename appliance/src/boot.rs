@@ -17,7 +17,10 @@
 //! manager. A BIOS `sanboot` that fails also exits, handing the choice back to the BIOS.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use anyhow::Context;
 use paddock_birther::Serve;
 use paddock_inventory::MacAddr;
 
@@ -100,59 +103,160 @@ pub fn script(
                 .map_or("node".into(), ipxe_text),
             esp = paddock_birther::layout::ESP_LABEL,
         ),
-        Boot::Ramdisk { why, mode } => {
-            match (&discovery.kernel, &discovery.initrd) {
-                (Some(kernel), Some(initrd)) => {
-                    // BOOTIF names the NIC we booted from (pxelinux syntax: 01-<mac with dashes>);
-                    // initrd=<name> is needed by EFI iPXE builds to hand the initrd over. The
-                    // IPA callback argument lets an unmodified Ironic Python Agent ramdisk
-                    // report to us too.
-                    let bootif = format!("01-{}", mac.to_string().replace(':', "-"));
-                    let agent_url = if discovery.agent_urls.is_empty() {
-                        public_url.to_string()
-                    } else {
-                        discovery.agent_urls.join(",")
-                    };
-                    // IPA posts to one URL: this host's agent URL (HTTPS when TLS is on,
-                    // where /v1/continue is served).
-                    let callback = discovery
-                        .agent_urls
-                        .first()
-                        .map_or(public_url, String::as_str);
-                    let extra = if discovery.cmdline.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" {}", discovery.cmdline)
-                    };
-                    let mode_arg = mode
-                        .map(|m| format!(" paddock.mode={m}"))
-                        .unwrap_or_default();
-                    let what = match mode {
-                        Some(m) => format!("the ramdisk in {m} mode"),
-                        None => "the discovery ramdisk".into(),
-                    };
-                    format!(
-                        "#!ipxe\n\
-                         echo Paddock: {mac} is {why}: booting {what}\n\
-                         kernel {kernel} initrd=initrd BOOTIF={bootif} paddock.url={agent_url} paddock.log=info{mode_arg} ipa-inspection-callback-url={callback}/v1/continue{extra} || goto retry\n\
-                         initrd --name initrd {initrd} || goto retry\n\
-                         boot || goto retry\n\
-                         :retry\n\
-                         echo Paddock: boot failed, retrying in 10 seconds\n\
-                         sleep 10\n\
-                         chain --replace {self_url}\n"
-                    )
-                }
-                _ => format!(
+        Boot::Ramdisk { why, mode } => match (&discovery.kernel, &discovery.initrd) {
+            (Some(kernel), Some(initrd)) => {
+                let args = ramdisk_args(mac, mode, discovery, public_url);
+                format!(
                     "#!ipxe\n\
-                     echo Paddock: {mac} is {why}, but no discovery ramdisk is configured\n\
-                     echo Paddock: set [boot.discovery] kernel and initrd; retrying in 30 seconds\n\
-                     sleep 30\n\
-                     chain --replace {self_url}\n"
-                ),
+                     echo Paddock: {mac} is {why}: booting {what}\n\
+                     kernel {kernel} initrd=initrd {args} || goto retry\n\
+                     initrd --name initrd {initrd} || goto retry\n\
+                     boot || goto retry\n\
+                     :retry\n\
+                     echo Paddock: boot failed, retrying in 10 seconds\n\
+                     sleep 10\n\
+                     chain --replace {self_url}\n",
+                    what = ramdisk_what(mode),
+                )
             }
-        }
+            _ => format!(
+                "#!ipxe\n\
+                 echo Paddock: {mac} is {why}, but no discovery ramdisk is configured\n\
+                 echo Paddock: set [boot.discovery] kernel and initrd; retrying in 30 seconds\n\
+                 sleep 30\n\
+                 chain --replace {self_url}\n"
+            ),
+        },
     }
+}
+
+fn ramdisk_what(mode: Option<&str>) -> String {
+    match mode {
+        Some(m) => format!("the ramdisk in {m} mode"),
+        None => "the discovery ramdisk".into(),
+    }
+}
+
+/// The ramdisk's kernel command line (as words) for `mac`, whichever loader boots it.
+fn ramdisk_args(
+    mac: MacAddr,
+    mode: Option<&str>,
+    discovery: &Discovery,
+    public_url: &str,
+) -> String {
+    // BOOTIF names the NIC we booted from (pxelinux syntax: 01-<mac with dashes>). The IPA
+    // callback argument lets an unmodified Ironic Python Agent ramdisk report to us too.
+    let bootif = format!("01-{}", mac.to_string().replace(':', "-"));
+    let agent_url = if discovery.agent_urls.is_empty() {
+        public_url.to_string()
+    } else {
+        discovery.agent_urls.join(",")
+    };
+    // IPA posts to one URL: this host's agent URL (HTTPS when TLS is on, where /v1/continue
+    // is served).
+    let callback = discovery
+        .agent_urls
+        .first()
+        .map_or(public_url, String::as_str);
+    let mut args = format!(
+        "BOOTIF={bootif} paddock.url={agent_url} paddock.log=info{mode} ipa-inspection-callback-url={callback}/v1/continue",
+        mode = mode
+            .map(|m| format!(" paddock.mode={m}"))
+            .unwrap_or_default(),
+    );
+    if !discovery.cmdline.is_empty() {
+        args.push(' ');
+        args.push_str(&discovery.cmdline);
+    }
+    args
+}
+
+/// The TFTP name of GRUB's first configuration: the signed network GRUB looks for
+/// `$prefix/grub.cfg`, its prefix being `/grub` on the server it came from.
+pub const GRUB_CFG: &str = "grub/grub.cfg";
+
+/// The directory of the machines' own GRUB configurations (`<mac>.cfg`).
+pub const GRUB_MACHINES: &str = "grub/paddock/";
+
+/// `grub/grub.cfg`: hands over to the machine's own configuration, by the MAC GRUB booted
+/// from, so the decision is made per machine when it asks, as the iPXE script's is.
+pub fn grub_chain() -> String {
+    format!(
+        "set timeout=0\n\
+         echo 'Paddock: asking what to boot'\n\
+         configfile /{GRUB_MACHINES}${{net_default_mac}}.cfg\n"
+    )
+}
+
+/// A machine's own GRUB configuration under the signed chain: the same decision as
+/// [`script`]. GRUB loads the signed kernel through shim's verifier; the initrd is ours.
+/// `kernel` and `initrd` are TFTP names. The local disk: the EFI system partition's loader,
+/// or, when that fails, GRUB exits, handing the choice back to the firmware's boot manager.
+pub fn grub_config(
+    mac: MacAddr,
+    node: Option<&Node>,
+    serve: Option<&Serve>,
+    discovery: &Discovery,
+    public_url: &str,
+    signed: &SignedBoot,
+) -> String {
+    let again = format!("configfile /{GRUB_CFG}\n");
+    match decide(node, serve) {
+        // As the iPXE script: the loader the birther installed on the EFI system partition,
+        // found by its label (shim verifies it); else the firmware's boot manager decides.
+        Boot::LocalDisk { why } => format!(
+            "echo 'Paddock: {mac} is {why}: booting from the local disk'\n\
+             if search --no-floppy --label {esp} --set=esp; then\n\
+             \x20 chainloader ($esp)/EFI/BOOT/BOOTX64.EFI\n\
+             \x20 boot\n\
+             fi\n\
+             exit\n",
+            esp = paddock_birther::layout::ESP_LABEL,
+        ),
+        Boot::Ramdisk { why, mode } if discovery.kernel.is_some() && discovery.initrd.is_some() => {
+            let args: Vec<String> = ramdisk_args(mac, mode, discovery, public_url)
+                .split_whitespace()
+                .map(grub_word)
+                .collect();
+            format!(
+                "echo 'Paddock: {mac} is {why}: booting {what}'\n\
+                 linux {kernel} {args}\n\
+                 initrd {initrd}\n\
+                 boot\n\
+                 echo 'Paddock: boot failed, retrying in 10 seconds'\n\
+                 sleep 10\n\
+                 {again}",
+                what = ramdisk_what(mode),
+                kernel = grub_word(&format!("/{}", signed.kernel)),
+                initrd = grub_word(&format!("/{}", signed.initrd)),
+                args = args.join(" "),
+            )
+        }
+        Boot::Ramdisk { why, .. } => format!(
+            "echo 'Paddock: {mac} is {why}, but no discovery ramdisk is configured'\n\
+             sleep 30\n\
+             {again}"
+        ),
+    }
+}
+
+/// One word of a GRUB script, whatever it holds: single-quoted (nothing expands inside), a
+/// quote in it closed, escaped and reopened.
+pub fn grub_word(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The signed chain for machines that enforce Secure Boot, served over TFTP: shim as
+/// `shimx64.efi`, the signed GRUB beside it as `grubx64.efi` (the name shim loads),
+/// [`GRUB_CFG`], each machine's configuration, and the kernel and initrd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignedBoot {
+    pub shim: PathBuf,
+    pub grub: PathBuf,
+    /// The discovery kernel and initrd as TFTP names (relative to the assets directory,
+    /// which the TFTP server serves last).
+    pub kernel: String,
+    pub initrd: String,
 }
 
 /// Text that is safe anywhere in an iPXE script line: RFC 3986 unreserved characters pass,
@@ -194,18 +298,43 @@ pub struct Discovery {
 }
 
 /// Serves the boot loaders over TFTP on each configured address, with `autoexec.ipxe`
-/// chaining to the HTTP boot script.
-pub fn start_tftp(tftp: Option<&TftpConfig>, public_url: &str) -> anyhow::Result<()> {
+/// chaining to the HTTP boot script; and, with `signed`, the signed chain, each machine's
+/// GRUB configuration made by `grub` when asked.
+pub fn start_tftp(
+    tftp: Option<&TftpConfig>,
+    public_url: &str,
+    signed: Option<(&SignedBoot, Arc<dyn paddock_tftp::Maker>)>,
+) -> anyhow::Result<()> {
     let Some(t) = tftp else {
         return Ok(());
     };
-    let mem = paddock_tftp::MemFiles::default();
+    let mem = match signed {
+        Some((sb, grub)) => {
+            let mem = paddock_tftp::MemFiles::with_maker(grub);
+            let read = |p: &PathBuf| {
+                std::fs::read(p).with_context(|| format!("boot.secure_boot: {}", p.display()))
+            };
+            mem.insert("shimx64.efi", read(&sb.shim)?);
+            mem.insert("grubx64.efi", read(&sb.grub)?);
+            mem.insert(GRUB_CFG, grub_chain().into_bytes());
+            mem
+        }
+        None => paddock_tftp::MemFiles::default(),
+    };
     mem.insert("autoexec.ipxe", chain_script(public_url).into_bytes());
     for addr in &t.listen {
         paddock_tftp::spawn(*addr, t.server.clone(), mem.clone())?;
         tracing::info!(%addr, "tftp: listening");
     }
     Ok(())
+}
+
+/// The MAC in a machine's GRUB configuration name (`grub/paddock/<mac>.cfg`).
+pub fn grub_config_mac(name: &str) -> Option<MacAddr> {
+    name.strip_prefix(GRUB_MACHINES)?
+        .strip_suffix(".cfg")?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -254,6 +383,77 @@ mod tests {
         assert!(s.contains("kernel http://p/k initrd=initrd BOOTIF=01-52-54-00-ab-00-01 paddock.url=http://p paddock.log=info ipa-inspection-callback-url=http://p/v1/continue console=ttyS0"), "{s}");
         assert!(s.contains("initrd --name initrd http://p/i"));
         assert!(s.contains("is unknown"));
+    }
+
+    fn signed() -> SignedBoot {
+        SignedBoot {
+            shim: "/s".into(),
+            grub: "/g".into(),
+            kernel: "vmlinuz".into(),
+            initrd: "initrd.img".into(),
+        }
+    }
+
+    /// The signed chain's per-machine configuration makes the iPXE script's decision: the
+    /// ramdisk with the same command line (each word quoted), the local disk by exiting to
+    /// the firmware, and a retry when no ramdisk is configured.
+    #[test]
+    fn grub_configurations_decide_as_the_ipxe_script() {
+        let c = grub_config(MAC, None, None, &discovery(), "http://p", &signed());
+        assert!(
+            c.contains("is unknown: booting the discovery ramdisk"),
+            "{c}"
+        );
+        assert!(
+            c.contains("linux '/vmlinuz' 'BOOTIF=01-52-54-00-ab-00-01' 'paddock.url=http://p' 'paddock.log=info' 'ipa-inspection-callback-url=http://p/v1/continue' 'console=ttyS0'\ninitrd '/initrd.img'\nboot\n"),
+            "{c}"
+        );
+        assert!(c.ends_with("sleep 10\nconfigfile /grub/grub.cfg\n"), "{c}");
+        let mut node = Node::new(uuid::Uuid::nil(), 0);
+        node.macs = vec![MAC];
+        let c = grub_config(MAC, Some(&node), None, &discovery(), "http://p", &signed());
+        assert!(
+            c.contains("search --no-floppy --label PADDOCK-ESP --set=esp; then\n  chainloader ($esp)/EFI/BOOT/BOOTX64.EFI\n  boot\nfi\nexit\n"),
+            "{c}"
+        );
+        assert!(!c.contains("linux"), "{c}");
+        let none = Discovery {
+            kernel: None,
+            ..discovery()
+        };
+        let c = grub_config(MAC, None, None, &none, "http://p", &signed());
+        assert!(c.contains("no discovery ramdisk is configured"), "{c}");
+        assert!(c.ends_with("configfile /grub/grub.cfg\n"), "{c}");
+        // The machine's own file is found by the MAC GRUB booted from.
+        assert!(grub_chain().contains("configfile /grub/paddock/${net_default_mac}.cfg"));
+        assert_eq!(
+            grub_config_mac("grub/paddock/52:54:00:ab:00:01.cfg"),
+            Some(MAC)
+        );
+        for not in [
+            "grub/grub.cfg",
+            "grub/paddock/x.cfg",
+            "grub/paddock/52:54:00:ab:00:01",
+        ] {
+            assert_eq!(grub_config_mac(not), None, "{not}");
+        }
+    }
+
+    /// A GRUB word is single-quoted: `$`, `;`, a newline or a quote in operator text or a
+    /// token stays one argument and never becomes GRUB syntax.
+    #[test]
+    fn grub_words_never_become_script_syntax() {
+        assert_eq!(grub_word("a=b"), "'a=b'");
+        assert_eq!(grub_word("it's"), "'it'\\''s'");
+        let d = Discovery {
+            cmdline: "x=${prefix};reboot x='\nreboot".into(),
+            ..discovery()
+        };
+        let c = grub_config(MAC, None, None, &d, "http://p", &signed());
+        let linux = c.lines().find(|l| l.starts_with("linux ")).unwrap();
+        assert!(linux.contains(" 'x=${prefix};reboot' 'x='\\''"), "{c}");
+        // The newline split the word (the command line is words); it cannot end the line.
+        assert!(!c.lines().any(|l| l.trim() == "reboot"), "{c}");
     }
 
     #[test]

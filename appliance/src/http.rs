@@ -154,68 +154,133 @@ async fn boot_script(
     let mac: MacAddr = mac
         .parse()
         .map_err(|e: paddock_inventory::MacParseError| ApiError::bad_request(e.to_string()))?;
-    let node = s.inspector.by_mac(mac).await?.map(|v| v.node);
-    let serve = match &node {
-        Some(n) => s.provisioning.serve(n.uuid).await?,
-        None => None,
-    };
-    // With TLS the agent calls the HTTPS URLs, pins the CA (fetched from this host or, when
-    // it is gone, a peer) and carries a fresh token.
-    let http_urls: Vec<&str> = std::iter::once(s.config.public_url.as_str())
-        .chain(s.config.discovery.agent_urls.iter().map(String::as_str))
-        .collect();
-    // A machine with a lease here gets its token only at the lease's address: a script
-    // fetched by anyone else still boots, but speaks for no one.
     let from = peer.map(|axum::Extension(p)| p.addr.ip());
-    let lease = s.security.lease_of(mac);
-    let cmdline = if crate::agent_tokens::may_mint(lease, from) {
-        s.security.agent_cmdline(&mac.to_string(), &http_urls).await
-    } else {
-        tracing::warn!(%mac, ?from, "boot: script fetched from outside the MAC's lease: no agent token");
-        None
-    };
-    let discovery = match (&s.config.security, cmdline) {
-        (crate::config::SecurityConfig::Tls(t), Some(extra)) => {
-            let mut d = s.config.discovery.clone();
-            d.agent_urls = t.agent_urls.clone();
-            d.cmdline = if d.cmdline.is_empty() {
-                extra
-            } else {
-                format!("{} {extra}", d.cmdline)
-            };
-            std::borrow::Cow::Owned(d)
-        }
-        _ => std::borrow::Cow::Borrowed(&s.config.discovery),
-    };
+    let asked = Asked::of(&s, mac, from).await?;
     let script = boot::script(
         mac,
-        node.as_ref(),
-        serve.as_ref(),
-        &discovery,
+        asked.node.as_ref(),
+        asked.serve.as_ref(),
+        &asked.discovery,
         &s.config.public_url,
     );
-    let what = boot::decide(node.as_ref(), serve.as_ref()).what();
-    let subject = node
-        .as_ref()
-        .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
-    // A timeline row for a known node, or a MAC this host gave a lease to: made-up MACs
-    // (anyone may ask for any script) add nothing to the store.
-    let worth_a_row = node.is_some() || lease.is_some();
-    if worth_a_row
-        && let Err(e) = s
-            .inspector
-            .event(
-                subject,
-                "boot-script",
-                &format!("iPXE script served for {mac}: {what}"),
-                false,
-            )
-            .await
-    {
-        tracing::warn!(%mac, error = %e, "boot: timeline entry not recorded");
-    }
-    tracing::info!(%mac, known = node.is_some(), %what, "boot: script served");
+    asked.record(&s, mac, "iPXE script").await;
     Ok(ipxe(script))
+}
+
+/// What a machine that asks for its boot configuration (an iPXE script, a GRUB
+/// configuration) is decided from.
+struct Asked {
+    node: Option<paddock_inspector::node::Node>,
+    serve: Option<paddock_birther::Serve>,
+    /// The discovery settings, with the agent's token when it may have one.
+    discovery: boot::Discovery,
+    /// The MAC has a lease from this host.
+    leased: bool,
+}
+
+impl Asked {
+    /// `from`: the address the request came from.
+    async fn of(
+        s: &AppState,
+        mac: MacAddr,
+        from: Option<std::net::IpAddr>,
+    ) -> Result<Self, ApiError> {
+        let node = s.inspector.by_mac(mac).await?.map(|v| v.node);
+        let serve = match &node {
+            Some(n) => s.provisioning.serve(n.uuid).await?,
+            None => None,
+        };
+        // With TLS the agent calls the HTTPS URLs, pins the CA (fetched from this host or,
+        // when it is gone, a peer) and carries a fresh token.
+        let http_urls: Vec<&str> = std::iter::once(s.config.public_url.as_str())
+            .chain(s.config.discovery.agent_urls.iter().map(String::as_str))
+            .collect();
+        // A machine with a lease here gets its token only at the lease's address: a
+        // configuration fetched by anyone else still boots, but speaks for no one.
+        let lease = s.security.lease_of(mac);
+        let cmdline = if crate::agent_tokens::may_mint(lease, from) {
+            s.security.agent_cmdline(&mac.to_string(), &http_urls).await
+        } else {
+            tracing::warn!(%mac, ?from, "boot: configuration fetched from outside the MAC's lease: no agent token");
+            None
+        };
+        let mut discovery = s.config.discovery.clone();
+        if let (crate::config::SecurityConfig::Tls(t), Some(extra)) = (&s.config.security, cmdline)
+        {
+            discovery.agent_urls = t.agent_urls.clone();
+            discovery.cmdline = if discovery.cmdline.is_empty() {
+                extra
+            } else {
+                format!("{} {extra}", discovery.cmdline)
+            };
+        }
+        Ok(Asked {
+            node,
+            serve,
+            discovery,
+            leased: lease.is_some(),
+        })
+    }
+
+    /// The timeline row and the log line for a configuration served (`what`: which).
+    async fn record(&self, s: &AppState, mac: MacAddr, what: &str) {
+        let boots = boot::decide(self.node.as_ref(), self.serve.as_ref()).what();
+        let subject = self
+            .node
+            .as_ref()
+            .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
+        // A timeline row for a known node, or a MAC this host gave a lease to: made-up MACs
+        // (anyone may ask for any configuration) add nothing to the store.
+        if (self.node.is_some() || self.leased)
+            && let Err(e) = s
+                .inspector
+                .event(
+                    subject,
+                    "boot-script",
+                    &format!("{what} served for {mac}: {boots}"),
+                    false,
+                )
+                .await
+        {
+            tracing::warn!(%mac, error = %e, "boot: timeline entry not recorded");
+        }
+        tracing::info!(%mac, known = self.node.is_some(), what = %boots, loader = what, "boot: configuration served");
+    }
+}
+
+/// Makes each machine's GRUB configuration when its GRUB asks over TFTP: the same decision,
+/// token and timeline row as the iPXE script. TFTP runs on its own threads, so this waits
+/// on the runtime for the store's answer.
+pub struct GrubConfigs {
+    pub state: AppState,
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl paddock_tftp::Maker for GrubConfigs {
+    fn make(&self, client: std::net::SocketAddr, name: &str) -> Option<Vec<u8>> {
+        let mac = boot::grub_config_mac(name)?;
+        let signed = self.state.config.signed_boot.as_ref()?;
+        let s = &self.state;
+        let made = self.runtime.block_on(async {
+            let asked = Asked::of(s, mac, Some(client.ip())).await?;
+            asked.record(s, mac, "GRUB configuration").await;
+            Ok::<_, ApiError>(boot::grub_config(
+                mac,
+                asked.node.as_ref(),
+                asked.serve.as_ref(),
+                &asked.discovery,
+                &s.config.public_url,
+                signed,
+            ))
+        });
+        match made {
+            Ok(text) => Some(text.into_bytes()),
+            Err(e) => {
+                tracing::warn!(%mac, error = %e.message, "boot: no GRUB configuration");
+                None
+            }
+        }
+    }
 }
 
 async fn firewall(State(s): State<AppState>) -> Response {

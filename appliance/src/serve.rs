@@ -82,7 +82,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         Some(d) => Some(core.start_dhcp(&mut rt, d, &filter).await?),
         None => None,
     };
-    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url)?;
     let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
@@ -127,6 +126,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         leader: core.leader,
         store: core.store,
     };
+    let grub: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
+        state: state.clone(),
+        runtime: tokio::runtime::Handle::current(),
+    });
+    let signed = cfg.signed_boot.as_ref().map(|sb| (sb, grub));
+    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, signed)?;
     crate::http::start(&mut rt, state).await?;
     shut_down(rt, filter.as_deref(), &cfg).await
 }

@@ -44,6 +44,11 @@ fn setup() -> Setup {
 }
 
 fn setup_with(max_transfers: usize) -> Setup {
+    setup_config(max_transfers, "")
+}
+
+/// [`setup_with`], `extra` appended to the configuration.
+fn setup_config(max_transfers: usize, extra: &str) -> Setup {
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     let root = scratch.path("tftp");
@@ -61,7 +66,10 @@ fn setup_with(max_transfers: usize) -> Setup {
     let app = Appliance::start(
         &link.server,
         &scratch,
-        &tftp_config(&link, &scratch, &root, &assets, max_transfers),
+        &format!(
+            "{}{extra}",
+            tftp_config(&link, &scratch, &root, &assets, max_transfers)
+        ),
     );
     Setup {
         link,
@@ -164,6 +172,73 @@ fn a_thousand_concurrent_atftp_clients_all_get_exact_bytes() {
     println!("tftp storm: {exact} of {clients} atftp clients got exact bytes in {secs:.2} s");
 }
 
+/// The signed chain with a real TFTP client (atftp), as shim and GRUB ask for it: shim and
+/// GRUB from the packages, GRUB's first configuration, the machine's own (made when asked,
+/// from its state, on the timeline) and the kernel from the assets directory.
+#[test]
+fn secure_boot_machines_get_the_signed_chain_and_their_own_grub_config() {
+    require(&["atftp", "cmp", "curl", "ip"]);
+    let shim = "/usr/lib/shim/shimx64.efi.signed";
+    let grub = "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed";
+    let s = setup_config(8, "[boot.secure_boot]\nenabled = true\n");
+    let c = &s.link.client;
+    let out = s.scratch.path("got");
+    let get = |name: &str| {
+        let _ = std::fs::remove_file(&out);
+        c.sh_ok(&format!(
+            "atftp -g -r '{name}' -l {} {SERVER_IP}",
+            out.display()
+        ));
+        std::fs::read(&out).unwrap()
+    };
+    assert_eq!(get("shimx64.efi"), std::fs::read(shim).unwrap());
+    assert_eq!(get("grubx64.efi"), std::fs::read(grub).unwrap());
+    let chain = String::from_utf8(get("/grub/grub.cfg")).unwrap();
+    assert!(
+        chain.contains("configfile /grub/paddock/${net_default_mac}.cfg"),
+        "{chain}"
+    );
+    let mac = "52:54:00:12:34:57";
+    let own = String::from_utf8(get(&format!("/grub/paddock/{mac}.cfg"))).unwrap();
+    assert!(
+        own.contains("is unknown: booting the discovery ramdisk"),
+        "{own}"
+    );
+    assert!(
+        own.contains("linux '/vmlinuz' 'BOOTIF=01-52-54-00-12-34-57' "),
+        "{own}"
+    );
+    assert!(own.contains("initrd '/initrd.img'"), "{own}");
+    assert_eq!(
+        get("/vmlinuz"),
+        std::fs::read(s.scratch.path("assets/vmlinuz")).unwrap()
+    );
+    // Known and idle: GRUB hands the machine back to its firmware.
+    let created: serde_json::Value = serde_json::from_str(&c.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    )))
+    .unwrap();
+    let own = String::from_utf8(get(&format!("grub/paddock/{mac}.cfg"))).unwrap();
+    assert!(
+        own.contains("chainloader ($esp)/EFI/BOOT/BOOTX64.EFI"),
+        "{own}"
+    );
+    let node = c.sh_ok(&format!(
+        "curl -sf {PUBLIC_URL}/api/v1/nodes/{}",
+        created["uuid"].as_str().unwrap()
+    ));
+    assert!(
+        node.contains(&format!("GRUB configuration served for {mac}: local disk")),
+        "{node}"
+    );
+    // A name that is no MAC is no configuration.
+    let r = c.sh(&format!(
+        "atftp -g -r grub/paddock/nobody.cfg -l {} {SERVER_IP}",
+        out.display()
+    ));
+    assert!(!r.status.success());
+}
+
 #[test]
 fn traversal_is_refused_with_a_tftp_error() {
     require(&["atftp", "tftp", "curl", "ip"]);
@@ -172,7 +247,8 @@ fn traversal_is_refused_with_a_tftp_error() {
     for (name, reason) in [
         ("../secret", "'..' is not allowed"),
         ("sub/../../secret", "'..' is not allowed"),
-        ("/etc/passwd", "absolute paths are not served"),
+        // A leading `/` names the root (as GRUB asks): nothing there.
+        ("/etc/passwd", "File not found"),
         ("..\\\\secret", "backslashes are not allowed"),
         ("leak", "leads out of the TFTP root"),
         ("missing.bin", "File not found"),

@@ -15,7 +15,7 @@ pub mod shell;
 
 pub use leases::{Lease, LeaseState, Leases, Pick, Pool, Relay, Reservation, Subnet, SubnetError};
 pub use paddock_inventory::MacAddr;
-pub use pxe::{Arch, BootChoice, BootPolicy};
+pub use pxe::{Arch, BootChoice, BootPolicy, Signed};
 pub use ratelimit::{RateLimitError, RateLimits};
 pub use server::{
     Admission, AllowAll, ClientPolicy, LeaseChange, LimitKind, Limited, Outcome, Server,

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
+
 use crate::MacAddr;
 
 /// Client system architecture, the numeric value of option 93 (IANA "Processor Architecture
@@ -85,6 +87,27 @@ pub fn default_table() -> BTreeMap<Arch, String> {
     .collect()
 }
 
+/// The signed first stage per architecture, for machines that enforce Secure Boot: shim
+/// (signed by the UEFI CA that firmware trusts), which loads the signed GRUB beside it
+/// (`grubx64.efi`). Debian's `shim-signed` and `grub-efi-amd64-signed` ship them.
+pub fn default_signed_table() -> BTreeMap<Arch, String> {
+    [(7, "shimx64.efi"), (9, "shimx64.efi")]
+        .into_iter()
+        .map(|(a, f)| (a, f.to_string()))
+        .collect()
+}
+
+/// Which machines boot the signed chain (shim → GRUB) instead of iPXE: firmware does not say
+/// whether it enforces Secure Boot, so the operator does, by network.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Signed {
+    #[default]
+    Nowhere,
+    Everywhere,
+    /// Machines whose address is in one of these networks.
+    In(Vec<Ipv4Net>),
+}
+
 /// Everything the boot decision needs, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BootPolicy {
@@ -95,6 +118,10 @@ pub struct BootPolicy {
     /// The TFTP server address to put in siaddr/option 66; `None`: the address the request
     /// arrived on.
     pub tftp_server: Option<Ipv4Addr>,
+    /// Architecture → the signed first stage ([`default_signed_table`]).
+    pub signed_table: BTreeMap<Arch, String>,
+    /// Where machines boot the signed chain.
+    pub signed: Signed,
 }
 
 /// What the client sent that matters for booting.
@@ -133,6 +160,17 @@ impl BootPolicy {
             table,
             public_url: public_url.trim_end_matches('/').to_string(),
             tftp_server: None,
+            signed_table: default_signed_table(),
+            signed: Signed::Nowhere,
+        }
+    }
+
+    /// Whether a machine given `addr` boots the signed chain.
+    pub fn signs(&self, addr: Ipv4Addr) -> bool {
+        match &self.signed {
+            Signed::Nowhere => false,
+            Signed::Everywhere => true,
+            Signed::In(nets) => nets.iter().any(|n| n.contains(&addr)),
         }
     }
 
@@ -146,11 +184,14 @@ impl BootPolicy {
         format!("{}/boot/assets/{}", self.public_url, file)
     }
 
+    /// `signed`: the machine must boot signed binaries ([`Self::signs`]); architectures
+    /// with no signed first stage (BIOS has no Secure Boot) boot as the others.
     pub fn choose(
         &self,
         req: &PxeRequest,
         mac: MacAddr,
         local: Ipv4Addr,
+        signed: bool,
     ) -> Result<BootChoice, NoBoot> {
         if req.ipxe {
             return Ok(BootChoice::Http {
@@ -163,6 +204,15 @@ impl BootPolicy {
         }
         // A client that says HTTPClient but sends no arch is most likely x64 HTTP boot.
         let arch = req.arch.unwrap_or(if req.http_client { 16 } else { 0 });
+        let shim = signed.then(|| self.signed_table.get(&arch)).flatten();
+        if let Some(file) = shim
+            && !req.http_client
+        {
+            return Ok(BootChoice::Tftp {
+                server: self.tftp_server.unwrap_or(local),
+                file: file.clone(),
+            });
+        }
         let file = self.table.get(&arch).ok_or(NoBoot::UnknownArch(arch))?;
         if is_http_boot(arch) || req.http_client {
             Ok(BootChoice::Http {
@@ -223,7 +273,11 @@ mod tests {
             (Some(4242), Err(NoBoot::UnknownArch(4242))),
         ];
         for (arch, want) in cases {
-            assert_eq!(&p.choose(&pxe(*arch), MAC, LOCAL), want, "arch {arch:?}");
+            assert_eq!(
+                &p.choose(&pxe(*arch), MAC, LOCAL, false),
+                want,
+                "arch {arch:?}"
+            );
         }
     }
 
@@ -240,8 +294,46 @@ mod tests {
                 file: f.into(),
             })
         };
-        assert_eq!(p.choose(&pxe(Some(7)), MAC, LOCAL), want("ipxe.efi"));
-        assert_eq!(p.choose(&pxe(Some(2)), MAC, LOCAL), want("elilo.efi"));
+        assert_eq!(p.choose(&pxe(Some(7)), MAC, LOCAL, false), want("ipxe.efi"));
+        assert_eq!(
+            p.choose(&pxe(Some(2)), MAC, LOCAL, false),
+            want("elilo.efi")
+        );
+    }
+
+    #[test]
+    fn machines_that_must_sign_get_shim_where_their_arch_has_one() {
+        let mut p = BootPolicy::new("http://198.18.0.1:8080", &BTreeMap::new());
+        p.signed = Signed::In(vec!["198.18.0.0/25".parse().unwrap()]);
+        assert!(p.signs(Ipv4Addr::new(198, 18, 0, 100)));
+        assert!(!p.signs(Ipv4Addr::new(198, 18, 0, 200)));
+        let tftp = |f: &str| {
+            Ok(BootChoice::Tftp {
+                server: LOCAL,
+                file: f.into(),
+            })
+        };
+        // x64 UEFI gets shim; BIOS (no Secure Boot) its usual loader; unsigned machines iPXE.
+        assert_eq!(
+            p.choose(&pxe(Some(7)), MAC, LOCAL, true),
+            tftp("shimx64.efi")
+        );
+        assert_eq!(
+            p.choose(&pxe(Some(9)), MAC, LOCAL, true),
+            tftp("shimx64.efi")
+        );
+        assert_eq!(
+            p.choose(&pxe(Some(0)), MAC, LOCAL, true),
+            tftp("undionly.kpxe")
+        );
+        assert_eq!(
+            p.choose(&pxe(Some(7)), MAC, LOCAL, false),
+            tftp("snponly.efi")
+        );
+        p.signed = Signed::Everywhere;
+        assert!(p.signs(Ipv4Addr::new(198, 19, 1, 1)));
+        p.signed = Signed::Nowhere;
+        assert!(!p.signs(Ipv4Addr::new(198, 18, 0, 100)));
     }
 
     #[test]
@@ -253,7 +345,7 @@ mod tests {
                 ..pxe(arch)
             };
             assert_eq!(
-                p.choose(&req, MAC, LOCAL),
+                p.choose(&req, MAC, LOCAL, false),
                 Ok(BootChoice::Http {
                     url: "http://198.18.0.1:8080/boot/52:54:00:00:00:01.ipxe".into(),
                     http_client: false
@@ -266,7 +358,7 @@ mod tests {
     fn plain_dhcp_clients_get_no_boot_file() {
         let p = BootPolicy::new("http://a", &BTreeMap::new());
         assert_eq!(
-            p.choose(&PxeRequest::default(), MAC, LOCAL),
+            p.choose(&PxeRequest::default(), MAC, LOCAL, false),
             Err(NoBoot::NotPxe)
         );
     }

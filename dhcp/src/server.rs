@@ -482,7 +482,8 @@ impl Server {
         local: Ipv4Addr,
     ) -> (String, Option<String>) {
         let pxe = pxe_request(req);
-        let choice = match self.config.boot.choose(&pxe, mac, local) {
+        let signed = self.config.boot.signs(r.yiaddr());
+        let choice = match self.config.boot.choose(&pxe, mac, local, signed) {
             Ok(c) => c,
             Err(NoBoot::NotPxe) => return (String::new(), None),
             Err(NoBoot::UnknownArch(a)) => {

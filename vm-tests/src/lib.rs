@@ -42,6 +42,9 @@ pub struct Artifacts {
     pub ipxe_dir: PathBuf,
     pub ovmf_code: PathBuf,
     pub ovmf_vars: PathBuf,
+    /// OVMF built for Secure Boot, and a variable store with Microsoft's keys enrolled.
+    pub ovmf_secure_code: PathBuf,
+    pub ovmf_secure_vars: PathBuf,
 }
 
 fn workspace_root() -> PathBuf {
@@ -67,6 +70,8 @@ impl Artifacts {
             ipxe_dir: PathBuf::from("/usr/lib/ipxe"),
             ovmf_code: PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.fd"),
             ovmf_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.fd"),
+            ovmf_secure_code: PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.ms.fd"),
+            ovmf_secure_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.ms.fd"),
         };
         for (what, p) in [
             (
@@ -354,6 +359,9 @@ pub enum Firmware {
     Bios,
     /// OVMF: UEFI PXE, then `snponly.efi` over TFTP.
     Uefi,
+    /// OVMF with Microsoft's keys enrolled and Secure Boot enforced (q35 with SMM, as the
+    /// secure variable store needs): it runs only signed binaries.
+    UefiSecureBoot,
 }
 
 #[derive(Clone, Debug)]
@@ -509,7 +517,14 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
         args.push(format!("tap,id=n{i},ifname={tap},script=no,downscript=no"));
         args.push("-device".into());
         let boot = if i == 0 { ",bootindex=1" } else { "" };
-        args.push(format!("virtio-net-pci,netdev=n{i},mac={mac}{boot}"));
+        // Under Secure Boot, OVMF's own (signed) virtio-net driver: QEMU's iPXE option ROM
+        // is not signed.
+        let rom = if spec.firmware == Firmware::UefiSecureBoot {
+            ",romfile="
+        } else {
+            ""
+        };
+        args.push(format!("virtio-net-pci,netdev=n{i},mac={mac}{boot}{rom}"));
     }
     for (i, mb) in spec.disks_mb.iter().enumerate() {
         let img = vmdir.join(format!("disk{i}.img"));
@@ -527,15 +542,26 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
             spec.name
         ));
     }
-    if spec.firmware == Firmware::Uefi {
+    if spec.firmware != Firmware::Bios {
+        let (code, vars_from) = if spec.firmware == Firmware::UefiSecureBoot {
+            args.extend([
+                "-machine".into(),
+                "q35,smm=on".into(),
+                "-global".into(),
+                "driver=cfi.pflash01,property=secure,value=on".into(),
+            ]);
+            (&artifacts.ovmf_secure_code, &artifacts.ovmf_secure_vars)
+        } else {
+            (&artifacts.ovmf_code, &artifacts.ovmf_vars)
+        };
         let vars = vmdir.join("OVMF_VARS.fd");
         if round == 0 {
-            std::fs::copy(&artifacts.ovmf_vars, &vars)?;
+            std::fs::copy(vars_from, &vars)?;
         }
         args.push("-drive".into());
         args.push(format!(
             "if=pflash,format=raw,unit=0,readonly=on,file={}",
-            artifacts.ovmf_code.display()
+            code.display()
         ));
         args.push("-drive".into());
         args.push(format!(

@@ -225,6 +225,75 @@ fn uefi_vm_enrols_with_its_exact_inventory() {
     enrol_one(Firmware::Uefi, "uefi", Duration::from_secs(900));
 }
 
+/// Secure Boot: two OVMF VMs with Microsoft's keys enrolled. The one in the network that
+/// boots signed binaries gets shim → Debian's signed GRUB → its own GRUB configuration →
+/// the signed kernel and our initrd, all over TFTP, and is inspected under the kernel's
+/// lockdown (signed modules only). The other is given iPXE, as a machine without Secure
+/// Boot would be, and its firmware refuses it: the test proves the firmware enforces.
+#[test]
+fn secure_boot_vm_enrols_through_shim_and_grub() {
+    let (signed_mac, ipxe_mac) = ("52:54:00:5b:00:01", "52:54:00:5b:00:02");
+    let extra = format!(
+        "[boot.secure_boot]\n\
+         enabled = true\n\
+         networks = [\"198.18.0.16/28\"]\n\
+         [[dhcp.reservations]]\n\
+         mac = \"{signed_mac}\"\n\
+         ip = \"198.18.0.20\"\n\
+         [[dhcp.reservations]]\n\
+         mac = \"{ipxe_mac}\"\n\
+         ip = \"198.18.0.40\"\n"
+    );
+    let mut lab = Lab::start("sboot", &artifacts(), &extra).expect("lab");
+    let vm = |name: &str, mac: &str| VmSpec::provisioning(name, mac, Firmware::UefiSecureBoot);
+    let signed = lab.boot(vm("sbsigned", signed_mac)).expect("boot VM");
+    let refused = lab.boot(vm("sbipxe", ipxe_mac)).expect("boot VM");
+    paddock_vm_tests::wait_for(
+        "the firmware refusing unsigned iPXE",
+        Duration::from_secs(600),
+        || {
+            lab.vms[refused]
+                .console_text()
+                .contains("Access Denied")
+                .then_some(())
+        },
+        || lab.vms[refused].console_text(),
+    );
+    lab.vms[refused].power_off();
+    let (node, took) = lab
+        .wait_enrolled(signed, Duration::from_secs(900))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!(
+        "secure boot: power-on → enrolled {:.1} s",
+        took.as_secs_f64()
+    );
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    let console = lab.vms[signed].console_text();
+    for said in [
+        "secureboot: Secure boot enabled",
+        "Kernel is locked down from EFI Secure Boot",
+    ] {
+        assert!(
+            console.contains(said),
+            "the kernel did not say {said:?}:\n{console}"
+        );
+    }
+    let grub_served = node["timeline"].as_array().unwrap().iter().any(|e| {
+        e["kind"] == "boot-script"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("GRUB configuration served"))
+    });
+    assert!(grub_served, "no GRUB configuration in the timeline: {node}");
+    let data = lab
+        .data(node["uuid"].as_str().unwrap())
+        .expect("processed data");
+    assert_eq!(
+        data["inventory"]["boot"]["current_boot_mode"], "uefi",
+        "{data}"
+    );
+}
+
 #[test]
 fn four_vms_started_together_all_enrol() {
     let mut lab = Lab::start("four", &artifacts(), "").expect("lab");

@@ -16,6 +16,10 @@ pub const DHCP_RELAY_PORT: u16 = 67;
 pub const DHCP_LEASE_TIME: u32 = 3600;
 
 pub const TFTP_ENABLED: bool = true;
+/// Debian's `shim-signed`: shim signed by the UEFI CA that firmware trusts.
+pub const SECURE_BOOT_SHIM: &str = "/usr/lib/shim/shimx64.efi.signed";
+/// Debian's `grub-efi-amd64-signed`: the network GRUB, signed by Debian (shim trusts it).
+pub const SECURE_BOOT_GRUB: &str = "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed";
 pub const TFTP_LISTEN: &str = "0.0.0.0:69";
 pub const TFTP_MAX_TRANSFERS: usize = 4096;
 /// Seconds (at least 1).

@@ -280,6 +280,21 @@ pub struct BootFile {
     pub arch: BTreeMap<String, String>,
     pub tftp_server: Option<String>,
     pub discovery: DiscoveryFile,
+    pub secure_boot: SecureBootFile,
+}
+
+/// `[boot.secure_boot]`: machines that enforce Secure Boot boot shim → signed GRUB → the
+/// signed kernel over TFTP instead of iPXE.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecureBootFile {
+    pub enabled: Option<bool>,
+    /// Networks (CIDR) whose machines boot the signed chain; empty: every machine.
+    pub networks: Vec<String>,
+    /// The signed shim ([`super::defaults::SECURE_BOOT_SHIM`]).
+    pub shim: Option<PathBuf>,
+    /// The signed network GRUB ([`super::defaults::SECURE_BOOT_GRUB`]).
+    pub grub: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

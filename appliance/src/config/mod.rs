@@ -55,6 +55,8 @@ pub struct Config {
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
     pub discovery: Discovery,
+    /// `[boot.secure_boot]` (`None`: off): the signed chain served over TFTP.
+    pub signed_boot: Option<crate::boot::SignedBoot>,
     pub inspector: paddock_inspector::service::InspectorConfig,
     pub clean_up_period: Duration,
     pub firewall: Option<FirewallConfig>,
@@ -241,6 +243,77 @@ x = "a"
             "not inside subnet",
             "boot.arch.x",
             "tftp.root",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+    }
+
+    /// `[boot.secure_boot]`: the networks that boot the signed chain, its files, and the
+    /// kernel and initrd as TFTP names under the assets directory (the TFTP server's last
+    /// root); each missing piece is named.
+    #[test]
+    fn secure_boot_serves_the_signed_chain_over_tftp() {
+        let dir = tempfile::tempdir().unwrap();
+        let (shim, grub) = (dir.path().join("shim"), dir.path().join("grub"));
+        std::fs::write(&shim, b"s").unwrap();
+        std::fs::write(&grub, b"g").unwrap();
+        let good = format!(
+            r#"
+[http]
+listen = "198.18.0.1:8080"
+assets_dir = "{assets}"
+[dhcp]
+enabled = false
+[tftp]
+root = "{assets}"
+[boot.discovery]
+kernel = "http://198.18.0.1:8080/boot/assets/k/vmlinuz"
+initrd = "http://198.18.0.1:8080/boot/assets/initrd.img"
+[boot.secure_boot]
+enabled = true
+networks = ["198.18.0.16/28"]
+shim = "{shim}"
+grub = "{grub}"
+"#,
+            assets = dir.path().display(),
+            shim = shim.display(),
+            grub = grub.display(),
+        );
+        let c = FileConfig::parse(&good).unwrap().validate().unwrap();
+        let sb = c.signed_boot.unwrap();
+        assert_eq!(
+            (sb.kernel.as_str(), sb.initrd.as_str()),
+            ("k/vmlinuz", "initrd.img")
+        );
+        assert_eq!((sb.shim, sb.grub), (shim.clone(), grub.clone()));
+        assert!(c.boot.signs("198.18.0.20".parse().unwrap()));
+        assert!(!c.boot.signs("198.18.0.40".parse().unwrap()));
+        let roots = &c.tftp.unwrap().server.roots;
+        assert_eq!(roots.last(), Some(&dir.path().to_path_buf()));
+        assert_eq!(roots.len(), 2);
+        // Off by default.
+        let off = good.replace("enabled = true", "");
+        let c = FileConfig::parse(&off).unwrap().validate().unwrap();
+        assert!(c.signed_boot.is_none());
+        assert!(!c.boot.signs("198.18.0.20".parse().unwrap()));
+        let bad = good
+            .replace(&shim.display().to_string(), "/nowhere/shim")
+            .replace(
+                "http://198.18.0.1:8080/boot/assets/k/vmlinuz",
+                "http://elsewhere/vmlinuz",
+            )
+            .replace("198.18.0.16/28", "lan")
+            .replace("[tftp]", "[tftp]\nenabled = false");
+        let text = FileConfig::parse(&bad)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "boot.secure_boot.shim: /nowhere/shim is not a file (apt-get install shim-signed",
+            "boot.discovery.kernel must be an asset",
+            "boot.secure_boot.networks[0]",
+            "enable [tftp]",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

@@ -30,7 +30,7 @@ impl FileConfig {
         );
         let public_url = public_url(&self.http, http_listen, &mut p);
         let log_format = log_format(self.log_format.as_deref(), &mut p);
-        let boot = boot(&self.boot, &public_url, &mut p);
+        let mut boot = boot(&self.boot, &public_url, &mut p);
         let first_dhcp_interface = self.dhcp.interfaces.first().cloned();
         let dhcp = if self.dhcp.enabled.unwrap_or(defaults::DHCP_ENABLED) {
             dhcp(self.dhcp, &mut p)
@@ -62,11 +62,18 @@ impl FileConfig {
             inspector.auto_enrol,
             &mut p,
         );
-        let tftp = if self.tftp.enabled.unwrap_or(defaults::TFTP_ENABLED) {
+        let mut tftp = if self.tftp.enabled.unwrap_or(defaults::TFTP_ENABLED) {
             tftp(self.tftp, &mut p)
         } else {
             None
         };
+        let signed_boot = secure_boot(
+            &self.boot,
+            &mut boot,
+            self.http.assets_dir.as_deref(),
+            &mut tftp,
+            &mut p,
+        );
         let data_dir = self
             .data_dir
             .unwrap_or_else(|| PathBuf::from(defaults::DATA_DIR));
@@ -119,6 +126,7 @@ impl FileConfig {
                 cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
                 agent_urls,
             },
+            signed_boot,
             inspector,
             clean_up_period,
             firewall,
@@ -275,6 +283,93 @@ fn boot(f: &BootFile, public_url: &str, p: &mut Problems) -> BootPolicy {
         .as_deref()
         .and_then(|s| parse_or(p, "boot.tftp_server", s));
     boot
+}
+
+/// `[boot.secure_boot]`: which machines boot the signed chain, and its files. GRUB fetches
+/// the kernel and initrd over TFTP (Debian's signed GRUB has no HTTP), so they must be
+/// assets, and the assets directory becomes the TFTP server's last root.
+fn secure_boot(
+    f: &BootFile,
+    boot: &mut BootPolicy,
+    assets_dir: Option<&std::path::Path>,
+    tftp: &mut Option<TftpConfig>,
+    p: &mut Problems,
+) -> Option<crate::boot::SignedBoot> {
+    let sb = &f.secure_boot;
+    if !sb.enabled.unwrap_or(false) {
+        return None;
+    }
+    boot.signed = if sb.networks.is_empty() {
+        paddock_dhcp::Signed::Everywhere
+    } else {
+        paddock_dhcp::Signed::In(
+            sb.networks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| {
+                    parse_or::<Ipv4Net>(p, &format!("boot.secure_boot.networks[{i}]"), n)
+                })
+                .collect(),
+        )
+    };
+    let file = |key: &str,
+                given: &Option<PathBuf>,
+                default: &str,
+                package: &str,
+                p: &mut Problems| {
+        let path = given.clone().unwrap_or_else(|| PathBuf::from(default));
+        if !path.is_file() {
+            p.push(format!(
+                "boot.secure_boot.{key}: {} is not a file (apt-get install {package}, or set the path)",
+                path.display()
+            ));
+        }
+        path
+    };
+    let shim = file(
+        "shim",
+        &sb.shim,
+        defaults::SECURE_BOOT_SHIM,
+        "shim-signed",
+        p,
+    );
+    let grub = file(
+        "grub",
+        &sb.grub,
+        defaults::SECURE_BOOT_GRUB,
+        "grub-efi-amd64-signed",
+        p,
+    );
+    let asset = |key: &str, url: &Option<String>, p: &mut Problems| {
+        let name = url
+            .as_deref()
+            .and_then(|u| u.strip_prefix(&boot.asset_url("")))
+            .filter(|n| !n.is_empty());
+        if name.is_none() {
+            p.push(format!(
+                "boot.secure_boot: boot.discovery.{key} must be an asset ({}NAME): GRUB fetches it over TFTP",
+                boot.asset_url("")
+            ));
+        }
+        name.unwrap_or_default().to_string()
+    };
+    let kernel = asset("kernel", &f.discovery.kernel, p);
+    let initrd = asset("initrd", &f.discovery.initrd, p);
+    match (tftp.as_mut(), assets_dir) {
+        (Some(t), Some(dir)) => t.server.roots.push(dir.to_path_buf()),
+        (None, _) => {
+            p.push("boot.secure_boot: the signed chain is served over TFTP; enable [tftp]".into())
+        }
+        (_, None) => {
+            p.push("boot.secure_boot: set http.assets_dir, where the kernel and initrd are".into())
+        }
+    }
+    Some(crate::boot::SignedBoot {
+        shim,
+        grub,
+        kernel,
+        initrd,
+    })
 }
 
 /// `[inspector]`, with the inspector's own defaults; and the clean-up period.

@@ -126,6 +126,8 @@ fn main() -> anyhow::Result<()> {
         ipxe_dir: PathBuf::from("/usr/lib/ipxe"),
         ovmf_code: PathBuf::new(),
         ovmf_vars: PathBuf::new(),
+        ovmf_secure_code: PathBuf::new(),
+        ovmf_secure_vars: PathBuf::new(),
     };
     let mdb = work.join("mdb.json");
     std::fs::write(&mdb, "[]\n")?;

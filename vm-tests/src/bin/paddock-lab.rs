@@ -2,7 +2,8 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi] [--port 8443] [--provision IMAGE.tar [--filter F]]`, after
+//! `paddock-lab [--vms N] [--uefi | --secure-boot] [--port 8443] [--provision IMAGE.tar
+//! [--filter F]]`, after
 //! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
 //!
 //! TLS is on: the forwarder passes `https://127.0.0.1:PORT` through to the appliance's HTTPS
@@ -56,6 +57,7 @@ fn main() -> anyhow::Result<()> {
                     .context("--vms")?
             }
             "--uefi" => firmware = Firmware::Uefi,
+            "--secure-boot" => firmware = Firmware::UefiSecureBoot,
             "--port" => {
                 port = it
                     .next()
@@ -74,7 +76,10 @@ fn main() -> anyhow::Result<()> {
             "--filter" => filter = Some(it.next().context("--filter needs a file")?.into()),
             "-h" | "--help" => {
                 println!(
-                    "paddock-lab [--vms N] [--uefi] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                    "paddock-lab [--vms N] [--uefi | --secure-boot] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                );
+                println!(
+                    "  --secure-boot: OVMF with Microsoft's keys, Secure Boot enforced; the appliance serves shim → GRUB"
                 );
                 println!(
                     "  --port: where https://127.0.0.1:PORT reaches the console and API (default 8443)"
@@ -123,7 +128,12 @@ fn main() -> anyhow::Result<()> {
         }
         (None, _) => None,
     };
-    let mut lab = Lab::start("lab", &artifacts, "")?;
+    let extra = if firmware == Firmware::UefiSecureBoot {
+        "[boot.secure_boot]\nenabled = true\n"
+    } else {
+        ""
+    };
+    let mut lab = Lab::start("lab", &artifacts, extra)?;
     let _forward = Forwarder(
         Command::new("socat")
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
