@@ -5,7 +5,8 @@
 # so getrandom finds /dev/urandom), then the reproducible initramfs with the kernel and modules
 # of Debian's linux-image-amd64 (downloaded into target/ramdisk-cache, never installed over the
 # host's kernel) and the host's sfdisk, wipefs, blkid, blkdiscard, mkfs.ext4 and mkfs.fat with
-# their shared libraries.
+# their shared libraries. Beside them, Debian's x64 UEFI iPXE (ipxe.efi): UEFI HTTP boot
+# fetches its first loader from the same assets directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -19,5 +20,6 @@ target/release/paddock-ramdisk-build \
   --agent "$STATIC/paddock-agent" \
   --program "$STATIC/paddock-subd" --program "$STATIC/fs2objectcache" \
   --out target/ramdisk --cache target/ramdisk-cache
+install -m 0644 /usr/lib/ipxe/ipxe.efi target/ramdisk/ipxe.efi
 after=$(stat -c %s target/ramdisk/initrd.img)
 echo "build-ramdisk: initrd.img $after bytes (was $before); agent $(stat -c %s "$STATIC/paddock-agent"), paddock-subd $(stat -c %s "$STATIC/paddock-subd"), fs2objectcache $(stat -c %s "$STATIC/fs2objectcache") bytes"

@@ -2,9 +2,10 @@
 # The lab, from a fresh Debian 12 machine, as root: builds Paddock and its discovery ramdisk,
 # starts the appliance in a network namespace with a bridge, PXE-boots a VM (SeaBIOS + iPXE)
 # through it, forwards the console to http://127.0.0.1:8080/ui and prints the node's state
-# as it changes. Ctrl-C removes everything. Options: --vms N, --uefi, --secure-boot (OVMF
-# enforcing Secure Boot with Microsoft's keys: shim → signed GRUB → signed kernel), --port P, --once,
-# --provision IMAGE.tar [--filter FILE] (install an image in the boot that inspects each VM;
+# as it changes. Ctrl-C removes everything. Options: --vms N, --uefi, --http-boot (UEFI HTTP
+# boot, TFTP off), --secure-boot (OVMF enforcing Secure Boot with Microsoft's keys: shim →
+# signed GRUB → signed kernel), --port P, --once, --provision IMAGE.tar [--filter FILE]
+# (install an image in the boot that inspects each VM;
 # `--provision target/images/bootable.tar` is the bootable Debian test image, built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -70,6 +70,9 @@ echo "test-images: $(du -sh "$OUT/minbase" | cut -f1) minbase, $(du -sh "$OUT/mi
 #     their maintainer scripts install a boot loader on package upgrades, which on a machine the
 #     dominator manages is the birther's job. efibootmgr is not needed: the birther installs
 #     with --removable --no-nvram (\EFI\BOOT\BOOTX64.EFI, which every UEFI firmware boots);
+#   - the signed chain for machines that enforce Secure Boot: shim-signed (shim, signed by the
+#     UEFI CA) and grub-efi-amd64-signed (GRUB, signed by Debian); the birther installs them
+#     with --uefi-secure-boot when the ramdisk booted under Secure Boot;
 #   - systemd-sysv, udev, e2fsprogs, iproute2;
 #   - networking by DHCP on every Ethernet interface: systemd-networkd (part of systemd) with
 #     /etc/systemd/network/50-paddock-dhcp.network (`Name=en* eth*`, DHCP=yes, the MAC as DHCP
@@ -113,7 +116,7 @@ echo "test-images: $(du -sh "$OUT/minbase" | cut -f1) minbase, $(du -sh "$OUT/mi
 # scripts/fresh-check.sh).
 
 BOOTABLE_PACKAGES=(linux-image-amd64 grub-pc-bin grub-efi-amd64-bin grub2-common grub-common
-  systemd-sysv udev e2fsprogs iproute2 systemd-resolved)
+  shim-signed grub-efi-amd64-signed systemd-sysv udev e2fsprogs iproute2 systemd-resolved)
 BOOTABLE2_PACKAGES=(less procps curl ca-certificates openssh-client lsof ethtool pciutils dmidecode
   bash-completion)
 

@@ -204,10 +204,12 @@ pub fn grub_config(
     match decide(node, serve) {
         // As the iPXE script: the loader the birther installed on the EFI system partition,
         // found by its label (shim verifies it); else the firmware's boot manager decides.
+        // The partition becomes GRUB's root: chainloader hands the loaded image the root's
+        // device, and shim looks for GRUB beside itself on that device.
         Boot::LocalDisk { why } => format!(
             "echo 'Paddock: {mac} is {why}: booting from the local disk'\n\
-             if search --no-floppy --label {esp} --set=esp; then\n\
-             \x20 chainloader ($esp)/EFI/BOOT/BOOTX64.EFI\n\
+             if search --no-floppy --label {esp} --set=root; then\n\
+             \x20 chainloader /EFI/BOOT/BOOTX64.EFI\n\
              \x20 boot\n\
              fi\n\
              exit\n",
@@ -413,7 +415,7 @@ mod tests {
         node.macs = vec![MAC];
         let c = grub_config(MAC, Some(&node), None, &discovery(), "http://p", &signed());
         assert!(
-            c.contains("search --no-floppy --label PADDOCK-ESP --set=esp; then\n  chainloader ($esp)/EFI/BOOT/BOOTX64.EFI\n  boot\nfi\nexit\n"),
+            c.contains("search --no-floppy --label PADDOCK-ESP --set=root; then\n  chainloader /EFI/BOOT/BOOTX64.EFI\n  boot\nfi\nexit\n"),
             "{c}"
         );
         assert!(!c.contains("linux"), "{c}");

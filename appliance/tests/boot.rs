@@ -220,7 +220,7 @@ fn secure_boot_machines_get_the_signed_chain_and_their_own_grub_config() {
     .unwrap();
     let own = String::from_utf8(get(&format!("grub/paddock/{mac}.cfg"))).unwrap();
     assert!(
-        own.contains("chainloader ($esp)/EFI/BOOT/BOOTX64.EFI"),
+        own.contains("--set=root; then\n  chainloader /EFI/BOOT/BOOTX64.EFI\n"),
         "{own}"
     );
     let node = c.sh_ok(&format!(

@@ -47,6 +47,16 @@ pub fn efi_early_config() -> String {
 /// that the GRUB of an older image cannot read, and a root GRUB cannot read does not boot.
 pub const EXT4_FEATURES: &str = "none,has_journal,ext_attr,resize_inode,dir_index,filetype,extent,flex_bg,sparse_super,large_file,huge_file,dir_nlink,extra_isize,64bit,metadata_csum";
 
+/// What an image must hold for a machine that enforces Secure Boot: each file, and the
+/// Debian package that has it.
+pub const SIGNED_CHAIN: [(&str, &str); 2] = [
+    ("/usr/lib/shim/shimx64.efi.signed", "shim-signed"),
+    (
+        "/usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed",
+        "grub-efi-amd64-signed",
+    ),
+];
+
 /// The firmware that booted the ramdisk (the inventory's `boot.current_boot_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -150,6 +160,9 @@ pub struct BootLoaderStep {
 pub struct Layout {
     pub device: String,
     pub firmware: Firmware,
+    /// The firmware enforces Secure Boot: the boot loader installed must be the signed chain
+    /// (shim, then the image's signed GRUB), never an image made here.
+    pub secure_boot: bool,
     pub geometry: Geometry,
     /// Whole logical sectors on the disk.
     pub total_sectors: u64,
@@ -342,6 +355,7 @@ pub fn plan(device: &str, geometry: Geometry, firmware: Firmware) -> Result<Layo
     Ok(Layout {
         device: device.to_string(),
         firmware,
+        secure_boot: false,
         geometry,
         total_sectors: total,
         first_usable,
@@ -467,11 +481,20 @@ impl Layout {
             "configfile",
         ]);
         let step = |command, required| BootLoaderStep { command, required };
+        // Under Secure Boot the image's signed shim goes to the removable path, and its
+        // signed GRUB beside it with a `grub.cfg` that finds the root by UUID (Debian's
+        // grub-install with shim-signed and grub-efi-amd64-signed in the image). The image
+        // made above is unsigned: the firmware would refuse it.
+        let mut signed = uefi.clone();
+        signed.argv.push("--uefi-secure-boot".into());
         let (first, second) = match self.firmware {
             Firmware::Bios => (
                 vec![step(bios, true)],
                 vec![step(uefi, false), step(uefi_image, false)],
             ),
+            Firmware::Uefi if self.secure_boot => {
+                (vec![step(signed, true)], vec![step(bios, false)])
+            }
             Firmware::Uefi => (
                 vec![step(uefi, true), step(uefi_image, true)],
                 vec![step(bios, false)],
@@ -739,7 +762,27 @@ mod tests {
         );
         assert_eq!(
             at(Firmware::Uefi),
-            [(uefi, true), (image, true), (bios, false), (cfg, true)]
+            [
+                (uefi.clone(), true),
+                (image, true),
+                (bios.clone(), false),
+                (cfg.clone(), true)
+            ]
+        );
+        let mut sb = plan("/dev/vda", geometry(2 * GIB, 512, 512), Firmware::Uefi).unwrap();
+        sb.secure_boot = true;
+        let steps: Vec<_> = sb
+            .boot_loader("/mnt/target")
+            .into_iter()
+            .map(|s| (s.command.argv.join(" "), s.required))
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (format!("{uefi} --uefi-secure-boot"), true),
+                (bios, false),
+                (cfg, true)
+            ]
         );
         assert_eq!(
             efi_early_config(),

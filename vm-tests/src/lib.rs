@@ -362,6 +362,9 @@ pub enum Firmware {
     /// OVMF with Microsoft's keys enrolled and Secure Boot enforced (q35 with SMM, as the
     /// secure variable store needs): it runs only signed binaries.
     UefiSecureBoot,
+    /// OVMF with PXE off (its `IPv4PXESupport`/`IPv6PXESupport` knobs): UEFI HTTP boot
+    /// alone, as a machine whose firmware is set to boot over HTTP.
+    UefiHttp,
 }
 
 #[derive(Clone, Debug)]
@@ -518,8 +521,8 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
         args.push("-device".into());
         let boot = if i == 0 { ",bootindex=1" } else { "" };
         // Under Secure Boot, OVMF's own (signed) virtio-net driver: QEMU's iPXE option ROM
-        // is not signed.
-        let rom = if spec.firmware == Firmware::UefiSecureBoot {
+        // is not signed. For HTTP boot too: the ROM's iPXE would boot the machine itself.
+        let rom = if matches!(spec.firmware, Firmware::UefiSecureBoot | Firmware::UefiHttp) {
             ",romfile="
         } else {
             ""
@@ -551,6 +554,12 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
                 "driver=cfi.pflash01,property=secure,value=on".into(),
             ]);
             (&artifacts.ovmf_secure_code, &artifacts.ovmf_secure_vars)
+        } else if spec.firmware == Firmware::UefiHttp {
+            for knob in ["IPv4PXESupport", "IPv6PXESupport"] {
+                args.push("-fw_cfg".into());
+                args.push(format!("name=opt/org.tianocore/{knob},string=n"));
+            }
+            (&artifacts.ovmf_code, &artifacts.ovmf_vars)
         } else {
             (&artifacts.ovmf_code, &artifacts.ovmf_vars)
         };
@@ -678,6 +687,17 @@ impl Lab {
         prepare: &dyn Fn(&Lab) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
         Self::launch(name, artifacts, "console=ttyS0", extra, true, prepare)
+    }
+
+    /// For [`Lab::start_prepared`]: the appliance's TFTP server off (UEFI HTTP boot needs
+    /// none).
+    pub fn tftp_off(lab: &Lab) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&lab.config)?;
+        std::fs::write(
+            &lab.config,
+            text.replace("[tftp]\n", "[tftp]\nenabled = false\n"),
+        )?;
+        Ok(())
     }
 
     /// Starts a lab in insecure mode (`[security] insecure = true`: plain HTTP, every call

@@ -592,10 +592,13 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool
     // The role loop on (image roles need no hooks; the directory is the lab's own).
     let hooks = std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&hooks).unwrap();
-    let roles = format!(
+    let mut roles = format!(
         "[roles]\nhooks_dir = \"{}\"\nround_secs = 5\n",
         hooks.display()
     );
+    if firmware == Firmware::UefiSecureBoot {
+        roles.push_str("[boot.secure_boot]\nenabled = true\n");
+    }
     let mut lab = Lab::start(name, &a, &roles).expect("lab");
     if computed {
         lab.api_json(
@@ -703,6 +706,36 @@ fn bios_vm_is_installed_reimaged_and_cleaned() {
 #[test]
 fn uefi_vm_is_installed_reimaged_and_cleaned() {
     life(Firmware::Uefi, "provu", "52:54:00:16:e1:01", false);
+}
+
+/// Secure Boot, from power-on to the installed system: inspected and installed in one boot
+/// through shim → GRUB; the birther installs the image's signed shim and GRUB (the firmware
+/// would refuse the image it makes otherwise); the next boot's GRUB chains the disk's shim,
+/// and the installed kernel runs under Secure Boot.
+#[test]
+fn secure_boot_vm_is_installed_and_boots_signed() {
+    let mut vm = install_in_one_boot(
+        Firmware::UefiSecureBoot,
+        "provs",
+        "52:54:00:16:5b:01",
+        false,
+    );
+    let install = vm.console();
+    assert!(
+        install.contains("uefi firmware enforcing Secure Boot"),
+        "{}",
+        tail(&install, 4000)
+    );
+    vm.boots(IMAGE_A);
+    let booted = vm.console();
+    for said in [
+        "booting from the local disk",
+        "secureboot: Secure boot enabled",
+        "Kernel is locked down from EFI Secure Boot",
+    ] {
+        assert!(booted.contains(said), "{said:?}: {}", tail(&booted, 6000));
+    }
+    vm.lab.vms[vm.vm].power_off();
 }
 
 #[test]

@@ -294,6 +294,39 @@ fn secure_boot_vm_enrols_through_shim_and_grub() {
     );
 }
 
+/// UEFI HTTP boot with TFTP off: the firmware (PXE disabled, HTTP boot alone) asks DHCP as
+/// an `HTTPClient`, is given iPXE's URL among the boot assets, and iPXE goes on over HTTP to
+/// the discovery ramdisk; no TFTP server is listening.
+#[test]
+fn uefi_http_boot_vm_enrols_with_tftp_off() {
+    let mut lab = Lab::start_prepared("httpb", &artifacts(), "", &Lab::tftp_off).expect("lab");
+    let udp = paddock_vm_tests::sh_ok(&format!("ip netns exec {} ss -Hlun", lab.ns)).unwrap();
+    assert!(!udp.contains(":69 "), "TFTP is listening: {udp}");
+    let vm = lab
+        .boot(VmSpec::provisioning(
+            "httpb",
+            "52:54:00:4b:00:01",
+            Firmware::UefiHttp,
+        ))
+        .expect("boot VM");
+    let (node, took) = lab
+        .wait_enrolled(vm, Duration::from_secs(900))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!("http boot: power-on → enrolled {:.1} s", took.as_secs_f64());
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    let console = lab.vms[vm].console_text();
+    assert!(
+        !console.contains("Start PXE"),
+        "the firmware tried PXE: {console}"
+    );
+    let given = format!("boot {BOOT_URL}/boot/assets/ipxe.efi");
+    let answered =
+        node["timeline"].as_array().unwrap().iter().any(|e| {
+            e["kind"] == "dhcp" && e["message"].as_str().is_some_and(|m| m.contains(&given))
+        });
+    assert!(answered, "no DHCP answer with {given:?}: {node}");
+}
+
 #[test]
 fn four_vms_started_together_all_enrol() {
     let mut lab = Lab::start("four", &artifacts(), "").expect("lab");

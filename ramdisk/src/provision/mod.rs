@@ -484,6 +484,16 @@ pub fn firmware(efi_present: bool) -> Firmware {
     }
 }
 
+/// Where x86 Linux shows the boot parameters the EFI stub filled in.
+pub const BOOT_PARAMS: &str = "/sys/kernel/boot_params/data";
+
+/// Whether the firmware enforces Secure Boot, from the kernel's boot parameters: the
+/// `secure_boot` byte (offset 0x1ec of `struct boot_params`) is 3 when the EFI stub found it
+/// enabled (0 unset, 1 unknown, 2 disabled).
+pub fn secure_boot(boot_params: &[u8]) -> bool {
+    boot_params.get(0x1ec) == Some(&3)
+}
+
 /// A failed command, for the console and the report: its argument vector, how it ended and
 /// the tail of its standard error.
 pub fn failure_message(argv: &[String], ended: &str, stderr: &[u8]) -> String {
@@ -1085,5 +1095,11 @@ mod tests {
     fn firmware_from_sysfs() {
         assert_eq!(firmware(true), Firmware::Uefi);
         assert_eq!(firmware(false), Firmware::Bios);
+        let mut params = vec![0u8; 4096];
+        for (mode, on) in [(0, false), (1, false), (2, false), (3, true)] {
+            params[0x1ec] = mode;
+            assert_eq!(secure_boot(&params), on, "mode {mode}");
+        }
+        assert!(!secure_boot(&[]), "no boot parameters: not enforced");
     }
 }

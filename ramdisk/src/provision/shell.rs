@@ -17,14 +17,15 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use paddock_birther::layout::{Command, Layout, Role};
 use paddock_birther::probe::{self, Reuse};
-use paddock_birther::{Event, Geometry, Operation, Step, choose_root_disk, plan};
+use paddock_birther::{Event, Firmware, Geometry, Operation, Step, choose_root_disk, plan};
 use paddock_inventory::{Disk, Inventory};
 
 use super::client::{self, CallError};
 use super::{
-    Assignment, IdentityFile, PATH, SyncStatus, TARGET, by_uuid_links, check_hostname,
+    Assignment, BOOT_PARAMS, IdentityFile, PATH, SyncStatus, TARGET, by_uuid_links, check_hostname,
     clean_commands, discard_command, failure_message, firmware, hostname, identity_files,
-    machine_id, partitions_of, subd_argv, subd_port, sync_status, trust_files, zero_ranges,
+    machine_id, partitions_of, secure_boot, subd_argv, subd_port, sync_status, trust_files,
+    zero_ranges,
 };
 use crate::console::Console;
 use crate::http::{Client, Transport, Url};
@@ -330,15 +331,22 @@ impl<'a> Run<'a> {
         // choose_disk
         let disk = self.choose(Step::ChooseDisk, self.assignment.image_bytes)?;
         let fw = firmware(Path::new("/sys/firmware/efi").exists());
-        let layout = plan(&disk.name, Geometry::of_disk(&disk), fw)
+        let mut layout = plan(&disk.name, Geometry::of_disk(&disk), fw)
             .or_else(|e| fail(Step::ChooseDisk, e.to_string()))?;
+        layout.secure_boot =
+            fw == Firmware::Uefi && secure_boot(&std::fs::read(BOOT_PARAMS).unwrap_or_default());
         self.done(
             Step::ChooseDisk,
             &format!(
-                ": {} ({} MiB), {} firmware, image {image} ({} bytes)",
+                ": {} ({} MiB), {} firmware{}, image {image} ({} bytes)",
                 disk.name,
                 disk.size >> 20,
                 fw.as_str(),
+                if layout.secure_boot {
+                    " enforcing Secure Boot"
+                } else {
+                    ""
+                },
                 self.assignment.image_bytes
             ),
         )?;
@@ -783,6 +791,20 @@ impl<'a> Run<'a> {
     /// The image's own GRUB, run in a chroot of the target with /dev, /proc and /sys bound.
     fn boot_loader(&mut self, layout: &Layout) -> Result<(), StepError> {
         let step = Step::BootLoader;
+        if layout.secure_boot {
+            // Say plainly what the image lacks, before grub-install fails on it.
+            for (file, package) in paddock_birther::layout::SIGNED_CHAIN {
+                if !Path::new(&format!("{TARGET}{file}")).is_file() {
+                    return fail(
+                        step,
+                        format!(
+                            "the machine enforces Secure Boot, but the image has no {file}: \
+                             install {package} in the image"
+                        ),
+                    );
+                }
+            }
+        }
         for d in ["dev", "proc", "sys"] {
             self.bind(&format!("/{d}"), &format!("{TARGET}/{d}"))
                 .or_else(|e| fail(step, e))?;

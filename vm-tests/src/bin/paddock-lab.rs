@@ -2,8 +2,8 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi | --secure-boot] [--port 8443] [--provision IMAGE.tar
-//! [--filter F]]`, after
+//! `paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot] [--port 8443] [--provision
+//! IMAGE.tar [--filter F]]`, after
 //! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
 //!
 //! TLS is on: the forwarder passes `https://127.0.0.1:PORT` through to the appliance's HTTPS
@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
             }
             "--uefi" => firmware = Firmware::Uefi,
             "--secure-boot" => firmware = Firmware::UefiSecureBoot,
+            "--http-boot" => firmware = Firmware::UefiHttp,
             "--port" => {
                 port = it
                     .next()
@@ -76,10 +77,13 @@ fn main() -> anyhow::Result<()> {
             "--filter" => filter = Some(it.next().context("--filter needs a file")?.into()),
             "-h" | "--help" => {
                 println!(
-                    "paddock-lab [--vms N] [--uefi | --secure-boot] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                    "paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
                 );
                 println!(
                     "  --secure-boot: OVMF with Microsoft's keys, Secure Boot enforced; the appliance serves shim → GRUB"
+                );
+                println!(
+                    "  --http-boot: OVMF booting over HTTP alone (PXE off), the appliance's TFTP off"
                 );
                 println!(
                     "  --port: where https://127.0.0.1:PORT reaches the console and API (default 8443)"
@@ -133,7 +137,12 @@ fn main() -> anyhow::Result<()> {
     } else {
         ""
     };
-    let mut lab = Lab::start("lab", &artifacts, extra)?;
+    let prepare: &dyn Fn(&Lab) -> anyhow::Result<()> = if firmware == Firmware::UefiHttp {
+        &Lab::tftp_off
+    } else {
+        &|_| Ok(())
+    };
+    let mut lab = Lab::start_prepared("lab", &artifacts, extra, prepare)?;
     let _forward = Forwarder(
         Command::new("socat")
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
