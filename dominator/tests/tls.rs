@@ -150,7 +150,10 @@ async fn only_a_certificate_granting_subd_update_updates() {
     assert!(d.path().join("made-by-update").is_dir());
 
     // Its polls keep their connection (a TLS handshake per poll would cost more than the
-    // poll): twenty in a row come over at most a few.
+    // poll): twenty in a row come over a few. Not one: the client hands a connection back to
+    // its pool from the connection's own task, so on a loaded machine the next poll can find
+    // none idle and open another (4 were seen while the suite built beside it); a handshake
+    // per poll would be 20.
     let before = connections.lock().unwrap().len();
     for _ in 0..20 {
         dominator.poll(&addr, PollRequest::default()).await.unwrap();
@@ -160,7 +163,7 @@ async fn only_a_certificate_granting_subd_update_updates() {
         .copied()
         .collect();
     assert!(
-        ports.len() <= 3,
+        ports.len() <= 10,
         "20 polls over {} connections",
         ports.len()
     );
