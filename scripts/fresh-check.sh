@@ -82,6 +82,7 @@ checks=(
   "shim-signed|the Secure Boot chain's shim|test -s /usr/lib/shim/shimx64.efi.signed"
   "grub-efi-amd64-signed|the Secure Boot chain's network GRUB|test -s /usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed"
   "socat|the lab's console forwarder|socat -V"
+  "lldpd|the LLDP switch of the VM scenarios|lldpd -v"
   "nftables|the PXE filter|nft --version"
   "debootstrap|the Debian test images|debootstrap --version"
   "etcd-server|etcd conformance and HA tests|etcd --version"

@@ -34,6 +34,7 @@ packages=(
   chromium chromium-driver  # the console's browser test: headless Chromium through chromedriver (WebDriver)
   bind9-dnsutils   # dig: the DNS server's real client in its tests
   bind9            # named: a real secondary of the DNS server's zone (NOTIFY, IXFR) in its tests
+  lldpd            # a switch that speaks LLDP on the lab's bridge, for the agent to hear
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(

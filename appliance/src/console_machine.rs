@@ -149,53 +149,7 @@ pub fn duration(secs: u64) -> String {
 /// What LLDP says about the switch port a NIC is cabled to: the switch (its system name,
 /// else its chassis ID) and the port (its ID, else its description).
 pub fn switch_port(nic: &Interface) -> Option<(String, String)> {
-    let tlvs = nic.lldp.as_ref()?;
-    let value = |t: u8| {
-        tlvs.iter()
-            .find(|(k, _)| *k == t)
-            .and_then(|(_, hex)| decode_hex(hex))
-    };
-    // Chassis and port IDs start with a subtype: a MAC address (chassis 4, port 3) reads as
-    // one; the others are names.
-    let id = |v: Vec<u8>, mac_subtype: u8| match v.split_first() {
-        Some((sub, rest)) if *sub == mac_subtype && rest.len() == 6 => rest
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":"),
-        Some((_, rest)) => printable(rest),
-        None => String::new(),
-    };
-    let switch = value(5)
-        .map(|v| printable(&v))
-        .filter(|s| !s.is_empty())
-        .or_else(|| value(1).map(|v| id(v, 4)))?;
-    let port = value(2)
-        .map(|v| id(v, 3))
-        .filter(|s| !s.is_empty())
-        .or_else(|| value(4).map(|v| printable(&v)))?;
-    Some((switch, port))
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    let hex = hex.trim();
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
-/// A switch's text, without control characters.
-fn printable(v: &[u8]) -> String {
-    String::from_utf8_lossy(v)
-        .chars()
-        .filter(|c| !c.is_control())
-        .collect::<String>()
-        .trim()
-        .to_string()
+    paddock_inventory::lldp::switch_port(nic.lldp.as_deref()?)
 }
 
 /// The hardware cards (`id="inventory"`), and the raw inventory one click away.
@@ -461,28 +415,14 @@ mod tests {
     }
 
     #[test]
-    fn lldp_names_the_switch_and_port_and_bad_tlvs_name_nothing() {
+    fn lldp_names_the_switch_and_port_and_no_tlvs_name_nothing() {
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        let nic = |tlvs: Vec<(u8, String)>| Interface {
+        let named = Interface {
             name: "eth0".into(),
-            lldp: Some(tlvs),
+            lldp: Some(vec![(2, hex(b"\x05swp7")), (5, hex(b"leaf-1"))]),
             ..Interface::default()
         };
-        let named = nic(vec![
-            (1, hex(&[4, 0x52, 0x54, 0, 0, 0, 1])),
-            (2, hex(b"\x05swp7")),
-            (5, hex(b"leaf-1")),
-        ]);
         assert_eq!(switch_port(&named), Some(("leaf-1".into(), "swp7".into())));
-        let by_mac = nic(vec![
-            (1, hex(&[4, 0x52, 0x54, 0, 0, 0, 1])),
-            (2, hex(&[3, 0x52, 0x54, 0, 0, 0, 2])),
-        ]);
-        assert_eq!(
-            switch_port(&by_mac),
-            Some(("52:54:00:00:00:01".into(), "52:54:00:00:00:02".into()))
-        );
-        assert_eq!(switch_port(&nic(vec![(1, "zz".into())])), None);
         assert_eq!(switch_port(&Interface::default()), None);
     }
 

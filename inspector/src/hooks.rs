@@ -73,12 +73,17 @@ pub fn validate_interfaces(
             continue;
         };
         let is_pxe = pxe.as_deref() == Some(mac.as_str());
-        let entry = json!({
+        let mut entry = json!({
             "ip": iface.ipv4_address,
             "mac": mac,
             "client_id": iface.client_id,
             "pxe": is_pxe,
         });
+        // `lldp_basic`, on by default here: what the switch port said, where Inspector's
+        // client and rules read it.
+        if let Some(tlvs) = iface.lldp.as_deref().filter(|t| !t.is_empty()) {
+            entry["lldp_processed"] = Value::Object(paddock_inventory::lldp::processed(tlvs));
+        }
         all.insert(iface.name.clone(), entry.clone());
         all_macs.push(parsed);
         // add_ports = pxe: the PXE NIC when it is known, otherwise NICs with an address.

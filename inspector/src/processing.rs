@@ -184,7 +184,7 @@ pub fn process(input: Input<'_>, node: Node, rules: &[Rule]) -> Processing {
         Ok(processed) => {
             processing.entries.push(Entry::new(
                 "hooks",
-                "processing hooks ran: validate_interfaces, root_disk_selection, scheduler, capabilities",
+                "processing hooks ran: validate_interfaces, lldp_basic, root_disk_selection, scheduler, capabilities",
                 false,
             ));
             let applied = rules::apply(rules, &processed, &processing.node);
@@ -509,6 +509,23 @@ mod tests {
         process(input, node(Some(State::Waiting)), rules)
     }
 
+    /// `body` as posted for a waiting node, processed with `rules`; `speaker`: the MAC of the
+    /// agent's token.
+    fn posted(body: &Value, speaker: Option<MacAddr>, rules: &[Rule]) -> Outcome {
+        let raw = serde_json::to_vec(body).unwrap();
+        let data = IntrospectionData::parse(&raw).unwrap();
+        let input = Input {
+            data: &data,
+            body: &raw,
+            raw: body,
+            enrolled: false,
+            pre_failure: None,
+            speaker,
+            trust_bmc: true,
+        };
+        process(input, node(Some(State::Waiting)), rules).conclude(NOW)
+    }
+
     #[test]
     fn an_agents_data_adds_no_mac_to_the_node() {
         let body = json!({
@@ -523,25 +540,54 @@ mod tests {
             },
             "boot_interface": "52:54:00:00:00:99",
         });
-        let raw = serde_json::to_vec(&body).unwrap();
-        let data = IntrospectionData::parse(&raw).unwrap();
         let own: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         for (speaker, want_macs) in [(Some(own), 1), (None, 2)] {
-            let input = Input {
-                data: &data,
-                body: &raw,
-                raw: &body,
-                enrolled: false,
-                pre_failure: None,
-                speaker,
-                trust_bmc: true,
-            };
-            let out = process(input, node(Some(State::Waiting)), &[]).conclude(NOW);
+            let out = posted(&body, speaker, &[]);
             assert!(out.result.is_ok(), "{:?}", out.result);
             assert_eq!(out.node.macs.len(), want_macs, "speaker {speaker:?}");
             if speaker.is_some() {
                 assert_eq!(out.node.pxe_mac, Some(own), "the token's MAC booted");
             }
+        }
+    }
+
+    /// `lldp_basic`: the switch port an agent heard is in the processed data where
+    /// Inspector puts it, and a rule in Kayobe's style names the node from it.
+    #[test]
+    fn lldp_is_processed_and_a_rule_names_the_node_by_its_switch_port() {
+        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        for (description, name) in [("Ethernet1/7", None), ("compute-0", Some("compute-0"))] {
+            let body = json!({
+                "inventory": {
+                    "interfaces": [{"name": "eth0", "mac_address": "52:54:00:00:00:01",
+                                    "lldp": [[1, "04525400aabbcc"], [2, "0465746831"], [3, "0078"],
+                                             [5, hex("tor-sw-1")], [4, hex(description)], [0, ""]]}],
+                    "disks": [{"name": "/dev/vda", "size": 21_474_836_480_u64}],
+                    "memory": {"physical_mb": 2048},
+                    "cpu": {"count": 2, "architecture": "x86_64"}
+                },
+                "boot_interface": "52:54:00:00:00:01",
+            });
+            let field = "data://all_interfaces.eth0.lldp_processed.switch_port_description";
+            let kayobe = Rule {
+                uuid: Uuid::nil(),
+                description: Some("name from the switch port".into()),
+                scope: None,
+                conditions: vec![
+                    json!({"op": "matches", "field": field, "value": "^compute-[0-9]+"}),
+                ],
+                actions: vec![json!({"action": "set-attribute", "path": "name",
+                    "value": "{data[all_interfaces][eth0][lldp_processed][switch_port_description]}"})],
+                created_at: 0,
+            };
+            let out = posted(&body, None, &[kayobe]);
+            assert!(out.result.is_ok(), "{:?}", out.result);
+            let lldp = &out.processed.unwrap()["all_interfaces"]["eth0"]["lldp_processed"];
+            assert_eq!(lldp["switch_port_description"], description, "{lldp}");
+            assert_eq!(lldp["switch_system_name"], "tor-sw-1");
+            assert_eq!(lldp["switch_chassis_id"], "52:54:00:aa:bb:cc");
+            assert_eq!(lldp["switch_port_id"], "eth1");
+            assert_eq!(out.node.name.as_deref(), name);
         }
     }
 

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 pub mod hints;
 pub mod lenient;
+pub mod lldp;
 pub mod mac;
 
 pub use mac::{MacAddr, MacParseError};

@@ -327,6 +327,81 @@ fn uefi_http_boot_vm_enrols_with_tftp_off() {
     assert!(answered, "no DHCP answer with {given:?}: {node}");
 }
 
+/// A switch that speaks LLDP: lldpd on the lab's bridge (system `tor-sw-1`, port
+/// `Ethernet1/7`, a frame a second) is heard by the agent (`paddock.lldp=1`), the raw TLVs
+/// come back processed as Inspector's `lldp_basic` has them, and a rule reads them.
+#[test]
+fn the_switch_port_heard_over_lldp_is_processed() {
+    let mut lab = Lab::start_with(
+        "lldp",
+        &artifacts(),
+        "console=ttyS0 paddock.lldp=1 paddock.lldp_timeout=20",
+        "",
+    )
+    .expect("lab");
+    let sock = lab.dir.join("lldpd.sock");
+    let mut switch = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.ns, "lldpd", "-d", "-I", "br0", "-u"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(lab.dir.join("lldpd.log")).unwrap())
+        .spawn()
+        .expect("lldpd (apt-get install lldpd)");
+    let cli = |args: &str| {
+        paddock_vm_tests::sh_ok(&format!(
+            "ip netns exec {} lldpcli -u {} {args}",
+            lab.ns,
+            sock.display()
+        ))
+    };
+    paddock_vm_tests::wait_for(
+        "lldpd to answer",
+        Duration::from_secs(30),
+        || cli("show interfaces").ok(),
+        String::new,
+    );
+    for c in [
+        "configure system hostname tor-sw-1",
+        "configure ports br0 lldp portdescription Ethernet1/7",
+        "configure lldp tx-interval 1",
+    ] {
+        cli(c).unwrap_or_else(|e| panic!("{c}: {e:#}"));
+    }
+    lab.api_json(
+        "POST",
+        "/v1/rules",
+        Some(
+            &serde_json::json!({
+                "description": "the switch port, as Kayobe reads it",
+                "conditions": [{"op": "is-empty", "invert": true,
+                    "field": "data://all_interfaces.eth0.lldp_processed.switch_port_description"}],
+                "actions": [{"action": "set-attribute", "path": "extra/switch_port",
+                    "value": "{data[all_interfaces][eth0][lldp_processed][switch_system_name]} {data[all_interfaces][eth0][lldp_processed][switch_port_description]}"}]
+            })
+            .to_string(),
+        ),
+    )
+    .expect("the rule");
+    let vm = lab
+        .boot(VmSpec::bios("lldp", "52:54:00:11:d0:01"))
+        .expect("boot VM");
+    let (node, _) = lab
+        .wait_enrolled(vm, Duration::from_secs(600))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let _ = switch.kill();
+    let _ = switch.wait();
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    let data = lab.data(node["uuid"].as_str().unwrap()).expect("data");
+    let lldp = &data["all_interfaces"]["eth0"]["lldp_processed"];
+    assert_eq!(lldp["switch_port_description"], "Ethernet1/7", "{data}");
+    assert_eq!(lldp["switch_system_name"], "tor-sw-1", "{data}");
+    assert!(lldp["switch_chassis_id"].is_string(), "{lldp}");
+    assert_eq!(
+        node["extra"]["switch_port"], "tor-sw-1 Ethernet1/7",
+        "{node}"
+    );
+}
+
 #[test]
 fn four_vms_started_together_all_enrol() {
     let mut lab = Lab::start("four", &artifacts(), "").expect("lab");
