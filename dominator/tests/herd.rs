@@ -366,9 +366,12 @@ async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not()
     let r = start_with(fleet.clone(), specs(20, "minbase", None), limits);
     r.until("all synced to minbase", |r| r.all("synced to minbase"))
         .await;
-    // Half the fleet gets the rebooting image, the other half an ordinary one.
+    // A quarter of the fleet gets the rebooting image, the rest an ordinary one: the
+    // ordinary updates outlast the rebooting ones (with half and half, both could take their
+    // two slots round after round and end together, and the test depended on which finished
+    // first), so once the share no longer holds a slot they take more than two at once.
     let want: Vec<SubSpec> = (0..20)
-        .map(|i| spec(i, if i % 2 == 0 { "kernel2" } else { "tools2" }, None))
+        .map(|i| spec(i, if i % 4 == 0 { "kernel2" } else { "tools2" }, None))
         .collect();
     // Sample the census meanwhile: only subs holding a slot show fetching or updating.
     let census = r.census.clone();
@@ -419,7 +422,7 @@ async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not()
     assert!(queued > 4, "the rest show queued: {queued}");
     for i in 0..20 {
         let s = fleet.sub(&format!("198.18.7.{i}:6969"));
-        let want = if i % 2 == 0 { &b.fs } else { &c.fs };
+        let want = if i % 4 == 0 { &b.fs } else { &c.fs };
         assert_eq!(*s.fs, *want, "sub{i}");
     }
 }
