@@ -43,6 +43,9 @@ step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 # The dominator's bench binary is behind a feature (it links subd's scanner).
 step clippy-bench cargo clippy -p paddock-dominator --features bench --all-targets --locked -- -D warnings
+# The fuzz targets live in a workspace of their own (libFuzzer, run by cargo-fuzz); checking
+# that they still compile keeps them from falling behind the APIs they call.
+step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins
 step tests cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
 # The VM scenarios print each VM's power-on → enrolled time.
 step vm-tests cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture

@@ -19,7 +19,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let hints = d.extra.get("hints");
     if let Ok(root) = hooks::root_disk_selection(&d, inv, hints) {
-        let props = hooks::properties(inv, root.as_ref());
-        let _ = hooks::processed(&d, &ifaces, root.as_ref(), &props);
+        let raw: serde_json::Value = serde_json::from_slice(data).unwrap_or_default();
+        let processed = hooks::processed(&raw, &ifaces, root.as_ref(), hints.is_some(), true);
+        let _ = hooks::properties(&processed);
     }
 });
