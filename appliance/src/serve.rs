@@ -126,11 +126,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         leader: core.leader,
         store: core.store,
     };
-    let grub: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
-        state: state.clone(),
-        runtime: tokio::runtime::Handle::current(),
+    let signed = cfg.signed_boot.as_ref().map(|sb| {
+        let grub: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
+            state: state.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        (sb, grub)
     });
-    let signed = cfg.signed_boot.as_ref().map(|sb| (sb, grub));
     crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, signed)?;
     crate::http::start(&mut rt, state).await?;
     shut_down(rt, filter.as_deref(), &cfg).await
