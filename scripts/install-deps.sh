@@ -35,6 +35,8 @@ packages=(
   bind9-dnsutils   # dig: the DNS server's real client in its tests
   bind9            # named: a real secondary of the DNS server's zone (NOTIFY, IXFR) in its tests
   lldpd            # a switch that speaks LLDP on the lab's bridge, for the agent to hear
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross  # the static aarch64 agent (linker, glibc; ring's C)
+  qemu-system-arm qemu-efi-aarch64  # arm64 VMs under TCG with UEFI (AAVMF)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(

@@ -4,7 +4,8 @@
 # through it, forwards the console to http://127.0.0.1:8080/ui and prints the node's state
 # as it changes. Ctrl-C removes everything. Options: --vms N, --uefi, --http-boot (UEFI HTTP
 # boot, TFTP off), --secure-boot (OVMF enforcing Secure Boot with Microsoft's keys: shim →
-# signed GRUB → signed kernel), --port P, --once, --provision IMAGE.tar [--filter FILE]
+# signed GRUB → signed kernel), --arch aarch64 (arm64 VMs under TCG: GRUB → the arm64
+# ramdisk, inspection only), --port P, --once, --provision IMAGE.tar [--filter FILE]
 # (install an image in the boot that inspects each VM;
 # `--provision target/images/bootable.tar` is the bootable Debian test image, built here).
 set -euo pipefail
@@ -12,6 +13,9 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --release --locked -p paddock -p paddock-vm-tests
 scripts/build-ramdisk.sh
+if [[ " $* " == *" --arch aarch64 "* || " $* " == *" --arch arm64 "* ]]; then
+  scripts/build-ramdisk.sh --arch aarch64
+fi
 if [[ " $* " == *" --provision "* ]]; then
   scripts/test-images.sh   # cached; the bootable test images and their filter
 fi

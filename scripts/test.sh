@@ -38,6 +38,7 @@ if (( free_gb < need_gb )); then
   exit 1
 fi
 step ramdisk scripts/build-ramdisk.sh   # the VM scenarios boot it
+step ramdisk-arm64 scripts/build-ramdisk.sh --arch aarch64   # the arm64 VM scenario boots it
 step images scripts/test-images.sh     # Debian minbase images for the image, scan and update tests
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -171,34 +171,66 @@ fn ramdisk_args(
     args
 }
 
-/// The TFTP name of GRUB's first configuration: the signed network GRUB looks for
-/// `$prefix/grub.cfg`, its prefix being `/grub` on the server it came from.
+/// The TFTP name of GRUB's first configuration: Debian's network GRUB (x86-64 and arm64
+/// alike) looks for `$prefix/grub.cfg`, its prefix being `/grub` on the server it came from.
 pub const GRUB_CFG: &str = "grub/grub.cfg";
 
-/// The directory of the machines' own GRUB configurations (`<mac>.cfg`).
+/// The directory of the machines' own GRUB configurations (`<cpu>/<mac>.cfg`).
 pub const GRUB_MACHINES: &str = "grub/paddock/";
 
-/// `grub/grub.cfg`: hands over to the machine's own configuration, by the MAC GRUB booted
-/// from, so the decision is made per machine when it asks, as the iPXE script's is.
+/// The CPU a GRUB was built for, as GRUB itself names it (`${grub_cpu}`): it picks the
+/// kernel, the initrd and the removable-media loader a machine boots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrubCpu {
+    X86_64,
+    Arm64,
+}
+
+impl GrubCpu {
+    pub fn name(self) -> &'static str {
+        match self {
+            GrubCpu::X86_64 => "x86_64",
+            GrubCpu::Arm64 => "arm64",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        [GrubCpu::X86_64, GrubCpu::Arm64]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+
+    /// The UEFI removable-media loader on the EFI system partition.
+    fn removable_loader(self) -> &'static str {
+        match self {
+            GrubCpu::X86_64 => "BOOTX64.EFI",
+            GrubCpu::Arm64 => "BOOTAA64.EFI",
+        }
+    }
+}
+
+/// `grub/grub.cfg`: hands over to the machine's own configuration, by GRUB's CPU and the MAC
+/// it booted from, so the decision is made per machine when it asks, as the iPXE script's is.
 pub fn grub_chain() -> String {
     format!(
         "set timeout=0\n\
          echo 'Paddock: asking what to boot'\n\
-         configfile /{GRUB_MACHINES}${{net_default_mac}}.cfg\n"
+         configfile /{GRUB_MACHINES}${{grub_cpu}}/${{net_default_mac}}.cfg\n"
     )
 }
 
-/// A machine's own GRUB configuration under the signed chain: the same decision as
-/// [`script`]. GRUB loads the signed kernel through shim's verifier; the initrd is ours.
-/// `kernel` and `initrd` are TFTP names. The local disk: the EFI system partition's loader,
-/// or, when that fails, GRUB exits, handing the choice back to the firmware's boot manager.
+/// A machine's own GRUB configuration: the same decision as [`script`]. GRUB loads the
+/// kernel (through shim's verifier under Secure Boot); the initrd is ours. The local disk:
+/// the EFI system partition's loader, or, when that fails, GRUB exits, handing the choice
+/// back to the firmware's boot manager.
 pub fn grub_config(
     mac: MacAddr,
     node: Option<&Node>,
     serve: Option<&Serve>,
     discovery: &Discovery,
     public_url: &str,
-    signed: &SignedBoot,
+    cpu: GrubCpu,
+    kernel: &GrubKernel,
 ) -> String {
     let again = format!("configfile /{GRUB_CFG}\n");
     match decide(node, serve) {
@@ -209,28 +241,30 @@ pub fn grub_config(
         Boot::LocalDisk { why } => format!(
             "echo 'Paddock: {mac} is {why}: booting from the local disk'\n\
              if search --no-floppy --label {esp} --set=root; then\n\
-             \x20 chainloader /EFI/BOOT/BOOTX64.EFI\n\
+             \x20 chainloader /EFI/BOOT/{loader}\n\
              \x20 boot\n\
              fi\n\
              exit\n",
             esp = paddock_birther::layout::ESP_LABEL,
+            loader = cpu.removable_loader(),
         ),
         Boot::Ramdisk { why, mode } if discovery.kernel.is_some() && discovery.initrd.is_some() => {
             let args: Vec<String> = ramdisk_args(mac, mode, discovery, public_url)
                 .split_whitespace()
+                .chain(kernel.cmdline.split_whitespace())
                 .map(grub_word)
                 .collect();
             format!(
                 "echo 'Paddock: {mac} is {why}: booting {what}'\n\
-                 linux {kernel} {args}\n\
+                 linux {linux} {args}\n\
                  initrd {initrd}\n\
                  boot\n\
                  echo 'Paddock: boot failed, retrying in 10 seconds'\n\
                  sleep 10\n\
                  {again}",
                 what = ramdisk_what(mode),
-                kernel = grub_word(&format!("/{}", signed.kernel)),
-                initrd = grub_word(&format!("/{}", signed.initrd)),
+                linux = grub_word(&format!("/{}", kernel.kernel)),
+                initrd = grub_word(&format!("/{}", kernel.initrd)),
                 args = args.join(" "),
             )
         }
@@ -248,17 +282,35 @@ pub fn grub_word(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// The signed chain for machines that enforce Secure Boot, served over TFTP: shim as
-/// `shimx64.efi`, the signed GRUB beside it as `grubx64.efi` (the name shim loads),
-/// [`GRUB_CFG`], each machine's configuration, and the kernel and initrd.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SignedBoot {
-    pub shim: PathBuf,
-    pub grub: PathBuf,
-    /// The discovery kernel and initrd as TFTP names (relative to the assets directory,
-    /// which the TFTP server serves last).
+/// What GRUB loads on machines of one CPU: the kernel and initrd as TFTP names (relative
+/// to the assets directory, which the TFTP server serves last), and words added to the
+/// ramdisk's command line (the arm64 serial console, say).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GrubKernel {
     pub kernel: String,
     pub initrd: String,
+    pub cmdline: String,
+}
+
+/// The machines booted through GRUB over TFTP: x64 machines that enforce Secure Boot (shim
+/// as `shimx64.efi`, the signed GRUB beside it as `grubx64.efi`, the name shim loads) and
+/// arm64 machines (Debian's signed network GRUB as `grubaa64.efi`). Each loader is served
+/// under its TFTP name, with [`GRUB_CFG`] and each machine's configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GrubBoot {
+    /// TFTP name → the file served under it.
+    pub loaders: Vec<(String, PathBuf)>,
+    pub x86_64: Option<GrubKernel>,
+    pub arm64: Option<GrubKernel>,
+}
+
+impl GrubBoot {
+    pub fn kernel(&self, cpu: GrubCpu) -> Option<&GrubKernel> {
+        match cpu {
+            GrubCpu::X86_64 => self.x86_64.as_ref(),
+            GrubCpu::Arm64 => self.arm64.as_ref(),
+        }
+    }
 }
 
 /// Text that is safe anywhere in an iPXE script line: RFC 3986 unreserved characters pass,
@@ -300,24 +352,24 @@ pub struct Discovery {
 }
 
 /// Serves the boot loaders over TFTP on each configured address, with `autoexec.ipxe`
-/// chaining to the HTTP boot script; and, with `signed`, the signed chain, each machine's
-/// GRUB configuration made by `grub` when asked.
+/// chaining to the HTTP boot script; and, with `grub`, GRUB's loaders and first
+/// configuration, each machine's own made by the maker when asked.
 pub fn start_tftp(
     tftp: Option<&TftpConfig>,
     public_url: &str,
-    signed: Option<(&SignedBoot, Arc<dyn paddock_tftp::Maker>)>,
+    grub: Option<(&GrubBoot, Arc<dyn paddock_tftp::Maker>)>,
 ) -> anyhow::Result<()> {
     let Some(t) = tftp else {
         return Ok(());
     };
-    let mem = match signed {
-        Some((sb, grub)) => {
-            let mem = paddock_tftp::MemFiles::with_maker(grub);
-            let read = |p: &PathBuf| {
-                std::fs::read(p).with_context(|| format!("boot.secure_boot: {}", p.display()))
-            };
-            mem.insert("shimx64.efi", read(&sb.shim)?);
-            mem.insert("grubx64.efi", read(&sb.grub)?);
+    let mem = match grub {
+        Some((g, maker)) => {
+            let mem = paddock_tftp::MemFiles::with_maker(maker);
+            for (name, path) in &g.loaders {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("boot loader {name}: {}", path.display()))?;
+                mem.insert(name, bytes);
+            }
             mem.insert(GRUB_CFG, grub_chain().into_bytes());
             mem
         }
@@ -331,12 +383,13 @@ pub fn start_tftp(
     Ok(())
 }
 
-/// The MAC in a machine's GRUB configuration name (`grub/paddock/<mac>.cfg`).
-pub fn grub_config_mac(name: &str) -> Option<MacAddr> {
-    name.strip_prefix(GRUB_MACHINES)?
-        .strip_suffix(".cfg")?
-        .parse()
-        .ok()
+/// The CPU and MAC in a machine's GRUB configuration name (`grub/paddock/<cpu>/<mac>.cfg`).
+pub fn grub_config_name(name: &str) -> Option<(GrubCpu, MacAddr)> {
+    let (cpu, file) = name.strip_prefix(GRUB_MACHINES)?.split_once('/')?;
+    Some((
+        GrubCpu::parse(cpu)?,
+        file.strip_suffix(".cfg")?.parse().ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -387,12 +440,31 @@ mod tests {
         assert!(s.contains("is unknown"));
     }
 
-    fn signed() -> SignedBoot {
-        SignedBoot {
-            shim: "/s".into(),
-            grub: "/g".into(),
+    /// An unknown machine's GRUB configuration: it boots the discovery ramdisk.
+    fn grub_unknown(cpu: GrubCpu, kernel: &GrubKernel) -> String {
+        grub_config(MAC, None, None, &discovery(), "http://p", cpu, kernel)
+    }
+
+    /// A known, idle machine's GRUB configuration: it boots its local disk.
+    fn grub_local(cpu: GrubCpu, kernel: &GrubKernel) -> String {
+        let mut node = Node::new(uuid::Uuid::nil(), 0);
+        node.macs = vec![MAC];
+        grub_config(
+            MAC,
+            Some(&node),
+            None,
+            &discovery(),
+            "http://p",
+            cpu,
+            kernel,
+        )
+    }
+
+    fn x86_kernel() -> GrubKernel {
+        GrubKernel {
             kernel: "vmlinuz".into(),
             initrd: "initrd.img".into(),
+            cmdline: String::new(),
         }
     }
 
@@ -401,7 +473,8 @@ mod tests {
     /// the firmware, and a retry when no ramdisk is configured.
     #[test]
     fn grub_configurations_decide_as_the_ipxe_script() {
-        let c = grub_config(MAC, None, None, &discovery(), "http://p", &signed());
+        let x86 = GrubCpu::X86_64;
+        let c = grub_unknown(x86, &x86_kernel());
         assert!(
             c.contains("is unknown: booting the discovery ramdisk"),
             "{c}"
@@ -411,9 +484,7 @@ mod tests {
             "{c}"
         );
         assert!(c.ends_with("sleep 10\nconfigfile /grub/grub.cfg\n"), "{c}");
-        let mut node = Node::new(uuid::Uuid::nil(), 0);
-        node.macs = vec![MAC];
-        let c = grub_config(MAC, Some(&node), None, &discovery(), "http://p", &signed());
+        let c = grub_local(x86, &x86_kernel());
         assert!(
             c.contains("search --no-floppy --label PADDOCK-ESP --set=root; then\n  chainloader /EFI/BOOT/BOOTX64.EFI\n  boot\nfi\nexit\n"),
             "{c}"
@@ -423,22 +494,52 @@ mod tests {
             kernel: None,
             ..discovery()
         };
-        let c = grub_config(MAC, None, None, &none, "http://p", &signed());
+        let c = grub_config(MAC, None, None, &none, "http://p", x86, &x86_kernel());
         assert!(c.contains("no discovery ramdisk is configured"), "{c}");
         assert!(c.ends_with("configfile /grub/grub.cfg\n"), "{c}");
-        // The machine's own file is found by the MAC GRUB booted from.
-        assert!(grub_chain().contains("configfile /grub/paddock/${net_default_mac}.cfg"));
+        // The machine's own file is found by GRUB's CPU and the MAC it booted from.
+        assert!(
+            grub_chain().contains("configfile /grub/paddock/${grub_cpu}/${net_default_mac}.cfg")
+        );
         assert_eq!(
-            grub_config_mac("grub/paddock/52:54:00:ab:00:01.cfg"),
-            Some(MAC)
+            grub_config_name("grub/paddock/x86_64/52:54:00:ab:00:01.cfg"),
+            Some((x86, MAC))
+        );
+        assert_eq!(
+            grub_config_name("grub/paddock/arm64/52:54:00:ab:00:01.cfg"),
+            Some((GrubCpu::Arm64, MAC))
         );
         for not in [
             "grub/grub.cfg",
-            "grub/paddock/x.cfg",
-            "grub/paddock/52:54:00:ab:00:01",
+            "grub/paddock/x86_64/x.cfg",
+            "grub/paddock/52:54:00:ab:00:01.cfg",
+            "grub/paddock/riscv64/52:54:00:ab:00:01.cfg",
+            "grub/paddock/x86_64/52:54:00:ab:00:01",
         ] {
-            assert_eq!(grub_config_mac(not), None, "{not}");
+            assert_eq!(grub_config_name(not), None, "{not}");
         }
+    }
+
+    /// An arm64 machine gets the arm64 kernel and initrd, its serial console on the command
+    /// line, and the arm64 removable-media loader for the local disk.
+    #[test]
+    fn arm64_machines_get_their_own_kernel_and_loader() {
+        let arm = GrubKernel {
+            kernel: "aarch64/vmlinuz".into(),
+            initrd: "aarch64/initrd.img".into(),
+            cmdline: "console=ttyAMA0".into(),
+        };
+        let c = grub_unknown(GrubCpu::Arm64, &arm);
+        assert!(
+            c.contains("linux '/aarch64/vmlinuz' 'BOOTIF=01-52-54-00-ab-00-01' "),
+            "{c}"
+        );
+        assert!(
+            c.contains(" 'console=ttyS0' 'console=ttyAMA0'\ninitrd '/aarch64/initrd.img'\n"),
+            "{c}"
+        );
+        let c = grub_local(GrubCpu::Arm64, &arm);
+        assert!(c.contains("chainloader /EFI/BOOT/BOOTAA64.EFI"), "{c}");
     }
 
     /// A GRUB word is single-quoted: `$`, `;`, a newline or a quote in operator text or a
@@ -451,7 +552,15 @@ mod tests {
             cmdline: "x=${prefix};reboot x='\nreboot".into(),
             ..discovery()
         };
-        let c = grub_config(MAC, None, None, &d, "http://p", &signed());
+        let c = grub_config(
+            MAC,
+            None,
+            None,
+            &d,
+            "http://p",
+            GrubCpu::X86_64,
+            &x86_kernel(),
+        );
         let linux = c.lines().find(|l| l.starts_with("linux ")).unwrap();
         assert!(linux.contains(" 'x=${prefix};reboot' 'x='\\''"), "{c}");
         // The newline split the word (the command line is words); it cannot end the line.

@@ -258,8 +258,8 @@ pub struct GrubConfigs {
 
 impl paddock_tftp::Maker for GrubConfigs {
     fn make(&self, client: std::net::SocketAddr, name: &str) -> Option<Vec<u8>> {
-        let mac = boot::grub_config_mac(name)?;
-        let signed = self.state.config.signed_boot.as_ref()?;
+        let (cpu, mac) = boot::grub_config_name(name)?;
+        let kernel = self.state.config.grub_boot.as_ref()?.kernel(cpu)?;
         let s = &self.state;
         let made = self.runtime.block_on(async {
             let asked = Asked::of(s, mac, Some(client.ip())).await?;
@@ -270,7 +270,8 @@ impl paddock_tftp::Maker for GrubConfigs {
                 asked.serve.as_ref(),
                 &asked.discovery,
                 &s.config.public_url,
-                signed,
+                cpu,
+                kernel,
             ))
         });
         match made {

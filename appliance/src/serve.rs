@@ -126,14 +126,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         leader: core.leader,
         store: core.store,
     };
-    let signed = cfg.signed_boot.as_ref().map(|sb| {
-        let grub: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
+    let grub = cfg.grub_boot.as_ref().map(|g| {
+        let maker: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
             state: state.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
-        (sb, grub)
+        (g, maker)
     });
-    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, signed)?;
+    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, grub)?;
     crate::http::start(&mut rt, state).await?;
     shut_down(rt, filter.as_deref(), &cfg).await
 }

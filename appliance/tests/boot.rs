@@ -195,11 +195,11 @@ fn secure_boot_machines_get_the_signed_chain_and_their_own_grub_config() {
     assert_eq!(get("grubx64.efi"), std::fs::read(grub).unwrap());
     let chain = String::from_utf8(get("/grub/grub.cfg")).unwrap();
     assert!(
-        chain.contains("configfile /grub/paddock/${net_default_mac}.cfg"),
+        chain.contains("configfile /grub/paddock/${grub_cpu}/${net_default_mac}.cfg"),
         "{chain}"
     );
     let mac = "52:54:00:12:34:57";
-    let own = String::from_utf8(get(&format!("/grub/paddock/{mac}.cfg"))).unwrap();
+    let own = String::from_utf8(get(&format!("/grub/paddock/x86_64/{mac}.cfg"))).unwrap();
     assert!(
         own.contains("is unknown: booting the discovery ramdisk"),
         "{own}"
@@ -218,7 +218,7 @@ fn secure_boot_machines_get_the_signed_chain_and_their_own_grub_config() {
         "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
     )))
     .unwrap();
-    let own = String::from_utf8(get(&format!("grub/paddock/{mac}.cfg"))).unwrap();
+    let own = String::from_utf8(get(&format!("grub/paddock/x86_64/{mac}.cfg"))).unwrap();
     assert!(
         own.contains("--set=root; then\n  chainloader /EFI/BOOT/BOOTX64.EFI\n"),
         "{own}"
@@ -231,12 +231,18 @@ fn secure_boot_machines_get_the_signed_chain_and_their_own_grub_config() {
         node.contains(&format!("GRUB configuration served for {mac}: local disk")),
         "{node}"
     );
-    // A name that is no MAC is no configuration.
-    let r = c.sh(&format!(
-        "atftp -g -r grub/paddock/nobody.cfg -l {} {SERVER_IP}",
-        out.display()
-    ));
-    assert!(!r.status.success());
+    // A name that is no MAC is no configuration, nor is a CPU this appliance boots none of
+    // (arm64 is off).
+    for name in [
+        "grub/paddock/x86_64/nobody.cfg".to_string(),
+        format!("grub/paddock/arm64/{mac}.cfg"),
+    ] {
+        let r = c.sh(&format!(
+            "atftp -g -r {name} -l {} {SERVER_IP}",
+            out.display()
+        ));
+        assert!(!r.status.success(), "{name}");
+    }
 }
 
 #[test]

@@ -45,6 +45,9 @@ pub struct Artifacts {
     /// OVMF built for Secure Boot, and a variable store with Microsoft's keys enrolled.
     pub ovmf_secure_code: PathBuf,
     pub ovmf_secure_vars: PathBuf,
+    /// UEFI for arm64 (Debian's `qemu-efi-aarch64`).
+    pub aavmf_code: PathBuf,
+    pub aavmf_vars: PathBuf,
 }
 
 fn workspace_root() -> PathBuf {
@@ -72,6 +75,8 @@ impl Artifacts {
             ovmf_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.fd"),
             ovmf_secure_code: PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.ms.fd"),
             ovmf_secure_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.ms.fd"),
+            aavmf_code: PathBuf::from("/usr/share/AAVMF/AAVMF_CODE.fd"),
+            aavmf_vars: PathBuf::from("/usr/share/AAVMF/AAVMF_VARS.fd"),
         };
         for (what, p) in [
             (
@@ -365,6 +370,9 @@ pub enum Firmware {
     /// OVMF with PXE off (its `IPv4PXESupport`/`IPv6PXESupport` knobs): UEFI HTTP boot
     /// alone, as a machine whose firmware is set to boot over HTTP.
     UefiHttp,
+    /// An arm64 machine (QEMU's `virt`, emulated by TCG) with UEFI (AAVMF): UEFI PXE as
+    /// client architecture 11.
+    Arm64Uefi,
 }
 
 #[derive(Clone, Debug)]
@@ -492,8 +500,18 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
     // random pool takes seconds to fill after boot, and the first to ask for randomness (a
     // TLS handshake, mkfs's UUIDs) waits for it, at a point that differs from run to run.
     // `PADDOCK_LAB_CPU` picks another model.
-    let cpu = std::env::var("PADDOCK_LAB_CPU").unwrap_or_else(|_| "qemu64,+rdrand".into());
+    // An arm64 machine: QEMU's `max` model has the RNDR instruction, RDRAND's counterpart;
+    // pointer authentication with QEMU's own algorithm rather than QARMA emulates faster.
+    let arm64 = spec.firmware == Firmware::Arm64Uefi;
+    let cpu = if arm64 {
+        "max,pauth-impdef=on".to_string()
+    } else {
+        std::env::var("PADDOCK_LAB_CPU").unwrap_or_else(|_| "qemu64,+rdrand".into())
+    };
     args.extend(["-cpu".into(), cpu]);
+    if arm64 {
+        args.extend(["-machine".into(), "virt".into()]);
+    }
     if let Some(d) = &spec.direct {
         args.extend([
             "-kernel".into(),
@@ -522,7 +540,11 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
         let boot = if i == 0 { ",bootindex=1" } else { "" };
         // Under Secure Boot, OVMF's own (signed) virtio-net driver: QEMU's iPXE option ROM
         // is not signed. For HTTP boot too: the ROM's iPXE would boot the machine itself.
-        let rom = if matches!(spec.firmware, Firmware::UefiSecureBoot | Firmware::UefiHttp) {
+        // On arm64 the firmware's own driver (the ROM is x86 code).
+        let rom = if matches!(
+            spec.firmware,
+            Firmware::UefiSecureBoot | Firmware::UefiHttp | Firmware::Arm64Uefi
+        ) {
             ",romfile="
         } else {
             ""
@@ -554,6 +576,8 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
                 "driver=cfi.pflash01,property=secure,value=on".into(),
             ]);
             (&artifacts.ovmf_secure_code, &artifacts.ovmf_secure_vars)
+        } else if arm64 {
+            (&artifacts.aavmf_code, &artifacts.aavmf_vars)
         } else if spec.firmware == Firmware::UefiHttp {
             for knob in ["IPv4PXESupport", "IPv6PXESupport"] {
                 args.push("-fw_cfg".into());
@@ -579,14 +603,19 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
         ));
     }
     let log = std::fs::File::create(vmdir.join(qemu_log))?;
+    let (qemu, package) = if arm64 {
+        ("qemu-system-aarch64", "qemu-system-arm qemu-efi-aarch64")
+    } else {
+        ("qemu-system-x86_64", "qemu-system-x86 ipxe-qemu")
+    };
     let child = Command::new("ip")
-        .args(["netns", "exec", ns, "qemu-system-x86_64"])
+        .args(["netns", "exec", ns, qemu])
         .args(&args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
-        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86 ipxe-qemu)")?;
+        .with_context(|| format!("starting {qemu} (apt-get install {package})"))?;
     Ok(Vm {
         console: vmdir.join(console),
         powered_on: Instant::now(),

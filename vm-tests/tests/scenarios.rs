@@ -107,6 +107,15 @@ fn assert_resolvable(lab: &Lab, node: &Value, data: &Value) {
     );
 }
 
+/// Whether a node's timeline has an entry of `kind` whose message says `says`.
+fn timeline_says(node: &Value, kind: &str, says: &str) -> bool {
+    node["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| e["kind"] == kind && e["message"].as_str().is_some_and(|m| m.contains(says)))
+}
+
 fn enrol_one(firmware: Firmware, name: &str, timeout: Duration) {
     let mut lab = Lab::start(name, &artifacts(), "[dns]\nenabled = true\n").expect("lab");
     let spec = VmSpec {
@@ -278,13 +287,10 @@ fn secure_boot_vm_enrols_through_shim_and_grub() {
             "the kernel did not say {said:?}:\n{console}"
         );
     }
-    let grub_served = node["timeline"].as_array().unwrap().iter().any(|e| {
-        e["kind"] == "boot-script"
-            && e["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("GRUB configuration served"))
-    });
-    assert!(grub_served, "no GRUB configuration in the timeline: {node}");
+    assert!(
+        timeline_says(&node, "boot-script", "GRUB configuration served"),
+        "no GRUB configuration in the timeline: {node}"
+    );
     let data = lab
         .data(node["uuid"].as_str().unwrap())
         .expect("processed data");
@@ -320,11 +326,60 @@ fn uefi_http_boot_vm_enrols_with_tftp_off() {
         "the firmware tried PXE: {console}"
     );
     let given = format!("boot {BOOT_URL}/boot/assets/ipxe.efi");
-    let answered =
-        node["timeline"].as_array().unwrap().iter().any(|e| {
-            e["kind"] == "dhcp" && e["message"].as_str().is_some_and(|m| m.contains(&given))
-        });
-    assert!(answered, "no DHCP answer with {given:?}: {node}");
+    assert!(
+        timeline_says(&node, "dhcp", &given),
+        "no DHCP answer with {given:?}: {node}"
+    );
+}
+
+/// An arm64 machine (QEMU's `virt` under TCG, UEFI PXE as client architecture 11) is given
+/// Debian's signed arm64 network GRUB over TFTP, which asks for its own configuration by
+/// GRUB's CPU and MAC, and boots the arm64 kernel and the aarch64 agent's ramdisk
+/// (`scripts/build-ramdisk.sh --arch aarch64`), which inspects it: its inventory matches the
+/// VM and says aarch64.
+#[test]
+fn arm64_vm_is_inspected_through_grub() {
+    let a = artifacts();
+    let arm64 = a.ramdisk_dir.join("aarch64");
+    for f in ["grubaa64.efi", "vmlinuz", "initrd.img"] {
+        assert!(
+            arm64.join(f).is_file(),
+            "{} is missing: run scripts/build-ramdisk.sh --arch aarch64",
+            arm64.join(f).display()
+        );
+    }
+    let mut lab = Lab::start("arm64", &a, "[boot.arm64]\nenabled = true\n").expect("lab");
+    let spec = VmSpec {
+        name: "arm64".into(),
+        firmware: Firmware::Arm64Uefi,
+        cpus: 1,
+        memory_mb: 1024,
+        disks_mb: vec![2048],
+        macs: vec!["52:54:00:a6:00:01".into()],
+        direct: None,
+    };
+    let vm = lab.boot(spec.clone()).expect("boot VM");
+    let (node, took) = lab
+        .wait_enrolled(vm, Duration::from_secs(1200))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!("arm64: power-on → enrolled {:.1} s", took.as_secs_f64());
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    let data = lab
+        .data(node["uuid"].as_str().unwrap())
+        .expect("processed data");
+    assert_inventory_matches(&data, &spec, "uefi");
+    assert_eq!(
+        data["inventory"]["cpu"]["architecture"], "aarch64",
+        "{data}"
+    );
+    assert!(
+        timeline_says(&node, "dhcp", "boot grubaa64.efi"),
+        "no DHCP answer with grubaa64.efi: {node}"
+    );
+    assert!(
+        timeline_says(&node, "boot-script", "GRUB configuration served"),
+        "no GRUB configuration in the timeline: {node}"
+    );
 }
 
 /// A switch that speaks LLDP: lldpd on the lab's bridge (system `tor-sw-1`, port

@@ -20,6 +20,13 @@ pub const TFTP_ENABLED: bool = true;
 pub const SECURE_BOOT_SHIM: &str = "/usr/lib/shim/shimx64.efi.signed";
 /// Debian's `grub-efi-amd64-signed`: the network GRUB, signed by Debian (shim trusts it).
 pub const SECURE_BOOT_GRUB: &str = "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed";
+/// `[boot.arm64]`: names under the assets directory, as `scripts/build-ramdisk.sh --arch
+/// aarch64` lays them out (Debian's signed arm64 network GRUB, kernel and our initrd).
+pub const ARM64_GRUB: &str = "aarch64/grubaa64.efi";
+pub const ARM64_KERNEL: &str = "aarch64/vmlinuz";
+pub const ARM64_INITRD: &str = "aarch64/initrd.img";
+/// The serial console of arm64 servers and QEMU's `virt` machine (PL011).
+pub const ARM64_CMDLINE: &str = "console=ttyAMA0";
 pub const TFTP_LISTEN: &str = "0.0.0.0:69";
 pub const TFTP_MAX_TRANSFERS: usize = 4096;
 /// Seconds (at least 1).

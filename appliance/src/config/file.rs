@@ -281,6 +281,21 @@ pub struct BootFile {
     pub tftp_server: Option<String>,
     pub discovery: DiscoveryFile,
     pub secure_boot: SecureBootFile,
+    pub arm64: Arm64File,
+}
+
+/// `[boot.arm64]`: arm64 UEFI machines boot GRUB → the arm64 kernel and initrd over TFTP.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Arm64File {
+    pub enabled: Option<bool>,
+    /// The network GRUB ([`super::defaults::ARM64_GRUB`] under the assets directory).
+    pub grub: Option<PathBuf>,
+    /// Names under the assets directory ([`super::defaults::ARM64_KERNEL`], `ARM64_INITRD`).
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    /// Words added to the ramdisk's command line ([`super::defaults::ARM64_CMDLINE`]).
+    pub cmdline: Option<String>,
 }
 
 /// `[boot.secure_boot]`: machines that enforce Secure Boot boot shim → signed GRUB → the

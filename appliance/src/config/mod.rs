@@ -55,8 +55,9 @@ pub struct Config {
     pub tftp: Option<TftpConfig>,
     pub boot: BootPolicy,
     pub discovery: Discovery,
-    /// `[boot.secure_boot]` (`None`: off): the signed chain served over TFTP.
-    pub signed_boot: Option<crate::boot::SignedBoot>,
+    /// `[boot.secure_boot]` and `[boot.arm64]` (`None`: both off): the machines GRUB boots
+    /// over TFTP, its loaders and each CPU's kernel.
+    pub grub_boot: Option<crate::boot::GrubBoot>,
     pub inspector: paddock_inspector::service::InspectorConfig,
     pub clean_up_period: Duration,
     pub firewall: Option<FirewallConfig>,
@@ -248,6 +249,31 @@ x = "a"
         }
     }
 
+    /// What validation says of a configuration that must be refused.
+    fn problems(text: &str) -> String {
+        FileConfig::parse(text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// An appliance whose assets directory is `assets` (also the TFTP root), with `boot`.
+    fn grub_boot_config(assets: &std::path::Path, boot: &str) -> String {
+        format!(
+            r#"
+[http]
+listen = "198.18.0.1:8080"
+assets_dir = "{assets}"
+[dhcp]
+enabled = false
+[tftp]
+root = "{assets}"
+{boot}"#,
+            assets = assets.display(),
+        )
+    }
+
     /// `[boot.secure_boot]`: the networks that boot the signed chain, its files, and the
     /// kernel and initrd as TFTP names under the assets directory (the TFTP server's last
     /// root); each missing piece is named.
@@ -257,16 +283,10 @@ x = "a"
         let (shim, grub) = (dir.path().join("shim"), dir.path().join("grub"));
         std::fs::write(&shim, b"s").unwrap();
         std::fs::write(&grub, b"g").unwrap();
-        let good = format!(
-            r#"
-[http]
-listen = "198.18.0.1:8080"
-assets_dir = "{assets}"
-[dhcp]
-enabled = false
-[tftp]
-root = "{assets}"
-[boot.discovery]
+        let good = grub_boot_config(
+            dir.path(),
+            &format!(
+                r#"[boot.discovery]
 kernel = "http://198.18.0.1:8080/boot/assets/k/vmlinuz"
 initrd = "http://198.18.0.1:8080/boot/assets/initrd.img"
 [boot.secure_boot]
@@ -275,17 +295,25 @@ networks = ["198.18.0.16/28"]
 shim = "{shim}"
 grub = "{grub}"
 "#,
-            assets = dir.path().display(),
-            shim = shim.display(),
-            grub = grub.display(),
+                shim = shim.display(),
+                grub = grub.display(),
+            ),
         );
         let c = FileConfig::parse(&good).unwrap().validate().unwrap();
-        let sb = c.signed_boot.unwrap();
+        let g = c.grub_boot.unwrap();
+        let x86 = g.x86_64.unwrap();
         assert_eq!(
-            (sb.kernel.as_str(), sb.initrd.as_str()),
+            (x86.kernel.as_str(), x86.initrd.as_str()),
             ("k/vmlinuz", "initrd.img")
         );
-        assert_eq!((sb.shim, sb.grub), (shim.clone(), grub.clone()));
+        assert_eq!(
+            g.loaders,
+            [
+                ("shimx64.efi".to_string(), shim.clone()),
+                ("grubx64.efi".to_string(), grub.clone())
+            ]
+        );
+        assert!(g.arm64.is_none());
         assert!(c.boot.signs("198.18.0.20".parse().unwrap()));
         assert!(!c.boot.signs("198.18.0.40".parse().unwrap()));
         let roots = &c.tftp.unwrap().server.roots;
@@ -294,7 +322,7 @@ grub = "{grub}"
         // Off by default.
         let off = good.replace("enabled = true", "");
         let c = FileConfig::parse(&off).unwrap().validate().unwrap();
-        assert!(c.signed_boot.is_none());
+        assert!(c.grub_boot.is_none());
         assert!(!c.boot.signs("198.18.0.20".parse().unwrap()));
         let bad = good
             .replace(&shim.display().to_string(), "/nowhere/shim")
@@ -304,16 +332,64 @@ grub = "{grub}"
             )
             .replace("198.18.0.16/28", "lan")
             .replace("[tftp]", "[tftp]\nenabled = false");
-        let text = FileConfig::parse(&bad)
-            .unwrap()
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let text = problems(&bad);
         for needle in [
             "boot.secure_boot.shim: /nowhere/shim is not a file (apt-get install shim-signed",
+            "boot.secure_boot: GRUB and its kernel are served over TFTP; enable [tftp]",
             "boot.discovery.kernel must be an asset",
             "boot.secure_boot.networks[0]",
-            "enable [tftp]",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+    }
+
+    /// `[boot.arm64]`: arm64 UEFI machines (architecture 11) are given GRUB, which boots the
+    /// arm64 kernel and initrd named under the assets directory; the operator's own table
+    /// entry wins, and a missing GRUB or a name leading out of the directory is refused.
+    #[test]
+    fn arm64_machines_boot_grub_and_the_arm64_ramdisk() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("aarch64")).unwrap();
+        std::fs::write(dir.path().join("aarch64/grubaa64.efi"), b"g").unwrap();
+        let good = grub_boot_config(dir.path(), "[boot.arm64]\nenabled = true\n");
+        let c = FileConfig::parse(&good).unwrap().validate().unwrap();
+        assert_eq!(
+            c.boot.table.get(&11).map(String::as_str),
+            Some("grubaa64.efi")
+        );
+        let g = c.grub_boot.unwrap();
+        assert_eq!(
+            g.loaders,
+            [(
+                "grubaa64.efi".to_string(),
+                dir.path().join("aarch64/grubaa64.efi")
+            )]
+        );
+        let arm = g.arm64.unwrap();
+        assert_eq!(
+            (
+                arm.kernel.as_str(),
+                arm.initrd.as_str(),
+                arm.cmdline.as_str()
+            ),
+            ("aarch64/vmlinuz", "aarch64/initrd.img", "console=ttyAMA0")
+        );
+        assert!(g.x86_64.is_none());
+        assert_eq!(
+            c.tftp.unwrap().server.roots.last(),
+            Some(&dir.path().to_path_buf())
+        );
+        let own = good.replace(
+            "[boot.arm64]",
+            "[boot.arch]\n11 = \"mine.efi\"\n[boot.arm64]",
+        );
+        let c = FileConfig::parse(&own).unwrap().validate().unwrap();
+        assert_eq!(c.boot.table.get(&11).map(String::as_str), Some("mine.efi"));
+        let bad = format!("{good}grub = \"/nowhere/grubaa64.efi\"\nkernel = \"../vmlinuz\"\n");
+        let text = problems(&bad);
+        for needle in [
+            "boot.arm64.grub: /nowhere/grubaa64.efi is not a file (scripts/build-ramdisk.sh --arch aarch64",
+            "boot.arm64.kernel: \"../vmlinuz\" is not a name under http.assets_dir",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }
@@ -342,11 +418,7 @@ grub = "{grub}"
         );
         assert_eq!(c.timeline.prune_every, Duration::from_secs(5));
         let bad = format!("{GOOD}[timeline]\nkeep_per_subject = 0\nprune_every_secs = 0\n");
-        let text = FileConfig::parse(&bad)
-            .unwrap()
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let text = problems(&bad);
         for needle in ["timeline.keep_per_subject", "timeline.prune_every_secs"] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

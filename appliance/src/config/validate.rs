@@ -67,7 +67,7 @@ impl FileConfig {
         } else {
             None
         };
-        let signed_boot = secure_boot(
+        let grub_boot = grub_boot(
             &self.boot,
             &mut boot,
             self.http.assets_dir.as_deref(),
@@ -126,7 +126,7 @@ impl FileConfig {
                 cmdline: self.boot.discovery.cmdline.unwrap_or_default(),
                 agent_urls,
             },
-            signed_boot,
+            grub_boot,
             inspector,
             clean_up_period,
             firewall,
@@ -285,19 +285,64 @@ fn boot(f: &BootFile, public_url: &str, p: &mut Problems) -> BootPolicy {
     boot
 }
 
-/// `[boot.secure_boot]`: which machines boot the signed chain, and its files. GRUB fetches
+/// `[boot.secure_boot]` and `[boot.arm64]`: the machines GRUB boots over TFTP. GRUB fetches
 /// the kernel and initrd over TFTP (Debian's signed GRUB has no HTTP), so they must be
 /// assets, and the assets directory becomes the TFTP server's last root.
-fn secure_boot(
+fn grub_boot(
     f: &BootFile,
     boot: &mut BootPolicy,
     assets_dir: Option<&std::path::Path>,
     tftp: &mut Option<TftpConfig>,
     p: &mut Problems,
-) -> Option<crate::boot::SignedBoot> {
+) -> Option<crate::boot::GrubBoot> {
+    let mut grub = crate::boot::GrubBoot::default();
+    secure_boot(f, boot, &mut grub, p);
+    arm64(f, boot, &mut grub, assets_dir, p);
+    if grub.loaders.is_empty() {
+        return None;
+    }
+    let section = if f.secure_boot.enabled == Some(true) {
+        "boot.secure_boot"
+    } else {
+        "boot.arm64"
+    };
+    match (tftp.as_mut(), assets_dir) {
+        (Some(t), Some(dir)) => t.server.roots.push(dir.to_path_buf()),
+        (None, _) => p.push(format!(
+            "{section}: GRUB and its kernel are served over TFTP; enable [tftp]"
+        )),
+        (_, None) => p.push(format!(
+            "{section}: set http.assets_dir, where the kernel and initrd are"
+        )),
+    }
+    Some(grub)
+}
+
+/// A boot file that must exist when the appliance starts (it is served from memory).
+fn boot_file(
+    key: &str,
+    given: &Option<PathBuf>,
+    default: PathBuf,
+    how: &str,
+    p: &mut Problems,
+) -> PathBuf {
+    let path = given.clone().unwrap_or(default);
+    if !path.is_file() {
+        p.push(format!("{key}: {} is not a file ({how})", path.display()));
+    }
+    path
+}
+
+/// `[boot.secure_boot]`: which x64 machines boot the signed chain, and its files.
+fn secure_boot(
+    f: &BootFile,
+    boot: &mut BootPolicy,
+    grub: &mut crate::boot::GrubBoot,
+    p: &mut Problems,
+) {
     let sb = &f.secure_boot;
     if !sb.enabled.unwrap_or(false) {
-        return None;
+        return;
     }
     boot.signed = if sb.networks.is_empty() {
         paddock_dhcp::Signed::Everywhere
@@ -312,34 +357,22 @@ fn secure_boot(
                 .collect(),
         )
     };
-    let file = |key: &str,
-                given: &Option<PathBuf>,
-                default: &str,
-                package: &str,
-                p: &mut Problems| {
-        let path = given.clone().unwrap_or_else(|| PathBuf::from(default));
-        if !path.is_file() {
-            p.push(format!(
-                "boot.secure_boot.{key}: {} is not a file (apt-get install {package}, or set the path)",
-                path.display()
-            ));
-        }
-        path
-    };
-    let shim = file(
-        "shim",
+    let shim = boot_file(
+        "boot.secure_boot.shim",
         &sb.shim,
-        defaults::SECURE_BOOT_SHIM,
-        "shim-signed",
+        PathBuf::from(defaults::SECURE_BOOT_SHIM),
+        "apt-get install shim-signed, or set the path",
         p,
     );
-    let grub = file(
-        "grub",
+    let grubx64 = boot_file(
+        "boot.secure_boot.grub",
         &sb.grub,
-        defaults::SECURE_BOOT_GRUB,
-        "grub-efi-amd64-signed",
+        PathBuf::from(defaults::SECURE_BOOT_GRUB),
+        "apt-get install grub-efi-amd64-signed, or set the path",
         p,
     );
+    grub.loaders.push(("shimx64.efi".into(), shim));
+    grub.loaders.push(("grubx64.efi".into(), grubx64));
     let asset = |key: &str, url: &Option<String>, p: &mut Problems| {
         let name = url
             .as_deref()
@@ -353,24 +386,62 @@ fn secure_boot(
         }
         name.unwrap_or_default().to_string()
     };
-    let kernel = asset("kernel", &f.discovery.kernel, p);
-    let initrd = asset("initrd", &f.discovery.initrd, p);
-    match (tftp.as_mut(), assets_dir) {
-        (Some(t), Some(dir)) => t.server.roots.push(dir.to_path_buf()),
-        (None, _) => {
-            p.push("boot.secure_boot: the signed chain is served over TFTP; enable [tftp]".into())
-        }
-        (_, None) => {
-            p.push("boot.secure_boot: set http.assets_dir, where the kernel and initrd are".into())
-        }
-    }
-    Some(crate::boot::SignedBoot {
-        shim,
-        grub,
-        kernel,
-        initrd,
-    })
+    grub.x86_64 = Some(crate::boot::GrubKernel {
+        kernel: asset("kernel", &f.discovery.kernel, p),
+        initrd: asset("initrd", &f.discovery.initrd, p),
+        cmdline: String::new(),
+    });
 }
+
+/// `[boot.arm64]`: arm64 UEFI machines (client architecture 11) boot Debian's signed network
+/// GRUB, then the arm64 kernel and initrd, all files that `scripts/build-ramdisk.sh --arch
+/// aarch64` puts under `aarch64/` in the assets directory.
+fn arm64(
+    f: &BootFile,
+    boot: &mut BootPolicy,
+    grub: &mut crate::boot::GrubBoot,
+    assets_dir: Option<&std::path::Path>,
+    p: &mut Problems,
+) {
+    let a = &f.arm64;
+    if !a.enabled.unwrap_or(false) {
+        return;
+    }
+    let loader = boot_file(
+        "boot.arm64.grub",
+        &a.grub,
+        assets_dir
+            .unwrap_or(std::path::Path::new("."))
+            .join(defaults::ARM64_GRUB),
+        "scripts/build-ramdisk.sh --arch aarch64 builds it into the assets directory, or set the path",
+        p,
+    );
+    let name = |key: &str, given: &Option<String>, default: &str, p: &mut Problems| {
+        let n = given.as_deref().unwrap_or(default);
+        if n.is_empty() || n.starts_with('/') || n.split('/').any(|c| c == "..") {
+            p.push(format!(
+                "boot.arm64.{key}: {n:?} is not a name under http.assets_dir"
+            ));
+        }
+        n.to_string()
+    };
+    grub.arm64 = Some(crate::boot::GrubKernel {
+        kernel: name("kernel", &a.kernel, defaults::ARM64_KERNEL, p),
+        initrd: name("initrd", &a.initrd, defaults::ARM64_INITRD, p),
+        cmdline: a
+            .cmdline
+            .clone()
+            .unwrap_or_else(|| defaults::ARM64_CMDLINE.into()),
+    });
+    grub.loaders.push((ARM64_LOADER.into(), loader));
+    // The operator's own table entry for arm64 UEFI wins.
+    if !f.arch.contains_key("11") {
+        boot.table.insert(11, ARM64_LOADER.into());
+    }
+}
+
+/// The TFTP name arm64 machines are given (and the name GRUB is served under).
+const ARM64_LOADER: &str = "grubaa64.efi";
 
 /// `[inspector]`, with the inspector's own defaults; and the clean-up period.
 fn inspector(f: &InspectorFile, public_url: &str, p: &mut Problems) -> (InspectorConfig, Duration) {

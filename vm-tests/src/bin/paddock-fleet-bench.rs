@@ -128,6 +128,8 @@ fn main() -> anyhow::Result<()> {
         ovmf_vars: PathBuf::new(),
         ovmf_secure_code: PathBuf::new(),
         ovmf_secure_vars: PathBuf::new(),
+        aavmf_code: PathBuf::new(),
+        aavmf_vars: PathBuf::new(),
     };
     let mdb = work.join("mdb.json");
     std::fs::write(&mdb, "[]\n")?;

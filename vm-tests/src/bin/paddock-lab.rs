@@ -2,8 +2,8 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot] [--port 8443] [--provision
-//! IMAGE.tar [--filter F]]`, after
+//! `paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot | --arch aarch64] [--port 8443]
+//! [--provision IMAGE.tar [--filter F]]`, after
 //! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
 //!
 //! TLS is on: the forwarder passes `https://127.0.0.1:PORT` through to the appliance's HTTPS
@@ -59,6 +59,11 @@ fn main() -> anyhow::Result<()> {
             "--uefi" => firmware = Firmware::Uefi,
             "--secure-boot" => firmware = Firmware::UefiSecureBoot,
             "--http-boot" => firmware = Firmware::UefiHttp,
+            "--arch" => match it.next().map(String::as_str) {
+                Some("aarch64" | "arm64") => firmware = Firmware::Arm64Uefi,
+                Some("x86_64") => {}
+                other => anyhow::bail!("--arch is x86_64 or aarch64, not {other:?}"),
+            },
             "--port" => {
                 port = it
                     .next()
@@ -77,13 +82,16 @@ fn main() -> anyhow::Result<()> {
             "--filter" => filter = Some(it.next().context("--filter needs a file")?.into()),
             "-h" | "--help" => {
                 println!(
-                    "paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
+                    "paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot | --arch aarch64] [--port 8443] [--once] [--provision IMAGE.tar [--filter FILE]]"
                 );
                 println!(
                     "  --secure-boot: OVMF with Microsoft's keys, Secure Boot enforced; the appliance serves shim → GRUB"
                 );
                 println!(
                     "  --http-boot: OVMF booting over HTTP alone (PXE off), the appliance's TFTP off"
+                );
+                println!(
+                    "  --arch aarch64: arm64 VMs (QEMU virt under TCG, AAVMF) boot GRUB → the arm64 ramdisk; inspection only"
                 );
                 println!(
                     "  --port: where https://127.0.0.1:PORT reaches the console and API (default 8443)"
@@ -132,10 +140,15 @@ fn main() -> anyhow::Result<()> {
         }
         (None, _) => None,
     };
-    let extra = if firmware == Firmware::UefiSecureBoot {
-        "[boot.secure_boot]\nenabled = true\n"
-    } else {
-        ""
+    if firmware == Firmware::Arm64Uefi && provision.is_some() {
+        anyhow::bail!(
+            "--arch aarch64 inspects; it does not install (the arm64 ramdisk carries no disk tools)"
+        );
+    }
+    let extra = match firmware {
+        Firmware::UefiSecureBoot => "[boot.secure_boot]\nenabled = true\n",
+        Firmware::Arm64Uefi => "[boot.arm64]\nenabled = true\n",
+        _ => "",
     };
     let prepare: &dyn Fn(&Lab) -> anyhow::Result<()> = if firmware == Firmware::UefiHttp {
         &Lab::tftp_off
@@ -209,6 +222,10 @@ fn main() -> anyhow::Result<()> {
         };
         spec.firmware = firmware;
         spec.cpus = 2;
+        if firmware == Firmware::Arm64Uefi {
+            // AAVMF and the arm64 kernel want more than a BIOS machine's 512 MiB.
+            spec.memory_mb = 1024;
+        }
         lab.boot(spec)?;
         println!("[{:>6.1}s] vm{i} ({mac}, {firmware:?}) powered on", 0.0);
     }
