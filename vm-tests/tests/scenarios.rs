@@ -336,7 +336,7 @@ fn uefi_http_boot_vm_enrols_with_tftp_off() {
 /// Debian's signed arm64 network GRUB over TFTP, which asks for its own configuration by
 /// GRUB's CPU and MAC, and boots the arm64 kernel and the aarch64 agent's ramdisk
 /// (`scripts/build-ramdisk.sh --arch aarch64`), which inspects it: its inventory matches the
-/// VM and says aarch64.
+/// VM and says aarch64, and of two rules that pick by architecture only the aarch64 one acts.
 #[test]
 fn arm64_vm_is_inspected_through_grub() {
     let a = artifacts();
@@ -349,6 +349,24 @@ fn arm64_vm_is_inspected_through_grub() {
         );
     }
     let mut lab = Lab::start("arm64", &a, "[boot.arm64]\nenabled = true\n").expect("lab");
+    // Rules pick by architecture: only the aarch64 one may act on this machine.
+    for arch in ["aarch64", "x86_64"] {
+        lab.api_json(
+            "POST",
+            "/v1/rules",
+            Some(
+                &serde_json::json!({
+                    "description": format!("{arch} machines"),
+                    "conditions": [{"op": "eq", "field": "data://inventory.cpu.architecture",
+                        "value": arch}],
+                    "actions": [{"action": "set-attribute", "path": "extra/pool",
+                        "value": format!("{arch} pool")}]
+                })
+                .to_string(),
+            ),
+        )
+        .expect("the rule");
+    }
     let spec = VmSpec {
         name: "arm64".into(),
         firmware: Firmware::Arm64Uefi,
@@ -372,6 +390,7 @@ fn arm64_vm_is_inspected_through_grub() {
         data["inventory"]["cpu"]["architecture"], "aarch64",
         "{data}"
     );
+    assert_eq!(node["extra"]["pool"], "aarch64 pool", "{node}");
     assert!(
         timeline_says(&node, "dhcp", "boot grubaa64.efi"),
         "no DHCP answer with grubaa64.efi: {node}"
