@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# DHCPv4 throughput benchmark: Paddock vs Kea vs dnsmasq.
+# DHCP throughput benchmark: Paddock vs Kea vs dnsmasq over DHCPv4, then Paddock vs Kea's
+# DHCPv6 server over DHCPv6 (SERVERS6), in the same run.
 #
 # What it measures: for each server, the highest rate of complete 4-way
 # (DISCOVER-OFFER-REQUEST-ACK) exchanges per second it sustains with < 1 %
@@ -35,11 +36,22 @@
 #   PIN_CPUS=1        pin every server (all its threads) to CPU 0 and perfdhcp to CPU 1, so the
 #                     load generator, which needs a whole core, never takes the server's; each
 #                     server gets exactly one core. 0: let the scheduler mix them.
+#   SERVERS6="paddock kea"          the DHCPv6 run's servers ("" skips it)
+#   CLIENTS6=100000   simulated DHCPv6 clients
+#
+# DHCPv6: the same search with 4-way SOLICIT-ADVERTISE-REQUEST-REPLY exchanges. perfdhcp -6
+# sends from veth-cli's link-local address to ff02::1:2 (no relay); the servers serve
+# 2001:2::/64 (veth-srv holds 2001:2::1), pool 2001:2::1:0-2001:2::ffff:ffff, and persist
+# every lease: Paddock its store (fsync per batch), Kea kea-dhcp6 memfile, persist=true,
+# lfc-interval=0.
 # Output: per-step lines and a summary on stdout; progress/log notes on stderr.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SERVERS=${SERVERS:-paddock kea dnsmasq}
+SERVERS6=${SERVERS6-paddock kea}
+CLIENTS6=${CLIENTS6:-100000}
+FAMILY=4
 export PIN_CPUS=${PIN_CPUS:-1}
 DURATION=${DURATION:-10}
 CLIENTS=${CLIENTS:-100000}
@@ -52,9 +64,23 @@ bench_init dhcp
 for s in $SERVERS; do
     case $s in paddock | kea | dnsmasq) ;; *) die "unknown server '$s' in SERVERS" ;; esac
 done
-[[ " $SERVERS " == *" paddock "* ]] && paddock_bin
+for s in $SERVERS6; do
+    case $s in paddock | kea) ;; *) die "unknown server '$s' in SERVERS6" ;; esac
+done
+[[ " $SERVERS $SERVERS6 " == *" paddock "* ]] && paddock_bin
 bench_deps
 netns_up
+if [[ -n $SERVERS6 ]]; then
+    ip -n "$SRV_NS" addr add 2001:2::1/64 dev veth-srv nodad
+    ip -n "$CLI_NS" addr add 2001:2::2/64 dev veth-cli nodad
+    # perfdhcp sends from the link-local address: wait until both ends are past DAD.
+    for ns in "$SRV_NS" "$CLI_NS"; do
+        for ((i = 0; i < 100; i++)); do
+            ip -n "$ns" -6 addr show tentative | grep -q . || break
+            sleep 0.1
+        done
+    done
+fi
 
 # --- servers: each start_<name> launches one fresh server with an empty lease db ---
 start_paddock() {
@@ -87,6 +113,36 @@ EOF
     wait_udp 67
 }
 
+start_paddock6() {
+    rm -rf "$SCRATCH/paddock-data"
+    mkdir -p "$SCRATCH/paddock-data"
+    paddock_config "$SCRATCH/paddock.toml" false $'[tftp]\nenabled = false\n[dhcp6]\nenabled = true\ninterfaces = ["veth-srv"]\n[[dhcp6.subnets]]\nnetwork = "2001:2::/64"\npools = ["2001:2::1:0-2001:2::ffff:ffff"]'
+    start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true \
+        "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
+    wait_udp 547
+}
+
+start_kea6() {
+    rm -f "$SCRATCH"/kea-leases6.csv*
+    cat >"$SCRATCH/kea-dhcp6.json" <<EOF
+{ "Dhcp6": {
+    "interfaces-config": { "interfaces": [ "veth-srv" ] },
+    "lease-database": { "type": "memfile", "persist": true, "lfc-interval": 0,
+                        "name": "$SCRATCH/kea-leases6.csv" },
+    "server-id": { "type": "LL", "persist": false },
+    "preferred-lifetime": 1800, "valid-lifetime": 3600,
+    "subnet6": [ { "id": 1, "subnet": "2001:2::/64", "interface": "veth-srv",
+                   "pools": [ { "pool": "2001:2::1:0 - 2001:2::ffff:ffff" } ] } ],
+    "loggers": [ { "name": "kea-dhcp6", "severity": "WARN",
+                   "output_options": [ { "output": "stdout" } ] } ]
+} }
+EOF
+    mkdir -p /run/kea
+    start_server kea env KEA_PIDFILE_DIR="$SCRATCH" KEA_LOCKFILE_DIR="$SCRATCH" \
+        kea-dhcp6 -c "$SCRATCH/kea-dhcp6.json"
+    wait_udp 547
+}
+
 start_dnsmasq() {
     : >"$SCRATCH/dnsmasq.leases"
     # The range carries its netmask so dnsmasq serves relayed requests from giaddr 198.18.0.2.
@@ -100,25 +156,32 @@ start_dnsmasq() {
 
 # run_step SERVER RATE: sets ACHIEVED (4-way/s, integer) and DROPS (percent, 2 decimals).
 run_step() {
-    local srv=$1 rate=$2 out=$SCRATCH/perfdhcp-$1-$2.txt rc=0
-    local pin=()
+    local srv=$1 rate=$2 out=$SCRATCH/perfdhcp$FAMILY-$1-$2.txt rc=0
+    local pin=() first=DISCOVER-OFFER second=REQUEST-ACK
     [[ ${PIN_CPUS:-0} == 1 ]] && pin=(taskset -c 1)
-    "start_$srv"
+    local target=(-4 -R "$CLIENTS" -l "$CLI_IP" "$SRV_IP")
+    if [[ $FAMILY == 6 ]]; then
+        "start_${srv}6"
+        target=(-6 -R "$CLIENTS6" -l veth-cli)
+        first=SOLICIT-ADVERTISE second=REQUEST-REPLY
+    else
+        "start_$srv"
+    fi
     # -W: keep receiving for 1 s after the test period so in-flight replies are counted.
     "${pin[@]}" ip netns exec "$CLI_NS" timeout --foreground $((DURATION + 60)) \
-        perfdhcp -4 -x e -r "$rate" -p "$DURATION" -R "$CLIENTS" -l "$CLI_IP" -W 1000000 "$SRV_IP" \
+        perfdhcp -x e -r "$rate" -p "$DURATION" -W 1000000 "${target[@]}" \
         >"$out" 2>&1 || rc=$?
     stop_server
     # perfdhcp exits 3 when some exchanges were not completed; that is a result, not an error.
     # `-x e` prints the exit reason: anything but the test period ending (e.g. ^C) is an error.
     if [[ $rc -ne 0 && $rc -ne 3 ]] || ! grep -q 'reached test-period' "$out" ||
-        ! grep -q 'Statistics for: REQUEST-ACK' "$out"; then
+        ! grep -q "Statistics for: $second" "$out"; then
         cat "$out" >&2
         die "perfdhcp failed or was interrupted (exit $rc) against $srv at rate $rate"
     fi
-    read -r ACHIEVED DROPS < <(awk -v dur="$DURATION" '
-        /Statistics for: DISCOVER-OFFER/ { sec = "DO" }
-        /Statistics for: REQUEST-ACK/    { sec = "RA" }
+    read -r ACHIEVED DROPS < <(awk -v dur="$DURATION" -v first="$first" -v second="$second" '
+        $0 ~ "Statistics for: " first  { sec = "DO" }
+        $0 ~ "Statistics for: " second { sec = "RA" }
         /^sent packets:/     { sent[sec] = $3 }
         /^received packets:/ { recv[sec] = $3 }
         /^drops:/            { drop[sec] = $2 }
@@ -126,7 +189,7 @@ run_step() {
             pct = sent["DO"] > 0 ? 100 * (drop["DO"] + drop["RA"]) / sent["DO"] : 100
             printf "%d %.2f\n", recv["RA"] / dur, pct
         }' "$out")
-    echo "dhcp $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%"
+    echo "dhcp$([[ $FAMILY == 6 ]] && echo 6) $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%"
 }
 
 # consider RATE: one step for $srv; keeps the best passing (< 1 % failures) result.
@@ -139,36 +202,52 @@ consider() {
     return 1
 }
 
+# search SERVERS...: the highest passing rate of each server, into MAX and MAXDROPS.
 declare -A MAX MAXDROPS
-for srv in $SERVERS; do
-    log "benchmarking $srv (${DURATION}s per step)"
-    best=0 best_drops=n/a good=0 bad=0
-    for rate in $RATES; do
-        if consider "$rate"; then good=$rate; else bad=$rate; break; fi
-    done
-    if ((good == 0 && bad > 0)); then # even the first rate failed: go down
-        rate=$((bad / 2))
-        while ((rate >= 50)); do
-            if consider "$rate"; then good=$rate; break; fi
-            bad=$rate rate=$((rate / 2))
+search() {
+    local srv
+    for srv in "$@"; do
+        log "benchmarking $srv over DHCPv$FAMILY (${DURATION}s per step)"
+        best=0 best_drops=n/a good=0 bad=0
+        for rate in $RATES; do
+            if consider "$rate"; then good=$rate; else bad=$rate; break; fi
         done
-    fi
-    ((bad > 0)) || log "note: $srv never reached 1 % failures; add higher RATES"
-    for ((i = 0; i < BISECT && good > 0 && bad > good + good / 20; i++)); do
-        rate=$(((good + bad) / 2))
-        if consider "$rate"; then good=$rate; else bad=$rate; fi
+        if ((good == 0 && bad > 0)); then # even the first rate failed: go down
+            rate=$((bad / 2))
+            while ((rate >= 50)); do
+                if consider "$rate"; then good=$rate; break; fi
+                bad=$rate rate=$((rate / 2))
+            done
+        fi
+        ((bad > 0)) || log "note: $srv never reached 1 % failures; add higher RATES"
+        for ((i = 0; i < BISECT && good > 0 && bad > good + good / 20; i++)); do
+            rate=$(((good + bad) / 2))
+            if consider "$rate"; then good=$rate; else bad=$rate; fi
+        done
+        MAX[$FAMILY$srv]=$best MAXDROPS[$FAMILY$srv]=$best_drops
     done
-    MAX[$srv]=$best MAXDROPS[$srv]=$best_drops
-done
+}
+
+# ratio A B: A/B to two places, or n/a.
+ratio() {
+    if [[ -n ${1:-} && -n ${2:-} ]] && (($2 > 0)); then
+        calc "sprintf(\"%.2f\", $1 / $2)"
+    else
+        echo n/a
+    fi
+}
+
+search $SERVERS
+FAMILY=6
+search $SERVERS6
 
 echo
 for srv in $SERVERS; do
-    echo "dhcp $srv max_rate=${MAX[$srv]} drops=${MAXDROPS[$srv]}"
+    echo "dhcp $srv max_rate=${MAX[4$srv]} drops=${MAXDROPS[4$srv]}"
 done
-if [[ -n ${MAX[paddock]:-} && -n ${MAX[kea]:-} ]]; then
-    if ((MAX[kea] > 0)); then
-        echo "dhcp ratio paddock/kea=$(calc "sprintf(\"%.2f\", ${MAX[paddock]} / ${MAX[kea]})")"
-    else
-        echo "dhcp ratio paddock/kea=n/a"
-    fi
+if [[ -n ${MAX[4paddock]:-} && -n ${MAX[4kea]:-} ]]; then
+    echo "dhcp ratio paddock/kea=$(ratio "${MAX[4paddock]}" "${MAX[4kea]}")"
+fi
+if [[ -n ${MAX[6paddock]:-} && -n ${MAX[6kea]:-} ]]; then
+    echo "dhcp6 paddock=${MAX[6paddock]} kea=${MAX[6kea]} ratio=$(ratio "${MAX[6paddock]}" "${MAX[6kea]}")"
 fi

@@ -102,6 +102,7 @@ checks=(
   "e2fsprogs|the birth ramdisk's root file system (mkfs.ext4)|mkfs.ext4 -V"
   "dosfstools|the birth ramdisk's EFI system partition (mkfs.fat)|mkfs.fat --help"
   "kea-dhcp4-server|bench/dhcp.sh (the Kea peer)|kea-dhcp4 -V"
+  "kea-dhcp6-server|bench/dhcp.sh (the Kea DHCPv6 peer)|kea-dhcp6 -V"
   "kea-admin|bench/dhcp.sh (perfdhcp)|perfdhcp -v"
   "dnsmasq-base|bench/dhcp.sh, tftp.sh, enrol.sh (the dnsmasq peer)|dnsmasq --version"
   "tftpd-hpa|bench/tftp.sh (the tftp-hpa peer)|in.tftpd -V"

@@ -40,7 +40,7 @@ packages=(
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(
-    kea-dhcp4-server kea-admin  # Kea and perfdhcp (bench/dhcp.sh)
+    kea-dhcp4-server kea-dhcp6-server kea-admin  # Kea (v4, v6) and perfdhcp (bench/dhcp.sh)
     dnsmasq-base     # DHCP+TFTP peer (bench/dhcp.sh, tftp.sh, enrol.sh)
     tftpd-hpa        # TFTP peer (bench/tftp.sh)
     iptables         # Inspector's PXE filter (bench/filter.sh)

@@ -142,6 +142,7 @@ pub fn access(http: &str, path: &str) -> Access {
 
         // Paddock's API.
         ["api", "v1", "leases"] if get => read("Leases.List"),
+        ["api", "v1", "leases6"] if get => read("Leases.List"),
         ["api", "v1", "firewall"] if get => read("Firewall.Get"),
         ["api", "v1", "cluster"] if get => read("Cluster.Get"),
         ["api", "v1", "audit"] if get => read("Audit.List"),

@@ -33,6 +33,8 @@ pub struct AppState {
     pub console_history: Arc<crate::console_history::History>,
     pub inspector: Arc<Inspector>,
     pub dhcp: Option<Arc<DhcpService>>,
+    /// `None` with `[dhcp6]` off.
+    pub dhcp6: Option<Arc<paddock_dhcp::v6::shell::Dhcp6Service>>,
     pub filter: Option<Arc<crate::pxe_filter::PxeFilter>>,
     pub imageserver: paddock_imageserver::api::ImageServerState,
     pub leader: crate::leader::LeaderRx,
@@ -61,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/boot/{name}", get(boot_script))
         .route("/api/v1/leases", get(leases))
+        .route("/api/v1/leases6", get(leases6))
         .route("/api/v1/firewall", get(firewall))
         .route("/api/v1/cluster", get(cluster));
     if let Some(assets) = &state.assets {
@@ -336,6 +339,11 @@ async fn cluster(State(s): State<AppState>) -> Json<ClusterStatus> {
                 }),
         },
     })
+}
+
+async fn leases6(State(s): State<AppState>) -> Response {
+    let leases = s.dhcp6.as_ref().map(|d| d.leases()).unwrap_or_default();
+    Json(leases).into_response()
 }
 
 async fn leases(State(s): State<AppState>) -> Response {

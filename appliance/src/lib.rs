@@ -19,6 +19,7 @@ pub mod console_access;
 pub mod console_history;
 pub mod console_style;
 pub mod dhcp;
+pub mod dhcp6;
 pub mod disruption;
 pub mod dns;
 pub mod dns_cli;

@@ -83,6 +83,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
+    let dhcp6 = crate::dhcp6::start(&mut rt, cfg.dhcp6.as_ref(), &cfg.boot).await?;
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
     let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
@@ -108,6 +109,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         roles,
         provisioning: provisioner,
         dhcp,
+        dhcp6,
         dns,
         computed,
         filter: filter.clone(),

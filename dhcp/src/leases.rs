@@ -11,19 +11,47 @@ use crate::MacAddr;
 /// How long an OFFERed address is held for the client that was offered it.
 pub const OFFER_HOLD_SECS: u64 = 30;
 
-/// An inclusive address range inside a subnet.
+/// An inclusive address range inside a subnet (IPv4, or IPv6 for DHCPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pool {
-    pub start: Ipv4Addr,
-    pub end: Ipv4Addr,
+pub struct Pool<A = Ipv4Addr> {
+    pub start: A,
+    pub end: A,
+}
+
+impl<A: Copy + Ord> Pool<A> {
+    pub(crate) fn contains(&self, ip: A) -> bool {
+        (self.start..=self.end).contains(&ip)
+    }
+
+    /// What is wrong with the pool in a network that holds the addresses `inside` says.
+    pub(crate) fn misfit(&self, inside: impl Fn(&A) -> bool) -> Option<Misfit> {
+        if self.start > self.end {
+            Some(Misfit::Reversed)
+        } else if !inside(&self.start) || !inside(&self.end) {
+            Some(Misfit::Outside)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why a pool does not fit its subnet.
+pub(crate) enum Misfit {
+    Reversed,
+    Outside,
+}
+
+/// The first two of `items` (in order) that `clash`.
+pub(crate) fn first_clash<T>(items: &[T], clash: impl Fn(&T, &T) -> bool) -> Option<(&T, &T)> {
+    items
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| items[i + 1..].iter().find(|b| clash(a, b)).map(|b| (a, b)))
 }
 
 impl Pool {
     fn len(&self) -> u32 {
         u32::from(self.end) - u32::from(self.start) + 1
-    }
-    fn contains(&self, ip: Ipv4Addr) -> bool {
-        (self.start..=self.end).contains(&ip)
     }
 }
 
@@ -101,18 +129,17 @@ impl Subnet {
             return Err(SubnetError::LeaseTime(self.lease_time));
         }
         for p in &self.pools {
-            if p.start > p.end {
-                return Err(SubnetError::Reversed {
-                    start: p.start,
-                    end: p.end,
-                });
-            }
-            if !self.network.contains(&p.start) || !self.network.contains(&p.end) {
-                return Err(SubnetError::PoolOutside {
-                    start: p.start,
-                    end: p.end,
-                    network: self.network,
-                });
+            let (start, end, network) = (p.start, p.end, self.network);
+            match p.misfit(|ip| network.contains(ip)) {
+                Some(Misfit::Reversed) => return Err(SubnetError::Reversed { start, end }),
+                Some(Misfit::Outside) => {
+                    return Err(SubnetError::PoolOutside {
+                        start,
+                        end,
+                        network,
+                    });
+                }
+                None => {}
             }
         }
         let mut sorted = self.pools.clone();
@@ -234,14 +261,10 @@ impl Leases {
         for s in &subnets {
             s.validate()?;
         }
-        for (i, a) in subnets.iter().enumerate() {
-            for b in &subnets[i + 1..] {
-                if a.network.contains(&b.network.network())
-                    || b.network.contains(&a.network.network())
-                {
-                    return Err(SubnetError::SubnetOverlap(a.network, b.network));
-                }
-            }
+        if let Some((a, b)) = first_clash(&subnets, |a, b| {
+            a.network.contains(&b.network.network()) || b.network.contains(&a.network.network())
+        }) {
+            return Err(SubnetError::SubnetOverlap(a.network, b.network));
         }
         let mut by_mac = HashMap::new();
         let mut reserved_ips = HashMap::new();

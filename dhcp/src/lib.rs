@@ -1,4 +1,4 @@
-//! Paddock's DHCPv4 server.
+//! Paddock's DHCPv4 server, and DHCPv6 in [`v6`].
 //!
 //! The decision of what to answer is pure: [`Server::handle`] takes a decoded request, the
 //! address it arrived on and the time, updates the in-memory [`Leases`] and returns an
@@ -6,12 +6,14 @@
 //! the reply goes out). The [`shell`] owns the sockets and the store; it persists lease changes
 //! and only then sends the ACK.
 
+mod batch;
 pub mod leases;
 pub mod packet;
 pub mod pxe;
 pub mod ratelimit;
 pub mod server;
 pub mod shell;
+pub mod v6;
 
 pub use leases::{Lease, LeaseState, Leases, Pick, Pool, Relay, Reservation, Subnet, SubnetError};
 pub use paddock_inventory::MacAddr;

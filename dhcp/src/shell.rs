@@ -4,12 +4,13 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use paddock_store::{Op, Store, StoreError, Txn};
+use paddock_store::{Op, Store, StoreError};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
+use crate::batch::{Batch, Handler, send};
 use crate::packet::{decode_request, encode};
 use crate::server::{ClientPolicy, LeaseChange, LimitKind};
 use crate::{Lease, MacAddr, Server};
@@ -152,80 +153,25 @@ impl DhcpService {
 
     /// Serves on every listener until the task is dropped.
     pub async fn run(self: Arc<Self>, listeners: Vec<Listener>) -> Result<(), ShellError> {
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut links = Vec::new();
         for l in listeners {
-            let socket = Arc::new(bind(&l)?);
+            let socket = bind(&l)?;
             tracing::info!(interface = %l.interface, address = %l.address, port = l.port, "dhcp: listening");
-            tasks.spawn(self.clone().serve(socket, l));
+            let link = Link4 {
+                service: self.clone(),
+                local: l.address,
+            };
+            links.push((link, socket, l.interface));
         }
         let me = self.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(10));
-            loop {
-                tick.tick().await;
-                me.server
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .leases
-                    .expire_offers(unix_now());
-            }
-        });
-        while let Some(res) = tasks.join_next().await {
-            if let Ok(Err(e)) = res {
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// The packet loop of one socket. Replies that need no durable change (OFFER, NAK,
-    /// INFORM) leave at once. Lease changes are gathered into a batch that is written as ONE
-    /// store transaction while packets keep being handled; when it commits, its ACKs are sent
-    /// and the next batch (everything that arrived meanwhile) is written. An ACK therefore
-    /// always follows the fsync of its lease, and the number of fsyncs adapts to the load.
-    async fn serve(self: Arc<Self>, socket: Arc<UdpSocket>, l: Listener) -> Result<(), ShellError> {
-        let mut buf = vec![0u8; 4096];
-        let mut next = Batch::default();
-        let mut writing: Option<(CommitFuture, Vec<Reply>, usize)> = None;
-        loop {
-            tokio::select! {
-                res = socket.recv_from(&mut buf) => {
-                    let (n, peer) = res.map_err(|source| ShellError::Io {
-                        interface: l.interface.clone(),
-                        source,
-                    })?;
-                    self.packet(&socket, &buf[..n], peer, l.address, &mut next).await;
-                }
-                res = async { writing.as_mut().expect("guarded").0.as_mut().await }, if writing.is_some() => {
-                    let (_, replies, leases) = writing.take().expect("guarded");
-                    match res {
-                        Ok(_) => {
-                            for (bytes, to) in &replies {
-                                send(&socket, bytes, *to).await;
-                            }
-                        }
-                        Err(e) => {
-                            self.stats.persist_errors.fetch_add(leases as u64, Ordering::Relaxed);
-                            tracing::error!(leases, error = %e, "dhcp: leases not stored, their ACKs withheld");
-                        }
-                    }
-                }
-            }
-            if writing.is_none() && !next.ops.is_empty() {
-                let Batch { ops, replies } = std::mem::take(&mut next);
-                let leases = ops.len();
-                let txn = Txn {
-                    success: ops,
-                    ..Txn::default()
-                };
-                let store = self.store.clone();
-                writing = Some((
-                    Box::pin(async move { store.txn(txn).await }),
-                    replies,
-                    leases,
-                ));
-            }
-        }
+        crate::batch::run(links, move || {
+            me.server
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .leases
+                .expire_offers(unix_now())
+        })
+        .await
     }
 
     /// Handles one received packet: sends what can go now, queues lease changes.
@@ -290,10 +236,10 @@ impl DhcpService {
             }
         };
         match change {
-            None => send(socket, &bytes, to).await,
+            None => send(socket, &bytes, to.into()).await,
             Some(op) => {
                 next.ops.push(op);
-                next.replies.push((bytes, to));
+                next.replies.push((bytes, to.into()));
             }
         }
     }
@@ -330,29 +276,26 @@ impl DhcpService {
     }
 }
 
-/// An encoded reply and where it goes.
-type Reply = (Vec<u8>, SocketAddrV4);
-
-/// Lease writes waiting for the next transaction, and the replies that follow them.
-#[derive(Default)]
-struct Batch {
-    ops: Vec<Op>,
-    replies: Vec<Reply>,
+/// One listener's protocol for the shared packet loop: the service, and the address it
+/// answers as on that link.
+struct Link4 {
+    service: Arc<DhcpService>,
+    local: Ipv4Addr,
 }
 
-type CommitFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<paddock_store::TxnResponse, StoreError>> + Send>,
->;
+impl Handler for Link4 {
+    async fn packet(&self, socket: &UdpSocket, data: &[u8], peer: SocketAddr, next: &mut Batch) {
+        self.service
+            .packet(socket, data, peer, self.local, next)
+            .await
+    }
 
-async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddrV4) {
-    // Straight to the socket when it has room (nearly always); through the reactor otherwise.
-    let to = SocketAddr::V4(to);
-    let res = match socket.try_send_to(bytes, to) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => socket.send_to(bytes, to).await,
-        other => other,
-    };
-    if let Err(e) = res {
-        tracing::debug!(%to, error = %e, "dhcp: send failed");
+    fn store(&self) -> Arc<dyn Store> {
+        self.service.store.clone()
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.service.stats
     }
 }
 

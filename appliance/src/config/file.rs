@@ -29,6 +29,7 @@ pub struct FileConfig {
     pub power: PowerFile,
     pub roles: crate::roles::RolesFile,
     pub dns: crate::dns::DnsFile,
+    pub dhcp6: crate::dhcp6::Dhcp6File,
     pub security: SecurityFile,
 }
 

@@ -73,6 +73,8 @@ pub struct Config {
     pub roles: Option<crate::roles::RolesConfig>,
     /// `None`: no DNS server.
     pub dns: Option<crate::dns::DnsConfig>,
+    /// `None`: no DHCPv6 server.
+    pub dhcp6: Option<crate::dhcp6::Dhcp6Config>,
     /// `[security]`.
     pub security: SecurityConfig,
 }

@@ -54,6 +54,7 @@ impl FileConfig {
                 .collect(),
         };
         let dns = crate::dns::validate(&self.dns, http_listen.map(|a| a.ip()), &dns_site, &mut p);
+        let dhcp6 = crate::dhcp6::validate(&self.dhcp6, &mut p);
         let (mut inspector, clean_up_period) = inspector(&self.inspector, &public_url, &mut p);
         inspector.agent_bmc_networks = bmc_networks(&self.power.bmc_networks, &mut p);
         let firewall = firewall(
@@ -138,6 +139,7 @@ impl FileConfig {
             power,
             roles,
             dns,
+            dhcp6,
             security,
         })
     }

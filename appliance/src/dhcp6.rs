@@ -1,0 +1,274 @@
+//! DHCPv6's shell in the appliance: its configuration section (`[dhcp6]`), the listeners on
+//! the configured interfaces, and the service.
+
+use std::net::Ipv6Addr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use ipnet::Ipv6Net;
+use paddock_dhcp::BootPolicy;
+use paddock_dhcp::v6::shell::{Dhcp6Service, Listener6};
+use paddock_dhcp::v6::{Boot6, Leases6, Pool6, Reservation6, Server6, Server6Config, Subnet6};
+use paddock_inventory::MacAddr;
+use serde::Deserialize;
+
+use crate::runtime::Runtime;
+
+/// The DHCPv6 server port (RFC 8415 7.2).
+pub const DHCP6_PORT: u16 = 547;
+/// Seconds.
+pub const PREFERRED_LIFETIME: u32 = 1800;
+/// Seconds.
+pub const VALID_LIFETIME: u32 = 3600;
+
+/// `[dhcp6]`: off unless enabled.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Dhcp6File {
+    pub enabled: Option<bool>,
+    pub interfaces: Vec<String>,
+    pub port: Option<u16>,
+    /// The appliance's HTTP base URL over IPv6 (`http://[addr]:port`) for boot file URLs;
+    /// unset: addresses only, no boot files.
+    pub public_url: Option<String>,
+    pub subnets: Vec<Subnet6File>,
+    pub reservations: Vec<Reservation6File>,
+}
+
+/// `[[dhcp6.subnets]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Subnet6File {
+    pub network: String,
+    /// `"start-end"` ranges inside the network.
+    pub pools: Vec<String>,
+    pub dns: Vec<String>,
+    pub domain: Option<String>,
+    pub preferred_lifetime: Option<u32>,
+    pub valid_lifetime: Option<u32>,
+}
+
+/// `[[dhcp6.reservations]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Reservation6File {
+    pub mac: String,
+    pub ip: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Dhcp6Config {
+    pub interfaces: Vec<String>,
+    pub port: u16,
+    pub public_url: Option<String>,
+    pub subnets: Vec<Subnet6>,
+    pub reservations: Vec<Reservation6>,
+}
+
+/// Validates `[dhcp6]`, naming each problem; `None` when it is off.
+pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
+    if !f.enabled.unwrap_or(false) {
+        return None;
+    }
+    fn parse<T: std::str::FromStr>(p: &mut Vec<String>, what: &str, s: &str) -> Option<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        s.trim()
+            .parse()
+            .map_err(|e| p.push(format!("{what}: {s:?}: {e}")))
+            .ok()
+    }
+    if f.interfaces.is_empty() {
+        p.push("dhcp6.interfaces: name at least one interface to serve".into());
+    }
+    if f.subnets.is_empty() {
+        p.push("dhcp6.subnets: define at least one subnet".into());
+    }
+    let mut subnets = Vec::new();
+    for (i, s) in f.subnets.iter().enumerate() {
+        let at = format!("dhcp6.subnets[{i}]");
+        let Some(network) = parse::<Ipv6Net>(p, &format!("{at}.network"), &s.network) else {
+            continue;
+        };
+        let mut pools = Vec::new();
+        for (j, r) in s.pools.iter().enumerate() {
+            let what = format!("{at}.pools[{j}]");
+            let Some((a, b)) = r.split_once('-') else {
+                p.push(format!("{what}: {r:?} is not START-END"));
+                continue;
+            };
+            if let (Some(start), Some(end)) = (parse(p, &what, a), parse(p, &what, b)) {
+                pools.push(Pool6 { start, end });
+            }
+        }
+        let dns = s
+            .dns
+            .iter()
+            .enumerate()
+            .filter_map(|(j, d)| parse::<Ipv6Addr>(p, &format!("{at}.dns[{j}]"), d))
+            .collect();
+        let subnet = Subnet6 {
+            network: network.trunc(),
+            pools,
+            dns,
+            domain: s.domain.clone(),
+            preferred_lifetime: s.preferred_lifetime.unwrap_or(PREFERRED_LIFETIME),
+            valid_lifetime: s.valid_lifetime.unwrap_or(VALID_LIFETIME),
+        };
+        match subnet.validate() {
+            Ok(()) => subnets.push(subnet),
+            Err(e) => p.push(format!("{at}: {e}")),
+        }
+    }
+    let reservations: Vec<Reservation6> = f
+        .reservations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let at = format!("dhcp6.reservations[{i}]");
+            Some(Reservation6 {
+                mac: parse::<MacAddr>(p, &format!("{at}.mac"), &r.mac)?,
+                ip: parse(p, &format!("{at}.ip"), &r.ip)?,
+            })
+        })
+        .collect();
+    if let Err(e) = Leases6::new(subnets.clone(), reservations.clone()) {
+        p.push(format!("dhcp6: {e}"));
+    }
+    Some(Dhcp6Config {
+        interfaces: f.interfaces.clone(),
+        port: f.port.unwrap_or(DHCP6_PORT),
+        public_url: f
+            .public_url
+            .as_ref()
+            .map(|u| u.trim_end_matches('/').to_string()),
+        subnets,
+        reservations,
+    })
+}
+
+/// Binds the listeners and runs the server, when `[dhcp6]` is on (fatal, as DHCPv4: an
+/// appliance that cannot answer must not look healthy).
+pub async fn start(
+    rt: &mut Runtime,
+    d: Option<&Dhcp6Config>,
+    boot: &BootPolicy,
+) -> anyhow::Result<Option<Arc<Dhcp6Service>>> {
+    let Some(d) = d else {
+        return Ok(None);
+    };
+    let store = rt.context().store.clone();
+    let listeners = d
+        .interfaces
+        .iter()
+        .map(|i| {
+            Ok(Listener6 {
+                interface: i.clone(),
+                address: interface_address(i, d)?,
+                port: d.port,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let first = d.interfaces.first().context("dhcp6.interfaces is empty")?;
+    let leases = Leases6::new(d.subnets.clone(), d.reservations.clone())?;
+    let server = Server6::new(
+        leases,
+        Server6Config {
+            duid: server_duid(first)?,
+            boot: d.public_url.as_ref().map(|u| Boot6 {
+                table: boot.table.clone(),
+                public_url: u.clone(),
+            }),
+        },
+    );
+    let service = Dhcp6Service::new(server, store).await?;
+    let run = service.clone().run(listeners);
+    rt.spawn_future("dhcp6", async move { run.await.context("DHCPv6 server") });
+    Ok(Some(service))
+}
+
+/// The server's DUID: DUID-LL (type 3, Ethernet) of its first interface, the same after
+/// every restart, so clients that renew find the server they bound with.
+fn server_duid(interface: &str) -> anyhow::Result<Vec<u8>> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
+        .with_context(|| format!("dhcp6: reading the MAC of {interface}"))?;
+    let mac: MacAddr = text
+        .trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("dhcp6: the MAC of {interface}: {e}"))?;
+    let mut duid = vec![0, 3, 0, 1];
+    duid.extend(mac.0);
+    Ok(duid)
+}
+
+/// The interface's address in one of the subnets: it names the link's subnet.
+fn interface_address(interface: &str, d: &Dhcp6Config) -> anyhow::Result<Ipv6Addr> {
+    nix::ifaddrs::getifaddrs()
+        .context("listing interface addresses")?
+        .filter(|a| a.interface_name == interface)
+        .filter_map(|a| a.address?.as_sockaddr_in6().map(|s| s.ip()))
+        .find(|ip| d.subnets.iter().any(|s| s.network.contains(ip)))
+        .with_context(|| {
+            format!("interface {interface} has no IPv6 address in a dhcp6 subnet; add one or remove it from dhcp6.interfaces")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_is_validated_with_every_problem_named() {
+        let good: Dhcp6File = toml::from_str(
+            r#"
+enabled = true
+interfaces = ["br0"]
+public_url = "http://[2001:db8:1::1]:8080/"
+[[subnets]]
+network = "2001:db8:1::/64"
+pools = ["2001:db8:1::100-2001:db8:1::1ff"]
+dns = ["2001:db8:1::1"]
+[[reservations]]
+mac = "52:54:00:00:00:01"
+ip = "2001:db8:1::10"
+"#,
+        )
+        .unwrap();
+        let mut p = Vec::new();
+        let c = validate(&good, &mut p).unwrap();
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.port, 547);
+        assert_eq!(c.public_url.as_deref(), Some("http://[2001:db8:1::1]:8080"));
+        assert_eq!(c.subnets[0].valid_lifetime, VALID_LIFETIME);
+        assert_eq!(c.reservations.len(), 1);
+        let bad: Dhcp6File = toml::from_str(
+            r#"
+enabled = true
+[[subnets]]
+network = "2001:db8:1::/64"
+pools = ["2001:db8:2::1-2001:db8:2::9", "nonsense"]
+dns = ["10.0.0.1"]
+preferred_lifetime = 9000
+[[reservations]]
+mac = "nope"
+ip = "2001:db8:1::10"
+"#,
+        )
+        .unwrap();
+        let mut p = Vec::new();
+        validate(&bad, &mut p);
+        let text = p.join("\n");
+        for needle in [
+            "dhcp6.interfaces",
+            "dhcp6.subnets[0].pools[1]: \"nonsense\" is not START-END",
+            "dhcp6.subnets[0].dns[0]",
+            "dhcp6.subnets[0]: subnet 2001:db8:1::/64: the preferred lifetime",
+            "dhcp6.reservations[0].mac",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        let off = Dhcp6File::default();
+        assert!(validate(&off, &mut Vec::new()).is_none());
+    }
+}

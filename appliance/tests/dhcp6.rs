@@ -1,0 +1,198 @@
+//! DHCPv6 with a real client (ISC `dhclient -6`) against the real `paddock serve`, in network
+//! namespaces with addresses from the IPv6 benchmarking range (2001:2::/48).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const SERVER_IP6: &str = "2001:2:0:1::1";
+
+/// Waits until no address of `iface` in `ns` is tentative (duplicate address detection
+/// done): dhclient binds to the link-local address, the server answers from its own.
+fn wait_for_dad(ns: &Ns, iface: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = ns.sh_ok(&format!("ip -6 addr show dev {iface}"));
+        if out.contains("inet6 fe80") && !out.contains("tentative") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{iface} stays tentative: {out}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A link with IPv6 on the server end, and the appliance serving DHCPv6 there (short
+/// lifetimes: T1, the renewal, comes at half the preferred lifetime), with `extra` TOML.
+fn setup(extra: &str) -> (Link, Scratch, Appliance) {
+    require(&["dhclient", "curl", "ip"]);
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    link.server.sh_ok(&format!(
+        "ip -6 addr add {SERVER_IP6}/64 dev {} nodad",
+        link.server_if
+    ));
+    wait_for_dad(&link.server, &link.server_if);
+    wait_for_dad(&link.client, &link.client_if);
+    let config = base_config(
+        &link,
+        &scratch,
+        &format!(
+            r#"[tftp]
+enabled = false
+[dhcp6]
+enabled = true
+interfaces = ["{iface}"]
+[[dhcp6.subnets]]
+network = "2001:2:0:1::/64"
+pools = ["2001:2:0:1::100-2001:2:0:1::1ff"]
+dns = ["{SERVER_IP6}"]
+preferred_lifetime = 6
+valid_lifetime = 12
+{extra}"#,
+            iface = link.server_if
+        ),
+    );
+    let app = Appliance::start(&link.server, &scratch, &config);
+    (link, scratch, app)
+}
+
+/// dhclient -6 on `iface` of the client namespace, recording each event as
+/// `<reason> <address>` in `<name>.events`.
+fn dhclient6(
+    link: &Link,
+    scratch: &Scratch,
+    iface: &str,
+    name: &str,
+) -> (Reap, std::path::PathBuf) {
+    let events = scratch.path(&format!("{name}.events"));
+    let script = scratch.path(&format!("{name}.script"));
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$reason\" in BOUND6|RENEW6|REBIND6|REBOOT6) echo \"$reason $new_ip6_address\" >> {} ;; esac\nexit 0\n",
+            events.display()
+        ),
+    )
+    .unwrap();
+    sh_ok(&format!("chmod +x {}", script.display()));
+    let child = link.client.spawn(
+        &format!(
+            "dhclient -6 -D LL -d -v -lf {lf} -pf {pf} -sf {sf} {iface}",
+            lf = scratch.path(&format!("{name}.leases")).display(),
+            pf = scratch.path(&format!("{name}.pid")).display(),
+            sf = script.display(),
+        ),
+        &scratch.path(&format!("{name}.log")),
+    );
+    (Reap(child), events)
+}
+
+/// Waits for an event line starting with `reason`; returns every line so far.
+fn wait_event(events: &std::path::Path, reason: &str, log: &std::path::Path) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let text = std::fs::read_to_string(events).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.iter().any(|l| l.starts_with(reason)) {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} within 40 s; events: {lines:?}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn leases6(link: &Link) -> Vec<paddock_dhcp::v6::Lease6> {
+    let text = link
+        .server
+        .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/leases6"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn mac_of(ns: &Ns, iface: &str) -> String {
+    ns.sh_ok(&format!("cat /sys/class/net/{iface}/address"))
+        .trim()
+        .to_string()
+}
+
+/// A lease from the pool, renewed at T1 for the same address, and stored with the client's
+/// MAC (from its DUID-LL); a second client (a macvlan with its own MAC) gets another
+/// address; a reserved MAC gets its reservation.
+#[test]
+fn dhclient6_gets_renews_and_reservations_hold() {
+    let reserved_mac = "52:54:00:06:00:07";
+    let (link, scratch, _app) = setup(&format!(
+        "[[dhcp6.reservations]]\nmac = \"{reserved_mac}\"\nip = \"2001:2:0:1::77\"\n"
+    ));
+    let mac = mac_of(&link.client, &link.client_if);
+    let (first, events) = dhclient6(&link, &scratch, &link.client_if, "first");
+    let lines = wait_event(&events, "RENEW6", &scratch.path("first.log"));
+    let ip = lines[0]
+        .strip_prefix("BOUND6 ")
+        .unwrap_or_else(|| panic!("first event {lines:?}"))
+        .to_string();
+    let ip: std::net::Ipv6Addr = ip.parse().unwrap();
+    assert!(
+        (0x100..=0x1ff).contains(&(u128::from(ip) & 0xffff)),
+        "{ip} is not from the pool"
+    );
+    assert!(
+        lines.iter().any(|l| *l == format!("RENEW6 {ip}")),
+        "renewed the same address: {lines:?}"
+    );
+    drop(first);
+    let stored = leases6(&link);
+    let lease = stored
+        .iter()
+        .find(|l| l.ip == ip)
+        .expect("the lease stored");
+    assert_eq!(lease.mac.map(|m| m.to_string()), Some(mac), "{stored:?}");
+    assert_eq!(lease.state, paddock_dhcp::LeaseState::Bound);
+    // Two more machines on the link: one ordinary, one with a reservation.
+    for (iface, m) in [("mv1", "52:54:00:06:00:01"), ("mv2", reserved_mac)] {
+        link.client.sh_ok(&format!(
+            "ip link add {iface} link {} address {m} type macvlan mode bridge && ip link set {iface} up",
+            link.client_if
+        ));
+        wait_for_dad(&link.client, iface);
+    }
+    let (second, events2) = dhclient6(&link, &scratch, "mv1", "second");
+    let (third, events3) = dhclient6(&link, &scratch, "mv2", "third");
+    let other = wait_event(&events2, "BOUND6", &scratch.path("second.log"));
+    let fixed = wait_event(&events3, "BOUND6", &scratch.path("third.log"));
+    drop(second);
+    drop(third);
+    assert_ne!(other[0], format!("BOUND6 {ip}"), "an address given twice");
+    assert_eq!(fixed[0], "BOUND6 2001:2:0:1::77");
+}
+
+/// A bound lease survives SIGKILL (it was durable before the Reply left) and an orderly
+/// restart; the client, asking again, keeps its address.
+#[test]
+fn dhcp6_leases_survive_kill_9() {
+    let (link, scratch, mut app) = setup("");
+    let (client, events) = dhclient6(&link, &scratch, &link.client_if, "c");
+    let lines = wait_event(&events, "BOUND6", &scratch.path("c.log"));
+    drop(client);
+    let ip: std::net::Ipv6Addr = lines[0].strip_prefix("BOUND6 ").unwrap().parse().unwrap();
+    app.kill9();
+    app.restart(&link.server);
+    assert!(
+        leases6(&link).iter().any(|l| l.ip == ip),
+        "the lease was lost by kill -9"
+    );
+    app.stop();
+    app.restart(&link.server);
+    assert!(leases6(&link).iter().any(|l| l.ip == ip));
+    // The same client (its lease file and DUID) asks again after the restarts.
+    let _ = std::fs::remove_file(&events);
+    let (again, events) = dhclient6(&link, &scratch, &link.client_if, "c");
+    let lines = wait_event(&events, "", &scratch.path("c.log"));
+    drop(again);
+    assert!(lines[0].ends_with(&format!(" {ip}")), "{lines:?}");
+}

@@ -1,0 +1,133 @@
+//! The packet loop both DHCP shells share: replies that need no durable change leave at once;
+//! lease changes gather into a batch written as ONE store transaction while packets keep
+//! being handled; when it commits, its replies are sent and the next batch (everything that
+//! arrived meanwhile) is written. A reply therefore always follows the fsync of its lease, and
+//! the number of fsyncs adapts to the load.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use paddock_store::{Op, Store, StoreError, Txn};
+use tokio::net::UdpSocket;
+
+use crate::shell::{ShellError, Stats};
+
+/// An encoded reply and where it goes.
+pub(crate) type Reply = (Vec<u8>, SocketAddr);
+
+/// Lease writes waiting for the next transaction, and the replies that follow them.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub ops: Vec<Op>,
+    pub replies: Vec<Reply>,
+}
+
+/// One socket's protocol: what a packet does, and where its leases are stored.
+pub(crate) trait Handler: Send + Sync {
+    /// Handles one received packet: sends what can go now, queues lease changes (with the
+    /// replies that must wait for them) in `next`.
+    fn packet(
+        &self,
+        socket: &UdpSocket,
+        data: &[u8],
+        peer: SocketAddr,
+        next: &mut Batch,
+    ) -> impl Future<Output = ()> + Send;
+    fn store(&self) -> Arc<dyn Store>;
+    fn stats(&self) -> &Stats;
+    /// A batch of `leases` was not stored: its replies are withheld.
+    fn not_stored(&self, leases: usize, error: &StoreError) {
+        self.stats()
+            .persist_errors
+            .fetch_add(leases as u64, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(leases, %error, "dhcp: leases not stored, their replies withheld");
+    }
+}
+
+/// Serves every socket with its handler, and calls `tick` every 10 s (offers and
+/// advertisements whose hold ran out are forgotten there); ends with the first socket that
+/// fails.
+pub(crate) async fn run<H: Handler + 'static>(
+    links: Vec<(H, UdpSocket, String)>,
+    tick: impl Fn() + Send + 'static,
+) -> Result<(), ShellError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (handler, socket, interface) in links {
+        tasks.spawn(async move { serve(&handler, &socket, &interface).await });
+    }
+    tasks.spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+        loop {
+            every.tick().await;
+            tick();
+        }
+    });
+    while let Some(res) = tasks.join_next().await {
+        if let Ok(Err(e)) = res {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+type CommitFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<paddock_store::TxnResponse, StoreError>> + Send>>;
+
+/// Serves `socket` until it fails.
+pub(crate) async fn serve<H: Handler>(
+    h: &H,
+    socket: &UdpSocket,
+    interface: &str,
+) -> Result<(), ShellError> {
+    let mut buf = vec![0u8; 4096];
+    let mut next = Batch::default();
+    let mut writing: Option<(CommitFuture, Vec<Reply>, usize)> = None;
+    loop {
+        tokio::select! {
+            res = socket.recv_from(&mut buf) => {
+                let (n, peer) = res.map_err(|source| ShellError::Io {
+                    interface: interface.to_string(),
+                    source,
+                })?;
+                h.packet(socket, &buf[..n], peer, &mut next).await;
+            }
+            res = async { writing.as_mut().expect("guarded").0.as_mut().await }, if writing.is_some() => {
+                let (_, replies, leases) = writing.take().expect("guarded");
+                match res {
+                    Ok(_) => {
+                        for (bytes, to) in &replies {
+                            send(socket, bytes, *to).await;
+                        }
+                    }
+                    Err(e) => h.not_stored(leases, &e),
+                }
+            }
+        }
+        if writing.is_none() && !next.ops.is_empty() {
+            let Batch { ops, replies } = std::mem::take(&mut next);
+            let leases = ops.len();
+            let txn = Txn {
+                success: ops,
+                ..Txn::default()
+            };
+            let store = h.store();
+            writing = Some((
+                Box::pin(async move { store.txn(txn).await }),
+                replies,
+                leases,
+            ));
+        }
+    }
+}
+
+pub(crate) async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
+    // Straight to the socket when it has room (nearly always); through the reactor otherwise.
+    let res = match socket.try_send_to(bytes, to) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => socket.send_to(bytes, to).await,
+        other => other,
+    };
+    if let Err(e) = res {
+        tracing::debug!(%to, error = %e, "dhcp: send failed");
+    }
+}

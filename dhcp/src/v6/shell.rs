@@ -1,0 +1,183 @@
+//! The I/O shell around [`Server6`]: one UDP socket per interface on port 547, joined to
+//! All_DHCP_Relay_Agents_and_Servers (`ff02::1:2`), lease persistence through the [`Store`],
+//! and the rule (shared with DHCPv4) that a reply leaves only after its leases are durable.
+
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use dhcproto::v6::MessageType;
+use paddock_store::{Op, Store};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+
+use super::packet::{decode_request6, encode6};
+use super::{Lease6, Server6};
+use crate::batch::{Batch, Handler, send};
+use crate::shell::{ShellError, Stats, unix_now};
+
+/// Store prefix of DHCPv6 lease records: `dhcp6/leases/<ip>` → JSON [`Lease6`].
+pub const LEASE6_PREFIX: &str = "dhcp6/leases/";
+
+/// All_DHCP_Relay_Agents_and_Servers (RFC 8415 7.1).
+pub const ALL_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
+
+/// One server socket: bound to `interface` on `[::]:port`, joined to [`ALL_SERVERS`] there,
+/// serving the subnet that holds `address` (this host's address on that link).
+#[derive(Clone, Debug)]
+pub struct Listener6 {
+    pub interface: String,
+    pub address: Ipv6Addr,
+    pub port: u16,
+}
+
+pub struct Dhcp6Service {
+    server: Mutex<Server6>,
+    store: Arc<dyn Store>,
+    pub stats: Stats,
+}
+
+fn lease_key(ip: Ipv6Addr) -> String {
+    format!("{LEASE6_PREFIX}{ip}")
+}
+
+impl Dhcp6Service {
+    /// Builds the service and restores every stored lease into `server`.
+    pub async fn new(mut server: Server6, store: Arc<dyn Store>) -> Result<Arc<Self>, ShellError> {
+        for kv in store.range(LEASE6_PREFIX).await? {
+            let lease: Lease6 =
+                serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
+                    key: kv.key.clone(),
+                    source,
+                })?;
+            server.leases.restore(lease);
+        }
+        tracing::info!(leases = server.leases.count(), "dhcp6: leases restored");
+        Ok(Arc::new(Dhcp6Service {
+            server: Mutex::new(server),
+            store,
+            stats: Stats::default(),
+        }))
+    }
+
+    /// A snapshot of every lease, for the API.
+    pub fn leases(&self) -> Vec<Lease6> {
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+        server.leases.records().cloned().collect()
+    }
+
+    /// Serves on every listener until the task is dropped.
+    pub async fn run(self: Arc<Self>, listeners: Vec<Listener6>) -> Result<(), ShellError> {
+        let mut links = Vec::new();
+        for l in listeners {
+            let socket = bind(&l)?;
+            tracing::info!(interface = %l.interface, address = %l.address, port = l.port, "dhcp6: listening");
+            let link = Link6 {
+                service: self.clone(),
+                local: l.address,
+            };
+            links.push((link, socket, l.interface));
+        }
+        let me = self.clone();
+        crate::batch::run(links, move || {
+            let mut server = me.server.lock().unwrap_or_else(|p| p.into_inner());
+            server.leases.expire_advertisements(unix_now());
+        })
+        .await
+    }
+}
+
+/// One listener's protocol for the shared packet loop.
+struct Link6 {
+    service: Arc<Dhcp6Service>,
+    local: Ipv6Addr,
+}
+
+impl Handler for Link6 {
+    async fn packet(&self, socket: &UdpSocket, data: &[u8], peer: SocketAddr, next: &mut Batch) {
+        let s = &self.service;
+        s.stats.received.fetch_add(1, Ordering::Relaxed);
+        let SocketAddr::V6(from) = peer else {
+            return;
+        };
+        let msg = match decode_request6(data) {
+            Ok(m) => m,
+            Err(e) => {
+                s.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, error = %e, "dhcp6: dropped malformed packet");
+                return;
+            }
+        };
+        let outcome = s.server.lock().unwrap_or_else(|p| p.into_inner()).handle(
+            &msg,
+            self.local,
+            *from.ip(),
+            unix_now(),
+        );
+        tracing::debug!(%peer, mac = ?outcome.mac, boot = ?outcome.boot, "dhcp6: {}", outcome.note);
+        let Some(reply) = outcome.reply else {
+            s.stats.ignored.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let counter = match reply.msg_type() {
+            MessageType::Advertise => &s.stats.offers,
+            _ => &s.stats.acks,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let bytes = match encode6(&reply) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "dhcp6: cannot encode reply");
+                return;
+            }
+        };
+        // Back to the client's own address and port, on the link it came from.
+        let to = SocketAddr::V6(SocketAddrV6::new(
+            *from.ip(),
+            from.port(),
+            0,
+            from.scope_id(),
+        ));
+        if outcome.changes.is_empty() {
+            return send(socket, &bytes, to).await;
+        }
+        for lease in &outcome.changes {
+            if let Ok(v) = serde_json::to_vec(lease) {
+                next.ops.push(Op::put(lease_key(lease.ip), v));
+            }
+        }
+        next.replies.push((bytes, to));
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.service.store.clone()
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.service.stats
+    }
+}
+
+fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
+    let err = |source| ShellError::Bind {
+        interface: l.interface.clone(),
+        port: l.port,
+        source,
+    };
+    let index = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", l.interface))
+        .map_err(err)?
+        .trim()
+        .parse::<u32>()
+        .map_err(|e| err(std::io::Error::other(e)))?;
+    let s = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
+    s.set_only_v6(true).map_err(err)?;
+    s.set_reuse_address(true).map_err(err)?;
+    s.bind_device(Some(l.interface.as_bytes())).map_err(err)?;
+    let _ = s.set_recv_buffer_size(4 << 20);
+    let _ = s.set_send_buffer_size(4 << 20);
+    s.bind(&SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, l.port, 0, 0)).into())
+        .map_err(err)?;
+    s.join_multicast_v6(&ALL_SERVERS, index).map_err(err)?;
+    s.set_nonblocking(true).map_err(err)?;
+    UdpSocket::from_std(s.into()).map_err(err)
+}

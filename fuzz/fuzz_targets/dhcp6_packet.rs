@@ -1,0 +1,59 @@
+//! Bytes from the network through everything the DHCPv6 server does with them: the framing
+//! walk, dhcproto decoding as we call it, the pure core (allocation, boot file URLs) and
+//! encoding of the reply.
+#![no_main]
+
+use std::net::Ipv6Addr;
+use std::sync::Mutex;
+
+use libfuzzer_sys::fuzz_target;
+use paddock_dhcp::MacAddr;
+use paddock_dhcp::v6::{Boot6, Leases6, Pool6, Reservation6, Server6, Server6Config, Subnet6};
+
+static SERVER: Mutex<Option<Server6>> = Mutex::new(None);
+
+fn server() -> Server6 {
+    let subnet = Subnet6 {
+        network: "2001:2:0:1::/64".parse().unwrap(),
+        pools: vec![Pool6 {
+            start: "2001:2:0:1::100".parse().unwrap(),
+            end: "2001:2:0:1::10f".parse().unwrap(),
+        }],
+        dns: vec!["2001:2:0:1::1".parse().unwrap()],
+        domain: Some("lab".into()),
+        preferred_lifetime: 60,
+        valid_lifetime: 120,
+    };
+    let leases = Leases6::new(
+        vec![subnet],
+        vec![Reservation6 {
+            mac: MacAddr([0x52, 0x54, 0, 0, 0, 1]),
+            ip: "2001:2:0:1::7".parse().unwrap(),
+        }],
+    )
+    .unwrap();
+    Server6::new(
+        leases,
+        Server6Config {
+            duid: vec![0, 3, 0, 1, 2, 0, 0, 0, 0, 1],
+            boot: Some(Boot6 {
+                table: paddock_dhcp::pxe::default_table(),
+                public_url: "http://[2001:2:0:1::1]:8080".into(),
+            }),
+        },
+    )
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(msg) = paddock_dhcp::v6::packet::decode_request6(data) else {
+        return;
+    };
+    let mut guard = SERVER.lock().unwrap();
+    let s = guard.get_or_insert_with(server);
+    let now = u64::from(data.len() as u32) * 7;
+    let link: Ipv6Addr = "2001:2:0:1::1".parse().unwrap();
+    let out = s.handle(&msg, link, "fe80::5054:ff:fe00:1".parse().unwrap(), now);
+    if let Some(reply) = out.reply {
+        paddock_dhcp::v6::packet::encode6(&reply).expect("our replies always encode");
+    }
+});
