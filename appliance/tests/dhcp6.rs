@@ -196,3 +196,54 @@ fn dhcp6_leases_survive_kill_9() {
     drop(again);
     assert!(lines[0].ends_with(&format!(" {ip}")), "{lines:?}");
 }
+
+/// Whether a fresh dhclient -6 (a new lease file: it starts with a Solicit) on the client's
+/// interface is bound within `within`. Waiting is the point: a real external client either
+/// gets an answer in that time or none.
+fn answered6(link: &Link, scratch: &Scratch, name: &str, within: Duration) -> bool {
+    let (client, events) = dhclient6(link, scratch, &link.client_if, name);
+    let deadline = Instant::now() + within;
+    let bound = loop {
+        let text = std::fs::read_to_string(&events).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with("BOUND6")) {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(client);
+    bound
+}
+
+/// The PXE filter covers DHCPv6: an unknown machine is answered (discovery), a known idle
+/// one is not, and one under introspection is again.
+#[test]
+fn the_pxe_filter_blocks_and_admits_dhcpv6() {
+    require(&["nft"]);
+    let (link, scratch, _app) = setup("[firewall]\nenabled = true\n");
+    assert!(
+        answered6(&link, &scratch, "unknown", Duration::from_secs(20)),
+        "an unknown machine, discovery on, gets a DHCPv6 answer"
+    );
+    let mac = mac_of(&link.client, &link.client_if);
+    let created = link.server.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    let uuid = serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        !answered6(&link, &scratch, "known", Duration::from_secs(8)),
+        "a known idle machine gets no DHCPv6 answer"
+    );
+    link.server.sh_ok(&format!(
+        "curl -sf -X POST {PUBLIC_URL}/v1/introspection/{uuid}"
+    ));
+    assert!(
+        answered6(&link, &scratch, "inspecting", Duration::from_secs(20)),
+        "a machine under introspection gets a DHCPv6 answer again"
+    );
+}

@@ -5,7 +5,7 @@
 //! crate's typed schema ([`Batch`]) and applied with `nft -j -f -` as one atomic batch:
 //!
 //! ```text
-//! chain input      iifname <prov> udp dport {67, 69, 4011} jump whitelist
+//! chain input      iifname <prov> udp dport {67, 69, 547, 4011} jump whitelist
 //! chain whitelist  ether saddr @allow jump pass ; jump blacklist
 //! chain blacklist  ether saddr @deny drop ; [discovery: jump pass] ; drop
 //! chain pass       iifname @leader accept ; [this host alone serves PXE: accept]
@@ -50,8 +50,8 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use paddock_inventory::MacAddr;
 
 pub const TABLE: &str = "paddock";
-/// DHCP, TFTP and PXE boot-server discovery.
-pub const PORTS: [u16; 3] = [67, 69, 4011];
+/// DHCP, TFTP, DHCPv6 and PXE boot-server discovery (the `inet` table sees IPv4 and IPv6).
+pub const PORTS: [u16; 4] = [67, 69, 547, 4011];
 
 /// The filter's desired (or applied) state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -723,7 +723,7 @@ mod tests {
         for needle in [
             r#""hook":"input""#,
             r#""right":"br0""#,
-            r#""right":{"set":[67,69,4011]}"#,
+            r#""right":{"set":[67,69,547,4011]}"#,
         ] {
             assert!(full.contains(needle), "{needle} missing from {full}");
         }
