@@ -149,6 +149,8 @@ pub struct Leases6 {
     by_ip: BTreeMap<Ipv6Addr, Lease6>,
     by_client: HashMap<Client6, Ipv6Addr>,
     advertised: HashMap<Ipv6Addr, (Client6, u64)>,
+    /// The address advertised to each client, the index of `advertised`.
+    advertised_to: HashMap<Client6, Ipv6Addr>,
 }
 
 impl Leases6 {
@@ -252,10 +254,14 @@ impl Leases6 {
         }
         let had = self.by_client.get(client).copied().into_iter();
         let advertised = self
-            .advertised
-            .iter()
-            .filter(|(_, (c, until))| c == client && *until > now)
-            .map(|(ip, _)| *ip);
+            .advertised_to
+            .get(client)
+            .filter(|ip| {
+                self.advertised
+                    .get(ip)
+                    .is_some_and(|(c, until)| c == client && *until > now)
+            })
+            .copied();
         if let Some(ip) = had.chain(advertised).find(|ip| {
             subnet.pools.iter().any(|p| p.contains(*ip)) && self.free_for(*ip, client, mac, now)
         }) {
@@ -277,6 +283,11 @@ impl Leases6 {
 
     /// Holds `ip` for `client` for [`ADVERTISE_HOLD_SECS`].
     pub fn advertise(&mut self, ip: Ipv6Addr, client: &Client6, now: u64) {
+        if let Some(old) = self.advertised_to.insert(client.clone(), ip)
+            && old != ip
+        {
+            self.advertised.remove(&old);
+        }
         self.advertised
             .insert(ip, (client.clone(), now + ADVERTISE_HOLD_SECS));
     }
@@ -316,7 +327,9 @@ impl Leases6 {
         {
             l.state = LeaseState::Released;
         }
-        self.advertised.remove(&ip);
+        if let Some((held_for, _)) = self.advertised.remove(&ip) {
+            self.advertised_to.remove(&held_for);
+        }
         self.by_ip.insert(ip, lease.clone());
         Ok(lease)
     }
@@ -361,6 +374,9 @@ impl Leases6 {
     /// Forgets advertisements whose hold ran out.
     pub fn expire_advertisements(&mut self, now: u64) {
         self.advertised.retain(|_, (_, until)| *until > now);
+        let advertised = &self.advertised;
+        self.advertised_to
+            .retain(|client, ip| advertised.get(ip).is_some_and(|(c, _)| c == client));
     }
 }
 
