@@ -305,6 +305,7 @@ impl Agent<'_> {
         let mut ctx = Context {
             boot_mac: Some(self.mac.clone()),
             ipv4: ipv4_addresses(),
+            ipv6: ipv6_addresses(),
             lldp: BTreeMap::new(),
             architecture: std::env::consts::ARCH.to_string(),
         };
@@ -808,6 +809,18 @@ fn ipv4_addresses() -> BTreeMap<String, String> {
         }
     }
     out
+}
+
+/// Interface name → its IPv6 address (see [`crate::collect::ipv6_by_interface`]).
+fn ipv6_addresses() -> BTreeMap<String, String> {
+    let addrs = nix::ifaddrs::getifaddrs()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| {
+            let sin6 = a.address.as_ref()?.as_sockaddr_in6()?.ip();
+            Some((a.interface_name, sin6))
+        });
+    crate::collect::ipv6_by_interface(addrs)
 }
 
 /// Mounts the API file systems. `/proc` and `/sys` are required; the others are best effort.

@@ -45,8 +45,41 @@ fn assert_inventory_matches(data: &Value, spec: &VmSpec, boot_mode: &str) {
     for m in &spec.macs {
         assert!(macs.contains(&m.as_str()), "NIC {m} missing from {macs:?}");
     }
+    // The boot NIC's IPv6 address: the link-local one the kernel forms from its MAC
+    // (modified EUI-64), as nothing on the lab's network hands out IPv6 addresses.
+    let boot = inv["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["mac_address"] == spec.macs[0].as_str())
+        .unwrap();
+    assert_eq!(
+        boot["ipv6_address"].as_str(),
+        Some(eui64_link_local(&spec.macs[0]).as_str()),
+        "{boot}"
+    );
     assert_eq!(inv["boot"]["current_boot_mode"], boot_mode);
     assert_eq!(inv["boot"]["pxe_interface"], spec.macs[0].as_str());
+}
+
+/// The modified EUI-64 link-local address of a MAC (`fe80::5054:ff:fe12:3456` for
+/// `52:54:00:12:34:56`).
+fn eui64_link_local(mac: &str) -> String {
+    let b: Vec<u8> = mac
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).unwrap())
+        .collect();
+    let text = format!(
+        "fe80::{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
+        b[0] ^ 2,
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5]
+    );
+    let ip: std::net::Ipv6Addr = text.parse().unwrap();
+    ip.to_string()
 }
 
 /// A namespace of its own on the lab's bridge at 198.18.0.250: another machine of the

@@ -32,10 +32,35 @@ pub struct Context {
     pub boot_mac: Option<String>,
     /// Interface name → IPv4 address (from `getifaddrs`).
     pub ipv4: BTreeMap<String, String>,
+    /// Interface name → IPv6 address ([`ipv6_by_interface`]).
+    pub ipv6: BTreeMap<String, String>,
     /// Interface name → LLDP TLVs heard on it (only when LLDP listening was asked for).
     pub lldp: BTreeMap<String, Vec<(u8, String)>>,
     /// `x86_64`, …
     pub architecture: String,
+}
+
+/// Each interface's IPv6 address as the inventory reports it: the first global one (what
+/// DHCPv6 or SLAAC gave it), else its link-local one, which every IPv6 interface has.
+pub fn ipv6_by_interface(
+    addrs: impl Iterator<Item = (String, std::net::Ipv6Addr)>,
+) -> BTreeMap<String, String> {
+    let mut best: BTreeMap<String, std::net::Ipv6Addr> = BTreeMap::new();
+    let link_local = |ip: &std::net::Ipv6Addr| ip.segments()[0] & 0xffc0 == 0xfe80;
+    for (name, ip) in addrs {
+        if ip.is_loopback() || ip.is_multicast() {
+            continue;
+        }
+        match best.get(&name) {
+            Some(have) if !link_local(have) || link_local(&ip) => {}
+            _ => {
+                best.insert(name, ip);
+            }
+        }
+    }
+    best.into_iter()
+        .map(|(n, ip)| (n, ip.to_string()))
+        .collect()
 }
 
 /// The inventory and the messages of every collector that failed (IPA posts anyway, with
@@ -183,6 +208,32 @@ pub(crate) mod fixture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A global address wins over the link-local one, whichever comes first; an interface
+    /// with only a link-local address reports that; loopback and multicast never.
+    #[test]
+    fn ipv6_addresses_prefer_global_ones() {
+        let addrs = [
+            ("eth0", "fe80::5054:ff:fe12:3456"),
+            ("eth0", "2001:2:0:1::100"),
+            ("eth0", "2001:2:0:1::101"),
+            ("eth1", "2001:2:0:2::5"),
+            ("eth1", "fe80::1"),
+            ("eth2", "fe80::2"),
+            ("lo", "::1"),
+        ]
+        .map(|(n, ip)| (n.to_string(), ip.parse().unwrap()));
+        let got = ipv6_by_interface(addrs.into_iter());
+        let want: BTreeMap<String, String> = [
+            ("eth0", "2001:2:0:1::100"),
+            ("eth1", "2001:2:0:2::5"),
+            ("eth2", "fe80::2"),
+        ]
+        .map(|(n, ip)| (n.to_string(), ip.to_string()))
+        .into_iter()
+        .collect();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn pci_addresses() {

@@ -1,5 +1,5 @@
 //! Network interfaces: every `/sys/class/net` entry backed by a device (so not `lo`, bridges or
-//! other virtual links), with what sysfs knows about it and the IPv4 address the shell found.
+//! other virtual links), with what sysfs knows about it and the addresses the shell found.
 
 use std::path::Path;
 
@@ -19,7 +19,7 @@ pub fn collect(root: &Path, ctx: &Context) -> Result<Vec<Interface>, CollectErro
         out.push(Interface {
             mac_address: read_opt(root, &format!("{base}/address")).map(|m| m.to_ascii_lowercase()),
             ipv4_address: ctx.ipv4.get(&name).cloned(),
-            ipv6_address: None,
+            ipv6_address: ctx.ipv6.get(&name).cloned(),
             // Reading `carrier` of a down interface fails (EINVAL): no carrier.
             has_carrier: read_opt(root, &format!("{base}/carrier")).as_deref() == Some("1"),
             lldp: ctx.lldp.get(&name).cloned(),
@@ -155,6 +155,7 @@ pub(crate) mod tests {
         fixture(t.path());
         let mut ctx = Context::default();
         ctx.ipv4.insert("eth0".into(), "198.18.0.100".into());
+        ctx.ipv6.insert("eth0".into(), "2001:2:0:1::100".into());
         ctx.lldp
             .insert("eth1".into(), vec![(1, "0400112233".into())]);
         let ifs = collect(t.path(), &ctx).unwrap();
@@ -165,6 +166,7 @@ pub(crate) mod tests {
                     i.name.as_str(),
                     i.mac_address.as_deref(),
                     i.ipv4_address.as_deref(),
+                    i.ipv6_address.as_deref(),
                     i.has_carrier,
                     i.speed_mbps,
                     i.driver.as_deref(),
@@ -182,6 +184,7 @@ pub(crate) mod tests {
                     "eth0",
                     Some("52:54:00:12:34:56"),
                     Some("198.18.0.100"),
+                    Some("2001:2:0:1::100"),
                     true,
                     None,
                     Some("virtio_net"),
@@ -193,6 +196,7 @@ pub(crate) mod tests {
                 (
                     "eth1",
                     Some("a0:36:9f:00:00:01"),
+                    None,
                     None,
                     false,
                     Some(1000),
