@@ -20,6 +20,8 @@ pub const DHCP6_PORT: u16 = 547;
 pub const PREFERRED_LIFETIME: u32 = 1800;
 /// Seconds.
 pub const VALID_LIFETIME: u32 = 3600;
+/// Seconds between unsolicited router advertisements.
+pub const RA_INTERVAL_SECS: u64 = 30;
 
 /// `[dhcp6]`: off unless enabled.
 #[derive(Debug, Default, Deserialize)]
@@ -31,6 +33,14 @@ pub struct Dhcp6File {
     /// The appliance's HTTP base URL over IPv6 (`http://[addr]:port`) for boot file URLs;
     /// unset: addresses only, no boot files.
     pub public_url: Option<String>,
+    /// Router advertisements on each interface (default on): they send hosts to DHCPv6 and
+    /// give them the subnets as on-link. Off where a router already advertises.
+    pub router_advertisements: Option<bool>,
+    /// Seconds between unsolicited advertisements (default 30; solicitations are answered
+    /// at once).
+    pub ra_interval_secs: Option<u64>,
+    /// Seconds hosts may use this host as their default router (default 0: none).
+    pub router_lifetime: Option<u16>,
     pub subnets: Vec<Subnet6File>,
     pub reservations: Vec<Reservation6File>,
 }
@@ -61,8 +71,17 @@ pub struct Dhcp6Config {
     pub interfaces: Vec<String>,
     pub port: u16,
     pub public_url: Option<String>,
+    /// `None`: no router advertisements.
+    pub ra: Option<RaConfig>,
     pub subnets: Vec<Subnet6>,
     pub reservations: Vec<Reservation6>,
+}
+
+/// Router advertisements.
+#[derive(Clone, Copy, Debug)]
+pub struct RaConfig {
+    pub every: std::time::Duration,
+    pub router_lifetime: u16,
 }
 
 /// Validates `[dhcp6]`, naming each problem; `None` when it is off.
@@ -136,9 +155,19 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
     if let Err(e) = Leases6::new(subnets.clone(), reservations.clone()) {
         p.push(format!("dhcp6: {e}"));
     }
+    let every = f.ra_interval_secs.unwrap_or(RA_INTERVAL_SECS);
+    if !(4..=1800).contains(&every) {
+        p.push(format!(
+            "dhcp6.ra_interval_secs: {every} is outside 4..=1800 (RFC 4861's MaxRtrAdvInterval)"
+        ));
+    }
     Some(Dhcp6Config {
         interfaces: f.interfaces.clone(),
         port: f.port.unwrap_or(DHCP6_PORT),
+        ra: f.router_advertisements.unwrap_or(true).then(|| RaConfig {
+            every: std::time::Duration::from_secs(every),
+            router_lifetime: f.router_lifetime.unwrap_or(0),
+        }),
         public_url: f
             .public_url
             .as_ref()
@@ -182,10 +211,55 @@ pub async fn start(
             }),
         },
     );
+    if let Some(ra) = d.ra {
+        for l in &listeners {
+            advertise(rt, l, d, ra)?;
+        }
+    }
     let service = Dhcp6Service::new(server, store).await?;
     let run = service.clone().run(listeners);
     rt.spawn_future("dhcp6", async move { run.await.context("DHCPv6 server") });
     Ok(Some(service))
+}
+
+/// Sends router advertisements on a listener's link for the subnets that hold its address
+/// (a failure to open the raw socket stops the appliance, as DHCPv6's own would).
+fn advertise(rt: &mut Runtime, l: &Listener6, d: &Dhcp6Config, ra: RaConfig) -> anyhow::Result<()> {
+    let sys = |what: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{}/{what}", l.interface))
+            .with_context(|| format!("dhcp6: reading {what} of {}", l.interface))
+    };
+    let index: u32 = sys("ifindex")?.trim().parse()?;
+    let mac: MacAddr = sys("address")?
+        .trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("dhcp6: the MAC of {}: {e}", l.interface))?;
+    let on_link: Vec<&Subnet6> = d
+        .subnets
+        .iter()
+        .filter(|s| s.network.contains(&l.address))
+        .collect();
+    let advert = paddock_dhcp::v6::ra::Advert {
+        prefixes: on_link.iter().map(|s| s.network).collect(),
+        router_lifetime: ra.router_lifetime,
+        valid_lifetime: on_link
+            .iter()
+            .map(|s| s.valid_lifetime)
+            .max()
+            .unwrap_or(VALID_LIFETIME),
+        preferred_lifetime: on_link
+            .iter()
+            .map(|s| s.preferred_lifetime)
+            .max()
+            .unwrap_or(PREFERRED_LIFETIME),
+        autonomous: false,
+        mac,
+    };
+    let run = paddock_dhcp::v6::ra::run(l.interface.clone(), index, advert, ra.every);
+    rt.spawn_future("router advertisements", async move {
+        run.await.context("router advertisements")
+    });
+    Ok(())
 }
 
 /// The server's DUID: DUID-LL (type 3, Ethernet) of its first interface, the same after

@@ -44,6 +44,7 @@ enabled = false
 [dhcp6]
 enabled = true
 interfaces = ["{iface}"]
+ra_interval_secs = 4
 [[dhcp6.subnets]]
 network = "2001:2:0:1::/64"
 pools = ["2001:2:0:1::100-2001:2:0:1::1ff"]
@@ -246,4 +247,34 @@ fn the_pxe_filter_blocks_and_admits_dhcpv6() {
         answered6(&link, &scratch, "inspecting", Duration::from_secs(20)),
         "a machine under introspection gets a DHCPv6 answer again"
     );
+}
+
+/// Router advertisements give hosts the subnet as on-link (the kernel's own client, with
+/// its route's expiry from the prefix's valid lifetime), with the Managed flag that sends
+/// them to DHCPv6, and no default route (router lifetime 0).
+#[test]
+fn router_advertisements_put_the_subnet_on_link() {
+    let (link, _scratch, _app) = setup("");
+    let iface = &link.client_if;
+    // Link down and up: the kernel solicits at once, and the appliance answers.
+    link.client.sh_ok(&format!(
+        "ip link set {iface} down && ip link set {iface} up"
+    ));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let route = loop {
+        let out = link
+            .client
+            .sh_ok(&format!("ip -6 route show 2001:2:0:1::/64 dev {iface}"));
+        if out.contains("expires") {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no on-link route from a router advertisement within 15 s: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(route.starts_with("2001:2:0:1::/64"), "{route}");
+    let default = link.client.sh_ok("ip -6 route show default");
+    assert!(default.trim().is_empty(), "a default route: {default}");
 }

@@ -5,6 +5,7 @@
 
 pub mod leases;
 pub mod packet;
+pub mod ra;
 pub mod server;
 pub mod shell;
 
