@@ -44,7 +44,7 @@ fn check_len(code: u16, len: usize) -> Result<(), Packet6Error> {
         12 => ("16", |l| l == 16),
         13 => ("at least 2", |l| l >= 2),
         14 | 20 => ("0", |l| l == 0),
-        17 => ("at least 4", |l| l >= 4),
+        16 | 17 => ("at least 4", |l| l >= 4),
         19 => ("1", |l| l == 1),
         23 => ("a multiple of 16", |l| l % 16 == 0),
         32 => ("4", |l| l == 4),
@@ -62,7 +62,8 @@ fn check_len(code: u16, len: usize) -> Result<(), Packet6Error> {
 fn nested_at(code: u16) -> Option<usize> {
     match code {
         3 | 25 => Some(12),
-        4 => Some(4),
+        // Vendor-specific options are decoded as options after the enterprise number.
+        4 | 17 => Some(4),
         5 => Some(24),
         26 => Some(25),
         _ => None,
@@ -173,6 +174,25 @@ mod tests {
         assert!(matches!(
             decode_request6(&nested),
             Err(Packet6Error::Truncated { code: 5 })
+        ));
+        // Found by the fuzzer: a vendor class (16) shorter than its enterprise number made
+        // the decoder subtract past zero.
+        let crash = [
+            6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 3, 0, 0, 0, 0, 16, 0, 0, 0, 3, 0, 40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5,
+            0, 24, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 150, 0, 0, 0, 0, 0, 252, 0, 0,
+        ];
+        assert!(decode_request6(&crash).is_err());
+        let short_class = [1, 0, 0, 1, 0, 16, 0, 2, 0, 0];
+        assert!(matches!(
+            decode_request6(&short_class),
+            Err(Packet6Error::BadLength { code: 16, .. })
+        ));
+        // A status code inside vendor options is decoded as an option too.
+        let vendor = [1, 0, 0, 1, 0, 17, 0, 8, 0, 0, 0, 9, 0, 13, 0, 0];
+        assert!(matches!(
+            decode_request6(&vendor),
+            Err(Packet6Error::BadLength { code: 13, .. })
         ));
     }
 }
