@@ -32,6 +32,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "disruption",
             "computed",
             "dhcp",
+            "dhcp6",
             "dns_zones",
             "dns",
             "inspection",

@@ -2,16 +2,56 @@
 //! lease changes gather into a batch written as ONE store transaction while packets keep
 //! being handled; when it commits, its replies are sent and the next batch (everything that
 //! arrived meanwhile) is written. A reply therefore always follows the fsync of its lease, and
-//! the number of fsyncs adapts to the load.
+//! the number of fsyncs adapts to the load. The counters and errors of both shells live here
+//! too.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use paddock_store::{Op, Store, StoreError, Txn};
 use tokio::net::UdpSocket;
 
-use crate::shell::{ShellError, Stats};
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub received: AtomicU64,
+    pub malformed: AtomicU64,
+    pub ignored: AtomicU64,
+    pub offers: AtomicU64,
+    pub acks: AtomicU64,
+    pub naks: AtomicU64,
+    pub persist_errors: AtomicU64,
+    /// Requests dropped because their client was over its budget (`per_client_burst`,
+    /// `per_client_per_sec`). Not counted in `ignored`.
+    pub limited_client: AtomicU64,
+    /// Requests dropped because they would have taken a new address beyond
+    /// `new_leases_per_window`. Not counted in `ignored`.
+    pub limited_new_leases: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("cannot open a DHCP socket on {interface} port {port}: {source}")]
+    Bind {
+        interface: String,
+        port: u16,
+        source: std::io::Error,
+    },
+    #[error("DHCP socket on {interface}: {source}")]
+    Io {
+        interface: String,
+        source: std::io::Error,
+    },
+    #[error("lease record {key} is unreadable: {source}")]
+    BadLease {
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// An encoded reply and where it goes.
 pub(crate) type Reply = (Vec<u8>, SocketAddr);

@@ -2,15 +2,16 @@
 //! [`Store`], and the rule that an ACK leaves only after its lease is durable.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use paddock_store::{Op, Store, StoreError};
+use paddock_store::{Op, Store};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
 use crate::batch::{Batch, Handler, send};
+pub use crate::batch::{ShellError, Stats};
 use crate::packet::{decode_request, encode};
 use crate::server::{ClientPolicy, LeaseChange, LimitKind};
 use crate::{Lease, MacAddr, Server};
@@ -28,24 +29,6 @@ pub struct Listener {
     pub port: u16,
 }
 
-/// Counters for `/metrics`.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub received: AtomicU64,
-    pub malformed: AtomicU64,
-    pub ignored: AtomicU64,
-    pub offers: AtomicU64,
-    pub acks: AtomicU64,
-    pub naks: AtomicU64,
-    pub persist_errors: AtomicU64,
-    /// Requests dropped because their client was over its budget (`per_client_burst`,
-    /// `per_client_per_sec`). Not counted in `ignored`.
-    pub limited_client: AtomicU64,
-    /// Requests dropped because they would have taken a new address beyond
-    /// `new_leases_per_window`. Not counted in `ignored`.
-    pub limited_new_leases: AtomicU64,
-}
-
 /// Told about every PXE client answered (for the per-node timeline). Called on the packet
 /// path: implementations must not block.
 pub trait DhcpObserver: Send + Sync {
@@ -58,28 +41,6 @@ pub struct DhcpService {
     policy: Arc<dyn ClientPolicy>,
     observer: Option<Arc<dyn DhcpObserver>>,
     pub stats: Stats,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ShellError {
-    #[error("cannot open a DHCP socket on {interface} port {port}: {source}")]
-    Bind {
-        interface: String,
-        port: u16,
-        source: std::io::Error,
-    },
-    #[error("DHCP socket on {interface}: {source}")]
-    Io {
-        interface: String,
-        source: std::io::Error,
-    },
-    #[error("lease record {key} is unreadable: {source}")]
-    BadLease {
-        key: String,
-        source: serde_json::Error,
-    },
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 pub fn unix_now() -> u64 {
