@@ -305,7 +305,7 @@ impl Agent<'_> {
         let mut ctx = Context {
             boot_mac: Some(self.mac.clone()),
             ipv4: ipv4_addresses(),
-            ipv6: ipv6_addresses(),
+            ipv6: ipv6_addresses_of(&ifname),
             lldp: BTreeMap::new(),
             architecture: std::env::consts::ARCH.to_string(),
         };
@@ -809,6 +809,24 @@ fn ipv4_addresses() -> BTreeMap<String, String> {
         }
     }
     out
+}
+
+/// [`ipv6_addresses`], once the boot interface `ifname` has one: the kernel forms the
+/// link-local address only when it has processed the carrier coming up, which it may do up
+/// to a second after the link works for DHCP. Waits at most 3 s, and not at all where the
+/// kernel has no IPv6.
+fn ipv6_addresses_of(ifname: &str) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let found = ipv6_addresses();
+        if found.contains_key(ifname)
+            || !std::path::Path::new("/proc/sys/net/ipv6").exists()
+            || Instant::now() >= deadline
+        {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Interface name → its IPv6 address (see [`crate::collect::ipv6_by_interface`]).
