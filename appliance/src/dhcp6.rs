@@ -192,19 +192,28 @@ pub async fn start(
         .interfaces
         .iter()
         .map(|i| {
+            let sys = |what: &str| {
+                std::fs::read_to_string(format!("/sys/class/net/{i}/{what}"))
+                    .with_context(|| format!("dhcp6: reading {what} of {i}"))
+            };
             Ok(Listener6 {
                 interface: i.clone(),
+                index: sys("ifindex")?.trim().parse()?,
+                mac: sys("address")?
+                    .trim()
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("dhcp6: the MAC of {i}: {e}"))?,
                 address: interface_address(i, d)?,
                 port: d.port,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let first = d.interfaces.first().context("dhcp6.interfaces is empty")?;
+    let first = listeners.first().context("dhcp6.interfaces is empty")?;
     let leases = Leases6::new(d.subnets.clone(), d.reservations.clone())?;
     let server = Server6::new(
         leases,
         Server6Config {
-            duid: server_duid(first)?,
+            duid: server_duid(first.mac),
             boot: d.public_url.as_ref().map(|u| Boot6 {
                 table: boot.table.clone(),
                 public_url: u.clone(),
@@ -213,7 +222,7 @@ pub async fn start(
     );
     if let Some(ra) = d.ra {
         for l in &listeners {
-            advertise(rt, l, d, ra)?;
+            advertise(rt, l, d, ra);
         }
     }
     let service = Dhcp6Service::new(server, store).await?;
@@ -224,16 +233,7 @@ pub async fn start(
 
 /// Sends router advertisements on a listener's link for the subnets that hold its address
 /// (a failure to open the raw socket stops the appliance, as DHCPv6's own would).
-fn advertise(rt: &mut Runtime, l: &Listener6, d: &Dhcp6Config, ra: RaConfig) -> anyhow::Result<()> {
-    let sys = |what: &str| {
-        std::fs::read_to_string(format!("/sys/class/net/{}/{what}", l.interface))
-            .with_context(|| format!("dhcp6: reading {what} of {}", l.interface))
-    };
-    let index: u32 = sys("ifindex")?.trim().parse()?;
-    let mac: MacAddr = sys("address")?
-        .trim()
-        .parse()
-        .map_err(|e| anyhow::anyhow!("dhcp6: the MAC of {}: {e}", l.interface))?;
+fn advertise(rt: &mut Runtime, l: &Listener6, d: &Dhcp6Config, ra: RaConfig) {
     let on_link: Vec<&Subnet6> = d
         .subnets
         .iter()
@@ -253,27 +253,20 @@ fn advertise(rt: &mut Runtime, l: &Listener6, d: &Dhcp6Config, ra: RaConfig) -> 
             .max()
             .unwrap_or(PREFERRED_LIFETIME),
         autonomous: false,
-        mac,
+        mac: l.mac,
     };
-    let run = paddock_dhcp::v6::ra::run(l.interface.clone(), index, advert, ra.every);
+    let run = paddock_dhcp::v6::ra::run(l.interface.clone(), l.index, advert, ra.every);
     rt.spawn_future("router advertisements", async move {
         run.await.context("router advertisements")
     });
-    Ok(())
 }
 
 /// The server's DUID: DUID-LL (type 3, Ethernet) of its first interface, the same after
 /// every restart, so clients that renew find the server they bound with.
-fn server_duid(interface: &str) -> anyhow::Result<Vec<u8>> {
-    let text = std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
-        .with_context(|| format!("dhcp6: reading the MAC of {interface}"))?;
-    let mac: MacAddr = text
-        .trim()
-        .parse()
-        .map_err(|e| anyhow::anyhow!("dhcp6: the MAC of {interface}: {e}"))?;
+fn server_duid(mac: MacAddr) -> Vec<u8> {
     let mut duid = vec![0, 3, 0, 1];
     duid.extend(mac.0);
-    Ok(duid)
+    duid
 }
 
 /// The interface's address in one of the subnets: it names the link's subnet.

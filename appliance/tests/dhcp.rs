@@ -7,13 +7,6 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-fn client_mac(link: &Link) -> String {
-    link.client
-        .sh_ok(&format!("cat /sys/class/net/{}/address", link.client_if))
-        .trim()
-        .to_string()
-}
-
 #[test]
 fn pxe_clients_get_the_boot_file_for_their_architecture() {
     require(&["busybox", "curl", "ip"]);
@@ -88,13 +81,7 @@ fn pxe_clients_get_the_boot_file_for_their_architecture() {
         Some(format!("{PUBLIC_URL}/boot/{mac}.ipxe"))
     );
     // Every PXE answer is on the machine's timeline, which its node shows once enrolled.
-    let created = link.server.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
-    ));
-    let uuid = serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uuid = create_node(&link, &mac);
     let node = link
         .server
         .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/nodes/{uuid}"));

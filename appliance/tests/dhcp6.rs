@@ -115,12 +115,6 @@ fn leases6(link: &Link) -> Vec<paddock_dhcp::v6::Lease6> {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
-fn mac_of(ns: &Ns, iface: &str) -> String {
-    ns.sh_ok(&format!("cat /sys/class/net/{iface}/address"))
-        .trim()
-        .to_string()
-}
-
 /// A lease from the pool, renewed at T1 for the same address, and stored with the client's
 /// MAC (from its DUID-LL); a second client (a macvlan with its own MAC) gets another
 /// address; a reserved MAC gets its reservation.
@@ -130,7 +124,7 @@ fn dhclient6_gets_renews_and_reservations_hold() {
     let (link, scratch, _app) = setup(&format!(
         "[[dhcp6.reservations]]\nmac = \"{reserved_mac}\"\nip = \"2001:2:0:1::77\"\n"
     ));
-    let mac = mac_of(&link.client, &link.client_if);
+    let mac = client_mac(&link);
     let (first, events) = dhclient6(&link, &scratch, &link.client_if, "first");
     let lines = wait_event(&events, "RENEW6", &scratch.path("first.log"));
     let ip = lines[0]
@@ -228,14 +222,7 @@ fn the_pxe_filter_blocks_and_admits_dhcpv6() {
         answered6(&link, &scratch, "unknown", Duration::from_secs(20)),
         "an unknown machine, discovery on, gets a DHCPv6 answer"
     );
-    let mac = mac_of(&link.client, &link.client_if);
-    let created = link.server.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
-    ));
-    let uuid = serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uuid = create_node(&link, &client_mac(&link));
     assert!(
         !answered6(&link, &scratch, "known", Duration::from_secs(8)),
         "a known idle machine gets no DHCPv6 answer"

@@ -6,24 +6,6 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-fn client_mac(link: &Link) -> String {
-    link.client
-        .sh_ok(&format!("cat /sys/class/net/{}/address", link.client_if))
-        .trim()
-        .to_string()
-}
-
-/// Creates a node for `mac` through the API; returns its UUID.
-fn create_node(link: &Link, mac: &str) -> String {
-    let created = link.server.sh_ok(&format!(
-        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
-    ));
-    serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 /// The appliance in a fresh namespace pair with the filter on, TFTP off, and `extra`
 /// appended to `[firewall]`.
 fn start_with_filter(extra: &str) -> (Link, Scratch, Appliance) {

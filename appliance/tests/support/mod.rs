@@ -667,3 +667,26 @@ fn cli_command(args: &str) -> String {
         env!("CARGO_BIN_EXE_paddock")
     )
 }
+
+/// The MAC of `iface` in `ns`.
+pub fn mac_of(ns: &Ns, iface: &str) -> String {
+    ns.sh_ok(&format!("cat /sys/class/net/{iface}/address"))
+        .trim()
+        .to_string()
+}
+
+/// The MAC of the link's client end.
+pub fn client_mac(link: &Link) -> String {
+    mac_of(&link.client, &link.client_if)
+}
+
+/// Creates a node for `mac` through the API (from the server's namespace); returns its UUID.
+pub fn create_node(link: &Link, mac: &str) -> String {
+    let created = link.server.sh_ok(&format!(
+        "curl -sf -X POST -H 'content-type: application/json' -d '{{\"macs\":[\"{mac}\"]}}' {PUBLIC_URL}/api/v1/nodes"
+    ));
+    serde_json::from_str::<serde_json::Value>(&created).unwrap()["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}

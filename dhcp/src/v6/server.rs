@@ -162,7 +162,11 @@ impl Server6 {
                     let subnet = self.leases.subnet(idx);
                     if asked.iter().any(|ip| !subnet.network.contains(ip)) {
                         status(reply.opts_mut(), Status::NotOnLink, "not on this link");
-                        return self.finish(idx, msg, reply, changes, mac, "confirm: not on link");
+                        return Outcome6 {
+                            changes,
+                            note: "confirm: not on link".into(),
+                            ..self.finish(idx, link, msg, reply, mac)
+                        };
                     }
                     continue;
                 }
@@ -205,7 +209,11 @@ impl Server6 {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        self.finish(idx, msg, reply, changes, mac, &note)
+        Outcome6 {
+            changes,
+            note,
+            ..self.finish(idx, link, msg, reply, mac)
+        }
     }
 
     /// Binds the address [`Leases6::pick`] chooses.
@@ -254,15 +262,15 @@ impl Server6 {
         }
     }
 
-    /// Adds the identifiers, DNS and boot options every reply carries.
+    /// Adds the identifiers, DNS and boot options every reply carries (the caller adds the
+    /// lease changes and the note).
     fn finish(
         &self,
         idx: usize,
+        link: Ipv6Addr,
         msg: &Message,
         mut reply: Message,
-        changes: Vec<Lease6>,
         mac: Option<MacAddr>,
-        note: &str,
     ) -> Outcome6 {
         let opts = reply.opts_mut();
         opts.insert(DhcpOption::ServerId(self.config.duid.clone()));
@@ -279,7 +287,7 @@ impl Server6 {
                 dns_name(d),
             )));
         }
-        let boot = self.boot_url(msg, mac);
+        let boot = self.boot_url(msg, link, mac);
         if let Some(url) = &boot {
             opts.insert(DhcpOption::Unknown(UnknownOption::new(
                 OptionCode::OptBootfileUrl,
@@ -288,17 +296,16 @@ impl Server6 {
         }
         Outcome6 {
             reply: Some(reply),
-            changes,
             boot,
             mac,
-            note: note.to_string(),
+            ..Outcome6::default()
         }
     }
 
     /// Option 59 for a PXE client (one that sent its architecture, option 61): iPXE gets its
     /// own script, HTTP-boot architectures an asset's URL, the others a TFTP URL on the
     /// server's link address.
-    fn boot_url(&self, msg: &Message, mac: Option<MacAddr>) -> Option<String> {
+    fn boot_url(&self, msg: &Message, link: Ipv6Addr, mac: Option<MacAddr>) -> Option<String> {
         let boot = self.config.boot.as_ref()?;
         let arch = match msg.opts().get(OptionCode::ClientArchType)? {
             DhcpOption::ClientArchType(a) => u16::from(*a.first()?),
@@ -315,11 +322,8 @@ impl Server6 {
         if is_http_boot(arch) {
             Some(format!("{}/boot/assets/{file}", boot.public_url))
         } else {
-            let host = boot
-                .public_url
-                .split_once("://")
-                .map_or("", |(_, rest)| rest.split(']').next().unwrap_or(""));
-            Some(format!("tftp://{host}]/{file}"))
+            // The TFTP server on the link the request came in on, as DHCPv4's siaddr.
+            Some(format!("tftp://[{link}]/{file}"))
         }
     }
 }

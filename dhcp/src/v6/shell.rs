@@ -22,11 +22,14 @@ pub const LEASE6_PREFIX: &str = "dhcp6/leases/";
 /// All_DHCP_Relay_Agents_and_Servers (RFC 8415 7.1).
 pub const ALL_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
 
-/// One server socket: bound to `interface` on `[::]:port`, joined to [`ALL_SERVERS`] there,
-/// serving the subnet that holds `address` (this host's address on that link).
+/// One server socket: bound to `interface` (kernel index `index`, MAC `mac`) on
+/// `[::]:port`, joined to [`ALL_SERVERS`] there, serving the subnet that holds `address`
+/// (this host's address on that link).
 #[derive(Clone, Debug)]
 pub struct Listener6 {
     pub interface: String,
+    pub index: u32,
+    pub mac: crate::MacAddr,
     pub address: Ipv6Addr,
     pub port: u16,
 }
@@ -164,11 +167,6 @@ fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
         port: l.port,
         source,
     };
-    let index = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", l.interface))
-        .map_err(err)?
-        .trim()
-        .parse::<u32>()
-        .map_err(|e| err(std::io::Error::other(e)))?;
     let s = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
     s.set_only_v6(true).map_err(err)?;
     s.set_reuse_address(true).map_err(err)?;
@@ -177,7 +175,7 @@ fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
     let _ = s.set_send_buffer_size(4 << 20);
     s.bind(&SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, l.port, 0, 0)).into())
         .map_err(err)?;
-    s.join_multicast_v6(&ALL_SERVERS, index).map_err(err)?;
+    s.join_multicast_v6(&ALL_SERVERS, l.index).map_err(err)?;
     s.set_nonblocking(true).map_err(err)?;
     UdpSocket::from_std(s.into()).map_err(err)
 }
