@@ -6,12 +6,14 @@
 //! the reply goes out). The [`shell`] owns the sockets and the store; it persists lease changes
 //! and only then sends the ACK.
 
+#[cfg(feature = "shell")]
 mod batch;
 pub mod leases;
 pub mod packet;
 pub mod pxe;
 pub mod ratelimit;
 pub mod server;
+#[cfg(feature = "shell")]
 pub mod shell;
 pub mod v6;
 

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -18,10 +17,11 @@ use nix::sys::socket::{
     sockopt,
 };
 use nix::sys::time::TimeVal;
-use paddock_inventory::IntrospectionData;
+use paddock_inventory::{IntrospectionData, MacAddr};
 use serde_json::{Value, json};
 
 use crate::api::{self, Action, Event};
+use crate::busybox::busybox;
 use crate::cmdline::{self, Cmdline, LogLevel};
 use crate::collect::{self, Collected, Context};
 use crate::console::Console;
@@ -36,6 +36,8 @@ pub const MODULE_LIST: &str = "/etc/paddock/modules";
 pub const UDHCPC_SCRIPT: &str = "/etc/paddock/udhcpc.script";
 pub use crate::provision::shell::BUSYBOX;
 const NIC_WAIT: Duration = Duration::from_secs(20);
+/// One DHCPv6 attempt on a NIC (about udhcpc's 10 tries of 2 s).
+const DHCP6_WAIT: Duration = Duration::from_secs(20);
 const WAIT_POLL: Duration = Duration::from_secs(10);
 
 /// Why the agent stopped (the console and the `error` event say it).
@@ -79,22 +81,6 @@ pub struct MountError {
     fstype: &'static str,
     target: &'static str,
     errno: Errno,
-}
-
-/// A busybox applet that could not run or failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BusyboxError {
-    #[error("cannot run {BUSYBOX} {args}: {source}")]
-    Spawn {
-        args: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("`busybox {args}` {status}")]
-    Failed {
-        args: String,
-        status: std::process::ExitStatus,
-    },
 }
 
 /// A kernel module that did not load.
@@ -277,7 +263,8 @@ impl Agent<'_> {
             ),
         );
 
-        let (ifname, ip) = self.network()?;
+        // An appliance URL with an IPv6 literal means an IPv6 provisioning network.
+        let (ifname, ip) = self.network(url.host.parse::<std::net::Ipv6Addr>().is_ok())?;
         let tls = self.appliance_tls(&urls)?;
         let secured = tls.is_some();
         self.client = Client::with_tls(urls, Duration::from_secs(5), Duration::from_secs(30), tls)
@@ -560,8 +547,9 @@ impl Agent<'_> {
         msg
     }
 
-    /// Finds the boot NIC, brings it up and runs DHCP on it until it has an address.
-    fn network(&mut self) -> Result<(String, String), AgentError> {
+    /// Finds the boot NIC, brings it up and runs DHCP on it until it has an address: DHCPv6
+    /// when the appliance is reached at an IPv6 address (`ipv6`), else DHCPv4.
+    fn network(&mut self, ipv6: bool) -> Result<(String, String), AgentError> {
         let _ = busybox(&["ip", "link", "set", "dev", "lo", "up"]);
         let root = Path::new("/");
         let deadline = Instant::now() + NIC_WAIT;
@@ -597,9 +585,30 @@ impl Agent<'_> {
         let mut round = 0u32;
         loop {
             for (ifname, mac) in &candidates {
-                self.say(&format!("DHCP on {ifname} ({mac})"));
+                self.say(&format!(
+                    "{} on {ifname} ({mac})",
+                    if ipv6 { "DHCPv6" } else { "DHCP" }
+                ));
                 if let Err(e) = busybox(&["ip", "link", "set", "dev", ifname, "up"]) {
                     self.say(&format!("warning: cannot bring {ifname} up: {e}"));
+                }
+                if ipv6 {
+                    let Ok(hw) = mac.parse::<MacAddr>() else {
+                        self.say(&format!("{ifname}: cannot read its MAC {mac:?}"));
+                        continue;
+                    };
+                    let console = self.console;
+                    let mut say = |m: &str| console.say(m);
+                    match crate::dhcp6::lease(ifname, hw, DHCP6_WAIT, &mut say) {
+                        Ok(b) => {
+                            if self.mac.is_empty() {
+                                self.mac = mac.to_ascii_lowercase();
+                            }
+                            return Ok((ifname.clone(), b.address.to_string()));
+                        }
+                        Err(e) => self.say(&format!("no DHCPv6 lease on {ifname}: {e}")),
+                    }
+                    continue;
                 }
                 match busybox(&[
                     "udhcpc",
@@ -776,24 +785,6 @@ impl Agent<'_> {
             let _ = busybox(&["ip", "link", "set", "dev", n, "promisc", "off"]);
         }
         result
-    }
-}
-
-fn busybox(args: &[&str]) -> Result<(), BusyboxError> {
-    let status = Command::new(BUSYBOX)
-        .args(args)
-        .status()
-        .map_err(|source| BusyboxError::Spawn {
-            args: args.join(" "),
-            source,
-        })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(BusyboxError::Failed {
-            args: args.join(" "),
-            status,
-        })
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! * The **agent** (`paddock-agent`, a static binary that is `/init`): mounts the API file
 //!   systems, loads the listed kernel modules, finds the boot NIC (`BOOTIF`), gets an address
-//!   by DHCP (busybox `udhcpc`), collects the inventory in the Ironic Python Agent format
+//!   by DHCP (busybox `udhcpc`; DHCPv6 of its own, [`dhcp6`], for an appliance at an IPv6 address), collects the inventory in the Ironic Python Agent format
 //!   ([`paddock_inventory`]), posts it to `{paddock.url}/v1/continue`, then asks the appliance
 //!   what to do next (power off, reboot, wait). It never exits. With `https://` appliance
 //!   URLs it first fetches the appliance's CA and checks it against the fingerprint on the
@@ -15,9 +15,11 @@
 
 pub mod agent;
 pub mod api;
+pub mod busybox;
 pub mod cmdline;
 pub mod collect;
 pub mod console;
+pub mod dhcp6;
 pub mod http;
 pub mod initramfs;
 pub mod lldp;

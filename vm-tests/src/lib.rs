@@ -26,6 +26,9 @@ pub const SERVER_IP: &str = "198.18.0.1";
 pub const BOOT_URL: &str = "http://198.18.0.1:8080";
 /// The API, console, `/v1` and `/rpc` (HTTPS; [`BOOT_URL`] when the lab runs insecure).
 pub const API_URL: &str = "https://198.18.0.1:8443";
+/// The appliance's address on an IPv6-only lab's provisioning network (2001:2::/48 is
+/// IPv6's benchmarking range, as 198.18.0.0/15 is IPv4's).
+pub const SERVER_IP6: &str = "2001:2::1";
 
 pub mod bmc;
 pub mod ha;
@@ -348,6 +351,16 @@ fn bridge_namespace(ns: &str, ip: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Adds [`SERVER_IP6`]/64 to `br0` of `ns` (no duplicate address detection: nothing else
+/// is on the bridge yet) and floods multicast (no querier runs, and DHCPv6 is multicast).
+fn bridge_ipv6(ns: &str) -> anyhow::Result<()> {
+    sh_ok(&format!(
+        "ip -n {ns} link set br0 type bridge mcast_snooping 0 && \
+         ip -n {ns} -6 addr add {SERVER_IP6}/64 dev br0 nodad"
+    ))?;
+    Ok(())
+}
+
 /// A tag unique to this process and call: `<prefix><pid>x<n>` (short: interface names
 /// are built from it).
 fn unique_tag(prefix: &str) -> String {
@@ -373,6 +386,9 @@ pub enum Firmware {
     /// An arm64 machine (QEMU's `virt`, emulated by TCG) with UEFI (AAVMF): UEFI PXE as
     /// client architecture 11.
     Arm64Uefi,
+    /// OVMF with IPv4 PXE off (`IPv4PXESupport`): UEFI PXE over IPv6 alone, as a machine on
+    /// an IPv6-only network (it would otherwise wait out DHCPv4 first).
+    UefiIpv6,
 }
 
 #[derive(Clone, Debug)]
@@ -578,6 +594,10 @@ pub fn start_vm(site: &VmSite, idx: usize, spec: VmSpec, round: u32) -> anyhow::
             (&artifacts.ovmf_secure_code, &artifacts.ovmf_secure_vars)
         } else if arm64 {
             (&artifacts.aavmf_code, &artifacts.aavmf_vars)
+        } else if spec.firmware == Firmware::UefiIpv6 {
+            args.push("-fw_cfg".into());
+            args.push("name=opt/org.tianocore/IPv4PXESupport,string=n".into());
+            (&artifacts.ovmf_code, &artifacts.ovmf_vars)
         } else if spec.firmware == Firmware::UefiHttp {
             for knob in ["IPv4PXESupport", "IPv6PXESupport"] {
                 args.push("-fw_cfg".into());
@@ -669,6 +689,52 @@ cmdline = "{cmdline}"
     )
 }
 
+/// [`appliance_config`] for an IPv6-only provisioning network: no DHCPv4, DHCPv6 with
+/// router advertisements, and every URL a machine sees on [`SERVER_IP6`]. The appliance
+/// listens on both families (`[::]`), so the harness still calls its API at [`API_URL`].
+pub fn appliance_config6(data: &Path, a: &Artifacts, cmdline: &str, extra: &str) -> String {
+    let ip = SERVER_IP6;
+    format!(
+        r#"data_dir = "{data}"
+[http]
+listen = "[::]:8080"
+public_url = "http://[{ip}]:8080"
+assets_dir = "{assets}"
+[security]
+listen = "[::]:8443"
+public_url = "https://[{ip}]:8443"
+[dhcp]
+enabled = false
+[dhcp6]
+enabled = true
+interfaces = ["br0"]
+public_url = "http://[{ip}]:8080"
+[[dhcp6.subnets]]
+network = "2001:2::/64"
+pools = ["2001:2::100-2001:2::1ff"]
+[tftp]
+listen = ["[::]:69"]
+root = "{ipxe}"
+[boot.discovery]
+kernel = "http://[{ip}]:8080/boot/assets/vmlinuz"
+initrd = "http://[{ip}]:8080/boot/assets/initrd.img"
+cmdline = "{cmdline}"
+{extra}"#,
+        data = data.display(),
+        assets = a.ramdisk_dir.display(),
+        ipxe = a.ipxe_dir.display(),
+    )
+}
+
+/// How a lab's provisioning network is addressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabNet {
+    /// 198.18.0.0/24 with DHCPv4.
+    Ipv4,
+    /// 2001:2::/64 with DHCPv6 alone: the machines get no IPv4 at all.
+    Ipv6Only,
+}
+
 /// A namespace with a bridge, the appliance, and VMs.
 pub struct Lab {
     pub ns: String,
@@ -704,7 +770,14 @@ impl Lab {
         cmdline: &str,
         extra: &str,
     ) -> anyhow::Result<Lab> {
-        Self::launch(name, artifacts, cmdline, extra, true, &|_| Ok(()))
+        Self::launch(
+            name,
+            artifacts,
+            cmdline,
+            extra,
+            (true, LabNet::Ipv4),
+            &|_| Ok(()),
+        )
     }
 
     /// Starts a lab (TLS on) after running `prepare` between `paddock certs init` and
@@ -715,7 +788,14 @@ impl Lab {
         extra: &str,
         prepare: &dyn Fn(&Lab) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
-        Self::launch(name, artifacts, "console=ttyS0", extra, true, prepare)
+        Self::launch(
+            name,
+            artifacts,
+            "console=ttyS0",
+            extra,
+            (true, LabNet::Ipv4),
+            prepare,
+        )
     }
 
     /// For [`Lab::start_prepared`]: the appliance's TFTP server off (UEFI HTTP boot needs
@@ -733,7 +813,27 @@ impl Lab {
     /// open): the explicit opt-out, for a scenario about insecure mode itself. No scenario
     /// needs it today.
     pub fn start_insecure(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
-        Self::launch(name, artifacts, "console=ttyS0", extra, false, &|_| Ok(()))
+        Self::launch(
+            name,
+            artifacts,
+            "console=ttyS0",
+            extra,
+            (false, LabNet::Ipv4),
+            &|_| Ok(()),
+        )
+    }
+
+    /// Starts a lab (TLS on) whose machines are on an IPv6-only network
+    /// ([`appliance_config6`]).
+    pub fn start_ipv6_only(name: &str, artifacts: &Artifacts, extra: &str) -> anyhow::Result<Lab> {
+        Self::launch(
+            name,
+            artifacts,
+            "console=ttyS0",
+            extra,
+            (true, LabNet::Ipv6Only),
+            &|_| Ok(()),
+        )
     }
 
     fn launch(
@@ -741,7 +841,7 @@ impl Lab {
         artifacts: &Artifacts,
         cmdline: &str,
         extra: &str,
-        tls: bool,
+        (tls, net): (bool, LabNet),
         prepare: &dyn Fn(&Lab) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
         let tag = unique_tag("pdkv");
@@ -750,6 +850,9 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         bridge_namespace(&ns, SERVER_IP)?;
+        if net == LabNet::Ipv6Only {
+            bridge_ipv6(&ns)?;
+        }
         let data = dir.join("data");
         let certs_dir = tls.then(|| data.join("certs"));
         let mut lab = Lab {
@@ -773,20 +876,29 @@ impl Lab {
         } else {
             format!("{extra}\n[security]\ninsecure = true\n")
         };
-        let config = appliance_config(
-            &data,
-            artifacts,
-            &ApplianceSite {
-                ip: SERVER_IP,
-                iface: "br0",
-                pool: (100, 250),
-                cmdline,
-            },
-            &extra,
-        );
+        let config = match net {
+            LabNet::Ipv4 => appliance_config(
+                &data,
+                artifacts,
+                &ApplianceSite {
+                    ip: SERVER_IP,
+                    iface: "br0",
+                    pool: (100, 250),
+                    cmdline,
+                },
+                &extra,
+            ),
+            LabNet::Ipv6Only => appliance_config6(&data, artifacts, cmdline, &extra),
+        };
         std::fs::write(&lab.config, config)?;
         if tls {
-            let out = certs(&lab.ns, &artifacts.paddock, &lab.config, "init")?;
+            // The harness calls the API at the bridge's IPv4 address whatever the machines
+            // use: on an IPv6-only lab the certificate names it too.
+            let init = match net {
+                LabNet::Ipv4 => "init".to_string(),
+                LabNet::Ipv6Only => format!("init --san {SERVER_IP}"),
+            };
+            let out = certs(&lab.ns, &artifacts.paddock, &lab.config, &init)?;
             std::fs::write(lab.dir.join("certs-init.log"), out)?;
             let token = certs(
                 &lab.ns,

@@ -659,3 +659,61 @@ fn the_pxe_filter_ignores_enrolled_machines_until_introspection() {
         .count();
     assert_eq!(inventories, 2, "inspected twice");
 }
+
+/// A UEFI machine on an IPv6-only network (no DHCPv4 anywhere, IPv4 PXE off in its
+/// firmware): router advertisements send it to DHCPv6, which gives it an address and
+/// `tftp://[2001:2::1]/…`; iPXE asks DHCPv6 again and gets its script over HTTP on IPv6; the
+/// agent leases its own address by DHCPv6 and reports over HTTPS on IPv6.
+#[test]
+fn ipv6_only_uefi_vm_is_inspected_and_enrolled() {
+    let mut lab = Lab::start_ipv6_only("v6only", &artifacts(), "").expect("lab");
+    let spec = VmSpec {
+        name: "v6only".into(),
+        firmware: Firmware::UefiIpv6,
+        cpus: 1,
+        memory_mb: 1024,
+        disks_mb: vec![2048],
+        macs: vec!["52:54:00:a6:06:01".into()],
+        direct: None,
+    };
+    let vm = lab.boot(spec.clone()).expect("boot VM");
+    let (node, took) = lab
+        .wait_enrolled(vm, Duration::from_secs(900))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!(
+        "ipv6-only UEFI: power-on → enrolled {:.1} s",
+        took.as_secs_f64()
+    );
+    assert_eq!(node["introspection"]["state"], "finished", "{node}");
+    let data = lab
+        .data(node["uuid"].as_str().unwrap())
+        .expect("processed data");
+    let inv = &data["inventory"];
+    let boot = inv["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["mac_address"] == spec.macs[0].as_str())
+        .unwrap_or_else(|| panic!("no boot NIC in {inv}"));
+    // The address DHCPv6 leased it, from the pool, and no IPv4 address at all.
+    let v6: std::net::Ipv6Addr = boot["ipv6_address"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no IPv6 address: {boot}"));
+    assert!(
+        v6.segments()[..4] == [0x2001, 2, 0, 0] && (0x100..=0x1ff).contains(&v6.segments()[7]),
+        "{v6} is not from the DHCPv6 pool"
+    );
+    assert!(boot["ipv4_address"].is_null(), "{boot}");
+    assert_eq!(inv["boot"]["current_boot_mode"], "uefi");
+    // The lease the appliance holds is that address, for that MAC.
+    let leases = lab
+        .api_json("GET", "/api/v1/leases6", None)
+        .expect("leases6");
+    let text = leases.to_string();
+    assert!(
+        text.contains(&v6.to_string()) && text.contains(spec.macs[0].as_str()),
+        "{v6} for {} not in {leases}",
+        spec.macs[0]
+    );
+}

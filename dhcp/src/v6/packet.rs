@@ -13,6 +13,8 @@ pub enum Packet6Error {
     TooShort(usize),
     #[error("message type {0} is not one a client sends")]
     NotFromClient(u8),
+    #[error("message type {0} is not one a server sends a client")]
+    NotFromServer(u8),
     #[error("option {code} runs past the end of its container")]
     Truncated { code: u16 },
     #[error("option {code} has length {len}; it must be {want}")]
@@ -118,13 +120,31 @@ fn walk_class(mut buf: &[u8], code: u16) -> Result<(), Packet6Error> {
 
 /// Decodes a message a client sent (Solicit … Information-request), refusing bad framing.
 pub fn decode_request6(buf: &[u8]) -> Result<Message, Packet6Error> {
+    // 1 Solicit, 3 Request, 4 Confirm, 5 Renew, 6 Rebind, 8 Release, 9 Decline,
+    // 11 Information-request.
+    decode6(
+        buf,
+        |t| matches!(t, 1 | 3..=6 | 8 | 9 | 11),
+        Packet6Error::NotFromClient,
+    )
+}
+
+/// Decodes a message a server sent to a client (Advertise, Reply), refusing bad framing.
+pub fn decode_reply6(buf: &[u8]) -> Result<Message, Packet6Error> {
+    decode6(buf, |t| matches!(t, 2 | 7), Packet6Error::NotFromServer)
+}
+
+/// The walk, then the decoder, for a message of a type `wanted` accepts.
+fn decode6(
+    buf: &[u8],
+    wanted: fn(u8) -> bool,
+    unwanted: fn(u8) -> Packet6Error,
+) -> Result<Message, Packet6Error> {
     if buf.len() < HEADER_LEN {
         return Err(Packet6Error::TooShort(buf.len()));
     }
-    // 1 Solicit, 3 Request, 4 Confirm, 5 Renew, 6 Rebind, 8 Release, 9 Decline,
-    // 11 Information-request.
-    if !matches!(buf[0], 1 | 3..=6 | 8 | 9 | 11) {
-        return Err(Packet6Error::NotFromClient(buf[0]));
+    if !wanted(buf[0]) {
+        return Err(unwanted(buf[0]));
     }
     walk(&buf[HEADER_LEN..], 0)?;
     Message::decode(&mut Decoder::new(buf)).map_err(|e| Packet6Error::Decode(e.to_string()))
