@@ -220,92 +220,14 @@ fn leases_survive_restart_and_kill_9() {
     assert!(leases.contains(a) && leases.contains(b), "{leases}");
 }
 
-/// Set in the copy of this test binary that runs inside the client namespace: it turns
-/// [`acked_leases_survive_sigkill_at_random_moments`] into the DHCP load (JSON [`LoadSpec`]).
-const LOAD_ENV: &str = "PADDOCK_TEST_DHCP_LOAD";
-/// Replays a run of [`acked_leases_survive_sigkill_at_random_moments`] (its kill schedule).
-const SEED_ENV: &str = "PADDOCK_TEST_SEED";
-
-/// What one round of DHCP load does.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct LoadSpec {
-    interface: String,
-    /// Exchanges in flight at once, each with a MAC of its own.
-    clients: u8,
-    round: u8,
-    /// Every ACK received is appended here as `<mac> <ip>`, one `write` each.
-    acks: std::path::PathBuf,
-    /// The load stops when this file exists.
-    stop: std::path::PathBuf,
-}
-
-/// SplitMix64: a small seeded generator, so a failing kill schedule can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var(SEED_ENV) {
-        Ok(s) => s
-            .parse()
-            .unwrap_or_else(|_| panic!("{SEED_ENV}={s:?} is not a number")),
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock after 1970");
-            t.as_secs().wrapping_mul(1_000_000_007) ^ u64::from(t.subsec_nanos())
-        }
-    }
-}
-
-/// The ACKs a load recorded, as (address, MAC).
-fn read_acks(path: &std::path::Path) -> Vec<(std::net::Ipv4Addr, String)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    // Only whole lines: the load may be writing the next one.
-    let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-    whole
-        .lines()
-        .map(|l| {
-            let (mac, ip) = l
-                .split_once(' ')
-                .unwrap_or_else(|| panic!("ACK line {l:?}"));
-            (
-                ip.parse().unwrap_or_else(|_| panic!("ACK line {l:?}")),
-                mac.to_string(),
-            )
-        })
-        .collect()
-}
-
-/// Clients exchange continuously (a few dozen at once, a new MAC for every exchange) while
-/// the real `paddock serve` is SIGKILLed at random moments, again and again. Every ACK a
-/// client received was sent before the kill, so its lease must be in the store after the
-/// restart, with its MAC; and no address may ever be ACKed to two MACs. Killing only after
-/// the clients finish (as `leases_survive_restart_and_kill_9` does) cannot see an ACK sent
-/// ahead of its commit; this can.
+/// DHCPv4 under SIGKILL at random moments ([`kill`]): every ACK a client received is in
+/// the store after the restart, with its MAC.
 #[test]
 fn acked_leases_survive_sigkill_at_random_moments() {
-    if let Ok(spec) = std::env::var(LOAD_ENV) {
-        let spec: LoadSpec = serde_json::from_str(&spec).expect("load spec");
+    if let Some(spec) = kill::LoadSpec::from_env() {
         return dhcp_load(&spec);
     }
     require(&["curl", "ip"]);
-    const ROUNDS: u8 = 6;
-    const CLIENTS: u8 = 32;
-    let seed = seed();
-    eprintln!("seed {seed} (replay the kill schedule with {SEED_ENV}={seed})");
-    let mut rng = Rng(seed);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     // A /16 pool: every exchange of every round takes a new address.
@@ -314,140 +236,45 @@ fn acked_leases_survive_sigkill_at_random_moments() {
         .replace("198.18.0.0/24", "198.18.0.0/16")
         .replace("198.18.0.100-198.18.0.199", "198.18.1.0-198.18.255.254");
     let mut app = Appliance::start(&link.server, &scratch, &config);
-    let exe = std::env::current_exe().expect("test binary");
-    let mut acked: std::collections::BTreeMap<std::net::Ipv4Addr, String> = Default::default();
-    for round in 0..ROUNDS {
-        let spec = LoadSpec {
-            interface: link.client_if.clone(),
-            clients: CLIENTS,
-            round,
-            acks: scratch.path(&format!("acks.{round}")),
-            stop: scratch.path(&format!("stop.{round}")),
-        };
-        let log = scratch.path(&format!("load.{round}.log"));
-        let mut load = link.client.spawn(
-            &format!(
-                "env {LOAD_ENV}='{}' {} --exact acked_leases_survive_sigkill_at_random_moments --nocapture --test-threads=1",
-                serde_json::to_string(&spec).unwrap(),
-                exe.display()
-            ),
-            &log,
-        );
-        let load_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        // Kill once the exchanges are flowing, at a random moment.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while read_acks(&spec.acks).len() < usize::from(CLIENTS) {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: the load got no ACKs (seed {seed}):\n{}",
-                load_log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let delay = Duration::from_millis(rng.below(800));
-        std::thread::sleep(delay);
-        app.kill9();
-        let at_kill = read_acks(&spec.acks).len();
-        std::fs::write(&spec.stop, b"").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(s) = load.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: the load did not stop"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "round {round}: the load failed:\n{}",
-            load_log()
-        );
-        let acks = read_acks(&spec.acks);
-        for (ip, mac) in &acks {
-            if let Some(before) = acked.insert(*ip, mac.clone()) {
-                assert_eq!(
-                    &before, mac,
-                    "round {round}: {ip} was ACKed to two MACs (seed {seed})"
-                );
-            }
-        }
-        app.restart(&link.server);
+    let stored = |link: &Link| {
         let leases = link
             .server
             .sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/leases"));
         let leases: Vec<paddock_dhcp::Lease> = serde_json::from_str(&leases).expect("lease JSON");
-        let stored: std::collections::BTreeMap<_, _> = leases
+        leases
             .iter()
             .filter(|l| l.state == paddock_dhcp::LeaseState::Bound)
-            .map(|l| (l.ip, l.mac.to_string()))
-            .collect();
-        let lost: Vec<String> = acked
-            .iter()
-            .filter(|(ip, mac)| stored.get(*ip) != Some(*mac))
-            .map(|(ip, mac)| format!("{ip} ACKed to {mac}, stored: {:?}", stored.get(ip)))
-            .collect();
-        eprintln!(
-            "round {round}: killed {} ms into the flow with {at_kill} ACKs received ({} in all); {} ACKed leases checked",
-            delay.as_millis(),
-            acks.len(),
-            acked.len()
-        );
-        assert!(
-            lost.is_empty(),
-            "round {round}: {} ACKed lease(s) not in the store after kill -9 (seed {seed}; replay with {SEED_ENV}={seed}):\n{}",
-            lost.len(),
-            lost[..lost.len().min(20)].join("\n")
-        );
-    }
+            .map(|l| (l.ip.to_string(), l.mac.to_string()))
+            .collect()
+    };
+    kill::run(
+        &link,
+        &scratch,
+        &mut app,
+        "acked_leases_survive_sigkill_at_random_moments",
+        &stored,
+    );
 }
 
-/// One client exchange: DISCOVER → OFFER → REQUEST → ACK, for one MAC.
-struct Exchange {
+/// One client exchange: DISCOVER → OFFER → REQUEST → ACK, for one MAC, encoded and decoded
+/// with dhcproto.
+struct Exchange4 {
     mac: [u8; 6],
     xid: u32,
-    /// The REQUEST once an OFFER came; the DISCOVER before.
-    packet: Vec<u8>,
+    /// Whether an OFFER came and the REQUEST went.
     requesting: bool,
-    sent: Instant,
-    tries: u32,
 }
 
-/// The DHCP load of one round, run inside the client namespace: `spec.clients` exchanges at
-/// once over one socket bound to the interface (no address, so packets leave from 0.0.0.0
-/// as a PXE ROM's do, and answers come by broadcast), each starting over with a new MAC when
-/// it ends (ACK, NAK, or no answer after 3 tries). Encoded and decoded with dhcproto.
-fn dhcp_load(spec: &LoadSpec) {
-    use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
-    use dhcproto::{Decodable, Decoder, Encodable, Encoder};
-    use std::io::Write;
-    use std::net::{Ipv4Addr, UdpSocket};
-
-    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 68)).expect("bind 0.0.0.0:68");
-    nix::sys::socket::setsockopt(
-        &sock,
-        nix::sys::socket::sockopt::BindToDevice,
-        &std::ffi::OsString::from(&spec.interface),
-    )
-    .expect("SO_BINDTODEVICE");
-    sock.set_broadcast(true).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(10)))
-        .unwrap();
-    let mut acks = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&spec.acks)
-        .expect("ACK file");
-    let server = std::net::SocketAddr::from((Ipv4Addr::BROADCAST, 67));
-    let encode = |m: &Message| {
-        let mut out = Vec::new();
-        m.encode(&mut Encoder::new(&mut out)).expect("encode");
-        out
-    };
-    let message = |xid: u32, mac: &[u8; 6], kind: MessageType, opts: Vec<DhcpOption>| {
-        let unspecified = Ipv4Addr::UNSPECIFIED;
+impl Exchange4 {
+    fn message(
+        xid: u32,
+        mac: &[u8; 6],
+        kind: dhcproto::v4::MessageType,
+        opts: Vec<dhcproto::v4::DhcpOption>,
+    ) -> Vec<u8> {
+        use dhcproto::v4::{DhcpOption, Flags, Message, OptionCode};
+        use dhcproto::{Encodable, Encoder};
+        let unspecified = std::net::Ipv4Addr::UNSPECIFIED;
         let mut m =
             Message::new_with_id(xid, unspecified, unspecified, unspecified, unspecified, mac);
         m.set_flags(Flags::default().set_broadcast());
@@ -460,110 +287,71 @@ fn dhcp_load(spec: &LoadSpec) {
         for o in opts {
             m.opts_mut().insert(o);
         }
-        encode(&m)
-    };
-    let mut started: u32 = 0;
-    let mut start = |slot: u8| {
-        started += 1;
-        let n = started.to_be_bytes();
-        let mac = [0x02, spec.round, slot, n[1], n[2], n[3]];
-        let xid = (u32::from(spec.round) << 24) | (started & 0x00ff_ffff);
-        let packet = message(xid, &mac, MessageType::Discover, vec![]);
-        sock.send_to(&packet, server).expect("send DISCOVER");
-        Exchange {
-            mac,
-            xid,
-            packet,
-            requesting: false,
-            sent: Instant::now(),
-            tries: 1,
+        let mut out = Vec::new();
+        m.encode(&mut Encoder::new(&mut out)).expect("encode");
+        out
+    }
+}
+
+impl kill::Exchange for Exchange4 {
+    fn owns(&self, reply: &[u8]) -> bool {
+        reply.get(4..8) == Some(&self.xid.to_be_bytes()[..])
+    }
+
+    fn take(&mut self, reply: &[u8]) -> kill::Progress {
+        use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
+        use dhcproto::{Decodable, Decoder};
+        let Ok(reply) = Message::decode(&mut Decoder::new(reply)) else {
+            return kill::Progress::Nothing;
+        };
+        if reply.opcode() != Opcode::BootReply || reply.chaddr().get(..6) != Some(&self.mac[..]) {
+            return kill::Progress::Nothing;
         }
-    };
-    let mut slots: Vec<Exchange> = (0..spec.clients).map(&mut start).collect();
-    let (mut acked, mut naks, mut abandoned) = (0u64, 0u64, 0u64);
-    let mut buf = [0u8; 1500];
-    let mut checked_stop = Instant::now();
-    loop {
-        if checked_stop.elapsed() > Duration::from_millis(50) {
-            if spec.stop.exists() {
-                break;
-            }
-            checked_stop = Instant::now();
-        }
-        match sock.recv(&mut buf) {
-            Ok(n) => {
-                let Ok(reply) = Message::decode(&mut Decoder::new(&buf[..n])) else {
-                    continue;
+        match (reply.opts().msg_type(), self.requesting) {
+            (Some(MessageType::Offer), false) => {
+                let Some(DhcpOption::ServerIdentifier(id)) =
+                    reply.opts().get(OptionCode::ServerIdentifier)
+                else {
+                    panic!("OFFER without a server identifier: {reply:?}");
                 };
-                let Some(i) = slots.iter().position(|e| e.xid == reply.xid()) else {
-                    continue;
-                };
-                let e = &mut slots[i];
-                if reply.opcode() != Opcode::BootReply
-                    || reply.chaddr().get(..6) != Some(&e.mac[..])
-                {
-                    continue;
-                }
-                match (reply.opts().msg_type(), e.requesting) {
-                    (Some(MessageType::Offer), false) => {
-                        let Some(DhcpOption::ServerIdentifier(id)) =
-                            reply.opts().get(OptionCode::ServerIdentifier)
-                        else {
-                            panic!("OFFER without a server identifier: {reply:?}");
-                        };
-                        e.packet = message(
-                            e.xid,
-                            &e.mac,
-                            MessageType::Request,
-                            vec![
-                                DhcpOption::RequestedIpAddress(reply.yiaddr()),
-                                DhcpOption::ServerIdentifier(*id),
-                            ],
-                        );
-                        e.requesting = true;
-                        e.tries = 1;
-                        e.sent = Instant::now();
-                        sock.send_to(&e.packet, server).expect("send REQUEST");
-                    }
-                    (Some(MessageType::Ack), true) => {
-                        let mac = paddock_inventory::MacAddr::from_chaddr(&e.mac).expect("6 bytes");
-                        acks.write_all(format!("{mac} {}\n", reply.yiaddr()).as_bytes())
-                            .expect("record ACK");
-                        acked += 1;
-                        slots[i] = start(u8::try_from(i).expect("at most 255 clients"));
-                    }
-                    (Some(MessageType::Nak), true) => {
-                        naks += 1;
-                        slots[i] = start(u8::try_from(i).expect("at most 255 clients"));
-                    }
-                    _ => {}
-                }
+                self.requesting = true;
+                kill::Progress::Next(Self::message(
+                    self.xid,
+                    &self.mac,
+                    MessageType::Request,
+                    vec![
+                        DhcpOption::RequestedIpAddress(reply.yiaddr()),
+                        DhcpOption::ServerIdentifier(*id),
+                    ],
+                ))
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("receive: {e}"),
-        }
-        for (i, e) in slots.iter_mut().enumerate() {
-            if e.sent.elapsed() < Duration::from_millis(250) {
-                continue;
+            (Some(MessageType::Ack), true) => {
+                kill::Progress::Acknowledged(reply.yiaddr().to_string())
             }
-            if e.tries >= 3 {
-                abandoned += 1;
-                *e = start(u8::try_from(i).expect("at most 255 clients"));
-            } else {
-                e.tries += 1;
-                e.sent = Instant::now();
-                sock.send_to(&e.packet, server).expect("resend");
-            }
+            (Some(MessageType::Nak), true) => kill::Progress::Refused,
+            _ => kill::Progress::Nothing,
         }
     }
-    eprintln!(
-        "load round {}: {started} exchanges, {acked} ACKs, {naks} NAKs, {abandoned} unanswered",
-        spec.round
-    );
+}
+
+/// The DHCP load of one round, run inside the client namespace ([`kill::drive`]) over one
+/// socket bound to the interface with no address, so packets leave from 0.0.0.0 as a PXE
+/// ROM's do, and answers come by broadcast.
+fn dhcp_load(spec: &kill::LoadSpec) {
+    use std::net::Ipv4Addr;
+    let sock = kill::socket(spec, (Ipv4Addr::UNSPECIFIED, 68).into());
+    sock.set_broadcast(true).unwrap();
+    let server = std::net::SocketAddr::from((Ipv4Addr::BROADCAST, 67));
+    kill::drive(spec, &sock, server, |mac, n| {
+        let xid = (u32::from(spec.round) << 24) | (n & 0x00ff_ffff);
+        let discover = Exchange4::message(xid, &mac, dhcproto::v4::MessageType::Discover, vec![]);
+        let exchange = Exchange4 {
+            mac,
+            xid,
+            requesting: false,
+        };
+        (exchange, discover)
+    });
 }
 
 #[test]

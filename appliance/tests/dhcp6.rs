@@ -26,7 +26,13 @@ fn wait_for_dad(ns: &Ns, iface: &str) {
 /// A link with IPv6 on the server end, and the appliance serving DHCPv6 there (short
 /// lifetimes: T1, the renewal, comes at half the preferred lifetime), with `extra` TOML.
 fn setup(extra: &str) -> (Link, Scratch, Appliance) {
-    require(&["dhclient", "curl", "ip"]);
+    require(&["dhclient"]);
+    setup_pool("2001:2:0:1::100-2001:2:0:1::1ff", extra)
+}
+
+/// [`setup`] with another pool.
+fn setup_pool(pool: &str, extra: &str) -> (Link, Scratch, Appliance) {
+    require(&["curl", "ip"]);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
     link.server.sh_ok(&format!(
@@ -47,7 +53,7 @@ interfaces = ["{iface}"]
 ra_interval_secs = 4
 [[dhcp6.subnets]]
 network = "2001:2:0:1::/64"
-pools = ["2001:2:0:1::100-2001:2:0:1::1ff"]
+pools = ["{pool}"]
 dns = ["{SERVER_IP6}"]
 preferred_lifetime = 6
 valid_lifetime = 12
@@ -264,4 +270,83 @@ fn router_advertisements_put_the_subnet_on_link() {
     assert!(route.starts_with("2001:2:0:1::/64"), "{route}");
     let default = link.client.sh_ok("ip -6 route show default");
     assert!(default.trim().is_empty(), "a default route: {default}");
+}
+
+/// DHCPv6 under SIGKILL at random moments ([`kill`]): every Reply that bound an address is
+/// in the store after the restart, with the MAC of the client's DUID.
+#[test]
+fn bound_dhcp6_leases_survive_sigkill_at_random_moments() {
+    if let Some(spec) = kill::LoadSpec::from_env() {
+        return dhcp6_load(&spec);
+    }
+    // 65,536 addresses: every exchange of every round takes a new one.
+    let (link, scratch, mut app) = setup_pool("2001:2:0:1::1:0-2001:2:0:1::1:ffff", "");
+    let stored = |link: &Link| {
+        leases6(link)
+            .into_iter()
+            .filter(|l| l.state == paddock_dhcp::LeaseState::Bound)
+            .filter_map(|l| Some((l.ip.to_string(), l.mac?.to_string())))
+            .collect()
+    };
+    kill::run(
+        &link,
+        &scratch,
+        &mut app,
+        "bound_dhcp6_leases_survive_sigkill_at_random_moments",
+        &stored,
+    );
+}
+
+/// One client's exchange in the DHCPv6 load: a client of its own (the ramdisk's DHCPv6
+/// client core, a DUID-LL of a new MAC each time).
+struct Exchange6 {
+    client: paddock_dhcp::v6::Dhcp6Client,
+    xid: [u8; 3],
+}
+
+impl kill::Exchange for Exchange6 {
+    fn owns(&self, reply: &[u8]) -> bool {
+        reply.get(1..4) == Some(&self.xid[..])
+    }
+
+    fn take(&mut self, reply: &[u8]) -> kill::Progress {
+        use paddock_dhcp::v6::Step6;
+        match self.client.receive(reply, 0) {
+            Step6::Send(request) => kill::Progress::Next(request),
+            Step6::Bound(b) => kill::Progress::Acknowledged(b.address.to_string()),
+            Step6::Ignored(why) if why.starts_with("refused") => kill::Progress::Refused,
+            Step6::Ignored(_) => kill::Progress::Nothing,
+        }
+    }
+}
+
+/// The DHCPv6 load of one round, inside the client namespace ([`kill::drive`]) over one
+/// socket on the interface's link-local address; half the exchanges ask for rapid commit,
+/// half take the four messages.
+fn dhcp6_load(spec: &kill::LoadSpec) {
+    use dhcproto::v6::{Message, OptionCode};
+    use dhcproto::{Decodable, Decoder};
+    use paddock_dhcp::v6::Dhcp6Client;
+    use paddock_dhcp::v6::packet::encode6;
+    use std::net::{Ipv6Addr, SocketAddrV6};
+
+    let sock = kill::socket(spec, (Ipv6Addr::UNSPECIFIED, 546).into());
+    let index: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", spec.interface))
+        .expect("ifindex")
+        .trim()
+        .parse()
+        .unwrap();
+    let servers = SocketAddrV6::new("ff02::1:2".parse().unwrap(), 547, 0, index);
+    kill::drive(spec, &sock, servers.into(), |mac, n| {
+        let x = n.to_be_bytes();
+        let mut client = Dhcp6Client::new(paddock_inventory::MacAddr(mac), [x[1], x[2], x[3]]);
+        let mut solicit = client.solicit(0).expect("Solicit");
+        if n.is_multiple_of(2) {
+            let mut m = Message::decode(&mut Decoder::new(&solicit)).expect("our Solicit");
+            m.opts_mut().remove(OptionCode::RapidCommit);
+            solicit = encode6(&m).expect("Solicit");
+        }
+        let xid = [solicit[1], solicit[2], solicit[3]];
+        (Exchange6 { client, xid }, solicit)
+    });
 }

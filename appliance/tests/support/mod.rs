@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod kill;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
