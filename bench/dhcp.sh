@@ -116,7 +116,7 @@ EOF
 start_paddock6() {
     rm -rf "$SCRATCH/paddock-data"
     mkdir -p "$SCRATCH/paddock-data"
-    paddock_config "$SCRATCH/paddock.toml" false $'[tftp]\nenabled = false\n[dhcp6]\nenabled = true\ninterfaces = ["veth-srv"]\n[[dhcp6.subnets]]\nnetwork = "2001:2::/64"\npools = ["2001:2::1:0-2001:2::ffff:ffff"]'
+    paddock_config "$SCRATCH/paddock.toml" false $'[tftp]\nenabled = false\n[dhcp6]\nenabled = true\ninterfaces = ["veth-srv"]\nper_client_burst = 0\nnew_leases_per_window = 0\n[[dhcp6.subnets]]\nnetwork = "2001:2::/64"\npools = ["2001:2::1:0-2001:2::ffff:ffff"]'
     start_server paddock env PADDOCK_LOG="${PADDOCK_LOG:-warn}" PADDOCK_INSECURE=true \
         "$PADDOCK_BIN" serve --config "$SCRATCH/paddock.toml"
     wait_udp 547

@@ -2,12 +2,11 @@
 //! the configured interfaces, disjoint pools across hosts, and the timeline entries it files.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use dhcproto::v4::MessageType;
-use paddock_dhcp::shell::{DhcpObserver, DhcpService, Listener};
+use paddock_dhcp::shell::{Answered, DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{BootPolicy, Leases, Reservation, Server, ServerConfig, Subnet};
 use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector};
 use paddock_inventory::MacAddr;
@@ -80,7 +79,7 @@ pub async fn start(
 /// Files "PXE client answered" entries in the machine's timeline, off the packet path: the
 /// answers go, in order, to one task that files whatever has queued up in one write
 /// (renewals counted, see `Inspector::dhcp_answered`).
-struct TimelineObserver(tokio::sync::mpsc::Sender<DhcpAnswer>);
+pub(crate) struct TimelineObserver(tokio::sync::mpsc::Sender<DhcpAnswer>);
 
 /// Answers waiting to be filed; past this (a store that stopped answering) they are dropped.
 const TIMELINE_QUEUE: usize = 65_536;
@@ -88,7 +87,7 @@ const TIMELINE_QUEUE: usize = 65_536;
 const TIMELINE_BATCH: usize = 256;
 
 impl TimelineObserver {
-    fn start(rt: &mut Runtime, inspector: Arc<Inspector>) -> Self {
+    pub(crate) fn start(rt: &mut Runtime, inspector: Arc<Inspector>) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::channel(TIMELINE_QUEUE);
         rt.spawn_future("dhcp timeline", async move {
             let mut batch = Vec::with_capacity(TIMELINE_BATCH);
@@ -106,15 +105,13 @@ impl TimelineObserver {
 }
 
 impl DhcpObserver for TimelineObserver {
-    fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str) {
+    fn pxe_answered(&self, mac: MacAddr, reply: Answered, ip: IpAddr, boot: &str) {
         let reply = match reply {
-            MessageType::Offer => DhcpReply::Offer,
-            MessageType::Ack => DhcpReply::Ack,
-            MessageType::Nak => DhcpReply::Nak,
-            other => {
-                tracing::debug!(%mac, ?other, "dhcp: no timeline entry for this reply");
-                return;
-            }
+            Answered::Offer => DhcpReply::Offer,
+            Answered::Ack => DhcpReply::Ack,
+            Answered::Nak => DhcpReply::Nak,
+            Answered::Advertise => DhcpReply::Advertise,
+            Answered::Reply => DhcpReply::Reply,
         };
         let answer = DhcpAnswer {
             mac,

@@ -43,6 +43,14 @@ pub struct Dhcp6File {
     pub router_lifetime: Option<u16>,
     pub subnets: Vec<Subnet6File>,
     pub reservations: Vec<Reservation6File>,
+    /// MACs never answered (by the MAC of the client's DUID or link-local address).
+    pub deny_macs: Vec<String>,
+    /// The rate limits, as `[dhcp]` has them (same keys, same defaults).
+    pub per_client_burst: Option<u32>,
+    pub per_client_per_sec: Option<u32>,
+    pub max_tracked_clients: Option<u32>,
+    pub new_leases_per_window: Option<u32>,
+    pub new_lease_window_secs: Option<u32>,
 }
 
 /// `[[dhcp6.subnets]]`.
@@ -75,6 +83,8 @@ pub struct Dhcp6Config {
     pub ra: Option<RaConfig>,
     pub subnets: Vec<Subnet6>,
     pub reservations: Vec<Reservation6>,
+    pub deny_macs: std::collections::BTreeSet<MacAddr>,
+    pub rate_limits: paddock_dhcp::RateLimits,
 }
 
 /// Router advertisements.
@@ -161,7 +171,25 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
             "dhcp6.ra_interval_secs: {every} is outside 4..=1800 (RFC 4861's MaxRtrAdvInterval)"
         ));
     }
+    let deny_macs = f
+        .deny_macs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| parse::<MacAddr>(p, &format!("dhcp6.deny_macs[{i}]"), m))
+        .collect();
+    let rate_limits = paddock_dhcp::RateLimits::defaulted([
+        f.per_client_burst,
+        f.per_client_per_sec,
+        f.max_tracked_clients,
+        f.new_leases_per_window,
+        f.new_lease_window_secs,
+    ]);
+    if let Err(e) = rate_limits.validate() {
+        p.push(format!("dhcp6: {e}"));
+    }
     Some(Dhcp6Config {
+        deny_macs,
+        rate_limits,
         interfaces: f.interfaces.clone(),
         port: f.port.unwrap_or(DHCP6_PORT),
         ra: f.router_advertisements.unwrap_or(true).then(|| RaConfig {
@@ -177,16 +205,15 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
     })
 }
 
-/// Binds the listeners and runs the server, when `[dhcp6]` is on (fatal, as DHCPv4: an
+/// Binds the listeners and runs the server (fatal, as DHCPv4: an
 /// appliance that cannot answer must not look healthy).
 pub async fn start(
     rt: &mut Runtime,
-    d: Option<&Dhcp6Config>,
+    d: &Dhcp6Config,
     boot: &BootPolicy,
-) -> anyhow::Result<Option<Arc<Dhcp6Service>>> {
-    let Some(d) = d else {
-        return Ok(None);
-    };
+    policy: Arc<dyn paddock_dhcp::ClientPolicy>,
+    inspector: Arc<paddock_inspector::service::Inspector>,
+) -> anyhow::Result<Arc<Dhcp6Service>> {
     let store = rt.context().store.clone();
     let listeners = d
         .interfaces
@@ -219,16 +246,18 @@ pub async fn start(
                 public_url: u.clone(),
             }),
         },
-    );
+    )
+    .with_limits(d.rate_limits);
     if let Some(ra) = d.ra {
         for l in &listeners {
             advertise(rt, l, d, ra);
         }
     }
-    let service = Dhcp6Service::new(server, store).await?;
+    let observer = Arc::new(crate::dhcp::TimelineObserver::start(rt, inspector));
+    let service = Dhcp6Service::new(server, store, policy, Some(observer)).await?;
     let run = service.clone().run(listeners);
     rt.spawn_future("dhcp6", async move { run.await.context("DHCPv6 server") });
-    Ok(Some(service))
+    Ok(service)
 }
 
 /// Sends router advertisements on a listener's link for the subnets that hold its address

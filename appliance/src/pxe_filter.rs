@@ -762,6 +762,12 @@ async fn follow_provisioning(filter: Weak<PxeFilter>) {
     }
 }
 
+impl Admit {
+    fn leads(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| l.borrow().is_some())
+    }
+}
+
 /// The DHCP admission: the configured deny list, then the PXE filter when it is on.
 pub struct Admit {
     pub deny: std::collections::BTreeSet<MacAddr>,
@@ -771,9 +777,16 @@ pub struct Admit {
 }
 
 impl ClientPolicy for Admit {
+    fn admit_unidentified(&self) -> Admission {
+        if self.leads() {
+            Admission::Serve
+        } else {
+            Admission::Ignore
+        }
+    }
+
     fn admit(&self, mac: MacAddr) -> Admission {
-        let leads = self.leader.as_ref().is_none_or(|l| l.borrow().is_some());
-        let ok = leads
+        let ok = self.leads()
             && !self.deny.contains(&mac)
             && self.filter.as_ref().is_none_or(|f| f.admits(mac));
         if ok {

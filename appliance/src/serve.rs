@@ -83,7 +83,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let dns = crate::dns::start(&mut rt, cfg.dns.as_ref()).await?;
-    let dhcp6 = crate::dhcp6::start(&mut rt, cfg.dhcp6.as_ref(), &cfg.boot).await?;
+    let dhcp6 = match &cfg.dhcp6 {
+        Some(d) => Some(core.start_dhcp6(&mut rt, d, &filter).await?),
+        None => None,
+    };
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
     let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
@@ -309,6 +312,20 @@ impl Core {
         let service = crate::dhcp::start(rt, d, start).await?;
         self.security.bind_leases(service.clone());
         Ok(service)
+    }
+
+    async fn start_dhcp6(
+        &self,
+        rt: &mut Runtime,
+        d: &crate::dhcp6::Dhcp6Config,
+        filter: &Option<Arc<PxeFilter>>,
+    ) -> anyhow::Result<Arc<paddock_dhcp::v6::shell::Dhcp6Service>> {
+        let policy = Arc::new(Admit {
+            deny: d.deny_macs.clone(),
+            filter: filter.clone(),
+            leader: self.cfg.cluster.as_ref().map(|_| self.leader.clone()),
+        });
+        crate::dhcp6::start(rt, d, &self.cfg.boot, policy, self.inspector.clone()).await
     }
 
     /// The dominator (when configured) and provisioning's leader work, which follows the

@@ -27,11 +27,11 @@ fn wait_for_dad(ns: &Ns, iface: &str) {
 /// lifetimes: T1, the renewal, comes at half the preferred lifetime), with `extra` TOML.
 fn setup(extra: &str) -> (Link, Scratch, Appliance) {
     require(&["dhclient"]);
-    setup_pool("2001:2:0:1::100-2001:2:0:1::1ff", extra)
+    setup_pool("2001:2:0:1::100-2001:2:0:1::1ff", "", extra)
 }
 
-/// [`setup`] with another pool.
-fn setup_pool(pool: &str, extra: &str) -> (Link, Scratch, Appliance) {
+/// [`setup`] with another pool, and `section` lines in `[dhcp6]`.
+fn setup_pool(pool: &str, section: &str, extra: &str) -> (Link, Scratch, Appliance) {
     require(&["curl", "ip"]);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
@@ -51,7 +51,7 @@ enabled = false
 enabled = true
 interfaces = ["{iface}"]
 ra_interval_secs = 4
-[[dhcp6.subnets]]
+{section}[[dhcp6.subnets]]
 network = "2001:2:0:1::/64"
 pools = ["{pool}"]
 dns = ["{SERVER_IP6}"]
@@ -280,7 +280,11 @@ fn bound_dhcp6_leases_survive_sigkill_at_random_moments() {
         return dhcp6_load(&spec);
     }
     // 65,536 addresses: every exchange of every round takes a new one.
-    let (link, scratch, mut app) = setup_pool("2001:2:0:1::1:0-2001:2:0:1::1:ffff", "");
+    let (link, scratch, mut app) = setup_pool(
+        "2001:2:0:1::1:0-2001:2:0:1::1:ffff",
+        "new_leases_per_window = 0\n",
+        "",
+    );
     let stored = |link: &Link| {
         leases6(link)
             .into_iter()
@@ -349,4 +353,35 @@ fn dhcp6_load(spec: &kill::LoadSpec) {
         let xid = [solicit[1], solicit[2], solicit[3]];
         (Exchange6 { client, xid }, solicit)
     });
+}
+
+/// `[dhcp6] deny_macs`: a denied machine gets no answer (the refusal is logged); another
+/// MAC on the same link is served.
+#[test]
+fn denied_macs_get_no_dhcpv6_answer() {
+    let denied = "52:54:00:06:00:99";
+    require(&["dhclient"]);
+    let (link, scratch, app) = setup_pool(
+        "2001:2:0:1::100-2001:2:0:1::1ff",
+        &format!("deny_macs = [\"{denied}\"]\n"),
+        "",
+    );
+    let set_mac = |mac: &str| {
+        link.client
+            .sh_ok(&format!("ip link set {} address {mac}", link.client_if));
+    };
+    set_mac(denied);
+    assert!(
+        !answered6(&link, &scratch, "denied", Duration::from_secs(8)),
+        "a denied MAC got a DHCPv6 lease"
+    );
+    assert!(
+        app.log_text().contains("not admitted"),
+        "the refusal is logged"
+    );
+    set_mac("52:54:00:06:00:98");
+    assert!(
+        answered6(&link, &scratch, "allowed", Duration::from_secs(20)),
+        "another MAC is served"
+    );
 }

@@ -100,7 +100,7 @@ async fn a_hundred_thousand_dhcp_answers_leave_a_bounded_timeline() {
         let answer = |reply, n| DhcpAnswer {
             mac,
             reply,
-            ip,
+            ip: ip.into(),
             boot: "undionly.kpxe".into(),
             at_ms: at(n),
         };

@@ -89,6 +89,22 @@ pub enum RateLimitError {
 }
 
 impl RateLimits {
+    /// The settings a configuration section gives (`per_client_burst`, `per_client_per_sec`,
+    /// `max_tracked_clients`, `new_leases_per_window`, `new_lease_window_secs`, in that
+    /// order), each unset one at its default; check the result with [`RateLimits::validate`].
+    pub fn defaulted(
+        [burst, per_sec, tracked, per_window, window_secs]: [Option<u32>; 5],
+    ) -> RateLimits {
+        let d = RateLimits::default();
+        RateLimits {
+            per_client_burst: burst.unwrap_or(d.per_client_burst),
+            per_client_per_sec: per_sec.unwrap_or(d.per_client_per_sec),
+            max_tracked_clients: tracked.unwrap_or(d.max_tracked_clients),
+            new_leases_per_window: per_window.unwrap_or(d.new_leases_per_window),
+            new_lease_window_secs: window_secs.unwrap_or(d.new_lease_window_secs),
+        }
+    }
+
     /// No limits at all (what [`crate::Server::new`] starts with).
     pub const OFF: RateLimits = RateLimits {
         per_client_burst: 0,
@@ -279,6 +295,64 @@ impl NewLeaseWindow {
             .is_some_and(|&t| now_ms - t >= self.window_ms)
         {
             self.taken.pop_front();
+        }
+    }
+}
+
+/// Both limits of one server, as its core consults them: the per-client budgets and, per
+/// subnet (by index), the new-lease window, so that a flood on one segment leaves every
+/// other segment its own budget.
+#[derive(Debug)]
+pub struct Limiter {
+    limits: RateLimits,
+    clients: Option<ClientLimiter>,
+    new_leases: std::collections::BTreeMap<usize, NewLeaseWindow>,
+}
+
+impl Limiter {
+    /// Budgets start full.
+    pub fn new(limits: RateLimits) -> Self {
+        Limiter {
+            limits,
+            clients: ClientLimiter::new(&limits),
+            new_leases: std::collections::BTreeMap::new(),
+        }
+    }
+
+    pub fn limits(&self) -> &RateLimits {
+        &self.limits
+    }
+
+    pub fn tracked_clients(&self) -> usize {
+        self.clients.as_ref().map_or(0, ClientLimiter::tracked)
+    }
+
+    /// Charges one request from `mac`: `Some(report)` when it must be dropped.
+    pub fn over_client_budget(&mut self, mac: MacAddr, now_ms: u64) -> Option<Option<u64>> {
+        match self.clients.as_mut()?.check(mac, now_ms) {
+            Verdict::Allow => None,
+            Verdict::Drop { report } => Some(report),
+        }
+    }
+
+    /// May `subnet` give out a new address at `now_ms`? `Some(report)` when not.
+    pub fn over_new_lease_cap(&mut self, subnet: usize, now_ms: u64) -> Option<Option<u64>> {
+        let window = match self.new_leases.entry(subnet) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(NewLeaseWindow::new(&self.limits)?)
+            }
+        };
+        match window.check(now_ms) {
+            Verdict::Allow => None,
+            Verdict::Drop { report } => Some(report),
+        }
+    }
+
+    /// Counts a new address `subnet` gave out.
+    pub fn record_new_lease(&mut self, subnet: usize, now_ms: u64) {
+        if let Some(w) = self.new_leases.get_mut(&subnet) {
+            w.record(now_ms);
         }
     }
 }

@@ -7,13 +7,18 @@ use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 
 use crate::leases::Binding;
 use crate::pxe::{BootChoice, NoBoot, PxeRequest, arch_name};
-use crate::ratelimit::{ClientLimiter, NewLeaseWindow, RateLimits, Verdict};
+use crate::ratelimit::{Limiter, RateLimits};
 use crate::{BootPolicy, Lease, Leases, MacAddr, Relay};
 
 /// Does this client get answers at all? The PXE filter plugs in here, so that relayed
 /// requests (whose link-layer source is the relay) are filtered by `chaddr` too.
 pub trait ClientPolicy: Send + Sync {
     fn admit(&self, mac: MacAddr) -> Admission;
+    /// A DHCPv6 client whose MAC neither its DUID nor its source address gives: no list can
+    /// name it (the kernel's PXE filter still sees its frames' source MAC).
+    fn admit_unidentified(&self) -> Admission {
+        Admission::Serve
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,11 +121,7 @@ impl Outcome {
 pub struct Server {
     pub leases: Leases,
     config: ServerConfig,
-    limits: RateLimits,
-    clients: Option<ClientLimiter>,
-    /// The new-lease cap's window per subnet (by index), so that a flood on one segment
-    /// (one relay) leaves every other segment its own budget.
-    new_leases: std::collections::BTreeMap<usize, NewLeaseWindow>,
+    limiter: Limiter,
 }
 
 fn pxe_request(msg: &Message) -> PxeRequest {
@@ -179,18 +180,14 @@ impl Server {
         Server {
             leases,
             config,
-            limits: RateLimits::OFF,
-            clients: None,
-            new_leases: std::collections::BTreeMap::new(),
+            limiter: Limiter::new(RateLimits::OFF),
         }
     }
 
     /// The same server with `limits` (checked by the caller with [`RateLimits::validate`]);
     /// the budgets start full.
     pub fn with_limits(mut self, limits: RateLimits) -> Self {
-        self.limits = limits;
-        self.clients = ClientLimiter::new(&limits);
-        self.new_leases.clear();
+        self.limiter = Limiter::new(limits);
         self
     }
 
@@ -199,12 +196,12 @@ impl Server {
     }
 
     pub fn limits(&self) -> &RateLimits {
-        &self.limits
+        self.limiter.limits()
     }
 
     /// Clients whose request budget is remembered (at most `max_tracked_clients`).
     pub fn tracked_clients(&self) -> usize {
-        self.clients.as_ref().map_or(0, ClientLimiter::tracked)
+        self.limiter.tracked_clients()
     }
 
     /// Decides the answer to `msg`, which arrived on the interface whose address is `local`,
@@ -247,9 +244,7 @@ impl Server {
         };
         // Only requests the server would act on are charged: a client ignored anyway costs
         // nothing and takes no place in the table.
-        if let Some(clients) = &mut self.clients
-            && let Verdict::Drop { report } = clients.check(mac, now_ms)
-        {
+        if let Some(report) = self.limiter.over_client_budget(mac, now_ms) {
             return Outcome::limited(kind, LimitKind::Client, report);
         }
         match kind {
@@ -258,12 +253,12 @@ impl Server {
                     return Outcome::ignore(kind, format!("pool exhausted on subnet {link}"));
                 };
                 let new = !self.leases.is_theirs(mac, pick.ip);
-                if new && let Some(report) = self.over_new_lease_cap(subnet, now_ms) {
+                if new && let Some(report) = self.limiter.over_new_lease_cap(subnet, now_ms) {
                     return Outcome::limited(kind, LimitKind::NewLeases, report);
                 }
                 let ip = self.leases.hold(pick, mac, now);
-                if new && let Some(w) = self.new_leases.get_mut(&subnet) {
-                    w.record(now_ms);
+                if new {
+                    self.limiter.record_new_lease(subnet, now_ms);
                 }
                 let (reply, note, boot) =
                     self.reply(msg, MessageType::Offer, ip, subnet, local, mac);
@@ -327,19 +322,6 @@ impl Server {
     /// The new-lease cap's check, before an address that is not the client's is offered or
     /// ACKed: `Some(report)` when the request must be dropped. The caller records the lease
     /// if it is taken.
-    fn over_new_lease_cap(&mut self, subnet: usize, now_ms: u64) -> Option<Option<u64>> {
-        let window = match self.new_leases.entry(subnet) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(NewLeaseWindow::new(&self.limits)?)
-            }
-        };
-        match window.check(now_ms) {
-            Verdict::Allow => None,
-            Verdict::Drop { report } => Some(report),
-        }
-    }
-
     fn request(
         &mut self,
         msg: &Message,
@@ -366,13 +348,13 @@ impl Server {
             _ => return Outcome::ignore(kind, "REQUEST with neither option 50 nor ciaddr"),
         };
         let new = !self.leases.is_theirs(mac, ip);
-        if new && let Some(report) = self.over_new_lease_cap(subnet, now_ms) {
+        if new && let Some(report) = self.limiter.over_new_lease_cap(subnet, now_ms) {
             return Outcome::limited(kind, LimitKind::NewLeases, report);
         }
         match self.leases.ack(subnet, mac, ip, binding(msg), now) {
             Ok(lease) => {
-                if new && let Some(w) = self.new_leases.get_mut(&subnet) {
-                    w.record(now_ms);
+                if new {
+                    self.limiter.record_new_lease(subnet, now_ms);
                 }
                 let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
                 Outcome {

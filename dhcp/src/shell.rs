@@ -29,10 +29,54 @@ pub struct Listener {
     pub port: u16,
 }
 
+/// A reply to a PXE client, of either DHCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answered {
+    Offer,
+    Ack,
+    Nak,
+    /// DHCPv6's answer to a Solicit.
+    Advertise,
+    /// DHCPv6's answer that binds.
+    Reply,
+}
+
 /// Told about every PXE client answered (for the per-node timeline). Called on the packet
 /// path: implementations must not block.
 pub trait DhcpObserver: Send + Sync {
-    fn pxe_answered(&self, mac: MacAddr, reply: MessageType, ip: Ipv4Addr, boot: &str);
+    fn pxe_answered(&self, mac: MacAddr, reply: Answered, ip: std::net::IpAddr, boot: &str);
+}
+
+/// Counts a request a rate limit dropped and, when a report is due, says so in the log
+/// (at most once a minute per client, once per window for the new-lease cap).
+pub(crate) fn limited(
+    stats: &Stats,
+    limits: &crate::RateLimits,
+    kind: LimitKind,
+    mac: Option<MacAddr>,
+    report: Option<u64>,
+) {
+    let counter = match kind {
+        LimitKind::Client => &stats.limited_client,
+        LimitKind::NewLeases => &stats.limited_new_leases,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let Some(dropped) = report else { return };
+    match (kind, mac) {
+        (LimitKind::Client, Some(mac)) => tracing::warn!(
+            %mac,
+            dropped,
+            burst = limits.per_client_burst,
+            per_sec = limits.per_client_per_sec,
+            "dhcp: client over its request budget; its requests are dropped (logged at most once a minute per client)"
+        ),
+        _ => tracing::warn!(
+            dropped,
+            limit = limits.new_leases_per_window,
+            window_secs = limits.new_lease_window_secs,
+            "dhcp: new-lease cap reached; requests that would take a new address are dropped (known clients are still served; logged at most once per window)"
+        ),
+    }
 }
 
 pub struct DhcpService {
@@ -159,7 +203,13 @@ impl DhcpService {
         };
         if let Some(limited) = outcome.limited {
             // Counted per packet, logged at most once per client (or window) per report.
-            self.limited(&msg, limited.kind, limited.report);
+            let limits = *self
+                .server
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .limits();
+            let mac = MacAddr::from_chaddr(msg.chaddr());
+            self::limited(&self.stats, &limits, limited.kind, mac, limited.report);
             return;
         }
         tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
@@ -181,7 +231,15 @@ impl DhcpService {
             MacAddr::from_chaddr(msg.chaddr()),
         ) && let Some(kind) = reply.opts().msg_type()
         {
-            obs.pxe_answered(mac, kind, reply.yiaddr(), boot);
+            let answered = match kind {
+                MessageType::Offer => Some(Answered::Offer),
+                MessageType::Ack => Some(Answered::Ack),
+                MessageType::Nak => Some(Answered::Nak),
+                _ => None,
+            };
+            if let Some(a) = answered {
+                obs.pxe_answered(mac, a, reply.yiaddr().into(), boot);
+            }
         }
         let counter = match reply.opts().msg_type() {
             Some(MessageType::Offer) => &self.stats.offers,
@@ -202,37 +260,6 @@ impl DhcpService {
                 next.ops.push(op);
                 next.replies.push((bytes, to.into()));
             }
-        }
-    }
-}
-
-impl DhcpService {
-    fn limited(&self, msg: &dhcproto::v4::Message, kind: LimitKind, report: Option<u64>) {
-        let counter = match kind {
-            LimitKind::Client => &self.stats.limited_client,
-            LimitKind::NewLeases => &self.stats.limited_new_leases,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let Some(dropped) = report else { return };
-        let limits = *self
-            .server
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .limits();
-        match (kind, MacAddr::from_chaddr(msg.chaddr())) {
-            (LimitKind::Client, Some(mac)) => tracing::warn!(
-                %mac,
-                dropped,
-                burst = limits.per_client_burst,
-                per_sec = limits.per_client_per_sec,
-                "dhcp: client over its request budget; its requests are dropped (logged at most once a minute per client)"
-            ),
-            _ => tracing::warn!(
-                dropped,
-                limit = limits.new_leases_per_window,
-                window_secs = limits.new_lease_window_secs,
-                "dhcp: new-lease cap reached; requests that would take a new address are dropped (known clients are still served; logged at most once per window)"
-            ),
         }
     }
 }

@@ -705,6 +705,11 @@ fn ipv6_only_uefi_vm_is_inspected_and_enrolled() {
         "{v6} is not from the DHCPv6 pool"
     );
     assert!(boot["ipv4_address"].is_null(), "{boot}");
+    // The DHCPv6 answers to the firmware and to iPXE are on its timeline.
+    assert!(
+        timeline_says(&node, "dhcp", "DHCPv6 Reply") && timeline_says(&node, "dhcp", ".ipxe"),
+        "no DHCPv6 answers in the timeline: {node}"
+    );
     assert_eq!(inv["boot"]["current_boot_mode"], "uefi");
     // The lease the appliance holds is that address, for that MAC.
     let leases = lab

@@ -903,14 +903,13 @@ fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
     {
         p.push(format!("dhcp: {e}"));
     }
-    let d = paddock_dhcp::RateLimits::default();
-    let rate_limits = paddock_dhcp::RateLimits {
-        per_client_burst: f.per_client_burst.unwrap_or(d.per_client_burst),
-        per_client_per_sec: f.per_client_per_sec.unwrap_or(d.per_client_per_sec),
-        max_tracked_clients: f.max_tracked_clients.unwrap_or(d.max_tracked_clients),
-        new_leases_per_window: f.new_leases_per_window.unwrap_or(d.new_leases_per_window),
-        new_lease_window_secs: f.new_lease_window_secs.unwrap_or(d.new_lease_window_secs),
-    };
+    let rate_limits = paddock_dhcp::RateLimits::defaulted([
+        f.per_client_burst,
+        f.per_client_per_sec,
+        f.max_tracked_clients,
+        f.new_leases_per_window,
+        f.new_lease_window_secs,
+    ]);
     if let Err(e) = rate_limits.validate() {
         p.push(format!("dhcp: {e}"));
     }

@@ -248,7 +248,14 @@ mod tests {
     /// The server's answer to what the client sent, encoded.
     fn answer(s: &mut Server6, sent: &[u8]) -> (Vec<u8>, usize) {
         let m = decode_request6(sent).unwrap();
-        let o = s.handle(&m, LINK.parse().unwrap(), "fe80::1".parse().unwrap(), 1000);
+        let link = LINK.parse().unwrap();
+        let o = s.handle(
+            &m,
+            link,
+            "fe80::1".parse().unwrap(),
+            1_000_000,
+            &crate::AllowAll,
+        );
         (encode6(&o.reply.unwrap()).unwrap(), o.changes.len())
     }
 

@@ -334,6 +334,12 @@ impl Leases6 {
         Ok(lease)
     }
 
+    /// Whether the client holds, held or was advertised an address: one that is not asks
+    /// for a new address (the new-lease cap counts it).
+    pub fn knows(&self, client: &Client6) -> bool {
+        self.by_client.contains_key(client) || self.advertised_to.contains_key(client)
+    }
+
     /// The address the client holds or last held.
     pub fn address_of(&self, client: &Client6) -> Option<Ipv6Addr> {
         self.by_client.get(client).copied()

@@ -13,6 +13,8 @@ use dhcproto::v6::{
 use super::leases::{Client6, Lease6, Leases6, Refusal6};
 use crate::MacAddr;
 use crate::pxe::{Arch, is_http_boot};
+use crate::ratelimit::{Limiter, RateLimits};
+use crate::server::{Admission, ClientPolicy, LimitKind, Limited};
 
 /// What machines that boot from the network are told (option 59, RFC 5970).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,16 +45,36 @@ pub struct Outcome6 {
     pub mac: Option<MacAddr>,
     /// What happened, for the log.
     pub note: String,
+    /// Dropped by a rate limit: no reply, nothing changed.
+    pub limited: Option<Limited>,
 }
 
 pub struct Server6 {
     pub leases: Leases6,
     config: Server6Config,
+    limiter: Limiter,
 }
 
 impl Server6 {
+    /// A server without rate limits; see [`Server6::with_limits`].
     pub fn new(leases: Leases6, config: Server6Config) -> Self {
-        Server6 { leases, config }
+        Server6 {
+            leases,
+            config,
+            limiter: Limiter::new(RateLimits::OFF),
+        }
+    }
+
+    /// The same server with `limits` (checked by the caller with [`RateLimits::validate`]),
+    /// as DHCPv4 has them: per client (by the MAC of its DUID or link-local address) and
+    /// on addresses newly given out per subnet.
+    pub fn with_limits(mut self, limits: RateLimits) -> Self {
+        self.limiter = Limiter::new(limits);
+        self
+    }
+
+    pub fn limits(&self) -> &RateLimits {
+        self.limiter.limits()
     }
 
     pub fn config(&self) -> &Server6Config {
@@ -60,16 +82,40 @@ impl Server6 {
     }
 
     /// Handles `msg`, which arrived on the link where this server's address is `link`, from
-    /// `peer`, at `now` (Unix seconds).
-    pub fn handle(&mut self, msg: &Message, link: Ipv6Addr, peer: Ipv6Addr, now: u64) -> Outcome6 {
+    /// `peer`, at `now_ms` (Unix milliseconds: leases see the second, rate limits the
+    /// millisecond), admitted or not by `policy` (the deny list, the PXE filter, leadership).
+    pub fn handle(
+        &mut self,
+        msg: &Message,
+        link: Ipv6Addr,
+        peer: Ipv6Addr,
+        now_ms: u64,
+        policy: &dyn ClientPolicy,
+    ) -> Outcome6 {
+        let now = now_ms / 1000;
         let ignore = |note: &str| Outcome6 {
             note: note.to_string(),
+            ..Outcome6::default()
+        };
+        let limited = |kind, report| Outcome6 {
+            note: "dropped by a rate limit".into(),
+            limited: Some(Limited { kind, report }),
             ..Outcome6::default()
         };
         let Some(duid) = client_duid(msg) else {
             return ignore("no client identifier");
         };
         let mac = mac_of(&duid).or_else(|| mac_of_link_local(peer));
+        let admitted = match mac {
+            Some(m) => policy.admit(m),
+            None => policy.admit_unidentified(),
+        };
+        if admitted == Admission::Ignore {
+            return ignore(&format!(
+                "{} is not admitted by the PXE filter",
+                mac.map_or("a client without a MAC".into(), |m| m.to_string())
+            ));
+        }
         let server_id = msg.opts().get(OptionCode::ServerId);
         let ours = matches!(server_id, Some(DhcpOption::ServerId(id)) if *id == self.config.duid);
         let kind = msg.msg_type();
@@ -92,6 +138,13 @@ impl Server6 {
         let Some(idx) = self.leases.subnet_for(link) else {
             return ignore("no subnet for this link");
         };
+        // Only requests the server would act on are charged, as in DHCPv4; a client whose
+        // MAC is unknown has no budget of its own.
+        if let Some(m) = mac
+            && let Some(report) = self.limiter.over_client_budget(m, now_ms)
+        {
+            return limited(LimitKind::Client, report);
+        }
         let hex_duid = hex::encode(&duid);
         let rapid =
             kind == MessageType::Solicit && msg.opts().get(OptionCode::RapidCommit).is_some();
@@ -100,6 +153,19 @@ impl Server6 {
         } else {
             MessageType::Reply
         };
+        // An address for a client the leases do not know is a new one: the cap counts it.
+        let new = matches!(
+            kind,
+            MessageType::Solicit | MessageType::Request | MessageType::Rebind
+        ) && ianas(msg).any(|ia| {
+            !self.leases.knows(&Client6 {
+                duid: hex_duid.clone(),
+                iaid: ia.id,
+            })
+        });
+        if new && let Some(report) = self.limiter.over_new_lease_cap(idx, now_ms) {
+            return limited(LimitKind::NewLeases, report);
+        }
         let mut reply = Message::new_with_id(reply_kind, msg.xid());
         let mut changes = Vec::new();
         let mut given = Vec::new();
@@ -209,6 +275,9 @@ impl Server6 {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if new && given.iter().any(Result::is_ok) {
+            self.limiter.record_new_lease(idx, now_ms);
+        }
         Outcome6 {
             changes,
             note,
@@ -482,7 +551,13 @@ mod tests {
     }
 
     fn run(s: &mut Server6, m: &Message, now: u64) -> Outcome6 {
-        s.handle(m, LINK.parse().unwrap(), "fe80::1".parse().unwrap(), now)
+        s.handle(
+            m,
+            LINK.parse().unwrap(),
+            "fe80::1".parse().unwrap(),
+            now * 1000,
+            &crate::AllowAll,
+        )
     }
 
     fn address(o: &Outcome6) -> Result<Ipv6Addr, Status> {
@@ -536,6 +611,86 @@ mod tests {
             released.changes[0].state,
             crate::leases::LeaseState::Released
         );
+    }
+
+    /// The deny list and the PXE filter (a [`ClientPolicy`]) apply to DHCPv6 by the MAC of
+    /// the DUID; a client with no MAC is asked about as such.
+    #[test]
+    fn the_client_policy_admits_by_mac() {
+        struct Deny(Option<MacAddr>);
+        impl ClientPolicy for Deny {
+            fn admit(&self, mac: MacAddr) -> Admission {
+                if Some(mac) == self.0 {
+                    Admission::Ignore
+                } else {
+                    Admission::Serve
+                }
+            }
+            fn admit_unidentified(&self) -> Admission {
+                Admission::Ignore
+            }
+        }
+        let mut s = server(false);
+        let link = LINK.parse().unwrap();
+        let peer = "fe80::1".parse().unwrap();
+        let denied = Deny(Some(MacAddr([0x52, 0x54, 0, 0, 0, 1])));
+        let m1 = msg(MessageType::Solicit, 1, None, None);
+        let o = s.handle(&m1, link, peer, NOW * 1000, &denied);
+        assert!(
+            o.reply.is_none() && o.note.contains("not admitted"),
+            "{o:?}"
+        );
+        let m2 = msg(MessageType::Solicit, 2, None, None);
+        assert!(
+            s.handle(&m2, link, peer, NOW * 1000, &denied)
+                .reply
+                .is_some()
+        );
+        // A DUID-UUID from a source address that is not EUI-64: no MAC to judge by.
+        let mut anon = Message::new_with_id(MessageType::Solicit, [9, 9, 9]);
+        anon.opts_mut()
+            .insert(DhcpOption::ClientId(vec![0, 4, 1, 2, 3, 4]));
+        let o = s.handle(&anon, link, peer, NOW * 1000, &denied);
+        assert!(o.reply.is_none(), "{o:?}");
+    }
+
+    /// A client over its burst is dropped (no reply, nothing changed) until its budget
+    /// refills; the new-lease cap stops new clients but not one it already knows.
+    #[test]
+    fn rate_limits_drop_what_is_over_them() {
+        let limits = RateLimits {
+            per_client_burst: 2,
+            per_client_per_sec: 1,
+            max_tracked_clients: 100,
+            new_leases_per_window: 2,
+            new_lease_window_secs: 60,
+        };
+        let mut s = server(false).with_limits(limits);
+        let solicit = |n| msg(MessageType::Solicit, n, None, None);
+        assert!(run(&mut s, &solicit(1), NOW).reply.is_some());
+        assert!(run(&mut s, &solicit(1), NOW).reply.is_some());
+        let o = run(&mut s, &solicit(1), NOW);
+        assert!(o.reply.is_none() && o.changes.is_empty());
+        assert_eq!(
+            o.limited.map(|l| (l.kind, l.report)),
+            Some((LimitKind::Client, Some(1)))
+        );
+        assert!(
+            run(&mut s, &solicit(1), NOW + 1).reply.is_some(),
+            "refilled"
+        );
+        // Clients 1 and 2 took the window's two new addresses; 3 is a third.
+        assert!(run(&mut s, &solicit(2), NOW + 2).reply.is_some());
+        let o = run(&mut s, &solicit(3), NOW + 3);
+        assert_eq!(
+            o.limited.map(|l| l.kind),
+            Some(LimitKind::NewLeases),
+            "{o:?}"
+        );
+        // The known client 2 still binds the address it was advertised.
+        let ip = address(&run(&mut s, &solicit(2), NOW + 4)).unwrap();
+        let req = msg(MessageType::Request, 2, Some(&s), Some(ip));
+        assert_eq!(address(&run(&mut s, &req, NOW + 5)), Ok(ip));
     }
 
     /// Messages for another server, or without a client identifier, are ignored.

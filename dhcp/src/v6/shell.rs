@@ -14,7 +14,8 @@ use tokio::net::UdpSocket;
 use super::packet::{decode_request6, encode6};
 use super::{Lease6, Server6};
 use crate::batch::{Batch, Handler, send};
-use crate::shell::{ShellError, Stats, unix_now};
+use crate::server::ClientPolicy;
+use crate::shell::{Answered, DhcpObserver, ShellError, Stats, unix_now, unix_now_ms};
 
 /// Store prefix of DHCPv6 lease records: `dhcp6/leases/<ip>` → JSON [`Lease6`].
 pub const LEASE6_PREFIX: &str = "dhcp6/leases/";
@@ -37,6 +38,8 @@ pub struct Listener6 {
 pub struct Dhcp6Service {
     server: Mutex<Server6>,
     store: Arc<dyn Store>,
+    policy: Arc<dyn ClientPolicy>,
+    observer: Option<Arc<dyn DhcpObserver>>,
     pub stats: Stats,
 }
 
@@ -45,8 +48,14 @@ fn lease_key(ip: Ipv6Addr) -> String {
 }
 
 impl Dhcp6Service {
-    /// Builds the service and restores every stored lease into `server`.
-    pub async fn new(mut server: Server6, store: Arc<dyn Store>) -> Result<Arc<Self>, ShellError> {
+    /// Builds the service and restores every stored lease into `server`; `policy` admits
+    /// clients (as DHCPv4's does), `observer` hears of PXE clients answered.
+    pub async fn new(
+        mut server: Server6,
+        store: Arc<dyn Store>,
+        policy: Arc<dyn ClientPolicy>,
+        observer: Option<Arc<dyn DhcpObserver>>,
+    ) -> Result<Arc<Self>, ShellError> {
         for kv in store.range(LEASE6_PREFIX).await? {
             let lease: Lease6 =
                 serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
@@ -59,6 +68,8 @@ impl Dhcp6Service {
         Ok(Arc::new(Dhcp6Service {
             server: Mutex::new(server),
             store,
+            policy,
+            observer,
             stats: Stats::default(),
         }))
     }
@@ -111,17 +122,46 @@ impl Handler for Link6 {
                 return;
             }
         };
-        let outcome = s.server.lock().unwrap_or_else(|p| p.into_inner()).handle(
-            &msg,
-            self.local,
-            *from.ip(),
-            unix_now(),
-        );
+        let (outcome, limits) = {
+            let mut server = s.server.lock().unwrap_or_else(|p| p.into_inner());
+            let o = server.handle(
+                &msg,
+                self.local,
+                *from.ip(),
+                unix_now_ms(),
+                s.policy.as_ref(),
+            );
+            (o, *server.limits())
+        };
+        if let Some(l) = outcome.limited {
+            crate::shell::limited(&s.stats, &limits, l.kind, outcome.mac, l.report);
+            return;
+        }
         tracing::debug!(%peer, mac = ?outcome.mac, boot = ?outcome.boot, "dhcp6: {}", outcome.note);
         let Some(reply) = outcome.reply else {
             s.stats.ignored.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        if let (Some(obs), Some(boot), Some(mac)) = (&s.observer, &outcome.boot, outcome.mac) {
+            let answered = match reply.msg_type() {
+                MessageType::Advertise => Answered::Advertise,
+                _ => Answered::Reply,
+            };
+            // The address given (the first of the reply's IA_NAs), or none for a client
+            // that asked for no address.
+            let ip = reply
+                .opts()
+                .iter()
+                .find_map(|o| match o {
+                    dhcproto::v6::DhcpOption::IANA(ia) => ia.opts.iter().find_map(|a| match a {
+                        dhcproto::v6::DhcpOption::IAAddr(a) => Some(a.addr),
+                        _ => None,
+                    }),
+                    _ => None,
+                })
+                .unwrap_or(Ipv6Addr::UNSPECIFIED);
+            obs.pxe_answered(mac, answered, ip.into(), boot);
+        }
         let counter = match reply.msg_type() {
             MessageType::Advertise => &s.stats.offers,
             _ => &s.stats.acks,

@@ -2,7 +2,7 @@
 //! answers with their renewals counted, and pruning.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use paddock_inventory::MacAddr;
 use paddock_store::{Compare, Op, Txn};
@@ -199,12 +199,28 @@ pub fn timeline_prune<'a>(
     doomed
 }
 
-/// A reply the DHCP server gave a PXE client.
+/// A reply the DHCP server gave a PXE client (DHCPv6's two: Advertise, Reply).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DhcpReply {
     Offer,
     Ack,
     Nak,
+    Advertise,
+    Reply,
+}
+
+impl DhcpReply {
+    /// Whether it binds the address (and so may renew a lease).
+    fn binds(self) -> bool {
+        matches!(self, DhcpReply::Ack | DhcpReply::Reply)
+    }
+
+    fn protocol(self) -> &'static str {
+        match self {
+            DhcpReply::Advertise | DhcpReply::Reply => "DHCPv6",
+            _ => "DHCP",
+        }
+    }
 }
 
 /// One answer to a PXE client, as the DHCP server's observer reports it.
@@ -212,7 +228,7 @@ pub enum DhcpReply {
 pub struct DhcpAnswer {
     pub mac: MacAddr,
     pub reply: DhcpReply,
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// The boot file or URL given.
     pub boot: String,
     /// Unix milliseconds.
@@ -225,14 +241,20 @@ impl DhcpAnswer {
     /// answer, an offer — a PXE boot —, a NAK, a new address) is an entry of its own.
     pub fn renews(&self, previous: &DhcpAnswer) -> bool {
         self.mac == previous.mac
-            && self.reply == DhcpReply::Ack
-            && previous.reply == DhcpReply::Ack
+            && self.reply.binds()
+            && previous.reply == self.reply
             && self.ip == previous.ip
             && self.boot == previous.boot
     }
 
     fn message(&self) -> String {
-        format!("DHCP {:?} {}, boot {}", self.reply, self.ip, self.boot)
+        format!(
+            "{} {:?} {}, boot {}",
+            self.reply.protocol(),
+            self.reply,
+            self.ip,
+            self.boot
+        )
     }
 }
 
@@ -389,7 +411,7 @@ mod tests {
         DhcpAnswer {
             mac: MAC,
             reply,
-            ip: Ipv4Addr::new(198, 18, 0, host),
+            ip: std::net::Ipv4Addr::new(198, 18, 0, host).into(),
             boot: "undionly.kpxe".into(),
             at_ms: 0,
         }
