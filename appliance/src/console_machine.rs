@@ -213,7 +213,7 @@ pub fn hardware(n: &Node, data: &IntrospectionData) -> Markup {
             }
             h3 { "Network interfaces (" (inv.interfaces.len()) ")" }
             table #nics {
-                tr { th { "Name" } th { "MAC" } th { "Speed" } th { "Address" } th { "Switch / port" } th { "Driver" } }
+                tr { th { "Name" } th { "MAC" } th { "Speed" } th { "Address" } th { "Cabled to" } th { "Driver" } }
                 @for i in &inv.interfaces {
                     tr {
                         td {
@@ -226,7 +226,7 @@ pub fn hardware(n: &Node, data: &IntrospectionData) -> Markup {
                         td { (i.speed_mbps.map_or_else(|| "-".into(), speed)) }
                         td { (text(&i.ipv4_address)) }
                         td { @match switch_port(i) {
-                            Some((sw, port)) => { (sw) " / " (port) }
+                            Some((sw, port)) => { "switch " (sw) " port " (port) }
                             None => { span.muted { "unknown" } }
                         } }
                         td { (text(&i.driver)) }

@@ -2,6 +2,8 @@
 //! lookup; `root_disk_selection`, `scheduler` and `capabilities` after. Pure functions from the
 //! posted data (and the node's hints) to processed data and node properties.
 
+use std::collections::BTreeMap;
+
 use paddock_inventory::MacAddr;
 use paddock_inventory::{Disk, IntrospectionData, Inventory, lenient, normalise_mac};
 use serde_json::{Map, Value, json};
@@ -22,6 +24,8 @@ pub struct Interfaces {
     pub all_macs: Vec<MacAddr>,
     pub pxe_mac: Option<MacAddr>,
     pub bmc: Option<String>,
+    /// `local_link_connection`: each NIC's switch port heard over LLDP, by MAC.
+    pub links: BTreeMap<String, Map<String, Value>>,
 }
 
 /// Why a processing hook fails the introspection (Inspector's messages, word for word).
@@ -62,6 +66,7 @@ pub fn validate_interfaces(
     let mut all = Map::new();
     let mut used = Map::new();
     let mut all_macs = Vec::new();
+    let mut links = BTreeMap::new();
     for iface in &inv.interfaces {
         if iface.name == "lo" {
             continue;
@@ -83,6 +88,10 @@ pub fn validate_interfaces(
         // client and rules read it.
         if let Some(tlvs) = iface.lldp.as_deref().filter(|t| !t.is_empty()) {
             entry["lldp_processed"] = Value::Object(paddock_inventory::lldp::processed(tlvs));
+            // `local_link_connection`: the port's switch and port, for the node's ports.
+            if let Some(link) = paddock_inventory::lldp::local_link_connection(tlvs) {
+                links.insert(mac.clone(), link);
+            }
         }
         all.insert(iface.name.clone(), entry.clone());
         all_macs.push(parsed);
@@ -114,6 +123,7 @@ pub fn validate_interfaces(
         all_macs,
         pxe_mac: pxe.and_then(|m| m.parse().ok()),
         bmc: real_bmc(inv.bmc_address.as_deref()).map(String::from),
+        links,
     })
 }
 

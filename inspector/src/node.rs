@@ -1,6 +1,8 @@
 //! Node records: Paddock's own (there is no Ironic behind us), keyed by UUID, found by MAC,
 //! BMC address or name.
 
+use std::collections::BTreeMap;
+
 use paddock_inventory::MacAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -47,6 +49,10 @@ pub struct Node {
     /// The NIC it PXE-boots from.
     #[serde(default)]
     pub pxe_mac: Option<MacAddr>,
+    /// What is known of each NIC's switch port, by MAC (as Ironic's ports have it): its
+    /// `local_link_connection` (`switch_id`, `port_id`, `switch_info`), from LLDP.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, Port>,
     #[serde(default)]
     pub bmc_address: Option<String>,
     /// Scheduling properties (`cpus`, `cpu_arch`, `memory_mb`, `local_gb`, `capabilities`),
@@ -83,6 +89,13 @@ pub struct Node {
     pub created_at: i64,
 }
 
+/// One NIC's port, as Ironic's port object names what is known of it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Port {
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub local_link_connection: Map<String, Value>,
+}
+
 impl Node {
     pub fn new(uuid: Uuid, now: i64) -> Self {
         Node {
@@ -90,6 +103,7 @@ impl Node {
             name: None,
             macs: Vec::new(),
             pxe_mac: None,
+            ports: BTreeMap::new(),
             bmc_address: None,
             properties: Map::new(),
             extra: Map::new(),

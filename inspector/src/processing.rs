@@ -233,6 +233,12 @@ fn run_hooks(input: Input<'_>, state: State, node: &mut Node) -> Result<Value, P
             }
         }
     }
+    for (mac, link) in &ifaces.links {
+        node.ports
+            .entry(mac.clone())
+            .or_default()
+            .local_link_connection = link.clone();
+    }
     // The token's MAC is the one that PXE-booted: its boot script carried the token.
     node.pxe_mac = input.speaker.or(ifaces.pxe_mac).or(node.pxe_mac);
     if node.bmc_address.is_none() && input.trust_bmc {
@@ -588,6 +594,13 @@ mod tests {
             assert_eq!(lldp["switch_chassis_id"], "52:54:00:aa:bb:cc");
             assert_eq!(lldp["switch_port_id"], "eth1");
             assert_eq!(out.node.name.as_deref(), name);
+            // The port's local_link_connection, as Ironic's port has it.
+            let port = &out.node.ports["52:54:00:00:00:01"];
+            assert_eq!(
+                Value::Object(port.local_link_connection.clone()),
+                json!({"switch_id": "52:54:00:aa:bb:cc", "port_id": "eth1",
+                       "switch_info": "tor-sw-1"})
+            );
         }
     }
 

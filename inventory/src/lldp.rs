@@ -109,7 +109,8 @@ pub fn processed(tlvs: &[(u8, String)]) -> Map<String, Value> {
 }
 
 /// The switch and the port a NIC is cabled to, for people: the switch's system name, else its
-/// chassis ID; the port's ID, else its description.
+/// chassis ID; the port's ID when it is a name, else its description, else its ID (a switch
+/// that names ports by MAC, as lldpd does, puts the name people use in the description).
 pub fn switch_port(tlvs: &[(u8, String)]) -> Option<(String, String)> {
     let p = processed(tlvs);
     let text = |key: &str| {
@@ -119,8 +120,41 @@ pub fn switch_port(tlvs: &[(u8, String)]) -> Option<(String, String)> {
             .map(str::to_string)
     };
     let switch = text("switch_system_name").or_else(|| text("switch_chassis_id"))?;
-    let port = text("switch_port_id").or_else(|| text("switch_port_description"))?;
+    // Port ID subtypes 3 (MAC) and 4 (network address) are not names.
+    let id_is_address = tlvs
+        .iter()
+        .find(|(typ, _)| *typ == 2)
+        .and_then(|(_, hex)| decode_hex(hex))
+        .is_some_and(|v| matches!(v.first(), Some(3 | 4)));
+    let port = if id_is_address {
+        text("switch_port_description").or_else(|| text("switch_port_id"))?
+    } else {
+        text("switch_port_id").or_else(|| text("switch_port_description"))?
+    };
     Some((switch, port))
+}
+
+/// Ironic's `local_link_connection` of the port these TLVs were heard on, as Inspector's
+/// `local_link_connection` hook makes it: `switch_id` (the chassis ID, when it is a MAC
+/// address), `port_id` (the port ID) and `switch_info` (the system name). `None` when the
+/// switch named no port.
+pub fn local_link_connection(tlvs: &[(u8, String)]) -> Option<Map<String, Value>> {
+    let mut out = Map::new();
+    for (typ, hex) in tlvs {
+        let Some(v) = decode_hex(hex) else {
+            continue;
+        };
+        let (key, value) = match (typ, v.split_first()) {
+            (1, Some((4, mac))) if mac.len() == 6 => ("switch_id", mac_text(mac)),
+            (2, Some(_)) => ("port_id", id(&v, 3, 4).unwrap_or_default()),
+            (5, _) => ("switch_info", text(&v)),
+            _ => continue,
+        };
+        if !value.is_empty() {
+            out.entry(key).or_insert(json!(value));
+        }
+    }
+    out.contains_key("port_id").then_some(out)
 }
 
 /// A chassis or port ID: its subtype byte, then the ID; a MAC address (`mac`) reads as one, a
@@ -256,9 +290,10 @@ mod tests {
                 "switch_port_mtu": 1518
             })
         );
+        // The port ID is a MAC: people know the port by its description.
         assert_eq!(
             switch_port(&switch()),
-            Some(("tor-sw-1".into(), "52:54:00:aa:bb:07".into()))
+            Some(("tor-sw-1".into(), "Ethernet1/7".into()))
         );
     }
 
@@ -279,6 +314,26 @@ mod tests {
         // A port ID that is an address.
         let p = processed(&[tlv(2, &[4, 1, 10, 0, 0, 7])]);
         assert_eq!(p["switch_port_id"], "10.0.0.7");
+    }
+
+    /// The port's switch for Ironic: the chassis MAC, the port ID and the system name; a
+    /// chassis named otherwise than by MAC gives no `switch_id`, and no port ID no link.
+    #[test]
+    fn the_local_link_connection_names_the_switch_and_port() {
+        assert_eq!(
+            local_link_connection(&switch()).map(Value::Object),
+            Some(
+                json!({"switch_id": "52:54:00:aa:bb:cc", "port_id": "52:54:00:aa:bb:07",
+                        "switch_info": "tor-sw-1"})
+            )
+        );
+        let named = [tlv(1, &[7, b's', b'w']), tlv(2, &[5, b'e', b'1'])];
+        assert_eq!(
+            local_link_connection(&named).map(Value::Object),
+            Some(json!({"port_id": "e1"}))
+        );
+        assert_eq!(local_link_connection(&[tlv(5, b"sw")]), None);
+        assert_eq!(local_link_connection(&[tlv(2, &[])]), None);
     }
 
     /// Bytes a switch got wrong are skipped, one TLV at a time; nothing panics.

@@ -503,6 +503,26 @@ fn the_switch_port_heard_over_lldp_is_processed() {
     assert_eq!(lldp["switch_port_description"], "Ethernet1/7", "{data}");
     assert_eq!(lldp["switch_system_name"], "tor-sw-1", "{data}");
     assert!(lldp["switch_chassis_id"].is_string(), "{lldp}");
+    // The boot NIC's port names the switch and the port (Ironic's local_link_connection).
+    let link = &node["ports"]["52:54:00:11:d0:01"]["local_link_connection"];
+    assert_eq!(link["switch_info"], "tor-sw-1", "{node}");
+    assert!(
+        link["port_id"].is_string() && link["switch_id"].is_string(),
+        "{link}"
+    );
+    // The console's machine page says where it is cabled.
+    let (status, page) = lab
+        .api(
+            "GET",
+            &format!("/ui/nodes/{}", node["uuid"].as_str().unwrap()),
+            None,
+        )
+        .expect("console");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("switch tor-sw-1 port Ethernet1/7"),
+        "the console does not say the switch port:\n{page}"
+    );
     assert_eq!(
         node["extra"]["switch_port"], "tor-sw-1 Ethernet1/7",
         "{node}"
