@@ -3,7 +3,7 @@
 # starts the appliance in a network namespace with a bridge, PXE-boots a VM (SeaBIOS + iPXE)
 # through it, forwards the console to http://127.0.0.1:8080/ui and prints the node's state
 # as it changes. Ctrl-C removes everything. Options: --vms N, --uefi, --http-boot (UEFI HTTP
-# boot, TFTP off), --secure-boot (OVMF enforcing Secure Boot with Microsoft's keys: shim →
+# boot, TFTP off), --ipv6-only (UEFI PXE on an IPv6-only network), --secure-boot (OVMF enforcing Secure Boot with Microsoft's keys: shim →
 # signed GRUB → signed kernel), --arch aarch64 (arm64 VMs under TCG: GRUB → the arm64
 # ramdisk, inspection only), --port P, --once, --provision IMAGE.tar [--filter FILE]
 # (install an image in the boot that inspects each VM;

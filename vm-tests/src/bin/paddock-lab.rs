@@ -2,7 +2,8 @@
 //! forwards the console to 127.0.0.1, prints each node's state as it changes, and cleans
 //! everything up on Ctrl-C.
 //!
-//! `paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot | --arch aarch64] [--port 8443]
+//! `paddock-lab [--vms N] [--uefi | --secure-boot | --http-boot | --ipv6-only | --arch aarch64]
+//! [--port 8443]
 //! [--provision IMAGE.tar [--filter F]]`, after
 //! `scripts/build-ramdisk.sh` (the README's lab command, `./scripts/lab.sh`, does all of it).
 //!
@@ -59,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             "--uefi" => firmware = Firmware::Uefi,
             "--secure-boot" => firmware = Firmware::UefiSecureBoot,
             "--http-boot" => firmware = Firmware::UefiHttp,
+            "--ipv6-only" => firmware = Firmware::UefiIpv6,
             "--arch" => match it.next().map(String::as_str) {
                 Some("aarch64" | "arm64") => firmware = Firmware::Arm64Uefi,
                 Some("x86_64") => {}
@@ -155,7 +157,11 @@ fn main() -> anyhow::Result<()> {
     } else {
         &|_| Ok(())
     };
-    let mut lab = Lab::start_prepared("lab", &artifacts, extra, prepare)?;
+    let mut lab = if firmware == Firmware::UefiIpv6 {
+        Lab::start_ipv6_only("lab", &artifacts, extra)?
+    } else {
+        Lab::start_prepared("lab", &artifacts, extra, prepare)?
+    };
     let _forward = Forwarder(
         Command::new("socat")
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
