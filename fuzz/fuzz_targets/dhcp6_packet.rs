@@ -1,6 +1,6 @@
-//! Bytes from the network through everything the DHCPv6 server does with them: the framing
-//! walk, dhcproto decoding as we call it, the pure core (allocation, boot file URLs) and
-//! encoding of the reply.
+//! Bytes from the network through everything the DHCPv6 server does with them (the framing
+//! walk, dhcproto decoding as we call it, the pure core: allocation, boot file URLs, and
+//! encoding of the reply), and through the agent's DHCPv6 client as a server's answer.
 #![no_main]
 
 use std::net::Ipv6Addr;
@@ -44,7 +44,22 @@ fn server() -> Server6 {
     )
 }
 
+/// The bytes as an answer to the agent's client, whose transaction they name.
+fn as_answer(data: &[u8]) -> Option<()> {
+    let xid = data.get(1..4)?;
+    let n = u32::from_be_bytes([0, xid[0], xid[1], xid[2]]).wrapping_sub(1);
+    let [_, a, b, c] = n.to_be_bytes();
+    let mut client =
+        paddock_dhcp::v6::Dhcp6Client::new(MacAddr([0x52, 0x54, 0, 0, 0, 1]), [a, b, c]);
+    client.solicit(0).ok()?;
+    if let paddock_dhcp::v6::Step6::Send(request) = client.receive(data, 1) {
+        paddock_dhcp::v6::packet::decode_request6(&request).expect("our Request decodes");
+    }
+    Some(())
+}
+
 fuzz_target!(|data: &[u8]| {
+    as_answer(data);
     let Ok(msg) = paddock_dhcp::v6::packet::decode_request6(data) else {
         return;
     };
@@ -52,7 +67,8 @@ fuzz_target!(|data: &[u8]| {
     let s = guard.get_or_insert_with(server);
     let now = u64::from(data.len() as u32) * 7;
     let link: Ipv6Addr = "2001:2:0:1::1".parse().unwrap();
-    let out = s.handle(&msg, link, "fe80::5054:ff:fe00:1".parse().unwrap(), now);
+    let peer = "fe80::5054:ff:fe00:1".parse().unwrap();
+    let out = s.handle(&msg, link, peer, now * 1000, &paddock_dhcp::AllowAll);
     if let Some(reply) = out.reply {
         paddock_dhcp::v6::packet::encode6(&reply).expect("our replies always encode");
     }
