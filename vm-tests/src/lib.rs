@@ -361,14 +361,45 @@ fn bridge_ipv6(ns: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A tag unique to this process and call: `<prefix><pid>x<n>` (short: interface names
-/// are built from it).
+/// A tag unique to this process and call: `<prefix><pid>x<n>`, both numbers in base 36 so
+/// that the tap names built from it (`<tag>t<round>n<nic>`) stay within Linux's 15 bytes
+/// however many labs one test process starts.
 fn unique_tag(prefix: &str) -> String {
     format!(
         "{prefix}{}x{}",
-        std::process::id() % 100_000,
-        COUNTER.fetch_add(1, Ordering::SeqCst)
+        base36(u64::from(std::process::id() % 100_000)),
+        base36(u64::from(COUNTER.fetch_add(1, Ordering::SeqCst)))
     )
+}
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[usize::try_from(n % 36).unwrap_or(0)]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest tag (a five-digit pid, the hundredth lab) leaves a tap name of at most
+    /// 15 bytes.
+    #[test]
+    fn tap_names_fit_linux() {
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+        let tag = format!("pdkv{}x{}", base36(99_999), base36(100));
+        assert!(format!("{tag}t9n9").len() <= 15, "{tag}");
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
