@@ -319,9 +319,6 @@ impl Server {
         }
     }
 
-    /// The new-lease cap's check, before an address that is not the client's is offered or
-    /// ACKed: `Some(report)` when the request must be dropped. The caller records the lease
-    /// if it is taken.
     fn request(
         &mut self,
         msg: &Message,

@@ -48,13 +48,14 @@ pub trait DhcpObserver: Send + Sync {
 }
 
 /// Counts a request a rate limit dropped and, when a report is due, says so in the log
-/// (at most once a minute per client, once per window for the new-lease cap).
+/// (at most once a minute per client, once per window for the new-lease cap), with the
+/// `limits` read only then.
 pub(crate) fn limited(
     stats: &Stats,
-    limits: &crate::RateLimits,
     kind: LimitKind,
     mac: Option<MacAddr>,
     report: Option<u64>,
+    limits: impl FnOnce() -> crate::RateLimits,
 ) {
     let counter = match kind {
         LimitKind::Client => &stats.limited_client,
@@ -62,6 +63,7 @@ pub(crate) fn limited(
     };
     counter.fetch_add(1, Ordering::Relaxed);
     let Some(dropped) = report else { return };
+    let limits = limits();
     match (kind, mac) {
         (LimitKind::Client, Some(mac)) => tracing::warn!(
             %mac,
@@ -203,13 +205,14 @@ impl DhcpService {
         };
         if let Some(limited) = outcome.limited {
             // Counted per packet, logged at most once per client (or window) per report.
-            let limits = *self
-                .server
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .limits();
             let mac = MacAddr::from_chaddr(msg.chaddr());
-            self::limited(&self.stats, &limits, limited.kind, mac, limited.report);
+            self::limited(&self.stats, limited.kind, mac, limited.report, || {
+                *self
+                    .server
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .limits()
+            });
             return;
         }
         tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);

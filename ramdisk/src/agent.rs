@@ -732,10 +732,7 @@ impl Agent<'_> {
         let nics = collect::net::physical(Path::new("/"));
         let mut by_index = BTreeMap::new();
         for (n, _) in &nics {
-            if let Some(i) = std::fs::read_to_string(format!("/sys/class/net/{n}/ifindex"))
-                .ok()
-                .and_then(|s| s.trim().parse::<usize>().ok())
-            {
+            if let Some(i) = collect::net::index_of(Path::new("/"), n) {
                 by_index.insert(i, n.clone());
             }
             // LLDP goes to a link-local multicast address NICs filter out: listen promiscuously.
@@ -762,7 +759,8 @@ impl Agent<'_> {
             while Instant::now() < deadline && heard.len() < by_index.len() {
                 match recvfrom::<LinkAddr>(fd.as_raw_fd(), &mut buf) {
                     Ok((n, Some(addr))) => {
-                        let Some(name) = by_index.get(&addr.ifindex()) else {
+                        let index = u32::try_from(addr.ifindex()).ok();
+                        let Some(name) = index.and_then(|i| by_index.get(&i)) else {
                             continue;
                         };
                         if heard.contains_key(name) {

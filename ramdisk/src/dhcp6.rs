@@ -41,9 +41,7 @@ pub fn lease(
     within: Duration,
     say: &mut dyn FnMut(&str),
 ) -> Result<Binding6, Dhcp6Error> {
-    let index = std::fs::read_to_string(format!("/sys/class/net/{ifname}/ifindex"))
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
+    let index = crate::collect::net::index_of(std::path::Path::new("/"), ifname)
         .ok_or_else(|| Dhcp6Error::NoIndex(ifname.to_string()))?;
     let socket =
         UdpSocket::bind((Ipv6Addr::UNSPECIFIED, CLIENT_PORT)).map_err(Dhcp6Error::Socket)?;

@@ -43,6 +43,8 @@ pub struct Outcome6 {
     pub boot: Option<String>,
     /// The client's MAC, when its DUID or link-local address carries one.
     pub mac: Option<MacAddr>,
+    /// The first address the reply gives (for the timeline).
+    pub address: Option<Ipv6Addr>,
     /// What happened, for the log.
     pub note: String,
     /// Dropped by a rate limit: no reply, nothing changed.
@@ -281,6 +283,7 @@ impl Server6 {
         Outcome6 {
             changes,
             note,
+            address: given.iter().find_map(|a| a.ok()),
             ..self.finish(idx, link, msg, reply, mac)
         }
     }

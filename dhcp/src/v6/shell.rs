@@ -122,19 +122,17 @@ impl Handler for Link6 {
                 return;
             }
         };
-        let (outcome, limits) = {
-            let mut server = s.server.lock().unwrap_or_else(|p| p.into_inner());
-            let o = server.handle(
-                &msg,
-                self.local,
-                *from.ip(),
-                unix_now_ms(),
-                s.policy.as_ref(),
-            );
-            (o, *server.limits())
-        };
+        let outcome = s.server.lock().unwrap_or_else(|p| p.into_inner()).handle(
+            &msg,
+            self.local,
+            *from.ip(),
+            unix_now_ms(),
+            s.policy.as_ref(),
+        );
         if let Some(l) = outcome.limited {
-            crate::shell::limited(&s.stats, &limits, l.kind, outcome.mac, l.report);
+            crate::shell::limited(&s.stats, l.kind, outcome.mac, l.report, || {
+                *s.server.lock().unwrap_or_else(|p| p.into_inner()).limits()
+            });
             return;
         }
         tracing::debug!(%peer, mac = ?outcome.mac, boot = ?outcome.boot, "dhcp6: {}", outcome.note);
@@ -147,19 +145,8 @@ impl Handler for Link6 {
                 MessageType::Advertise => Answered::Advertise,
                 _ => Answered::Reply,
             };
-            // The address given (the first of the reply's IA_NAs), or none for a client
-            // that asked for no address.
-            let ip = reply
-                .opts()
-                .iter()
-                .find_map(|o| match o {
-                    dhcproto::v6::DhcpOption::IANA(ia) => ia.opts.iter().find_map(|a| match a {
-                        dhcproto::v6::DhcpOption::IAAddr(a) => Some(a.addr),
-                        _ => None,
-                    }),
-                    _ => None,
-                })
-                .unwrap_or(Ipv6Addr::UNSPECIFIED);
+            // A client that asked for no address is shown with none.
+            let ip = outcome.address.unwrap_or(Ipv6Addr::UNSPECIFIED);
             obs.pxe_answered(mac, answered, ip.into(), boot);
         }
         let counter = match reply.msg_type() {

@@ -49,6 +49,14 @@ pub fn find_by_mac(root: &Path, mac: &str) -> Option<String> {
     })
 }
 
+/// The kernel's index of interface `name` (`/sys/class/net/<name>/ifindex`).
+pub fn index_of(root: &Path, name: &str) -> Option<u32> {
+    read_opt(root, &format!("/sys/class/net/{name}/ifindex"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Every interface backed by a device, with its MAC: `(name, mac)`.
 pub fn physical(root: &Path) -> Vec<(String, String)> {
     list(root, "/sys/class/net")
