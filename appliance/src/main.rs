@@ -42,6 +42,31 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write a consistent backup (the store with the CA, nodes, leases, images' index, rules
+    /// and spec; this host's certificates; the image objects; the configuration file) into
+    /// one tar file, while the appliance serves.
+    Backup {
+        /// The backup file to write (written whole or not at all).
+        file: PathBuf,
+        /// The TOML configuration file (where the store and directories are; copied too).
+        #[arg(long, short, env = "PADDOCK_CONFIG")]
+        config: Option<PathBuf>,
+        /// Leave the image objects out (the backup names their directory instead).
+        #[arg(long)]
+        no_objects: bool,
+        #[command(flatten)]
+        overrides: Box<Overrides>,
+    },
+    /// Restore a backup onto a fresh data directory (or an empty etcd cluster), with the
+    /// appliance stopped. A configuration file that already exists is kept, and the backup's
+    /// copy is written beside it as `<file>.from-backup`.
+    Restore {
+        file: PathBuf,
+        #[arg(long, short, env = "PADDOCK_CONFIG")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: Box<Overrides>,
+    },
     /// Run the appliance: DHCP, TFTP, HTTP boot and the API.
     Serve {
         /// The TOML configuration file.
@@ -432,6 +457,23 @@ fn main() -> ExitCode {
             Ok(cfg) => report(block_on(paddock::certs_cli::run(&cfg, cmd))),
             Err(code) => code,
         },
+        Cmd::Backup {
+            file,
+            config,
+            no_objects,
+            overrides,
+        } => match load_config(config.as_deref(), &overrides) {
+            Ok(cfg) => report(block_on(backup(&cfg, &file, config, !no_objects))),
+            Err(code) => code,
+        },
+        Cmd::Restore {
+            file,
+            config,
+            overrides,
+        } => match load_config(config.as_deref(), &overrides) {
+            Ok(cfg) => report(block_on(restore(&cfg, &file, config))),
+            Err(code) => code,
+        },
         Cmd::Serve { config, overrides } => match load_config(config.as_deref(), &overrides) {
             Ok(cfg) => {
                 serve::init_logging(cfg.log_format);
@@ -479,6 +521,73 @@ fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyho
     tokio::runtime::Runtime::new()
         .map_err(|e| anyhow::anyhow!("cannot start the runtime: {e}"))?
         .block_on(f)
+}
+
+async fn backup(
+    cfg: &paddock::config::Config,
+    file: &std::path::Path,
+    config: Option<PathBuf>,
+    with_objects: bool,
+) -> anyhow::Result<()> {
+    use paddock::backup::StoreSource;
+    // A single host's SQLite file is read beside the serving process; etcd through a client.
+    let store = match &cfg.cluster {
+        None => StoreSource::Sqlite(cfg.data_dir.join("store.db")),
+        Some(c) => StoreSource::Open(paddock::cluster::open_store(&cfg.data_dir, Some(c)).await?),
+    };
+    let w = paddock::backup::write(file, cfg.backup_sources(store, config, with_objects)).await?;
+    let m = &w.manifest;
+    println!(
+        "{}: {} keys at revision {}, {} files, {} bytes",
+        file.display(),
+        m.keys,
+        m.revision,
+        w.files,
+        w.bytes
+    );
+    if !m.objects {
+        println!(
+            "image objects not included: they stay in {:?}",
+            m.objects_dir
+        );
+    }
+    Ok(())
+}
+
+async fn restore(
+    cfg: &paddock::config::Config,
+    file: &std::path::Path,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    // The appliance must not be serving the store being filled.
+    let _lock = paddock::cluster::hold_store_lock(&cfg.data_dir, cfg.cluster.as_ref())?;
+    let store = paddock::cluster::open_store(&cfg.data_dir, cfg.cluster.as_ref()).await?;
+    let r = paddock::backup::restore(
+        file,
+        paddock::backup::Targets {
+            store,
+            certs_dir: cfg.certs_dir(),
+            objects_dir: cfg.images.dir.clone(),
+            config_file: config,
+        },
+    )
+    .await?;
+    println!(
+        "restored {} keys (revision {} of the backup, written by paddock {}), {} certificate files, {} image objects",
+        r.keys, r.manifest.revision, r.manifest.paddock, r.certs, r.objects
+    );
+    if let Some(c) = r.config {
+        println!("the backup's configuration: {}", c.display());
+    }
+    if !r.manifest.objects {
+        println!(
+            "the backup holds no image objects: copy {:?} from the old host into {}",
+            r.manifest.objects_dir,
+            cfg.images.dir.display()
+        );
+    }
+    println!("next: paddock serve (or systemctl start paddock)");
+    Ok(())
 }
 
 fn config_check(file: &std::path::Path) -> ExitCode {

@@ -27,6 +27,41 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
+/// Brings the store to this release's schema, writing a backup of it first when it must be
+/// migrated (into `<data_dir>/backups/`; the image objects are referenced, not copied, as no
+/// migration touches them).
+async fn up_to_date(cfg: &Config, store: &Arc<dyn Store>) -> anyhow::Result<()> {
+    use crate::schema::Outcome;
+    let outcome = crate::schema::bring_up_to_date(store.as_ref(), async || {
+        let dir = cfg.data_dir.join("backups");
+        crate::at_rest::private_dir(&dir)?;
+        let stamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let file = dir.join(format!(
+            "before-schema-{}-{stamp}.tar",
+            crate::schema::CURRENT
+        ));
+        let src = cfg.backup_sources(crate::backup::StoreSource::Open(store.clone()), None, false);
+        crate::backup::write(&file, src).await?;
+        Ok(Some(file))
+    })
+    .await?;
+    match outcome {
+        Outcome::Migrated { from, to, backup } => tracing::info!(
+            from,
+            to,
+            backup = ?backup,
+            "store: migrated to this release's schema (the backup holds the store as it was)"
+        ),
+        Outcome::NewerCompatible(s) => tracing::warn!(
+            found = s.version,
+            known = crate::schema::CURRENT,
+            "store: a newer release migrated the store compatibly; upgrade this host"
+        ),
+        Outcome::Stamped | Outcome::UpToDate | Outcome::MigratedElsewhere => {}
+    }
+    Ok(())
+}
+
 /// What most subsystems are built from.
 struct Core {
     cfg: Arc<Config>,
@@ -44,6 +79,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     paddock_dominator::client::raise_open_file_limit();
     let _lock = crate::cluster::hold_store_lock(&cfg.data_dir, cfg.cluster.as_ref())?;
     let store = crate::cluster::open_store(&cfg.data_dir, cfg.cluster.as_ref()).await?;
+    up_to_date(&cfg, &store).await?;
     let cfg = Arc::new(cfg);
     // Leadership: one host alone always leads; several elect one through the store.
     let (leader_tx, leader_rx) = match &cfg.cluster {

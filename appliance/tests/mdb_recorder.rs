@@ -92,6 +92,14 @@ impl Store for Counting {
         self.inner.revision()
     }
 
+    fn snapshot<'s, 'f>(&'s self) -> BoxFut<'f, paddock_store::Snapshot>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.inner.snapshot()
+    }
+
     fn lease_grant<'s, 'f>(&'s self, ttl: Duration) -> BoxFut<'f, LeaseId>
     where
         's: 'f,

@@ -13,7 +13,7 @@ use etcd_client::{
 use tokio::sync::mpsc;
 
 use crate::{
-    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn,
+    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Snapshot, Store, StoreError, Txn,
     TxnResponse, Watch,
 };
 
@@ -243,6 +243,19 @@ impl Store for EtcdStore {
         let mut c = self.client.clone();
         let r = self.bounded(c.get("\0paddock-revision", None)).await?;
         Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        // One range read answers at one revision, which its header names. etcd wants a key:
+        // from "\0" to the end ("\0" as range_end: every key at or after it).
+        let mut c = self.client.clone();
+        let r = self
+            .bounded(c.get("\0", Some(GetOptions::new().with_range(prefix_end("")))))
+            .await?;
+        Ok(Snapshot {
+            revision: r.header().map_or(0, |h| h.revision()),
+            kvs: r.kvs().iter().map(convert).collect(),
+        })
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 pub use etcd::{EtcdStore, EtcdTls};
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, read_snapshot};
 
 /// A store revision: increases by one for every transaction that changed something.
 pub type Revision = i64;
@@ -106,6 +106,14 @@ pub struct TxnResponse {
     pub revision: Revision,
 }
 
+/// Every key of the store as it stood at one revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub revision: Revision,
+    /// In key order.
+    pub kvs: Vec<KeyValue>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     Put,
@@ -166,6 +174,14 @@ pub enum StoreError {
     WatchLagged(u64),
     #[error("etcd: {0}")]
     Etcd(String),
+    #[error(
+        "the store file {path} has layout version {found}, and this paddock knows up to {known}: it was written by a newer release; run that release, or restore a backup"
+    )]
+    NewerFile {
+        path: String,
+        found: i64,
+        known: i64,
+    },
 }
 
 /// The state every Paddock process shares. See the crate documentation.
@@ -178,6 +194,8 @@ pub trait Store: Send + Sync + 'static {
     /// Events for keys under `prefix` with revision ≥ `from` (0: only future events).
     async fn watch(&self, prefix: &str, from: Revision) -> Result<Watch, StoreError>;
     async fn revision(&self) -> Result<Revision, StoreError>;
+    /// Every key at one revision, read atomically.
+    async fn snapshot(&self) -> Result<Snapshot, StoreError>;
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError>;
     async fn lease_keep_alive(&self, lease: LeaseId) -> Result<(), StoreError>;
     /// Revokes the lease and deletes every key bound to it.

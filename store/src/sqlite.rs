@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::{
-    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn,
+    Compare, Event, EventKind, KeyValue, LeaseId, Op, Revision, Snapshot, Store, StoreError, Txn,
     TxnResponse, Watch,
 };
 
@@ -75,7 +75,26 @@ CREATE TABLE IF NOT EXISTS meta (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 );
-INSERT OR IGNORE INTO meta(name, value) VALUES ('revision', 0), ('compacted', 0);
+INSERT INTO meta(name, value) SELECT 'revision', 0
+    WHERE NOT EXISTS (SELECT 1 FROM meta WHERE name = 'revision');
+INSERT INTO meta(name, value) SELECT 'compacted', 0
+    WHERE NOT EXISTS (SELECT 1 FROM meta WHERE name = 'compacted');
+";
+
+/// The file's own layout: `PRAGMA user_version`. 0 is the layout before it was recorded;
+/// 1 adds [`REFUSE_UNVERSIONED`]. A file of a later layout is refused with
+/// [`StoreError::NewerFile`].
+const FILE_VERSION: i64 = 1;
+
+/// A binary from before the file's layout was recorded runs `INSERT OR IGNORE INTO meta` at
+/// every open: this trigger turns that into a clear refusal instead of letting it serve a
+/// store a newer release may have migrated. The current SCHEMA's inserts select no rows
+/// once the meta rows exist, so the trigger never fires for it.
+const REFUSE_UNVERSIONED: &str = "
+CREATE TRIGGER IF NOT EXISTS refuse_unversioned_binaries BEFORE INSERT ON meta
+BEGIN
+    SELECT RAISE(ABORT, 'this Paddock store was opened by a newer paddock, which records store versions; run that release (or newer), or restore the backup it wrote before migrating');
+END;
 ";
 
 /// The store holds secrets (keys, token digests): the file is created readable by its owner
@@ -128,7 +147,17 @@ impl SqliteStore {
         let path = path.as_ref();
         owner_only(path)?;
         let writer_conn = open_conn(path)?;
+        let file_version: i64 = writer_conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if file_version > FILE_VERSION {
+            return Err(StoreError::NewerFile {
+                path: path.display().to_string(),
+                found: file_version,
+                known: FILE_VERSION,
+            });
+        }
         writer_conn.execute_batch(SCHEMA)?;
+        writer_conn.execute_batch(REFUSE_UNVERSIONED)?;
+        writer_conn.pragma_update(None, "user_version", FILE_VERSION)?;
         // Checkpoints run on a thread of their own (below), not inside a commit: an automatic
         // one copies the WAL into the database and fsyncs it while every writer waits, which
         // held replies of the DHCP servers back by tens of milliseconds under load.
@@ -219,6 +248,34 @@ impl SqliteStore {
     }
 }
 
+/// Every key and the revision they stand at, read in one transaction of `conn`.
+fn snapshot_conn(conn: &mut Connection) -> Result<Snapshot, StoreError> {
+    let tx = conn.transaction()?;
+    let revision = tx.query_row("SELECT value FROM meta WHERE name='revision'", [], |r| {
+        r.get(0)
+    })?;
+    let kvs = range_conn(&tx, "")?;
+    tx.commit()?;
+    Ok(Snapshot { revision, kvs })
+}
+
+/// A consistent snapshot of the store file at `path`, read by this process while another may
+/// be serving it (SQLite's WAL gives the reader one committed state). Opens nothing for
+/// writing and starts no writer: safe beside a running `paddock serve`.
+pub fn read_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
+    let open_err = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open_err)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    snapshot_conn(&mut conn)
+}
+
 fn row_to_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
     Ok(KeyValue {
         key: row.get(0)?,
@@ -283,6 +340,16 @@ impl Store for SqliteStore {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
         self.request(|tx| WriteReq::Txn(txn, tx)).await
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+            snapshot_conn(&mut conn)
+        })
+        .await
+        .map_err(|_| StoreError::WriterGone)?
     }
 
     async fn revision(&self) -> Result<Revision, StoreError> {
@@ -1009,5 +1076,107 @@ mod tests {
         assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
         assert_eq!(prefix_end("a\x7f").as_deref(), Some("b"));
         assert_eq!(prefix_end(""), None);
+    }
+
+    /// The statements the store ran at every open before it recorded its file layout.
+    const UNVERSIONED_OPEN: &str =
+        "INSERT OR IGNORE INTO meta(name, value) VALUES ('revision', 0), ('compacted', 0);";
+
+    #[tokio::test]
+    async fn a_binary_from_before_versions_is_refused_with_a_reason() {
+        let (dir, s) = store();
+        s.put("nodes/a", b"1".to_vec()).await.unwrap();
+        drop(s);
+        let conn = Connection::open(dir.path().join("store.db")).unwrap();
+        let err = conn
+            .execute_batch(UNVERSIONED_OPEN)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("opened by a newer paddock"), "{err}");
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, FILE_VERSION);
+        drop(conn);
+        // The current binary opens it again, with nothing lost.
+        let s = SqliteStore::open(dir.path().join("store.db")).unwrap();
+        assert_eq!(s.get("nodes/a").await.unwrap().unwrap().value, b"1");
+    }
+
+    #[tokio::test]
+    async fn a_file_of_a_later_layout_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        SqliteStore::open(&path)
+            .unwrap()
+            .put("k", b"v".to_vec())
+            .await
+            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", FILE_VERSION + 1)
+            .unwrap();
+        drop(conn);
+        let before = std::fs::read(&path).unwrap();
+        let err = SqliteStore::open(&path).err().unwrap();
+        assert!(
+            matches!(err, StoreError::NewerFile { found, .. } if found == FILE_VERSION + 1),
+            "{err}"
+        );
+        assert!(err.to_string().contains("written by a newer release"));
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_one_revision_even_beside_the_serving_process() {
+        let (dir, s) = store();
+        for i in 0..50 {
+            s.put(&format!("k/{i:03}"), vec![i]).await.unwrap();
+        }
+        let leased = s.lease_grant(Duration::from_secs(60)).await.unwrap();
+        s.txn(Txn {
+            success: vec![Op::put_leased("leader", b"me".to_vec(), leased)],
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+        let own = s.snapshot().await.unwrap();
+        let other = read_snapshot(&dir.path().join("store.db")).unwrap();
+        assert_eq!(own, other);
+        assert_eq!(own.revision, s.revision().await.unwrap());
+        assert_eq!(own.kvs.len(), 51);
+        assert!(own.kvs.windows(2).all(|w| w[0].key < w[1].key));
+        // Writes go on while snapshots are read: each one is a whole revision.
+        let writer = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for i in 0..200u32 {
+                    s.txn(Txn {
+                        success: vec![
+                            Op::put(format!("pair/{i}/a"), i.to_be_bytes().to_vec()),
+                            Op::put(format!("pair/{i}/b"), i.to_be_bytes().to_vec()),
+                        ],
+                        ..Txn::default()
+                    })
+                    .await
+                    .unwrap();
+                }
+            })
+        };
+        let path = dir.path().join("store.db");
+        while !writer.is_finished() {
+            let snap = tokio::task::spawn_blocking({
+                let path = path.clone();
+                move || read_snapshot(&path).unwrap()
+            })
+            .await
+            .unwrap();
+            let pairs = snap
+                .kvs
+                .iter()
+                .filter(|kv| kv.key.starts_with("pair/"))
+                .count();
+            assert_eq!(pairs % 2, 0, "a transaction's writes are seen whole");
+            assert!(snap.kvs.iter().all(|kv| kv.mod_revision <= snap.revision));
+        }
     }
 }

@@ -162,6 +162,7 @@ both!(watch_from_a_revision_misses_nothing, watch_history);
 both!(watch_under_concurrent_writes, watch_concurrent);
 both!(leases_delete_their_keys, leases);
 both!(election_has_one_winner, election);
+both!(a_snapshot_is_every_key_at_one_revision, snapshot);
 
 /// The watch's next event, which must come within `wait`.
 async fn next_event(w: &mut Watch, wait: Duration) -> Event {
@@ -274,6 +275,29 @@ async fn cas(s: Arc<dyn Store>, p: String) {
         wins += h.await.unwrap() as u32;
     }
     assert_eq!(wins, 1);
+}
+
+async fn snapshot(s: Arc<dyn Store>, p: String) {
+    for k in ["b", "a", "c"] {
+        s.put(&format!("{p}snap/{k}"), k.as_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+    let snap = s.snapshot().await.unwrap();
+    assert_eq!(snap.revision, s.revision().await.unwrap());
+    let mine: Vec<_> = snap
+        .kvs
+        .iter()
+        .filter(|kv| kv.key.starts_with(&format!("{p}snap/")))
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    let expected: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|k| (format!("{p}snap/{k}"), k.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(mine, expected, "every key, in key order");
+    assert!(snap.kvs.windows(2).all(|w| w[0].key < w[1].key));
+    assert!(snap.kvs.iter().all(|kv| kv.mod_revision <= snap.revision));
 }
 
 async fn ranges(s: Arc<dyn Store>, p: String) {

@@ -107,6 +107,31 @@ impl Config {
         }
     }
 
+    /// This host's certificate directory: `[security] dir`, or its default under data_dir
+    /// when the appliance runs insecure.
+    pub fn certs_dir(&self) -> PathBuf {
+        match &self.security {
+            SecurityConfig::Tls(t) => t.dir.clone(),
+            SecurityConfig::Insecure => self.data_dir.join(defaults::SECURITY_SUBDIR),
+        }
+    }
+
+    /// What `paddock backup` (and the backup before a migration) reads on this host.
+    pub fn backup_sources(
+        &self,
+        store: crate::backup::StoreSource,
+        config_file: Option<PathBuf>,
+        with_objects: bool,
+    ) -> crate::backup::Sources {
+        crate::backup::Sources {
+            store,
+            certs_dir: Some(self.certs_dir()),
+            objects_dir: Some(self.images.dir.clone()),
+            with_objects,
+            config_file,
+        }
+    }
+
     /// The base URL the agent, subs and hooks call: HTTPS when TLS is on.
     pub fn api_url(&self) -> &str {
         match &self.security {
