@@ -62,6 +62,14 @@ async fn up_to_date(cfg: &Config, store: &Arc<dyn Store>) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Tells the service manager, when one started us with `NOTIFY_SOCKET`; a failure to tell
+/// it is logged, never fatal (without systemd there is nobody to tell).
+fn notify(state: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %e, "could not notify the service manager");
+    }
+}
+
 /// What most subsystems are built from.
 struct Core {
     cfg: Arc<Config>,
@@ -176,6 +184,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     });
     crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, grub)?;
     crate::http::start(&mut rt, state).await?;
+    // Every socket is bound by now: tell systemd (Type=notify) that the appliance is ready.
+    notify(&[sd_notify::NotifyState::Ready]);
     shut_down(rt, filter.as_deref(), &cfg).await
 }
 
@@ -211,6 +221,7 @@ async fn shut_down(
         Stop::Asked(signal) => tracing::info!("{signal}: shutting down"),
         Stop::Failed(e) => tracing::error!(error = %format!("{e:#}"), "shutting down"),
     }
+    notify(&[sd_notify::NotifyState::Stopping]);
     if let Some(f) = filter {
         f.close().await;
     }

@@ -242,3 +242,42 @@ fn an_upload_longer_than_the_grace_is_cut_and_left_absent() {
     );
     assert!(!listed.body.contains("drain/cut"), "{}", listed.body);
 }
+
+/// Under systemd (`Type=notify`) the appliance says READY=1 once every listener answers, and
+/// STOPPING=1 when SIGTERM starts the drain.
+#[test]
+fn the_service_manager_hears_ready_then_stopping() {
+    let link = Link::new();
+    let scratch = Scratch::new(&link.tag);
+    let path = scratch.path("paddock.toml");
+    std::fs::write(&path, config(&link, &scratch, 2)).unwrap();
+    let socket_path = scratch.path("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut child = link.server.spawn(
+        &format!(
+            "env NOTIFY_SOCKET={} PADDOCK_INSECURE=true {} serve --config {}",
+            socket_path.display(),
+            env!("CARGO_BIN_EXE_paddock"),
+            path.display()
+        ),
+        &scratch.path("paddock.log"),
+    );
+    let log = || std::fs::read_to_string(scratch.path("paddock.log")).unwrap_or_default();
+    let mut buf = [0u8; 512];
+    let n = socket
+        .recv(&mut buf)
+        .unwrap_or_else(|e| panic!("no notification: {e}\n{}", log()));
+    assert_eq!(std::str::from_utf8(&buf[..n]).unwrap().trim(), "READY=1");
+    // Ready means serving: no retry needed.
+    let health = link
+        .server
+        .sh(&format!("curl -sf -m 2 {PUBLIC_URL}/healthz"));
+    assert!(health.status.success(), "{}", log());
+    sh_ok(&format!("kill -TERM {}", child.id()));
+    let n = socket.recv(&mut buf).unwrap();
+    assert_eq!(std::str::from_utf8(&buf[..n]).unwrap().trim(), "STOPPING=1");
+    assert!(child.wait().unwrap().success(), "{}", log());
+}
