@@ -28,6 +28,7 @@ pub mod dns_zones;
 pub mod dominator;
 pub mod http;
 pub mod images;
+pub mod init_cli;
 pub mod inspection;
 pub mod leader;
 pub mod metrics;

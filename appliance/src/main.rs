@@ -42,6 +42,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write a working /etc/paddock/paddock.toml for this host's provisioning interface
+    /// (subnet, pool, router, DNS zone: derived from the interface, or given), then run
+    /// `certs init`. Asks only when several interfaces qualify and a terminal is attached.
+    Init(paddock::init_cli::InitArgs),
     /// Write a consistent backup (the store with the CA, nodes, leases, images' index, rules
     /// and spec; this host's certificates; the image objects; the configuration file) into
     /// one tar file, while the appliance serves.
@@ -457,6 +461,7 @@ fn main() -> ExitCode {
             Ok(cfg) => report(block_on(paddock::certs_cli::run(&cfg, cmd))),
             Err(code) => code,
         },
+        Cmd::Init(args) => report(block_on(paddock::init_cli::run(&args))),
         Cmd::Backup {
             file,
             config,

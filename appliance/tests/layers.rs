@@ -62,7 +62,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("http: the router and its listeners", &["http"]),
     (
         "cli: the client and the commands",
-        &["cli", "certs_cli", "roles_cli", "dns_cli", "rollouts_cli"],
+        &[
+            "cli",
+            "certs_cli",
+            "roles_cli",
+            "dns_cli",
+            "rollouts_cli",
+            "init_cli",
+        ],
     ),
     ("serve: the recipe", &["serve"]),
 ];
