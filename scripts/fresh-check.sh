@@ -119,6 +119,10 @@ checks=(
   "openssl|the BMC harness's test CA and HTTPS certificate|openssl version"
   "chromium|the console's browser test (appliance/tests/console_browser.rs)|/usr/lib/chromium/chromium --headless=new --no-sandbox --version"
   "chromium-driver|the console's browser test (chromedriver, WebDriver)|chromedriver --version"
+  "binutils|the Debian package's stripped binaries (scripts/build-deb.sh)|strip --version"
+  "dpkg-dev|the Debian package's Depends and version (scripts/build-deb.sh: dpkg-shlibdeps, dpkg-parsechangelog)|dpkg-shlibdeps --version && dpkg-parsechangelog --version"
+  "lintian|the Debian package's lint (scripts/check-deb.sh)|lintian --version"
+  "systemd|the Debian package's unit checks (scripts/check-deb.sh: systemd-analyze verify, security)|systemd-analyze --version"
 )
 cat >"$ROOT/paddock/check.sh" <<'EOF'
 set -u

@@ -32,6 +32,8 @@ packages=(
   ipmitool         # the IPMI power driver (paddock-power) and its tests
   openssl          # the BMC harness's test CA and HTTPS certificate
   chromium chromium-driver  # the console's browser test: headless Chromium through chromedriver (WebDriver)
+  binutils dpkg-dev # the Debian package (scripts/build-deb.sh): strip; dpkg-shlibdeps, dpkg-parsechangelog
+  lintian systemd  # its checks (scripts/check-deb.sh): lintian; systemd-analyze verify and security
   bind9-dnsutils   # dig: the DNS server's real client in its tests
   bind9            # named: a real secondary of the DNS server's zone (NOTIFY, IXFR) in its tests
   lldpd            # a switch that speaks LLDP on the lab's bridge, for the agent to hear

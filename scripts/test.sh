@@ -48,5 +48,8 @@ step clippy-bench cargo clippy -p paddock-dominator --features bench --all-targe
 # that they still compile keeps them from falling behind the APIs they call.
 step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins
 step tests cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
+# The Debian package, from what the steps above built (the debug paddock the tests ran; a
+# release build here would add minutes), through lintian and systemd-analyze.
+step deb bash -c 'scripts/build-deb.sh --no-build --profile debug && scripts/check-deb.sh'
 # The VM scenarios print each VM's power-on → enrolled time.
 step vm-tests cargo test --locked -p paddock-vm-tests --all-targets -- --nocapture

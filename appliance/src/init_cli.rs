@@ -19,8 +19,8 @@ pub const PACKAGED_MARKER: &str = "# paddock: default configuration, replaced by
 
 const CONFIG: &str = "/etc/paddock/paddock.toml";
 const DATA_DIR: &str = crate::config::defaults::DATA_DIR;
-/// Where the package puts the discovery ramdisk and links the loaders served over HTTP.
-const ASSETS_DIR: &str = "/usr/lib/paddock/assets";
+/// Where the package puts the discovery ramdisk (vmlinuz, initrd.img), served over HTTP.
+const ASSETS_DIR: &str = "/usr/lib/paddock/ramdisk";
 /// Debian's `ipxe` package.
 const TFTP_ROOT: &str = "/usr/lib/ipxe";
 
@@ -489,6 +489,16 @@ mod tests {
         let v: toml::Value = toml::from_str(&p.text).unwrap();
         assert_eq!(v["data_dir"].as_str(), Some("/var/lib/\"paddock"));
         assert!(v.get("x").is_none());
+    }
+
+    #[test]
+    fn the_packaged_configuration_carries_the_marker_and_passes_its_check() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/debian/paddock.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        assert_eq!(text.lines().next(), Some(PACKAGED_MARKER));
+        crate::config::FileConfig::parse(&text)
+            .and_then(crate::config::FileConfig::validate)
+            .unwrap_or_else(|e| panic!("{:?}", e.problems));
     }
 
     #[test]
