@@ -342,7 +342,7 @@ pub fn certs(ns: &str, paddock: &Path, config: &Path, args: &str) -> anyhow::Res
 
 /// A fresh namespace `ns` holding a bridge `br0` that has address `ip`/24 (a stale one of
 /// the same name is removed first).
-fn bridge_namespace(ns: &str, ip: &str) -> anyhow::Result<()> {
+pub fn bridge_namespace(ns: &str, ip: &str) -> anyhow::Result<()> {
     let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
     sh_ok(&format!(
         "ip netns add {ns} && ip -n {ns} link set lo up && ip -n {ns} link add br0 type bridge && \
@@ -364,7 +364,7 @@ fn bridge_ipv6(ns: &str) -> anyhow::Result<()> {
 /// A tag unique to this process and call: `<prefix><pid>x<n>`, both numbers in base 36 so
 /// that the tap names built from it (`<tag>t<round>n<nic>`) stay within Linux's 15 bytes
 /// however many labs one test process starts.
-fn unique_tag(prefix: &str) -> String {
+pub fn unique_tag(prefix: &str) -> String {
     format!(
         "{prefix}{}x{}",
         base36(u64::from(std::process::id() % 100_000)),
