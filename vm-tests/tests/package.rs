@@ -3,7 +3,8 @@
 //! `scripts/build-deb.sh`) and the Debian packages it depends on beside it on a shared
 //! directory; a first-boot unit types what the README's Install section says (`dpkg -i`,
 //! `paddock init`, `systemctl start paddock`); a second VM on the same bridge PXE-boots
-//! through it and is enrolled; then `systemctl stop paddock` must drain cleanly.
+//! through it and is enrolled; then `systemctl stop paddock` must drain cleanly, removing the
+//! package must keep the appliance's state and purging it must delete it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,8 +51,16 @@ t1=$(date +%s%N)
 journalctl -u paddock --no-pager > /mnt/lab/out/journal.log 2>&1 || true
 result=$(systemctl show -p Result --value paddock)
 status=$(systemctl show -p ExecMainStatus --value paddock)
-trap - EXIT
 say "stopped result=$result status=$status ms=$(( (t1 - t0) / 1000000 ))"
+# Removing the package keeps the appliance's state and configuration; purging deletes them.
+dpkg -r paddock > /mnt/lab/out/remove.log 2>&1
+kept=no
+[ -s /var/lib/paddock/store.db ] && [ -s /etc/paddock/paddock.toml ] && kept=yes
+dpkg -P paddock >> /mnt/lab/out/remove.log 2>&1
+purged=no
+[ ! -e /var/lib/paddock ] && [ ! -e /etc/paddock/paddock.toml ] && purged=yes
+trap - EXIT
+say "removed kept=$kept purged=$purged"
 "#;
 
 const OPERATOR_UNIT: &str = "[Unit]
@@ -395,5 +404,9 @@ fn the_package_installed_in_a_vm_enrols_a_machine_and_stops_cleanly() {
     );
     let journal = std::fs::read_to_string(out.join("journal.log")).unwrap_or_default();
     assert!(journal.contains("SIGTERM: shutting down"), "{journal}");
+    // `apt remove` keeps the store and the configuration; `apt purge` deletes them.
+    let removed = wait_console(&console, "OPERATOR: removed", Duration::from_secs(120));
+    eprintln!("package: {removed}");
+    assert!(removed.contains("kept=yes purged=yes"), "{removed}");
     vms.3 = std::env::var_os("PADDOCK_KEEP_LAB").is_some();
 }
