@@ -11,9 +11,12 @@
 #                           image, the rule, the CA fingerprint)
 #   store-<rev>.open.sql    the statements REV's store runs when it opens a file: the test
 #                           replays them on the migrated file, which must refuse them
-# Then, as a check that needs the old binary itself: today's binary migrates a copy, and
-# REV's binary is started on the migrated copy and must refuse it (printed, and the script
-# fails if it does not).
+# (made only when missing: an existing fixture is kept, and checked). Then the checks that
+# need the old binary itself, printed, the script failing if one does not hold:
+#   - today's binary migrates a copy, and REV's binary started on the migrated copy refuses it;
+#   - a mixed cluster on etcd: a host of REV and a host of today share one etcd; today's
+#     migrates the store as it joins (a compatible step), and REV's keeps serving: what
+#     either writes, the other reads.
 #
 # Run as root, from a clean checkout:  scripts/store-fixture.sh [REV]
 # It builds REV in a git worktree (into target/fixture-old), and today's binary.
@@ -76,7 +79,8 @@ kernel = "http://$IP:8080/boot/assets/vmlinuz"
 initrd = "http://$IP:8080/boot/assets/initrd.img"
 EOF
 serve() { # serve BINARY LOG: starts it, waits for /healthz
-    in_srv "$1" serve --config "$WORK/paddock.toml" >"$2" 2>&1 &
+    # Not through in_srv: a function run with & is a subshell, and $! would be that shell.
+    ip netns exec "$NS-srv" "$1" serve --config "$WORK/paddock.toml" >"$2" 2>&1 &
     SERVE_PID=$!   # ip netns exec execs the program: this is the appliance itself
     for _ in $(seq 100); do
         in_srv curl -sf -m 1 "http://$IP:8080/healthz" >/dev/null && return 0
@@ -87,13 +91,15 @@ serve() { # serve BINARY LOG: starts it, waits for /healthz
 }
 stop() { kill -TERM "$SERVE_PID" 2>/dev/null || true; wait "$SERVE_PID" || true; }
 
+CERTS=$DATA/certs
+api() { # api METHOD PATH [BODY] [HOST] [CERTS]
+    local host=${4:-$IP} certs=${5:-$CERTS}
+    in_srv curl -sf -m 20 --cacert "$certs/ca.pem" --cert "$certs/admin.pem" --key "$certs/admin.key" \
+        -X "$1" -H 'Content-Type: application/json' ${3:+--data-binary "$3"} "https://$host:8443$2"
+}
+make_fixture() {
 in_srv "$WORK/paddock-old" certs --config "$WORK/paddock.toml" init >/dev/null
 serve "$WORK/paddock-old" "$WORK/old.log"
-CERTS=$DATA/certs
-api() { # api METHOD PATH [BODY]
-    in_srv curl -sf -m 20 --cacert "$CERTS/ca.pem" --cert "$CERTS/admin.pem" --key "$CERTS/admin.key" \
-        -X "$1" -H 'Content-Type: application/json' ${3:+--data-binary "$3"} "https://$IP:8443$2"
-}
 api POST /api/v1/nodes '{"name":"rack1-u1","macs":["52:54:00:f1:00:01"],"driver":"ipmi","properties":{"cpus":8}}' >"$WORK/node1.json"
 api POST /api/v1/nodes '{"name":"rack1-u2","macs":["52:54:00:f1:00:02","52:54:00:f1:01:02"]}' >"$WORK/node2.json"
 api POST /v1/rules '{"description":"rack from the fixture","conditions":[{"op":"eq","field":"inventory.cpu.count","value":8}],"actions":[{"action":"set-attribute","path":"/extra/rack","value":"r1"}]}' >"$WORK/rule.json"
@@ -135,6 +141,12 @@ tar --numeric-owner -C "$DATA" -czf "$OUT/store-$SHORT.tar.gz" .
 cp "$WORK/expected.json" "$OUT/store-$SHORT.json"
 cp "$WORK/open.sql" "$OUT/store-$SHORT.open.sql"
 log "wrote $OUT/store-$SHORT.{tar.gz,json,open.sql} ($(stat -c %s "$OUT/store-$SHORT.tar.gz") bytes)"
+}
+if [[ -s $OUT/store-$SHORT.tar.gz ]]; then
+    log "$OUT/store-$SHORT.tar.gz exists: kept (remove it to make it again); checking"
+else
+    make_fixture
+fi
 
 # The check only the old binary can make: today's migrates a copy, then REV's refuses it.
 rm -rf "$DATA"
@@ -149,3 +161,70 @@ if in_srv timeout 20 "$WORK/paddock-old" serve --config "$WORK/paddock.toml" >"$
 fi
 grep -q 'opened by a newer paddock' "$WORK/refused.log" || { cat "$WORK/refused.log" >&2; log "$SHORT failed for another reason"; exit 1; }
 log "$SHORT's binary refuses the migrated store: $(grep -o 'this Paddock store.*' "$WORK/refused.log" | head -1)"
+
+# A mixed-version cluster: one etcd, host "old" (REV) at .11 and host "new" (today) at .12.
+log "mixed cluster: $SHORT and today's binary on one etcd"
+in_srv ip addr add 198.18.0.11/24 dev pdkfx-s
+in_srv ip addr add 198.18.0.12/24 dev pdkfx-s
+ip netns exec "$NS-srv" etcd --name fx --data-dir "$WORK/etcd" --listen-client-urls "http://$IP:2379" \
+    --advertise-client-urls "http://$IP:2379" --listen-peer-urls "http://$IP:2380" \
+    --initial-advertise-peer-urls "http://$IP:2380" --initial-cluster "fx=http://$IP:2380" \
+    --log-level error >"$WORK/etcd.log" 2>&1 &
+ETCD_PID=$!
+for _ in $(seq 100); do
+    in_srv env ETCDCTL_API=3 etcdctl --endpoints "http://$IP:2379" endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+done
+host_config() { # host_config NAME ADDRESS
+    cat <<EOF
+data_dir = "$WORK/$1"
+[http]
+listen = "$2:8080"
+[dhcp]
+enabled = false
+[tftp]
+enabled = false
+[boot.discovery]
+kernel = "http://$2:8080/boot/assets/vmlinuz"
+initrd = "http://$2:8080/boot/assets/initrd.img"
+[cluster]
+store = "etcd"
+etcd_endpoints = ["http://$IP:2379"]
+host = "$1"
+peers = ["http://198.18.0.11:8080", "http://198.18.0.12:8080"]
+EOF
+}
+host_config old 198.18.0.11 >"$WORK/old.toml"
+host_config new 198.18.0.12 >"$WORK/new.toml"
+start_host() { # start_host BINARY NAME ADDRESS: sets HOST_PID
+    in_srv "$1" certs --config "$WORK/$2.toml" init >/dev/null
+    ip netns exec "$NS-srv" "$1" serve --config "$WORK/$2.toml" >"$WORK/$2-serve.log" 2>&1 &
+    HOST_PID=$!
+    for _ in $(seq 100); do
+        in_srv curl -sf -m 1 "http://$3:8080/healthz" >/dev/null && return 0
+        sleep 0.2
+    done
+    cat "$WORK/$2-serve.log" >&2
+    return 1
+}
+start_host "$WORK/paddock-old" old 198.18.0.11
+PID_old=$HOST_PID
+api POST /api/v1/nodes '{"name":"before-upgrade","macs":["52:54:00:f2:00:01"]}' 198.18.0.11 "$WORK/old/certs" >/dev/null
+start_host "$NEW" new 198.18.0.12
+PID_new=$HOST_PID
+grep -q 'store: migrated' "$WORK/new-serve.log" || { cat "$WORK/new-serve.log" >&2; log "today's host did not migrate the cluster's store"; exit 1; }
+api POST /api/v1/nodes '{"name":"written-by-old","macs":["52:54:00:f2:00:02"]}' 198.18.0.11 "$WORK/old/certs" >/dev/null ||
+    { log "$SHORT's host could not write after the migration"; exit 1; }
+api POST /api/v1/nodes '{"name":"written-by-new","macs":["52:54:00:f2:00:03"]}' 198.18.0.12 "$WORK/new/certs" >/dev/null
+for n in before-upgrade written-by-old written-by-new; do
+    for h in old:198.18.0.11 new:198.18.0.12; do
+        api GET "/api/v1/nodes/$n" "" "${h#*:}" "$WORK/${h%%:*}/certs" >/dev/null ||
+            { log "host ${h%%:*} cannot read node $n"; exit 1; }
+    done
+done
+stamp=$(in_srv env ETCDCTL_API=3 etcdctl --endpoints "http://$IP:2379" get --print-value-only paddock/schema)
+kill -TERM "$PID_old" "$PID_new" 2>/dev/null || true
+wait "$PID_old" "$PID_new" || true
+kill "$ETCD_PID" 2>/dev/null || true
+wait "$ETCD_PID" || true
+log "mixed cluster: today's host migrated the shared store to $stamp; $SHORT's host kept serving: both read the node written before the migration and each other's after it"
