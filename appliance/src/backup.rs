@@ -42,6 +42,8 @@ const CERTS: &str = "certs";
 const OBJECTS: &str = "objects";
 /// Keys per restoring transaction (etcd's default limit is 128 operations).
 const RESTORE_BATCH: usize = 100;
+/// A manifest is a few hundred bytes; anything near this is not one.
+const MANIFEST_MAX: u64 = 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -307,8 +309,10 @@ pub struct Targets {
     pub certs_dir: PathBuf,
     pub objects_dir: PathBuf,
     /// Where the backed-up configuration goes; an existing file is kept and the backup's copy
-    /// written beside it as `<file>.from-backup`.
+    /// written beside it as `<file>.from-backup`, unless `replace_config`.
     pub config_file: Option<PathBuf>,
+    /// The file at `config_file` is only a default nobody edited (the package's): replace it.
+    pub replace_config: bool,
 }
 
 /// What a restore brought back.
@@ -344,10 +348,21 @@ fn check(file: &Path) -> anyhow::Result<Manifest> {
     for entry in archive.entries().context("not a tar archive")? {
         let mut entry = entry.context("a damaged archive member")?;
         let path = entry.path()?.into_owned();
+        // A backup holds regular files only: a link, directory or device member would be
+        // written as an empty file, or stop a restore half way.
+        if !entry.header().entry_type().is_file() {
+            bail!(
+                "member {} of the backup is not a regular file",
+                path.display()
+            );
+        }
         match path.to_str() {
             Some(MANIFEST) => {
                 let mut bytes = Vec::new();
-                entry.read_to_end(&mut bytes)?;
+                (&mut entry).take(MANIFEST_MAX).read_to_end(&mut bytes)?;
+                if u64::try_from(bytes.len())? == MANIFEST_MAX {
+                    bail!("{MANIFEST} is larger than a manifest ({MANIFEST_MAX} bytes)");
+                }
                 let m: Manifest =
                     serde_json::from_slice(&bytes).context("manifest.json is not a manifest")?;
                 if m.format != FORMAT {
@@ -412,6 +427,30 @@ fn write_private(path: &Path, bytes: &mut impl Read) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the backup's configuration to `dest`: over it when `replace` (through a file beside
+/// it, renamed into place), else beside an existing one as `<dest>.from-backup`. Returns where.
+fn restore_config(dest: &Path, replace: bool, bytes: &mut impl Read) -> anyhow::Result<PathBuf> {
+    let beside = |suffix: &str| {
+        let mut s = dest.as_os_str().to_owned();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    if replace {
+        let tmp = beside(".restoring");
+        let _ = std::fs::remove_file(&tmp);
+        write_private(&tmp, bytes)?;
+        std::fs::rename(&tmp, dest).with_context(|| format!("replacing {}", dest.display()))?;
+        return Ok(dest.to_path_buf());
+    }
+    let to = if dest.exists() {
+        beside(".from-backup")
+    } else {
+        dest.to_path_buf()
+    };
+    write_private(&to, bytes)?;
+    Ok(to)
+}
+
 /// Restores `file` into `to` (see the module documentation).
 pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
     let owned = file.to_path_buf();
@@ -440,6 +479,7 @@ pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
     let certs_dir = to.certs_dir.clone();
     let objects_dir = to.objects_dir.clone();
     let config_file = to.config_file.clone();
+    let replace_config = to.replace_config;
     let keys = manifest.keys;
     let reader = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let f = std::fs::File::open(&owned)?;
@@ -465,15 +505,7 @@ pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
                 }
             } else if path.to_str() == Some(CONFIG) {
                 if let Some(dest) = &config_file {
-                    let dest = if dest.exists() {
-                        let mut s = dest.as_os_str().to_owned();
-                        s.push(".from-backup");
-                        PathBuf::from(s)
-                    } else {
-                        dest.clone()
-                    };
-                    write_private(&dest, &mut entry)?;
-                    config = Some(dest);
+                    config = Some(restore_config(dest, replace_config, &mut entry)?);
                 }
             } else if let Some(rel) = below(&path, CERTS) {
                 write_private(&certs_dir.join(rel), &mut entry)?;
@@ -524,6 +556,20 @@ mod tests {
         assert_eq!(below(Path::new("objectsx/a"), OBJECTS), None);
     }
 
+    #[test]
+    fn the_configuration_replaces_only_a_default() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("paddock.toml");
+        assert_eq!(restore_config(&f, false, &mut &b"new"[..]).unwrap(), f);
+        assert_eq!(std::fs::read(&f).unwrap(), b"new");
+        let beside = restore_config(&f, false, &mut &b"again"[..]).unwrap();
+        assert_eq!(beside, d.path().join("paddock.toml.from-backup"));
+        assert_eq!(std::fs::read(&f).unwrap(), b"new", "an operator's file is kept");
+        assert_eq!(restore_config(&f, true, &mut &b"over"[..]).unwrap(), f);
+        assert_eq!(std::fs::read(&f).unwrap(), b"over");
+        assert!(!d.path().join("paddock.toml.restoring").exists());
+    }
+
     async fn store_with(keys: &[(&str, &[u8])]) -> (tempfile::TempDir, Arc<dyn Store>) {
         let dir = tempfile::tempdir().unwrap();
         let s = paddock_store::SqliteStore::open(dir.path().join("store.db")).unwrap();
@@ -539,6 +585,7 @@ mod tests {
             certs_dir: dir.join("certs"),
             objects_dir: dir.join("images"),
             config_file: Some(dir.join("paddock.toml")),
+            replace_config: false,
         }
     }
 
@@ -665,6 +712,23 @@ mod tests {
         let err = restore(&f, targets(dst.path(), fresh)).await.unwrap_err();
         assert!(err.to_string().contains("unexpected member"), "{err}");
         assert!(!dst.path().join("evil").exists());
+        // A link where a certificate should be.
+        let f = src.path().join("link.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&f).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(m.len() as u64);
+        tar.append_data(&mut h, MANIFEST, &m[..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, "certs/host.key", "/etc/shadow")
+            .unwrap();
+        tar.finish().unwrap();
+        drop(tar);
+        let (dst, fresh) = store_with(&[]).await;
+        let err = restore(&f, targets(dst.path(), fresh)).await.unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(!dst.path().join("certs").exists());
     }
 
     #[tokio::test]

@@ -294,6 +294,11 @@ fn ask(several: &[&HostInterface]) -> anyhow::Result<HostInterface> {
         .context("no such interface")
 }
 
+/// Whether the file at `path` is the package's default configuration, untouched.
+pub fn is_packaged_default(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.starts_with(PACKAGED_MARKER))
+}
+
 /// Whether `path` may be written: absent, the packaged default, or `force`.
 fn may_write(path: &Path, force: bool) -> anyhow::Result<()> {
     match std::fs::read_to_string(path) {

@@ -63,7 +63,8 @@ enum Cmd {
     },
     /// Restore a backup onto a fresh data directory (or an empty etcd cluster), with the
     /// appliance stopped. A configuration file that already exists is kept, and the backup's
-    /// copy is written beside it as `<file>.from-backup`.
+    /// copy is written beside it as `<file>.from-backup`; the package's untouched default is
+    /// replaced (on a new host, restore before `paddock init`).
     Restore {
         file: PathBuf,
         #[arg(long, short, env = "PADDOCK_CONFIG")]
@@ -573,6 +574,9 @@ async fn restore(
             store,
             certs_dir: cfg.certs_dir(),
             objects_dir: cfg.images.dir.clone(),
+            replace_config: config
+                .as_deref()
+                .is_some_and(paddock::init_cli::is_packaged_default),
             config_file: config,
         },
     )
