@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the upgrade fixture: a data directory written by an earlier release's `paddock serve`
-# (REV, default the first parent of the commit that introduced store versions), with what an
+# (REV, default 5180068: the last commit before store versions), with what an
 # operator's appliance holds: the CA and certificates, enrolled nodes, a DHCP lease, an image,
 # an introspection rule and an operator token. appliance/tests/upgrade.rs starts today's
 # binary on it and checks that everything is still there after the migration.
@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-REV=${1:-$(git rev-parse 'd4bf83b^')}
+REV=${1:-5180068}
 SHORT=$(git rev-parse --short=7 "$REV")
 OUT=appliance/tests/fixtures
 NS=pdk-fixture

@@ -19,8 +19,11 @@
 //! copying them beside a serving image server is safe. The file is written as `FILE.partial`,
 //! fsynced and renamed: a backup is whole or absent.
 //!
-//! A restore checks the whole file first (manifest, schema, every line, every path) and
-//! changes nothing when any of it is wrong; it then writes into an empty store only.
+//! A restore checks the whole file first (manifest, schema, every line, every member a regular
+//! file at a plain path) and changes nothing when any of it is wrong; it then writes into an
+//! empty store only, never over an existing file. A failure after that (the disk, the store)
+//! leaves a partial restore: remove the data directory (or empty the etcd cluster) and run it
+//! again.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -42,6 +45,9 @@ const CERTS: &str = "certs";
 const OBJECTS: &str = "objects";
 /// Keys per restoring transaction (etcd's default limit is 128 operations).
 const RESTORE_BATCH: usize = 100;
+/// Bytes of keys and values per restoring transaction: etcd refuses requests over 1.5 MiB
+/// by default.
+const RESTORE_BATCH_BYTES: usize = 1024 * 1024;
 /// A manifest is a few hundred bytes; anything near this is not one.
 const MANIFEST_MAX: u64 = 64 * 1024;
 
@@ -155,10 +161,17 @@ fn write_file(dest: &Path, snap: &Snapshot, src: &Sources) -> anyhow::Result<Wri
     let mut partial = dest.as_os_str().to_owned();
     partial.push(".partial");
     let partial = PathBuf::from(partial);
+    // A leftover of a crashed backup is removed, and the new file created exclusively: never
+    // through a link someone left in its place.
+    match std::fs::remove_file(&partial) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", partial.display()));
+        }
+        _ => {}
+    }
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode_private()
         .open(&partial)
         .with_context(|| format!("creating {}", partial.display()))?;
@@ -285,14 +298,24 @@ fn append_tree<W: Write>(
             if !t.is_file() {
                 continue;
             }
-            let rel = path.strip_prefix(dir).expect("below dir");
+            let Ok(rel) = path.strip_prefix(dir) else {
+                continue;
+            };
             let name = Path::new(prefix).join(rel);
             let mut f = match std::fs::File::open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             };
-            tar.append_file(&name, &mut f)
+            // The header says 0600 (these are keys and objects) and the size as opened; a file
+            // that grows meanwhile is cut there rather than breaking the archive.
+            let size = f.metadata()?.len();
+            let mut h = tar::Header::new_gnu();
+            h.set_size(size);
+            h.set_mode(0o600);
+            h.set_mtime(0);
+            h.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut h, &name, (&mut f).take(size))
                 .with_context(|| format!("adding {}", path.display()))?;
             n += 1;
             if let Some(b) = progress {
@@ -407,8 +430,17 @@ fn check(file: &Path) -> anyhow::Result<Manifest> {
     Ok(m)
 }
 
+/// The configuration is read by the service's own user, as Debian ships configuration files.
+const CONFIG_MODE: u32 = 0o644;
+
+/// Creates `path` (never over an existing file) readable by its owner alone: certificates'
+/// keys and image objects.
 fn write_private(path: &Path, bytes: &mut impl Read) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    write_new(path, bytes, 0o600)
+}
+
+fn write_new(path: &Path, bytes: &mut impl Read, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     if let Some(parent) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -419,12 +451,32 @@ fn write_private(path: &Path, bytes: &mut impl Read) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode_private()
+        .mode(mode)
         .open(path)
         .with_context(|| format!("creating {}", path.display()))?;
+    // Exactly `mode`, whatever the umask took away.
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
     std::io::copy(bytes, &mut f).with_context(|| format!("writing {}", path.display()))?;
     f.sync_all()?;
     Ok(())
+}
+
+/// The configuration file a backup holds, if any (the file is checked whole first).
+pub fn config_in(file: &Path) -> anyhow::Result<Option<String>> {
+    check(file)?;
+    let f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let mut archive = tar::Archive::new(std::io::BufReader::new(f));
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        if entry.path()?.to_str() == Some(CONFIG) {
+            let mut text = String::new();
+            entry
+                .read_to_string(&mut text)
+                .context("the backup's configuration is not text")?;
+            return Ok(Some(text));
+        }
+    }
+    Ok(None)
 }
 
 /// Writes the backup's configuration to `dest`: over it when `replace` (through a file beside
@@ -438,7 +490,7 @@ fn restore_config(dest: &Path, replace: bool, bytes: &mut impl Read) -> anyhow::
     if replace {
         let tmp = beside(".restoring");
         let _ = std::fs::remove_file(&tmp);
-        write_private(&tmp, bytes)?;
+        write_new(&tmp, bytes, CONFIG_MODE)?;
         std::fs::rename(&tmp, dest).with_context(|| format!("replacing {}", dest.display()))?;
         return Ok(dest.to_path_buf());
     }
@@ -447,7 +499,7 @@ fn restore_config(dest: &Path, replace: bool, bytes: &mut impl Read) -> anyhow::
     } else {
         dest.to_path_buf()
     };
-    write_private(&to, bytes)?;
+    write_new(&to, bytes, CONFIG_MODE)?;
     Ok(to)
 }
 
@@ -458,7 +510,12 @@ pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
         .await
         .context("checking the backup")??;
     let present = to.store.snapshot().await?;
-    if let Some(kv) = present.kvs.iter().find(|kv| kv.lease.is_none()) {
+    // A new store carries only its schema stamp; the backup's own replaces it.
+    if let Some(kv) = present
+        .kvs
+        .iter()
+        .find(|kv| kv.lease.is_none() && kv.key != schema::SCHEMA_KEY)
+    {
         bail!(
             "the store already holds data (key {}): restore goes onto a fresh data directory or an empty etcd cluster",
             kv.key
@@ -491,9 +548,13 @@ pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
             let path = entry.path()?.into_owned();
             if path.to_str() == Some(STORE) {
                 let mut batch = Vec::with_capacity(RESTORE_BATCH);
+                let mut bytes = 0;
                 for line in std::io::BufReader::new(&mut entry).split(b'\n') {
-                    batch.push(parse_line(&line?)?);
-                    if batch.len() == RESTORE_BATCH {
+                    let (key, value) = parse_line(&line?)?;
+                    bytes += key.len() + value.len();
+                    batch.push((key, value));
+                    if batch.len() == RESTORE_BATCH || bytes >= RESTORE_BATCH_BYTES {
+                        bytes = 0;
                         progress.inc(u64::try_from(batch.len())?);
                         if tx.blocking_send(std::mem::take(&mut batch)).is_err() {
                             bail!("the store stopped taking keys");
@@ -521,15 +582,26 @@ pub async fn restore(file: &Path, to: Targets) -> anyhow::Result<Restored> {
     while let Some(batch) = rx.recv().await {
         restored.keys += batch.len();
         let ops = batch.into_iter().map(|(k, v)| Op::put(k, v)).collect();
-        to.store
+        let written = to
+            .store
             .txn(Txn {
                 success: ops,
                 ..Txn::default()
             })
-            .await
-            .context("writing the store")?;
+            .await;
+        if let Err(e) = written {
+            // The reader stops at its next batch; nothing is written after the error is told.
+            drop(rx);
+            let _ = reader.await;
+            return Err(e).context("writing the store");
+        }
     }
     let (certs, objects, config) = reader.await.context("reading the backup")??;
+    if manifest.schema.is_none() {
+        // A store from before versions: unstamped again, so that `serve` backs it up and
+        // migrates it.
+        to.store.delete(schema::SCHEMA_KEY).await?;
+    }
     restored.certs = certs;
     restored.objects = objects;
     restored.config = config;
@@ -564,7 +636,11 @@ mod tests {
         assert_eq!(std::fs::read(&f).unwrap(), b"new");
         let beside = restore_config(&f, false, &mut &b"again"[..]).unwrap();
         assert_eq!(beside, d.path().join("paddock.toml.from-backup"));
-        assert_eq!(std::fs::read(&f).unwrap(), b"new", "an operator's file is kept");
+        assert_eq!(
+            std::fs::read(&f).unwrap(),
+            b"new",
+            "an operator's file is kept"
+        );
         assert_eq!(restore_config(&f, true, &mut &b"over"[..]).unwrap(), f);
         assert_eq!(std::fs::read(&f).unwrap(), b"over");
         assert!(!d.path().join("paddock.toml.restoring").exists());

@@ -66,7 +66,7 @@ pub async fn open_store(
     cluster: Option<&ClusterConfig>,
 ) -> anyhow::Result<Arc<dyn Store>> {
     crate::at_rest::private_dir(data_dir)?;
-    Ok(match cluster {
+    let store: Arc<dyn Store> = match cluster {
         None => {
             Arc::new(SqliteStore::open(data_dir.join("store.db")).context("opening the store")?)
         }
@@ -96,5 +96,8 @@ pub async fn open_store(
                 .context("connecting to the etcd cluster")?,
             )
         }
-    })
+    };
+    // A store this command creates is of this release's schema from its first key.
+    crate::schema::stamp_if_empty(store.as_ref()).await?;
+    Ok(store)
 }

@@ -294,9 +294,13 @@ fn ask(several: &[&HostInterface]) -> anyhow::Result<HostInterface> {
         .context("no such interface")
 }
 
-/// Whether the file at `path` is the package's default configuration, untouched.
+/// The configuration the package ships.
+const PACKAGED: &str = include_str!("../../packaging/debian/paddock.toml");
+
+/// Whether the file at `path` is the package's default configuration, untouched: the whole
+/// file, as operators edit a conffile in place and keep its first lines.
 pub fn is_packaged_default(path: &Path) -> bool {
-    std::fs::read_to_string(path).is_ok_and(|t| t.starts_with(PACKAGED_MARKER))
+    std::fs::read_to_string(path).is_ok_and(|t| t == PACKAGED)
 }
 
 /// Whether `path` may be written: absent, the packaged default, or `force`.
@@ -305,7 +309,7 @@ fn may_write(path: &Path, force: bool) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         Ok(_) if force => Ok(()),
-        Ok(text) if text.starts_with(PACKAGED_MARKER) => Ok(()),
+        Ok(text) if text == PACKAGED => Ok(()),
         Ok(_) => bail!(
             "{} exists and was written by someone: keep it, or run again with --force",
             path.display()
@@ -511,8 +515,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("paddock.toml");
         may_write(&f, false).unwrap();
-        std::fs::write(&f, format!("{PACKAGED_MARKER}\n# data_dir = \"/x\"\n")).unwrap();
+        std::fs::write(&f, PACKAGED).unwrap();
         may_write(&f, false).unwrap();
+        assert!(is_packaged_default(&f));
+        // Edited in place, its first line kept: an operator's file now.
+        std::fs::write(&f, format!("{PACKAGED}dhcp.enabled = true\n")).unwrap();
+        assert!(may_write(&f, false).is_err());
+        assert!(!is_packaged_default(&f));
         std::fs::write(&f, "data_dir = \"/mine\"\n").unwrap();
         assert!(may_write(&f, false).is_err());
         may_write(&f, true).unwrap();

@@ -476,8 +476,8 @@ fn main() -> ExitCode {
             file,
             config,
             overrides,
-        } => match load_config(config.as_deref(), &overrides) {
-            Ok(cfg) => report(block_on(restore(&cfg, &file, config))),
+        } => match restore_config(config.as_deref(), &file, &overrides) {
+            Ok((cfg, replace)) => report(block_on(restore(&cfg, &file, config, replace))),
             Err(code) => code,
         },
         Cmd::Serve { config, overrides } => match load_config(config.as_deref(), &overrides) {
@@ -560,10 +560,49 @@ async fn backup(
     Ok(())
 }
 
+/// The configuration a restore fills: the one at `config`, or, when that is only the
+/// package's untouched default (which the backup's replaces), the backup's own: its data
+/// directory, certificates, images and cluster are where the restored appliance will look.
+fn restore_config(
+    config: Option<&std::path::Path>,
+    file: &std::path::Path,
+    overrides: &Overrides,
+) -> Result<(paddock::config::Config, bool), ExitCode> {
+    let replace = config.is_some_and(paddock::init_cli::is_packaged_default);
+    let backed_up = if replace {
+        match paddock::backup::config_in(file) {
+            Ok(text) => text,
+            Err(e) => {
+                eprintln!("paddock: {e:#}");
+                return Err(ExitCode::FAILURE);
+            }
+        }
+    } else {
+        None
+    };
+    let Some(text) = backed_up else {
+        return load_config(config, overrides).map(|c| (c, false));
+    };
+    FileConfig::parse(&text)
+        .and_then(|mut f| {
+            f.apply(overrides);
+            f.validate()
+        })
+        .map(|c| (c, true))
+        .map_err(|e| {
+            eprintln!("paddock: the backup's configuration is invalid here");
+            for p in e.problems {
+                eprintln!("  - {p}");
+            }
+            ExitCode::from(2)
+        })
+}
+
 async fn restore(
     cfg: &paddock::config::Config,
     file: &std::path::Path,
     config: Option<PathBuf>,
+    replace_config: bool,
 ) -> anyhow::Result<()> {
     // The appliance must not be serving the store being filled.
     let _lock = paddock::cluster::hold_store_lock(&cfg.data_dir, cfg.cluster.as_ref())?;
@@ -574,9 +613,7 @@ async fn restore(
             store,
             certs_dir: cfg.certs_dir(),
             objects_dir: cfg.images.dir.clone(),
-            replace_config: config
-                .as_deref()
-                .is_some_and(paddock::init_cli::is_packaged_default),
+            replace_config,
             config_file: config,
         },
     )

@@ -6,8 +6,8 @@
 //! - an empty store is stamped with [`CURRENT`];
 //! - an older one is backed up (the caller's `backup` writes the file), then each migration
 //!   step runs as ONE transaction that also moves the stamp, guarded by a compare on the stamp's
-//!   revision: on etcd, the first host to commit a step migrates and every other host re-reads
-//!   and finds the store already moved (the compare fences them);
+//!   revision: on etcd, the first host to commit a step migrates, and every other host loses
+//!   the compare, looks again and finds the store moved (or moves it on from there);
 //! - a newer one is served when this binary's schema is at least its `readable_from` (the
 //!   steps since were compatible: hosts of the previous release keep working in a mixed
 //!   cluster until they are upgraded), and refused with a clear message otherwise.
@@ -111,6 +111,8 @@ pub enum SchemaError {
     Store(#[from] paddock_store::StoreError),
     #[error("writing the backup before migrating: {0:#}")]
     Backup(anyhow::Error),
+    #[error("the store's schema stamp changed under this host {0} times in a row; start it again")]
+    Contended(usize),
 }
 
 /// What [`bring_up_to_date`] did.
@@ -133,81 +135,122 @@ fn stamp_of(kv: Option<&KeyValue>) -> Result<Option<Stamp>, SchemaError> {
         .transpose()
 }
 
+fn put_stamp(s: Stamp) -> Result<Op, SchemaError> {
+    Ok(Op::put(
+        SCHEMA_KEY,
+        serde_json::to_vec(&s).map_err(SchemaError::BadStamp)?,
+    ))
+}
+
+/// The stamp's compare: its revision as `snap` saw it (0: absent).
+fn guard(snap: &Snapshot) -> Compare {
+    Compare::ModRevision {
+        key: SCHEMA_KEY.to_string(),
+        revision: snap
+            .kvs
+            .iter()
+            .find(|kv| kv.key == SCHEMA_KEY)
+            .map_or(0, |kv| kv.mod_revision),
+    }
+}
+
+/// How often a lost compare (another host moved the stamp) is followed by a fresh look.
+const ATTEMPTS: usize = 5;
+
+/// Stamps a store that holds nothing yet with [`CURRENT`], so that a store created by any
+/// command (`certs init` writes the CA first) never reads as one from before versions.
+pub async fn stamp_if_empty(store: &dyn Store) -> Result<(), SchemaError> {
+    let snap = store.snapshot().await?;
+    if snap.kvs.iter().all(|kv| kv.lease.is_some()) {
+        store
+            .txn(Txn {
+                compare: vec![guard(&snap)],
+                success: vec![put_stamp(stamp_after(None, STEPS))?],
+                failure: vec![],
+            })
+            .await?;
+    }
+    Ok(())
+}
+
 /// Brings `store` to [`CURRENT`] (see the module documentation). `backup` is called once,
-/// before the first migration step, and returns where it wrote the store's copy.
+/// before the first migration step, and returns where it wrote the store's copy. When a
+/// compare is lost (another host moved the stamp), the store is looked at again.
 pub async fn bring_up_to_date(
     store: &dyn Store,
     backup: impl AsyncFnOnce() -> anyhow::Result<Option<std::path::PathBuf>>,
 ) -> Result<Outcome, SchemaError> {
-    let snap = store.snapshot().await?;
-    let kv = snap.kvs.iter().find(|kv| kv.key == SCHEMA_KEY);
-    let stored = stamp_of(kv)?;
-    let guard = Compare::ModRevision {
-        key: SCHEMA_KEY.to_string(),
-        revision: kv.map_or(0, |kv| kv.mod_revision),
-    };
-    let empty = snap.kvs.iter().all(|kv| kv.lease.is_some());
-    let put_stamp = |s: Stamp| Op::put(SCHEMA_KEY, serde_json::to_vec(&s).expect("plain struct"));
-    match decide(stored, empty, CURRENT) {
-        Decision::UpToDate => Ok(Outcome::UpToDate),
-        Decision::NewerCompatible { found } => Ok(Outcome::NewerCompatible(found)),
-        Decision::Refuse { found } => Err(SchemaError::Newer {
-            found,
-            known: CURRENT,
-        }),
-        Decision::Stamp => {
-            let stamp = stamp_after(None, STEPS);
-            let r = store
-                .txn(Txn {
-                    compare: vec![guard],
-                    success: vec![put_stamp(stamp)],
-                    failure: vec![],
-                })
-                .await?;
-            Ok(if r.succeeded {
-                Outcome::Stamped
-            } else {
-                Outcome::MigratedElsewhere
-            })
-        }
-        Decision::Migrate { from } => {
-            let backup = backup().await.map_err(SchemaError::Backup)?;
-            let mut snap = snap;
-            let mut guard = guard;
-            let mut at = stored;
-            for step in &STEPS[from as usize..] {
-                let next = stamp_after(at, std::slice::from_ref(step));
-                let mut ops = (step.plan)(&snap);
-                ops.push(put_stamp(next));
+    let mut backup = Some(backup);
+    let mut written: Option<Option<std::path::PathBuf>> = None;
+    let mut first_from = None;
+    let mut elsewhere = false;
+    // Each round moves one step or loses one compare.
+    for _ in 0..STEPS.len() + ATTEMPTS {
+        let snap = store.snapshot().await?;
+        let stored = stamp_of(snap.kvs.iter().find(|kv| kv.key == SCHEMA_KEY))?;
+        let empty = snap.kvs.iter().all(|kv| kv.lease.is_some());
+        let from = match decide(stored, empty, CURRENT) {
+            Decision::UpToDate if elsewhere => return Ok(Outcome::MigratedElsewhere),
+            Decision::UpToDate => {
+                return Ok(match (first_from, written) {
+                    (Some(from), Some(backup)) => Outcome::Migrated {
+                        from,
+                        to: CURRENT,
+                        backup,
+                    },
+                    _ => Outcome::UpToDate,
+                });
+            }
+            Decision::NewerCompatible { found } => return Ok(Outcome::NewerCompatible(found)),
+            Decision::Refuse { found } => {
+                return Err(SchemaError::Newer {
+                    found,
+                    known: CURRENT,
+                });
+            }
+            Decision::Stamp => {
                 let r = store
                     .txn(Txn {
-                        compare: vec![guard],
-                        success: ops,
+                        compare: vec![guard(&snap)],
+                        success: vec![put_stamp(stamp_after(None, STEPS))?],
                         failure: vec![],
                     })
                     .await?;
-                if !r.succeeded {
-                    return Ok(Outcome::MigratedElsewhere);
+                if r.succeeded {
+                    return Ok(Outcome::Stamped);
                 }
-                tracing::info!(to = step.to, what = step.what, "store: migrated");
-                at = Some(next);
-                snap = store.snapshot().await?;
-                guard = Compare::ModRevision {
-                    key: SCHEMA_KEY.to_string(),
-                    revision: snap
-                        .kvs
-                        .iter()
-                        .find(|kv| kv.key == SCHEMA_KEY)
-                        .map_or(0, |kv| kv.mod_revision),
-                };
+                elsewhere = true;
+                continue;
             }
-            Ok(Outcome::Migrated {
-                from,
-                to: CURRENT,
-                backup,
+            Decision::Migrate { from } => from,
+        };
+        if written.is_none()
+            && let Some(b) = backup.take()
+        {
+            written = Some(b().await.map_err(SchemaError::Backup)?);
+        }
+        first_from.get_or_insert(from);
+        // One step at a time, each from a fresh look at the store.
+        let Some(step) = usize::try_from(from).ok().and_then(|i| STEPS.get(i)) else {
+            // `decide` migrates only from below CURRENT, which STEPS covers (a test checks).
+            return Err(SchemaError::Contended(0));
+        };
+        let mut ops = (step.plan)(&snap);
+        ops.push(put_stamp(stamp_after(stored, std::slice::from_ref(step)))?);
+        let r = store
+            .txn(Txn {
+                compare: vec![guard(&snap)],
+                success: ops,
+                failure: vec![],
             })
+            .await?;
+        if r.succeeded {
+            tracing::info!(to = step.to, what = step.what, "store: migrated");
+        } else {
+            elsewhere = true;
         }
     }
+    Err(SchemaError::Contended(ATTEMPTS))
 }
 
 #[cfg(test)]

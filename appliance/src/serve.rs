@@ -59,6 +59,9 @@ async fn up_to_date(cfg: &Config, store: &Arc<dyn Store>) -> anyhow::Result<()> 
         ),
         Outcome::Stamped | Outcome::UpToDate | Outcome::MigratedElsewhere => {}
     }
+    // Only now, with the backup on disk and the store at this schema, is the file closed to
+    // releases from before store versions.
+    store.seal_layout().await?;
     Ok(())
 }
 

@@ -59,6 +59,14 @@ fn init_writes_a_configuration_the_appliance_serves_from() {
 
     // It serves as written: DHCP on the interface, HTTPS with the CA init made.
     let mut app = Appliance::start_secure(&link.server, &scratch, &text);
+    // The store `certs init` created was stamped with this release's schema from its first
+    // key: nothing to migrate, no backup.
+    assert!(
+        !app.log_text().contains("store: migrated"),
+        "{}",
+        app.log_text()
+    );
+    assert!(!scratch.path("data/backups").exists());
     let health = link.server.sh_ok(&format!(
         "curl -sf -m 5 --cacert {} https://198.18.0.1:8443/healthz",
         certs.join("ca.pem").display()

@@ -196,6 +196,12 @@ pub trait Store: Send + Sync + 'static {
     async fn revision(&self) -> Result<Revision, StoreError>;
     /// Every key at one revision, read atomically.
     async fn snapshot(&self) -> Result<Snapshot, StoreError>;
+    /// Marks the store's file as one that only releases recording store versions may open;
+    /// called once the store is at this release's schema (after a migration's backup). A
+    /// store with no file of its own (etcd) has nothing to mark.
+    async fn seal_layout(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError>;
     async fn lease_keep_alive(&self, lease: LeaseId) -> Result<(), StoreError>;
     /// Revokes the lease and deletes every key bound to it.

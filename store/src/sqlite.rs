@@ -155,9 +155,18 @@ impl SqliteStore {
                 known: FILE_VERSION,
             });
         }
+        let existed: bool = writer_conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'kv')",
+            [],
+            |r| r.get(0),
+        )?;
         writer_conn.execute_batch(SCHEMA)?;
-        writer_conn.execute_batch(REFUSE_UNVERSIONED)?;
-        writer_conn.pragma_update(None, "user_version", FILE_VERSION)?;
+        // A file no earlier release has seen is sealed at once. One an earlier release wrote
+        // stays open to it until the caller has backed it up and migrated it (`seal_layout`):
+        // a start that fails before then leaves the previous release able to run on it.
+        if !existed {
+            seal(&writer_conn)?;
+        }
         // Checkpoints run on a thread of their own (below), not inside a commit: an automatic
         // one copies the WAL into the database and fsyncs it while every writer waits, which
         // held replies of the DHCP servers back by tens of milliseconds under load.
@@ -248,6 +257,14 @@ impl SqliteStore {
     }
 }
 
+/// Marks the file as one only releases that record store versions open (see
+/// [`REFUSE_UNVERSIONED`]).
+fn seal(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch(REFUSE_UNVERSIONED)?;
+    conn.pragma_update(None, "user_version", FILE_VERSION)?;
+    Ok(())
+}
+
 /// Every key and the revision they stand at, read in one transaction of `conn`.
 fn snapshot_conn(conn: &mut Connection) -> Result<Snapshot, StoreError> {
     let tx = conn.transaction()?;
@@ -260,8 +277,9 @@ fn snapshot_conn(conn: &mut Connection) -> Result<Snapshot, StoreError> {
 }
 
 /// A consistent snapshot of the store file at `path`, read by this process while another may
-/// be serving it (SQLite's WAL gives the reader one committed state). Opens nothing for
-/// writing and starts no writer: safe beside a running `paddock serve`.
+/// be serving it (SQLite's WAL gives the reader one committed state). The connection is
+/// opened read-write, as WAL readers need the shared-memory index, but only reads; no writer
+/// or sweeper starts: safe beside a running `paddock serve`.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
     let open_err = |source| StoreError::Open {
         path: path.display().to_string(),
@@ -340,6 +358,10 @@ impl Store for SqliteStore {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
         self.request(|tx| WriteReq::Txn(txn, tx)).await
+    }
+
+    async fn seal_layout(&self) -> Result<(), StoreError> {
+        self.read(seal).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot, StoreError> {
@@ -1100,6 +1122,29 @@ mod tests {
         drop(conn);
         // The current binary opens it again, with nothing lost.
         let s = SqliteStore::open(dir.path().join("store.db")).unwrap();
+        assert_eq!(s.get("nodes/a").await.unwrap().unwrap().value, b"1");
+    }
+
+    #[tokio::test]
+    async fn an_earlier_release_s_file_is_sealed_only_when_asked() {
+        let (dir, s) = store();
+        s.put("nodes/a", b"1".to_vec()).await.unwrap();
+        drop(s);
+        let path = dir.path().join("store.db");
+        // What an earlier release left: no trigger, layout version 0.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("DROP TRIGGER refuse_unversioned_binaries; PRAGMA user_version = 0;")
+            .unwrap();
+        drop(conn);
+        let s = SqliteStore::open(&path).unwrap();
+        let earlier = Connection::open(&path).unwrap();
+        earlier.execute_batch(UNVERSIONED_OPEN).unwrap();
+        s.seal_layout().await.unwrap();
+        let err = earlier
+            .execute_batch(UNVERSIONED_OPEN)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("opened by a newer paddock"), "{err}");
         assert_eq!(s.get("nodes/a").await.unwrap().unwrap().value, b"1");
     }
 
