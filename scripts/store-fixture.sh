@@ -45,8 +45,9 @@ git worktree add --detach "$WORK/src" "$REV" >/dev/null
 # the workspace, so two checkouts sharing one directory would take each other's builds.
 (cd "$WORK/src" && CARGO_TARGET_DIR=$ROOT/target/fixture-old cargo build --locked -q -p paddock --bin paddock)
 cp target/fixture-old/debug/paddock "$WORK/paddock-old"
-git show "$REV:store/src/sqlite.rs" |
-    awk '/^const SCHEMA: &str = "$/ { on = 1; next } on && /^";$/ { exit } on' >"$WORK/open.sql"
+# Through a file: awk stops reading at the end of SCHEMA, and a pipe would fail git show.
+git show "$REV:store/src/sqlite.rs" >"$WORK/sqlite.rs"
+awk '/^const SCHEMA: &str = "$/ { on = 1; next } on && /^";$/ { exit } on' "$WORK/sqlite.rs" >"$WORK/open.sql"
 grep -q 'CREATE TABLE IF NOT EXISTS kv' "$WORK/open.sql" || { log "no SCHEMA in $REV's store"; exit 1; }
 log "building today's binary"
 cargo build --locked -q -p paddock --bin paddock
