@@ -161,7 +161,8 @@ pub struct FetchReply {
     /// Started in the background (`wait: false`).
     pub started: bool,
     pub stats: Option<FetchStats>,
-    /// The object cache listing changed (a new generation).
+    /// A newer generation exists than when the fetch began (the object cache listing
+    /// changed, by this fetch's rescan or by a scan that ran meanwhile).
     pub new_generation: bool,
 }
 

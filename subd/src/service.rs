@@ -353,6 +353,7 @@ impl Subd {
         self.fetch_bytes.store(0, Ordering::Relaxed);
         let me = self.clone();
         let job = move || -> Result<FetchReply, SubdError> {
+            let before = me.scanner.handle().generation();
             let r = fetch::fetch(
                 &me.objects,
                 &req.server,
@@ -362,7 +363,10 @@ impl Subd {
                 &me.fetch_bytes,
                 Some(me.scanner.handle().vouched()),
             );
-            let new_generation = me.scanner.handle().rescan_object_cache().unwrap_or(false);
+            // A background scan may have listed the fetched objects first: the generation
+            // moved since the fetch began either way.
+            let rescanned = me.scanner.handle().rescan_object_cache().unwrap_or(false);
+            let new_generation = rescanned || me.scanner.handle().generation() > before;
             let mut st = me.lock_state();
             let out = match r {
                 Ok(stats) => {
