@@ -79,17 +79,18 @@ enabled = false
 kernel = "http://$IP:8080/boot/assets/vmlinuz"
 initrd = "http://$IP:8080/boot/assets/initrd.img"
 EOF
-serve() { # serve BINARY LOG: starts it, waits for /healthz
+start() { # start BINARY CONFIG LOG ADDRESS: starts it, waits for /healthz; sets SERVE_PID
     # Not through in_srv: a function run with & is a subshell, and $! would be that shell.
-    ip netns exec "$NS-srv" "$1" serve --config "$WORK/paddock.toml" >"$2" 2>&1 &
+    ip netns exec "$NS-srv" "$1" serve --config "$2" >"$3" 2>&1 &
     SERVE_PID=$!   # ip netns exec execs the program: this is the appliance itself
     for _ in $(seq 100); do
-        in_srv curl -sf -m 1 "http://$IP:8080/healthz" >/dev/null && return 0
+        in_srv curl -sf -m 1 "http://$4:8080/healthz" >/dev/null && return 0
         sleep 0.2
     done
-    cat "$2" >&2
+    cat "$3" >&2
     return 1
 }
+serve() { start "$1" "$WORK/paddock.toml" "$2" "$IP"; } # serve BINARY LOG
 stop() { kill -TERM "$SERVE_PID" 2>/dev/null || true; wait "$SERVE_PID" || true; }
 
 CERTS=$DATA/certs
@@ -197,16 +198,10 @@ EOF
 }
 host_config old 198.18.0.11 >"$WORK/old.toml"
 host_config new 198.18.0.12 >"$WORK/new.toml"
-start_host() { # start_host BINARY NAME ADDRESS: sets HOST_PID
+start_host() { # start_host BINARY NAME ADDRESS: certs init, then serve; sets HOST_PID
     in_srv "$1" certs --config "$WORK/$2.toml" init >/dev/null
-    ip netns exec "$NS-srv" "$1" serve --config "$WORK/$2.toml" >"$WORK/$2-serve.log" 2>&1 &
-    HOST_PID=$!
-    for _ in $(seq 100); do
-        in_srv curl -sf -m 1 "http://$3:8080/healthz" >/dev/null && return 0
-        sleep 0.2
-    done
-    cat "$WORK/$2-serve.log" >&2
-    return 1
+    start "$1" "$WORK/$2.toml" "$WORK/$2-serve.log" "$3"
+    HOST_PID=$SERVE_PID
 }
 start_host "$WORK/paddock-old" old 198.18.0.11
 PID_old=$HOST_PID

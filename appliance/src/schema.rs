@@ -160,6 +160,10 @@ const ATTEMPTS: usize = 5;
 /// Stamps a store that holds nothing yet with [`CURRENT`], so that a store created by any
 /// command (`certs init` writes the CA first) never reads as one from before versions.
 pub async fn stamp_if_empty(store: &dyn Store) -> Result<(), SchemaError> {
+    // Every open of a stamped store stops here, without reading the whole store.
+    if store.get(SCHEMA_KEY).await?.is_some() {
+        return Ok(());
+    }
     let snap = store.snapshot().await?;
     if snap.kvs.iter().all(|kv| kv.lease.is_some()) {
         store
@@ -180,6 +184,13 @@ pub async fn bring_up_to_date(
     store: &dyn Store,
     backup: impl AsyncFnOnce() -> anyhow::Result<Option<std::path::PathBuf>>,
 ) -> Result<Outcome, SchemaError> {
+    // The usual start: already at this schema, known from the stamp alone.
+    if let Some(Stamp {
+        version: CURRENT, ..
+    }) = stamp_of(store.get(SCHEMA_KEY).await?.as_ref())?
+    {
+        return Ok(Outcome::UpToDate);
+    }
     let mut backup = Some(backup);
     let mut written: Option<Option<std::path::PathBuf>> = None;
     let mut first_from = None;
