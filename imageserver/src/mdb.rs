@@ -1,10 +1,10 @@
 //! The MDB in the store: one key per machine (`mdb/<hostname>`), each remembering where it
 //! came from: the operator's MDB file, the API, or the inspector (an enrolled machine).
 //!
-//! The file is Dominator's JSON. It is watched by polling its identity (device, inode, size,
-//! mtime): writers replace it with write-then-rename, so a new inode is a whole file. A file
-//! that does not parse (a writer that edits in place, caught half-way) is reported and the
-//! previous MDB stays. Loading replaces the machines that came from the file; machines added
+//! The file is Dominator's JSON. It is watched through its directory (inotify) and by
+//! reading its identity (device, inode, size, mtime) now and then: writers replace it with
+//! write-then-rename, so a new inode is a whole file. A file that does not parse (a writer
+//! that edits in place, caught half-way) is reported and the previous MDB stays. Loading replaces the machines that came from the file; machines added
 //! through the API or by the inspector stay unless the file names them (the file wins).
 
 use std::collections::BTreeMap;
@@ -196,15 +196,36 @@ impl MdbService {
             .clone()
     }
 
-    /// Watches the file: loads it now, then again whenever it is replaced or changes.
+    /// Watches the file: loads it now, then again whenever it is replaced or changes. The
+    /// kernel says when the file's directory changes (inotify), so a new MDB is acted on at
+    /// once; the file's identity is also read every `period`, which catches what inotify
+    /// cannot see (a network file system, a directory that was itself replaced).
     pub async fn watch(self: Arc<Self>, period: Duration, now_ms: impl Fn() -> i64) {
         let Some(path) = self.file.clone() else {
             return;
         };
+        let mut changes = match DirChanges::new(&path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "mdb: no inotify watch; reading the file every {period:?}");
+                None
+            }
+        };
         let mut last: Option<Identity> = None;
         let mut tick = tokio::time::interval(period);
         loop {
-            tick.tick().await;
+            match &mut changes {
+                Some(c) => tokio::select! {
+                    _ = tick.tick() => {}
+                    r = c.next() => if let Err(e) = r {
+                        tracing::warn!(path = %path.display(), error = %e, "mdb: inotify failed; reading the file every {period:?}");
+                        changes = None;
+                    },
+                },
+                None => {
+                    tick.tick().await;
+                }
+            }
             let id = identity(&path);
             if id != last {
                 match self.load_file(now_ms()).await {
@@ -223,10 +244,111 @@ impl MdbService {
     }
 }
 
+/// Changes in the directory that holds a file: writers replace the file by renaming a new
+/// one over it, so the directory, not the file's inode, is what stays to be watched. A
+/// thread blocks on the inotify descriptor and passes each batch of events on; it ends at
+/// the first batch after the receiver is gone.
+struct DirChanges {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<()>>,
+}
+
+impl DirChanges {
+    fn new(file: &Path) -> std::io::Result<Self> {
+        use nix::sys::inotify::{AddWatchFlags as W, InitFlags, Inotify};
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC)?;
+        inotify.add_watch(
+            dir,
+            W::IN_CLOSE_WRITE | W::IN_MOVED_TO | W::IN_CREATE | W::IN_DELETE | W::IN_ATTRIB,
+        )?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        std::thread::Builder::new()
+            .name("mdb-inotify".into())
+            .spawn(move || {
+                loop {
+                    let read = inotify.read_events().map(drop).map_err(Into::into);
+                    let failed = read.is_err();
+                    // A batch already waiting says the same: the reader compares identities.
+                    if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) =
+                        tx.try_send(read)
+                    {
+                        return;
+                    }
+                    if failed {
+                        return;
+                    }
+                }
+            })?;
+        Ok(DirChanges { rx })
+    }
+
+    /// Waits for the next batch of events; what they name does not matter (the caller
+    /// compares the file's identity).
+    async fn next(&mut self) -> std::io::Result<()> {
+        self.rx
+            .recv()
+            .await
+            .unwrap_or_else(|| Err(std::io::Error::other("the inotify reader ended")))
+    }
+}
+
 type Identity = (u64, u64, u64, i64, i64);
 
 fn identity(path: &Path) -> Option<Identity> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With an hour between reads of its identity, only the directory watch can make the
+    /// service load a replaced file within the test's wait.
+    #[tokio::test]
+    async fn a_replaced_file_is_loaded_without_waiting_for_the_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+        let file = dir.path().join("mdb.json");
+        std::fs::write(&file, "[]\n").unwrap();
+        let mdb = MdbService::new(store, Some(file.clone()));
+        let watch = tokio::spawn(mdb.clone().watch(Duration::from_secs(3600), || 0));
+        let loaded = |n: usize| {
+            let mdb = mdb.clone();
+            async move {
+                for _ in 0..200 {
+                    if mdb.status().last_load_ms.is_some()
+                        && mdb.entries().await.unwrap().len() == n
+                    {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                false
+            }
+        };
+        assert!(loaded(0).await, "the first load");
+        let next = dir.path().join("mdb.json.new");
+        std::fs::write(
+            &next,
+            r#"[{"Hostname": "r1u1", "IpAddress": "198.18.0.11", "RequiredImage": "a"}]"#,
+        )
+        .unwrap();
+        std::fs::rename(&next, &file).unwrap();
+        assert!(loaded(1).await, "the replaced file: {:?}", mdb.status());
+        // Written in place, too.
+        std::fs::write(
+            &file,
+            r#"[{"Hostname": "r1u1", "IpAddress": "198.18.0.11", "RequiredImage": "a"},
+                {"Hostname": "r1u2", "IpAddress": "198.18.0.12", "RequiredImage": "a"}]"#,
+        )
+        .unwrap();
+        assert!(loaded(2).await, "the rewritten file: {:?}", mdb.status());
+        watch.abort();
+    }
 }
