@@ -45,8 +45,10 @@ step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 # The dominator's bench binary is behind a feature (it links subd's scanner).
 step clippy-bench cargo clippy -p paddock-dominator --features bench --all-targets --locked -- -D warnings
 # The fuzz targets live in a workspace of their own (libFuzzer, run by cargo-fuzz); checking
-# that they still compile keeps them from falling behind the APIs they call.
-step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins
+# that they still compile keeps them from falling behind the APIs they call. Checked in the
+# main target directory with the main profiles, it reuses what clippy checked (cold: 24 s
+# instead of 63 s).
+step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir target
 step tests cargo test --workspace --locked --all-targets --exclude paddock-vm-tests
 # The Debian package, from what the steps above built (the debug paddock the tests ran; a
 # release build here would add minutes), through lintian and systemd-analyze.

@@ -1,8 +1,8 @@
 //! Turning bytes from the network into a DHCP request, refusing what could upset the decoder.
 //!
 //! dhcproto decodes most malformed input into an error, but a few inputs reach assertions or
-//! unchecked slicing (crates.md G1: option 94's length; `chaddr()` slices by `hlen`). Every
-//! packet is walked here first, so nothing from the network reaches those paths.
+//! unchecked slicing (a `debug_assert` on option 94's length; `chaddr()` slices by `hlen`).
+//! Every packet is walked here first, so nothing from the network reaches those paths.
 
 use dhcproto::v4::{Message, Opcode};
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};

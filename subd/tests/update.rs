@@ -1,4 +1,4 @@
-//! The Update applier on temporary roots: every step of dominator.md §2's change sequence,
+//! The Update applier on temporary roots: every step of Dominator's change sequence,
 //! errors that do not abort, sparse images, scan exclusions, and retries after an
 //! interruption at every single operation.
 
