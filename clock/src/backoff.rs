@@ -1,6 +1,7 @@
 //! Retry delays: the first, doubled on each failure up to a cap, each drawn with "equal
 //! jitter" (half the step fixed, half random) so that many machines retrying after one
-//! outage spread out instead of arriving together.
+//! outage spread out instead of arriving together. For a peer that is down rather than
+//! failing, [`Backoff::after_outage`] sizes the step by how long it has been down.
 
 use std::time::Duration;
 
@@ -36,6 +37,20 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let step = self.step;
         self.step = step.saturating_mul(2).min(self.cap);
+        self.jittered(step)
+    }
+
+    /// The delay before the next attempt at a peer that has been unreachable for
+    /// `down_for`: a quarter of that, between the first delay and the cap, with the same
+    /// jitter. A peer that comes back (a machine that rebooted) is found within a quarter
+    /// more of its outage, where doubling could wait as long again as the outage lasted;
+    /// one that stays down is tried ever less often, and at the cap's pace in the end.
+    pub fn after_outage(&mut self, down_for: Duration) -> Duration {
+        self.jittered((down_for / 4).clamp(self.first, self.cap))
+    }
+
+    /// `step` with equal jitter: in `[step / 2, step]`.
+    fn jittered(&mut self, step: Duration) -> Duration {
         let half = step / 2;
         let ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
         let jitter = if ms == 0 { 0 } else { self.random() % (ms + 1) };
@@ -80,6 +95,22 @@ mod tests {
                 step / 2
             );
         }
+    }
+
+    #[test]
+    fn after_an_outage_the_step_is_a_quarter_of_it_within_first_and_cap() {
+        let mut b = Backoff::with_seed(S, 300 * S, 5);
+        for (down, step) in [(0, 1), (3, 1), (8, 2), (60, 15), (400, 100), (3_600, 300)] {
+            let d = b.after_outage(down * S);
+            let step = step * S;
+            assert!(
+                d >= step / 2 && d <= step,
+                "down {down} s: {d:?} outside [{:?}, {step:?}]",
+                step / 2
+            );
+        }
+        // It leaves the doubling alone.
+        assert_eq!(b.step(), S);
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! which asks again after `disruption_retry_ms` without planning again while its tree stays
 //! the same. Failures back off per sub, doubling from `backoff_min_ms` to
 //! `backoff_max_ms` with jitter (so that subs a network outage failed together do not come
-//! back together); other subs are not slowed.
+//! back together); other subs are not slowed. An unreachable sub is polled again after a
+//! quarter of the time it has been unreachable (within the same bounds): a machine that
+//! rebooted, for an update or into its installed system, is polled within a quarter more
+//! of its downtime once its subd is back, not after a doubled delay as long as the outage.
 
 use std::fmt;
 use std::time::Duration;
@@ -375,6 +378,8 @@ pub struct Sub {
     synced_image: Option<String>,
     next_at_ms: u64,
     failures: u32,
+    /// When polls began to fail (cleared by an answer).
+    unreachable_since_ms: Option<u64>,
     /// The delays after failures; reset by a sync. Handed in by the shell ([`Policy::backoff`])
     /// so that the state machine itself never reads a clock or a random source.
     backoff: Backoff,
@@ -404,6 +409,7 @@ impl Sub {
             synced_image: None,
             next_at_ms: 0,
             failures: 0,
+            unreachable_since_ms: None,
             backoff,
             update_attempts: 0,
             safety_cleared: false,
@@ -473,6 +479,17 @@ impl Sub {
         Action::Wait
     }
 
+    fn unreachable(&mut self, error: String, now_ms: u64) -> Action {
+        self.failures = self.failures.saturating_add(1);
+        self.state = SubState::Unreachable { error };
+        let since = *self.unreachable_since_ms.get_or_insert(now_ms);
+        let down_for = Duration::from_millis(now_ms.saturating_sub(since));
+        let delay = self.backoff.after_outage(down_for);
+        let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.next_at_ms = now_ms.saturating_add(delay);
+        Action::Wait
+    }
+
     fn wait(&mut self, now_ms: u64, p: &Policy) -> Action {
         self.next_at_ms = now_ms.saturating_add(p.poll_interval_ms);
         Action::Wait
@@ -498,11 +515,12 @@ impl Sub {
             Event::Tick => self.tick(want, now_ms, p),
             Event::Polled(a) => {
                 self.pending = None;
+                self.unreachable_since_ms = None;
                 self.polled(a, want, now_ms, p)
             }
             Event::PollFailed(error) => {
                 self.pending = None;
-                self.fail(SubState::Unreachable { error }, now_ms)
+                self.unreachable(error, now_ms)
             }
             Event::ImageMissing(image) => {
                 self.pending = None;
@@ -1283,13 +1301,14 @@ mod tests {
         let w = want("minbase");
         let mut s = Sub::new(P.backoff());
         let mut now = 0;
+        s.handle(Event::Tick, &w, now, &P);
+        assert_eq!(s.handle(answer(3, 1), &w, now, &P), plan_a("minbase"));
         for step in [1_000, 2_000, 4_000, 8_000, 8_000] {
-            assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
             assert_eq!(
-                s.handle(Event::PollFailed("connection refused".into()), &w, now, &P),
+                s.handle(Event::FetchFailed("no route".into()), &w, now, &P),
                 Action::Wait
             );
-            assert_eq!(s.state().name(), "unreachable");
+            assert_eq!(s.state().name(), "error");
             // Doubling up to the cap, each delay jittered within [step/2, step].
             let delay = s.next_at_ms() - now;
             assert!(
@@ -1299,19 +1318,72 @@ mod tests {
             );
             assert_eq!(s.handle(Event::Tick, &w, now + delay - 1, &P), Action::Wait);
             now += delay;
+            assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
+            assert_eq!(s.handle(answer(3, 1), &w, now, &P), plan_a("minbase"));
         }
-        assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0));
-        assert_eq!(s.handle(answer(3, 1), &w, now, &P), plan_a("minbase"));
-        assert_eq!(
-            s.handle(Event::FetchFailed("no route".into()), &w, now, &P),
-            Action::Wait
-        );
-        assert_eq!(s.failures(), 6);
-        s.handle(Event::Tick, &w, now + 8_000, &P);
-        s.handle(answer(3, 2), &w, now + 8_000, &P);
-        s.handle(Event::Planned(synced("minbase")), &w, now + 8_000, &P);
+        assert_eq!(s.failures(), 5);
+        s.handle(Event::Planned(synced("minbase")), &w, now, &P);
         assert_eq!(s.failures(), 0);
         assert_eq!(s.state().to_string(), "synced to minbase");
+    }
+
+    /// A synced machine reboots: its polls fail for the 50 s it is down, each retry after a
+    /// quarter of the downtime so far (at least 1 s, at most the 8 s cap here), so its
+    /// subd is polled at most a quarter of the outage after it is back.
+    #[test]
+    fn an_unreachable_sub_is_polled_again_after_a_quarter_of_its_downtime() {
+        let w = want("minbase");
+        let policy = Policy {
+            backoff_max_ms: 300_000,
+            ..P
+        };
+        let mut s = Sub::new(policy.backoff());
+        s.handle(Event::Tick, &w, 0, &policy);
+        s.handle(answer(3, 1), &w, 0, &policy);
+        s.handle(Event::Planned(synced("minbase")), &w, 0, &policy);
+        let down_at = 1_000;
+        let back_at = 51_000;
+        let mut now = down_at;
+        let mut tries = 0;
+        while now < back_at {
+            let action = s.handle(Event::Tick, &w, now, &policy);
+            assert!(
+                matches!(action, Action::Poll { .. }),
+                "at {now}: {action:?}"
+            );
+            s.handle(
+                Event::PollFailed("connection refused".into()),
+                &w,
+                now,
+                &policy,
+            );
+            assert_eq!(s.state().name(), "unreachable");
+            let step = ((now - down_at) / 4).clamp(1_000, 300_000);
+            let delay = s.next_at_ms() - now;
+            assert!(
+                (step / 2..=step).contains(&delay),
+                "down {} ms: {delay} ms outside [{}, {step}]",
+                now - down_at,
+                step / 2
+            );
+            now += delay;
+            tries += 1;
+        }
+        assert!(
+            now - back_at <= (now - down_at) / 4,
+            "polled {} ms after it came back",
+            now - back_at
+        );
+        assert!((10..=40).contains(&tries), "{tries} tries in 50 s");
+        assert_eq!(s.handle(Event::Tick, &w, now, &policy), poll(0));
+        s.handle(answer(3, 2), &w, now, &policy);
+        assert_eq!(s.state().name(), "computing");
+        // A later outage is measured from its own start.
+        s.handle(Event::Planned(synced("minbase")), &w, now, &policy);
+        let later = now + 600_000;
+        s.handle(Event::Tick, &w, later, &policy);
+        s.handle(Event::PollFailed("timed out".into()), &w, later, &policy);
+        assert!(s.next_at_ms() - later <= 1_000);
     }
 
     #[test]
