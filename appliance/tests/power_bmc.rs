@@ -1,4 +1,4 @@
-//! Issue 19's acceptance 2 and 3 through the appliance: the real `paddock serve` drives
+//! Power throttling and BMC errors through the appliance: the real `paddock serve` drives
 //! sushy-tools' Redfish emulators that `scripts/bmc-harness.sh` starts in its own network
 //! namespace (198.19.60.0/24). Two appliances, each in a namespace of this test with a veth
 //! into the harness's bridge (198.19.60.2 and .3; their API on 198.18.0.1 inside):

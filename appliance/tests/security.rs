@@ -1,4 +1,4 @@
-//! Issue 18's access matrix against a running appliance with TLS on: every route of every
+//! The access matrix against a running appliance with TLS on: every route of every
 //! service, called with curl (a real TLS client) by every kind of caller, allowed or denied
 //! exactly as the table below says. Also: the agent's boot-path material (CA fingerprint,
 //! token), an agent token scoped to its own machine, the audit log through the CLI, and a

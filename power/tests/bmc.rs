@@ -306,7 +306,7 @@ fn redfish_and_ipmi_drive_the_emulators_and_fail_clearly() {
     eprintln!("whole BMC test in {:.1} s", total.elapsed().as_secs_f64());
 }
 
-/// Issue 19's acceptance 2 without the appliance: 10 machines (sushy-tools' fake driver)
+/// The power-on throttle without the appliance: 10 machines (sushy-tools' fake driver)
 /// asked to start at once with a limit of 2 per 10 s; the emulator's own log shows when each
 /// Reset arrived.
 fn throttle_spaces_power_ons_as_the_bmc_log_shows(h: &Harness) {
