@@ -471,23 +471,28 @@ impl Sub {
         !self.replan && matches!(self.state, SubState::DisruptionDenied { .. })
     }
 
-    fn fail(&mut self, state: SubState, now_ms: u64) -> Action {
+    /// A failure: counted, and the sub waits `delay` before it tries again.
+    fn fail_for(&mut self, state: SubState, delay: Duration, now_ms: u64) -> Action {
         self.failures = self.failures.saturating_add(1);
         self.state = state;
-        let delay = u64::try_from(self.backoff.next_delay().as_millis()).unwrap_or(u64::MAX);
+        let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         self.next_at_ms = now_ms.saturating_add(delay);
         Action::Wait
     }
 
+    /// A failed step: the doubling backoff.
+    fn fail(&mut self, state: SubState, now_ms: u64) -> Action {
+        let delay = self.backoff.next_delay();
+        self.fail_for(state, delay, now_ms)
+    }
+
+    /// A failed poll: the next after a quarter of the outage so far.
     fn unreachable(&mut self, error: String, now_ms: u64) -> Action {
-        self.failures = self.failures.saturating_add(1);
-        self.state = SubState::Unreachable { error };
         let since = *self.unreachable_since_ms.get_or_insert(now_ms);
-        let down_for = Duration::from_millis(now_ms.saturating_sub(since));
-        let delay = self.backoff.after_outage(down_for);
-        let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self.next_at_ms = now_ms.saturating_add(delay);
-        Action::Wait
+        let delay = self
+            .backoff
+            .after_outage(Duration::from_millis(now_ms.saturating_sub(since)));
+        self.fail_for(SubState::Unreachable { error }, delay, now_ms)
     }
 
     fn wait(&mut self, now_ms: u64, p: &Policy) -> Action {

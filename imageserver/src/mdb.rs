@@ -4,8 +4,9 @@
 //! The file is Dominator's JSON. It is watched through its directory (inotify) and by
 //! reading its identity (device, inode, size, mtime) now and then: writers replace it with
 //! write-then-rename, so a new inode is a whole file. A file that does not parse (a writer
-//! that edits in place, caught half-way) is reported and the previous MDB stays. Loading replaces the machines that came from the file; machines added
-//! through the API or by the inspector stay unless the file names them (the file wins).
+//! that edits in place, caught half-way) is reported and the previous MDB stays. Loading
+//! replaces the machines that came from the file; machines added through the API or by the
+//! inspector stay unless the file names them (the file wins).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
