@@ -44,6 +44,10 @@
 # 2001:2::/64 (veth-srv holds 2001:2::1), pool 2001:2::1:0-2001:2::ffff:ffff, and persist
 # every lease: Paddock its store (fsync per batch), Kea kea-dhcp6 memfile, persist=true,
 # lfc-interval=0.
+# Each step also prints the server's own CPU time (all its threads) and the exchanges it
+# completed per second of it (per_cpu_s); the summary's per_cpu_s ratio is taken at each
+# server's best passing step. It says what one core of server buys whatever the load
+# generator manages (perfdhcp polls, so its own CPU is always busy and says nothing).
 # Output: per-step lines and a summary on stdout; progress/log notes on stderr.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -154,7 +158,12 @@ start_dnsmasq() {
     wait_udp 67
 }
 
-# run_step SERVER RATE: sets ACHIEVED (4-way/s, integer) and DROPS (percent, 2 decimals).
+# The server's CPU time so far (all its threads), in clock ticks.
+server_ticks() { sed 's/^.*) //' "/proc/$SRV_PID/stat" | awk '{ print $12 + $13 }'; }
+HZ=$(getconf CLK_TCK)
+
+# run_step SERVER RATE: sets ACHIEVED (4-way/s, integer), DROPS (percent, 2 decimals) and
+# PER_CPU (complete exchanges per second of the server's own CPU time).
 run_step() {
     local srv=$1 rate=$2 out=$SCRATCH/perfdhcp$FAMILY-$1-$2.txt rc=0
     local pin=() first=DISCOVER-OFFER second=REQUEST-ACK
@@ -167,10 +176,13 @@ run_step() {
     else
         "start_$srv"
     fi
+    local ticks0 ticks1
+    ticks0=$(server_ticks)
     # -W: keep receiving for 1 s after the test period so in-flight replies are counted.
     "${pin[@]}" ip netns exec "$CLI_NS" timeout --foreground $((DURATION + 60)) \
         perfdhcp -x e -r "$rate" -p "$DURATION" -W 1000000 "${target[@]}" \
         >"$out" 2>&1 || rc=$?
+    ticks1=$(server_ticks)
     stop_server
     # perfdhcp exits 3 when some exchanges were not completed; that is a result, not an error.
     # `-x e` prints the exit reason: anything but the test period ending (e.g. ^C) is an error.
@@ -179,7 +191,8 @@ run_step() {
         cat "$out" >&2
         die "perfdhcp failed or was interrupted (exit $rc) against $srv at rate $rate"
     fi
-    read -r ACHIEVED DROPS < <(awk -v dur="$DURATION" -v first="$first" -v second="$second" '
+    read -r ACHIEVED DROPS PER_CPU < <(awk -v dur="$DURATION" -v first="$first" -v second="$second" \
+        -v cpu_s="$(((ticks1 - ticks0) * 1000 / HZ))" '
         $0 ~ "Statistics for: " first  { sec = "DO" }
         $0 ~ "Statistics for: " second { sec = "RA" }
         /^sent packets:/     { sent[sec] = $3 }
@@ -187,28 +200,29 @@ run_step() {
         /^drops:/            { drop[sec] = $2 }
         END {
             pct = sent["DO"] > 0 ? 100 * (drop["DO"] + drop["RA"]) / sent["DO"] : 100
-            printf "%d %.2f\n", recv["RA"] / dur, pct
+            printf "%d %.2f %d\n", recv["RA"] / dur, pct, (cpu_s > 0 ? recv["RA"] * 1000 / cpu_s : 0)
         }' "$out")
-    echo "dhcp$([[ $FAMILY == 6 ]] && echo 6) $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%"
+    echo "dhcp$([[ $FAMILY == 6 ]] && echo 6) $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%" \
+        "server_cpu_s=$(calc "sprintf(\"%.2f\", $((ticks1 - ticks0)) / $HZ)") per_cpu_s=$PER_CPU"
 }
 
 # consider RATE: one step for $srv; keeps the best passing (< 1 % failures) result.
 consider() {
     run_step "$srv" "$1"
     if awk -v d="$DROPS" 'BEGIN { exit !(d < 1) }'; then
-        if ((ACHIEVED > best)); then best=$ACHIEVED best_drops=$DROPS; fi
+        if ((ACHIEVED > best)); then best=$ACHIEVED best_drops=$DROPS best_per_cpu=$PER_CPU; fi
         return 0
     fi
     return 1
 }
 
 # search SERVERS...: the highest passing rate of each server, into MAX and MAXDROPS.
-declare -A MAX MAXDROPS
+declare -A MAX MAXDROPS PERCPU
 search() {
     local srv
     for srv in "$@"; do
         log "benchmarking $srv over DHCPv$FAMILY (${DURATION}s per step)"
-        best=0 best_drops=n/a good=0 bad=0
+        best=0 best_drops=n/a best_per_cpu=0 good=0 bad=0
         for rate in $RATES; do
             if consider "$rate"; then good=$rate; else bad=$rate; break; fi
         done
@@ -224,7 +238,7 @@ search() {
             rate=$(((good + bad) / 2))
             if consider "$rate"; then good=$rate; else bad=$rate; fi
         done
-        MAX[$FAMILY$srv]=$best MAXDROPS[$FAMILY$srv]=$best_drops
+        MAX[$FAMILY$srv]=$best MAXDROPS[$FAMILY$srv]=$best_drops PERCPU[$FAMILY$srv]=$best_per_cpu
     done
 }
 
@@ -247,7 +261,11 @@ for srv in $SERVERS; do
 done
 if [[ -n ${MAX[4paddock]:-} && -n ${MAX[4kea]:-} ]]; then
     echo "dhcp ratio paddock/kea=$(ratio "${MAX[4paddock]}" "${MAX[4kea]}")"
+    echo "dhcp per_cpu_s paddock=${PERCPU[4paddock]} kea=${PERCPU[4kea]}" \
+        "ratio=$(ratio "${PERCPU[4paddock]}" "${PERCPU[4kea]}")"
 fi
 if [[ -n ${MAX[6paddock]:-} && -n ${MAX[6kea]:-} ]]; then
     echo "dhcp6 paddock=${MAX[6paddock]} kea=${MAX[6kea]} ratio=$(ratio "${MAX[6paddock]}" "${MAX[6kea]}")"
+    echo "dhcp6 per_cpu_s paddock=${PERCPU[6paddock]} kea=${PERCPU[6kea]}" \
+        "ratio=$(ratio "${PERCPU[6paddock]}" "${PERCPU[6kea]}")"
 fi
