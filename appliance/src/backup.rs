@@ -655,6 +655,18 @@ mod tests {
         (dir, Arc::new(s))
     }
 
+    /// A backup of `store` alone (no certificates, objects or configuration) into `file`.
+    async fn write_store_only(file: &Path, store: Arc<dyn Store>) {
+        let sources = Sources {
+            store: StoreSource::Open(store),
+            certs_dir: None,
+            objects_dir: None,
+            with_objects: false,
+            config_file: None,
+        };
+        write(file, sources).await.unwrap();
+    }
+
     fn targets(dir: &Path, store: Arc<dyn Store>) -> Targets {
         Targets {
             store,
@@ -732,18 +744,7 @@ mod tests {
     async fn a_damaged_or_foreign_file_changes_nothing() {
         let (src, store) = store_with(&[("nodes/a", b"1"), ("nodes/b", b"2")]).await;
         let file = src.path().join("b.tar");
-        write(
-            &file,
-            Sources {
-                store: StoreSource::Open(store),
-                certs_dir: None,
-                objects_dir: None,
-                with_objects: false,
-                config_file: None,
-            },
-        )
-        .await
-        .unwrap();
+        write_store_only(&file, store).await;
         let bytes = std::fs::read(&file).unwrap();
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("not a tar", b"hello".to_vec()),
@@ -819,18 +820,7 @@ mod tests {
             .await
             .unwrap();
         let file = src.path().join("b.tar");
-        write(
-            &file,
-            Sources {
-                store: StoreSource::Open(store),
-                certs_dir: None,
-                objects_dir: None,
-                with_objects: false,
-                config_file: None,
-            },
-        )
-        .await
-        .unwrap();
+        write_store_only(&file, store).await;
         let (dst, fresh) = store_with(&[]).await;
         let err = restore(&file, targets(dst.path(), fresh.clone()))
             .await
