@@ -182,6 +182,7 @@ run_step() {
     "${pin[@]}" ip netns exec "$CLI_NS" timeout --foreground $((DURATION + 60)) \
         perfdhcp -x e -r "$rate" -p "$DURATION" -W 1000000 "${target[@]}" \
         >"$out" 2>&1 || rc=$?
+    [[ -r /proc/$SRV_PID/stat ]] || die "$srv exited during the step at rate $rate (log: $SRV_LOG)"
     ticks1=$(server_ticks)
     stop_server
     # perfdhcp exits 3 when some exchanges were not completed; that is a result, not an error.
@@ -192,7 +193,7 @@ run_step() {
         die "perfdhcp failed or was interrupted (exit $rc) against $srv at rate $rate"
     fi
     read -r ACHIEVED DROPS PER_CPU < <(awk -v dur="$DURATION" -v first="$first" -v second="$second" \
-        -v cpu_s="$(((ticks1 - ticks0) * 1000 / HZ))" '
+        -v cpu_ms="$(((ticks1 - ticks0) * 1000 / HZ))" '
         $0 ~ "Statistics for: " first  { sec = "DO" }
         $0 ~ "Statistics for: " second { sec = "RA" }
         /^sent packets:/     { sent[sec] = $3 }
@@ -200,7 +201,7 @@ run_step() {
         /^drops:/            { drop[sec] = $2 }
         END {
             pct = sent["DO"] > 0 ? 100 * (drop["DO"] + drop["RA"]) / sent["DO"] : 100
-            printf "%d %.2f %d\n", recv["RA"] / dur, pct, (cpu_s > 0 ? recv["RA"] * 1000 / cpu_s : 0)
+            printf "%d %.2f %d\n", recv["RA"] / dur, pct, (cpu_ms > 0 ? recv["RA"] * 1000 / cpu_ms : 0)
         }' "$out")
     echo "dhcp$([[ $FAMILY == 6 ]] && echo 6) $srv rate=$rate achieved=$ACHIEVED/s drops=$DROPS%" \
         "server_cpu_s=$(calc "sprintf(\"%.2f\", $((ticks1 - ticks0)) / $HZ)") per_cpu_s=$PER_CPU"

@@ -372,7 +372,7 @@ fn cpu_share_slows_the_scan() {
     assert!(share < 0.4, "share {share:.2}; {limited:?}");
     // The throttle is what slowed it: the limited scan slept, the free one never did. (Its
     // wall time is not compared with the free scan's: another process on the machine can
-    // stretch either.)
+    // stretch either. Sleeping longer than its CPU time needs only a third of a core.)
     assert_eq!(free.slept, Duration::ZERO, "{free:?}");
     assert!(
         limited.slept > limited.cpu,
