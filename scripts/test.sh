@@ -107,7 +107,8 @@ step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins --ta
 # per command line (paddock's dev-dependencies turn on features others share), so any other
 # set would be compiled again inside the runs, holding the build lock the lanes wait on.
 step tests-build bash -c "cargo test --workspace --locked --all-targets --exclude paddock-vm-tests \
-  --exclude paddock --no-run && cargo test --locked -p paddock --all-targets --no-run"
+  --exclude paddock --no-run && cargo test --locked -p paddock --all-targets --no-run &&
+  cargo test --locked -p paddock-power --test bmc --no-run"
 # Three lanes, which the CPU allows (sampled over a cold run):
 # - the two BMC emulator tests spend most of their 110 s waiting out a power-on throttle's
 #   real 10 s windows, at a tenth of a core;
