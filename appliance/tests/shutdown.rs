@@ -121,15 +121,41 @@ fn config(link: &Link, scratch: &Scratch, grace_secs: u64) -> String {
     )
 }
 
-/// Waits until every call has reached the appliance (its connection is open), so that the
-/// signal lands with all of them in flight.
+/// Waits until the appliance has read the start of every call (each connection's request
+/// head), so that the signal lands with all of them in flight. A connection the kernel has
+/// accepted but the appliance has not yet read from is idle to the server, and a draining
+/// server rightly closes idle connections.
 fn wait_connected(link: &Link, want: usize) {
-    wait_for("every call connected", || {
+    wait_for("every call read by the appliance", || {
         let out = link
             .server
-            .sh_ok("ss -Htn state established '( sport = :8080 )' | wc -l");
-        out.trim().parse::<usize>().unwrap_or(0) >= want
+            .sh_ok("ss -Htni state established '( sport = :8080 )'");
+        let read = read_by_app(&out);
+        read.len() >= want && read.iter().all(|&n| n > 0)
     });
+}
+
+/// For each connection in `ss -Htni` output: the bytes the application has read, that is
+/// the bytes received less those still queued (Recv-Q). Each socket is a line with the
+/// queues, then an indented line of details (`bytes_received` is absent while it is 0).
+fn read_by_app(ss: &str) -> Vec<u64> {
+    let mut read = Vec::new();
+    let mut queued = None;
+    for line in ss.lines() {
+        if line.starts_with(char::is_whitespace) {
+            let received = line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("bytes_received:"))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            if let Some(q) = queued.take() {
+                read.push(received.saturating_sub(q));
+            }
+        } else {
+            queued = line.split_whitespace().next().and_then(|q| q.parse().ok());
+        }
+    }
+    read
 }
 
 #[test]
