@@ -481,6 +481,10 @@ struct Writer {
     conn: Connection,
     revision: Revision,
     events: broadcast::Sender<Arc<Vec<Event>>>,
+    /// The revision being written and the `seq` of its next history row. Counted rather than
+    /// found from the batch's events: one revision can change thousands of keys (a DHCP
+    /// batch), and a search per row made such a batch quadratic.
+    next_seq: Option<(Revision, i64)>,
 }
 
 /// What one request produced inside a batch, delivered only after the batch commits.
@@ -503,6 +507,7 @@ impl Writer {
             conn,
             revision,
             events,
+            next_seq: None,
         })
     }
 
@@ -522,6 +527,7 @@ impl Writer {
 
     fn commit_batch(&mut self, batch: &mut Vec<WriteReq>) {
         let start_rev = self.revision;
+        self.next_seq = None;
         let mut events = Vec::new();
         let mut done = Vec::with_capacity(batch.len());
         let began = self.conn.execute_batch("BEGIN IMMEDIATE");
@@ -561,6 +567,8 @@ impl Writer {
                 Err(e) => {
                     let _ = self.conn.execute_batch("ROLLBACK TO req; RELEASE req");
                     self.revision = rev_before;
+                    // The next request takes the revision again, from seq 0.
+                    self.next_seq = None;
                     events.truncate(events_before);
                     Err(e)
                 }
@@ -680,11 +688,11 @@ impl Writer {
         ev: Event,
         events: &mut Vec<Event>,
     ) -> rusqlite::Result<()> {
-        let seq = events
-            .iter()
-            .rev()
-            .take_while(|e| e.kv.mod_revision == rev)
-            .count() as i64;
+        let seq = match self.next_seq {
+            Some((r, seq)) if r == rev => seq,
+            _ => 0,
+        };
+        self.next_seq = Some((rev, seq + 1));
         self.conn
             .prepare_cached(
                 "INSERT INTO history(rev, seq, key, kind, value, create_rev, version, lease)
@@ -1037,6 +1045,44 @@ mod tests {
                 (EventKind::Delete, "n/a".to_string(), 4)
             ]
         );
+    }
+
+    /// A revision that changes many keys (a DHCP batch) replays them from history in the
+    /// order its ops gave, also when a failed request in the same batch took that revision
+    /// first and gave it back.
+    #[tokio::test]
+    async fn a_revision_of_many_keys_replays_in_order() {
+        let (_d, s) = store();
+        let many = |tag: &str, lease| Txn {
+            success: (0..300)
+                .rev()
+                .map(|i| Op::Put {
+                    key: format!("m/{tag}{i:03}"),
+                    value: vec![1],
+                    lease,
+                })
+                .collect(),
+            ..Txn::default()
+        };
+        let (failed, first, second) = tokio::join!(
+            s.txn(many("x", Some(999))),
+            s.txn(many("a", None)),
+            s.txn(many("b", None))
+        );
+        assert!(matches!(failed, Err(StoreError::LeaseNotFound(999))));
+        let (first, second) = (first.unwrap().revision, second.unwrap().revision);
+        assert_eq!((first.min(second), first.max(second)), (1, 2));
+        let mut w = s.watch("m/", 1).await.unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..600 {
+            let ev = w.next().await.unwrap().unwrap();
+            seen.push((ev.kv.mod_revision, ev.kv.key));
+        }
+        let want =
+            |tag: &'static str, rev| (0..300).rev().map(move |i| (rev, format!("m/{tag}{i:03}")));
+        let mut expected: Vec<_> = want("a", first).chain(want("b", second)).collect();
+        expected.sort_by_key(|(rev, _)| *rev);
+        assert_eq!(seen, expected);
     }
 
     #[tokio::test]
