@@ -13,6 +13,7 @@ use paddock_inventory::MacAddr;
 use serde::Deserialize;
 
 use crate::runtime::Runtime;
+use crate::setting::{parse, parse_each, ranges};
 
 /// The DHCPv6 server port (RFC 8415 7.2).
 pub const DHCP6_PORT: u16 = 547;
@@ -99,15 +100,6 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
     if !f.enabled.unwrap_or(false) {
         return None;
     }
-    fn parse<T: std::str::FromStr>(p: &mut Vec<String>, what: &str, s: &str) -> Option<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        s.trim()
-            .parse()
-            .map_err(|e| p.push(format!("{what}: {s:?}: {e}")))
-            .ok()
-    }
     if f.interfaces.is_empty() {
         p.push("dhcp6.interfaces: name at least one interface to serve".into());
     }
@@ -120,23 +112,16 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
         let Some(network) = parse::<Ipv6Net>(p, &format!("{at}.network"), &s.network) else {
             continue;
         };
-        let mut pools = Vec::new();
-        for (j, r) in s.pools.iter().enumerate() {
-            let what = format!("{at}.pools[{j}]");
-            let Some((a, b)) = r.split_once('-') else {
-                p.push(format!("{what}: {r:?} is not START-END"));
-                continue;
-            };
-            if let (Some(start), Some(end)) = (parse(p, &what, a), parse(p, &what, b)) {
-                pools.push(Pool6 { start, end });
-            }
-        }
-        let dns = s
-            .dns
-            .iter()
-            .enumerate()
-            .filter_map(|(j, d)| parse::<Ipv6Addr>(p, &format!("{at}.dns[{j}]"), d))
-            .collect();
+        let pools = ranges(
+            p,
+            &format!("{at}.pools"),
+            &s.pools,
+            "2001:db8::100-2001:db8::1ff",
+        )
+        .into_iter()
+        .map(|(start, end)| Pool6 { start, end })
+        .collect();
+        let dns = parse_each::<Ipv6Addr>(p, &format!("{at}.dns"), &s.dns);
         let subnet = Subnet6 {
             network: network.trunc(),
             pools,
@@ -171,11 +156,8 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
             "dhcp6.ra_interval_secs: {every} is outside 4..=1800 (RFC 4861's MaxRtrAdvInterval)"
         ));
     }
-    let deny_macs = f
-        .deny_macs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| parse::<MacAddr>(p, &format!("dhcp6.deny_macs[{i}]"), m))
+    let deny_macs = parse_each::<MacAddr>(p, "dhcp6.deny_macs", &f.deny_macs)
+        .into_iter()
         .collect();
     let rate_limits = paddock_dhcp::RateLimits::defaulted([
         f.per_client_burst,
@@ -357,7 +339,7 @@ ip = "2001:db8:1::10"
         let text = p.join("\n");
         for needle in [
             "dhcp6.interfaces",
-            "dhcp6.subnets[0].pools[1]: \"nonsense\" is not START-END",
+            "dhcp6.subnets[0].pools[1]: \"nonsense\" is not a range like",
             "dhcp6.subnets[0].dns[0]",
             "dhcp6.subnets[0]: subnet 2001:db8:1::/64: the preferred lifetime",
             "dhcp6.reservations[0].mac",

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::runtime::Runtime;
+use crate::setting::parse_each;
 
 /// `[dns] zone`'s default.
 pub const DNS_ZONE: &str = "paddock.internal";
@@ -134,7 +135,7 @@ pub fn validate(
     if !(1..=86_400).contains(&ttl) {
         p.push(format!("dns.ttl_secs: {ttl} must be 1 to 86400"));
     }
-    let mut allow_transfer: Vec<IpNet> = parse_all("dns.allow_transfer", &f.allow_transfer, p);
+    let mut allow_transfer: Vec<IpNet> = parse_each(p, "dns.allow_transfer", &f.allow_transfer);
     let secondaries: Vec<SocketAddr> = f
         .secondaries
         .iter()
@@ -154,7 +155,7 @@ pub fn validate(
     allow_transfer.extend(secondaries.iter().map(|s| IpNet::from(s.ip())));
     let reverse = match &f.reverse {
         None => dhcp_subnets.to_vec(),
-        Some(list) => parse_all("dns.reverse", list, p),
+        Some(list) => parse_each(p, "dns.reverse", list),
     };
     let mut secs = |name: &str, v: Option<u64>, default: u64| {
         let v = v.unwrap_or(default);
@@ -197,23 +198,6 @@ pub fn validate(
         },
         policy,
     })
-}
-
-/// Each of `texts` parsed; a problem for each that does not parse.
-fn parse_all<T: std::str::FromStr>(field: &str, texts: &[String], p: &mut Vec<String>) -> Vec<T>
-where
-    T::Err: std::fmt::Display,
-{
-    texts
-        .iter()
-        .filter_map(|t| match t.parse() {
-            Ok(v) => Some(v),
-            Err(e) => {
-                p.push(format!("{field}: {t:?}: {e}"));
-                None
-            }
-        })
-        .collect()
 }
 
 /// What the API reads of a running DNS server: its zones and its secondaries.
@@ -678,8 +662,8 @@ self_removal_window_secs = 0
         for want in [
             "dns.zone",
             "dns.ttl_secs: 0",
-            "dns.allow_transfer: \"nonsense\"",
-            "dns.reverse: \"198.18.0.0/33\"",
+            "dns.allow_transfer[0]: \"nonsense\"",
+            "dns.reverse[0]: \"198.18.0.0/33\"",
             "dns.self_removal_window_secs: 0",
             "dns.secondaries: \"ns2\"",
         ] {

@@ -44,3 +44,4 @@ pub mod runtime;
 pub mod schema;
 pub mod security;
 pub mod serve;
+pub mod setting;

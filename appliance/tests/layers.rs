@@ -12,7 +12,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "base: the runtime, leadership, files at rest, and the pure tables",
         &[
             "runtime", "leader", "at_rest", "assets", "audit", "cluster", "access", "browser",
-            "metrics", "schema", "backup",
+            "metrics", "schema", "backup", "setting",
         ],
     ),
     (

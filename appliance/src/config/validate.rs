@@ -15,6 +15,7 @@ use paddock_inventory::MacAddr;
 
 use super::file::*;
 use super::*;
+use crate::setting::{parse, parse_each, ranges};
 
 /// Problems found so far, each naming its setting.
 type Problems = Vec<String>;
@@ -23,7 +24,7 @@ impl FileConfig {
     /// Checks everything and builds the internal configuration; reports every problem found.
     pub fn validate(self) -> Result<Config, ConfigError> {
         let mut p = Problems::new();
-        let http_listen: Option<SocketAddr> = parse_or(
+        let http_listen: Option<SocketAddr> = parse(
             &mut p,
             "http.listen",
             self.http.listen.as_deref().unwrap_or(defaults::HTTP_LISTEN),
@@ -158,7 +159,7 @@ fn security(
     }
     let default_listen = http_listen.map(|a| SocketAddr::new(a.ip(), defaults::SECURITY_PORT));
     let listen = match &f.listen {
-        Some(l) => parse_or(p, "security.listen", l),
+        Some(l) => parse(p, "security.listen", l),
         None => default_listen,
     };
     let public_url = match (&f.public_url, listen) {
@@ -283,7 +284,7 @@ fn boot(f: &BootFile, public_url: &str, p: &mut Problems) -> BootPolicy {
     boot.tftp_server = f
         .tftp_server
         .as_deref()
-        .and_then(|s| parse_or(p, "boot.tftp_server", s));
+        .and_then(|s| parse(p, "boot.tftp_server", s));
     boot
 }
 
@@ -354,7 +355,7 @@ fn secure_boot(
                 .iter()
                 .enumerate()
                 .filter_map(|(i, n)| {
-                    parse_or::<Ipv4Net>(p, &format!("boot.secure_boot.networks[{i}]"), n)
+                    parse::<Ipv4Net>(p, &format!("boot.secure_boot.networks[{i}]"), n)
                 })
                 .collect(),
         )
@@ -817,19 +818,6 @@ fn agent_urls(peers: &[String], public_url: &str, p: &mut Problems) -> Vec<Strin
     urls
 }
 
-fn parse_or<T: std::str::FromStr>(p: &mut Problems, what: &str, s: &str) -> Option<T>
-where
-    T::Err: std::fmt::Display,
-{
-    match s.trim().parse() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            p.push(format!("{what}: {s:?}: {e}"));
-            None
-        }
-    }
-}
-
 /// `[dhcp]` (when enabled).
 fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
     let before = p.len();
@@ -842,28 +830,20 @@ fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
     let mut subnets = Vec::new();
     for (i, s) in f.subnets.iter().enumerate() {
         let at = format!("dhcp.subnets[{i}]");
-        let Some(network) = parse_or::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
+        let Some(network) = parse::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
             continue;
         };
-        let mut pools = Vec::new();
-        for (j, range) in s.pools.iter().enumerate() {
-            let Some((a, b)) = range.split_once('-') else {
-                p.push(format!(
-                    "{at}.pools[{j}]: {range:?} is not a range like 198.18.0.100-198.18.0.199"
-                ));
-                continue;
-            };
-            let start = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), a);
-            let end = parse_or::<Ipv4Addr>(p, &format!("{at}.pools[{j}]"), b);
-            if let (Some(start), Some(end)) = (start, end) {
-                pools.push(Pool { start, end });
-            }
-        }
+        let pools = ranges(
+            p,
+            &format!("{at}.pools"),
+            &s.pools,
+            "198.18.0.100-198.18.0.199",
+        )
+        .into_iter()
+        .map(|(start, end)| Pool { start, end })
+        .collect();
         let ips = |p: &mut Problems, what: &str, v: &[String]| -> Vec<Ipv4Addr> {
-            v.iter()
-                .enumerate()
-                .filter_map(|(k, s)| parse_or(p, &format!("{at}.{what}[{k}]"), s))
-                .collect()
+            parse_each(p, &format!("{at}.{what}"), v)
         };
         let subnet = Subnet {
             network: network.trunc(),
@@ -882,8 +862,8 @@ fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
     let mut reservations = Vec::new();
     for (i, r) in f.reservations.iter().enumerate() {
         let at = format!("dhcp.reservations[{i}]");
-        let mac = parse_or::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
-        let ip = parse_or::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
+        let mac = parse::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
+        let ip = parse::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
         if let (Some(mac), Some(ip)) = (mac, ip) {
             reservations.push(Reservation {
                 mac,
@@ -896,7 +876,7 @@ fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
         .deny_macs
         .iter()
         .enumerate()
-        .filter_map(|(i, m)| parse_or(p, &format!("dhcp.deny_macs[{i}]"), m))
+        .filter_map(|(i, m)| parse(p, &format!("dhcp.deny_macs[{i}]"), m))
         .collect();
     if p.len() == before
         && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
@@ -950,7 +930,7 @@ fn tftp(f: TftpFile, p: &mut Problems) -> Option<TftpConfig> {
     let listen = listen_src
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| parse_or::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
+        .filter_map(|(i, s)| parse::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
         .collect();
     if let Some(b) = f.block_size_limit {
         // RFC 2348's bounds.
