@@ -1053,22 +1053,20 @@ mod tests {
     #[tokio::test]
     async fn a_revision_of_many_keys_replays_in_order() {
         let (_d, s) = store();
-        let many = |tag: &str, lease| Txn {
+        let many = |tag: &str| Txn {
             success: (0..300)
                 .rev()
-                .map(|i| Op::Put {
-                    key: format!("m/{tag}{i:03}"),
-                    value: vec![1],
-                    lease,
-                })
+                .map(|i| Op::put(format!("m/{tag}{i:03}"), vec![1]))
                 .collect(),
             ..Txn::default()
         };
-        let (failed, first, second) = tokio::join!(
-            s.txn(many("x", Some(999))),
-            s.txn(many("a", None)),
-            s.txn(many("b", None))
-        );
+        // 300 rows written, then a put under a lease that does not exist: all rolled back.
+        let mut failing = many("x");
+        failing
+            .success
+            .push(Op::put_leased("m/x-last", vec![1], 999));
+        let (failed, first, second) =
+            tokio::join!(s.txn(failing), s.txn(many("a")), s.txn(many("b")));
         assert!(matches!(failed, Err(StoreError::LeaseNotFound(999))));
         let (first, second) = (first.unwrap().revision, second.unwrap().revision);
         assert_eq!((first.min(second), first.max(second)), (1, 2));

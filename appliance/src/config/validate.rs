@@ -351,12 +351,8 @@ fn secure_boot(
         paddock_dhcp::Signed::Everywhere
     } else {
         paddock_dhcp::Signed::In(
-            sb.networks
-                .iter()
-                .enumerate()
-                .filter_map(|(i, n)| {
-                    parse::<Ipv4Net>(p, &format!("boot.secure_boot.networks[{i}]"), n)
-                })
+            parse_each::<Ipv4Net>(p, "boot.secure_boot.networks", &sb.networks)
+                .into_iter()
                 .collect(),
         )
     };
@@ -872,11 +868,8 @@ fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
             });
         }
     }
-    let deny_macs = f
-        .deny_macs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| parse(p, &format!("dhcp.deny_macs[{i}]"), m))
+    let deny_macs = parse_each(p, "dhcp.deny_macs", &f.deny_macs)
+        .into_iter()
         .collect();
     if p.len() == before
         && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
@@ -927,11 +920,7 @@ fn tftp(f: TftpFile, p: &mut Problems) -> Option<TftpConfig> {
     } else {
         f.listen
     };
-    let listen = listen_src
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| parse::<SocketAddr>(p, &format!("tftp.listen[{i}]"), s))
-        .collect();
+    let listen = parse_each::<SocketAddr>(p, "tftp.listen", &listen_src);
     if let Some(b) = f.block_size_limit {
         // RFC 2348's bounds.
         within("tftp.block_size_limit", b, 8..=65464, p);
