@@ -137,6 +137,12 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // FULL: the WAL is fsynced at every commit, so a committed write survives power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // Each write request runs in a savepoint, whose journal of the pages it changed spills to
+    // a temporary file past 64 KiB: a DHCP batch of hundreds of leases always did, and its
+    // writes showed in every profile of the writer. In memory, DHCPv6's sustained rate went
+    // from about 14,000 to 16,000 exchanges/s. The journal is emptied at each RELEASE, so it
+    // holds at most the pages one request changes.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(conn)
 }
 
