@@ -68,6 +68,18 @@ struct Installed {
     /// The machine has computed files: its `/etc/hostname` (`<name>-lab1`) and, while it
     /// runs the role `app`, `/etc/app/role.conf`.
     computed: bool,
+    /// The role loop's hooks directory, removed after the lab (declared after it, so dropped
+    /// after the appliance that uses it has stopped).
+    _hooks: RemovedOnDrop,
+}
+
+/// A directory removed when this is dropped.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Every machine's `/etc/hostname` is computed (its name and the site), and the role `app`
@@ -617,11 +629,13 @@ fn progress_on_page(html: &str) -> Option<(u32, String, Option<String>)> {
 fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool) -> Installed {
     let a = artifacts();
     // The role loop on (image roles need no hooks; the directory is the lab's own).
-    let hooks = std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&hooks).unwrap();
+    let hooks = RemovedOnDrop(
+        std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&hooks.0).unwrap();
     let mut roles = format!(
         "[roles]\nhooks_dir = \"{}\"\nround_secs = 5\n",
-        hooks.display()
+        hooks.0.display()
     );
     if firmware == Firmware::UefiSecureBoot {
         roles.push_str("[boot.secure_boot]\nenabled = true\n");
@@ -662,6 +676,7 @@ fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool
         uuid,
         hostname,
         computed,
+        _hooks: hooks,
     };
     let seen = installed.wait_installed_watching_the_page(Duration::from_secs(3600));
     let took = installed.lab.vms[vm].powered_on.elapsed();
