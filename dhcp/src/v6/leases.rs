@@ -60,6 +60,8 @@ pub enum Subnet6Error {
         end: Ipv6Addr,
         network: Ipv6Net,
     },
+    #[error("pool {start}-{end} is every IPv6 address; leave one out")]
+    WholeSpace { start: Ipv6Addr, end: Ipv6Addr },
     #[error("subnets {a} and {b} overlap")]
     Overlap { a: Ipv6Net, b: Ipv6Net },
     #[error("the reservation of {ip} for {mac} is in no subnet")]
@@ -87,6 +89,10 @@ impl Subnet6 {
                         end,
                         network,
                     });
+                }
+                // Its length would not fit in 128 bits.
+                None if u128::from(end) - u128::from(start) == u128::MAX => {
+                    return Err(Subnet6Error::WholeSpace { start, end });
                 }
                 None => {}
             }
@@ -310,29 +316,24 @@ impl Leases6 {
         })
     }
 
-    /// Moves a pool's search past `ip` when `ip` is in the stretch that search tries next
-    /// (what [`Leases6::pick`] found there); an address from elsewhere (a returning client's,
-    /// a reservation) leaves it where it is.
-    fn hand_out(&mut self, ip: Ipv6Addr) {
-        let Some((s, k, off)) = self.pool_offset(ip) else {
+    /// Moves a pool's search past `ip` when a search found it for `client`: the address the
+    /// client holds or held, the one advertised to it, or a reserved one leaves it where it
+    /// is (a renewal must not send it back over addresses handed out since).
+    fn hand_out(&mut self, ip: Ipv6Addr, client: &Client6) {
+        if self.by_client.get(client) == Some(&ip)
+            || self.advertised_to.get(client) == Some(&ip)
+            || self.reserved_ips.contains_key(&ip)
+        {
             return;
-        };
-        let len = pool_len(&self.subnets[s].pools[k]);
-        let cursor = &mut self.cursors[s][k];
-        let at = *cursor % len;
-        let ahead = if off >= at {
-            off - at
-        } else {
-            len - (at - off)
-        };
-        if ahead < PROBES.min(len) {
-            *cursor = off + 1;
+        }
+        if let Some((s, k, off)) = self.pool_offset(ip) {
+            self.cursors[s][k] = off + 1;
         }
     }
 
     /// Holds `ip` for `client` for [`ADVERTISE_HOLD_SECS`].
     pub fn advertise(&mut self, ip: Ipv6Addr, client: &Client6, now: u64) {
-        self.hand_out(ip);
+        self.hand_out(ip, client);
         if let Some(old) = self.advertised_to.insert(client.clone(), ip)
             && old != ip
         {
@@ -369,6 +370,7 @@ impl Leases6 {
             state: LeaseState::Bound,
             expires: now + u64::from(subnet.valid_lifetime),
         };
+        self.hand_out(ip, client);
         // The client's previous address (another IA address, or before a reservation) is
         // let go: one address per identity association.
         if let Some(old) = self.by_client.insert(client.clone(), ip)
@@ -380,7 +382,6 @@ impl Leases6 {
         if let Some((held_for, _)) = self.advertised.remove(&ip) {
             self.advertised_to.remove(&held_for);
         }
-        self.hand_out(ip);
         self.by_ip.insert(ip, lease.clone());
         Ok(lease)
     }
@@ -526,26 +527,56 @@ mod tests {
         }
     }
 
-    /// New clients get a pool's addresses in order, advertised or bound at once; an address
-    /// given up behind the search is not given again while fresh ones remain.
+    /// New clients get a pool's addresses in order, advertised or bound at once (rapid
+    /// commit). A renewal, a client asking again, a release or a reservation inside the pool
+    /// does not send the search back: an address given up behind it waits while fresh ones
+    /// remain.
     #[test]
     fn new_clients_get_addresses_in_order() {
-        let mut t = Leases6::new(vec![pool_of(256)], vec![]).unwrap();
+        let fixed = "2001:db8:1::1:80".parse().unwrap();
+        let reservation = Reservation6 {
+            mac: mac(7),
+            ip: fixed,
+        };
+        let mut t = Leases6::new(vec![pool_of(256)], vec![reservation]).unwrap();
         for n in 0..3 {
             let ip = t.pick(0, &client(n), None, NOW).unwrap();
-            t.advertise(ip, &client(n), NOW);
             assert_eq!(ip, nth(&t, u128::from(n)));
+            t.advertise(ip, &client(n), NOW);
+            // Asked again before its Request: the same address.
+            assert_eq!(t.pick(0, &client(n), None, NOW), Some(ip));
+            t.advertise(ip, &client(n), NOW);
         }
         for n in 0..3 {
             let ip = t.pick(0, &client(n), None, NOW).unwrap();
-            t.bind(0, &client(n), None, ip, NOW).unwrap();
+            assert_eq!(t.bind(0, &client(n), None, ip, NOW).unwrap().ip, ip);
         }
-        // Rapid commit: bound without an advertisement.
         let ip = t.pick(0, &client(3), None, NOW).unwrap();
-        t.bind(0, &client(3), None, ip, NOW).unwrap();
-        assert_eq!(ip, nth(&t, 3));
+        assert_eq!(t.bind(0, &client(3), None, ip, NOW).unwrap().ip, nth(&t, 3));
         t.release(&client(1), nth(&t, 1)).unwrap();
+        t.bind(0, &client(0), None, nth(&t, 0), NOW + 100).unwrap();
+        let ip = t.pick(0, &client(7), Some(mac(7)), NOW).unwrap();
+        assert_eq!(
+            t.bind(0, &client(7), Some(mac(7)), ip, NOW).unwrap().ip,
+            fixed
+        );
         assert_eq!(t.pick(0, &client(4), None, NOW), Some(nth(&t, 4)));
+    }
+
+    /// Where the search comes round to a long stretch of taken addresses, the address found
+    /// from the client's own place is where it goes on from: the next client does not probe
+    /// the stretch again.
+    #[test]
+    fn the_search_goes_on_from_where_a_fallback_found_room() {
+        let mut t = Leases6::new(vec![pool_of(10_000)], vec![]).unwrap();
+        for i in (0..=4200).chain([9999]) {
+            t.restore(bound(nth(&t, i), 1));
+        }
+        let first = t.pick(0, &client(8), None, NOW).unwrap();
+        t.advertise(first, &client(8), NOW);
+        let off = u128::from(first) - u128::from(nth(&t, 0));
+        assert!((4201..9998).contains(&off), "{first}");
+        assert_eq!(t.pick(0, &client(9), None, NOW), Some(nth(&t, off + 1)));
     }
 
     /// After a restart the search goes on past the highest address restored.
@@ -556,19 +587,6 @@ mod tests {
             t.restore(bound(nth(&t, i), n));
         }
         assert_eq!(t.pick(0, &client(9), None, NOW), Some(nth(&t, 17)));
-    }
-
-    /// Where the search comes round to a stretch longer than it probes, all of it taken, a
-    /// client still gets a free address (from its own place in the pool).
-    #[test]
-    fn a_taken_stretch_does_not_fill_the_pool() {
-        let mut t = Leases6::new(vec![pool_of(5000)], vec![]).unwrap();
-        for i in (0..=4200).chain([4999]) {
-            t.restore(bound(nth(&t, i), 1));
-        }
-        let ip = t.pick(0, &client(9), None, NOW).expect("a free address");
-        let off = u128::from(ip) - u128::from(nth(&t, 0));
-        assert!((4201..4999).contains(&off), "{ip} is taken");
     }
 
     /// A reservation is given to its MAC only, even outside the pools.
@@ -623,6 +641,11 @@ mod tests {
             s.validate(),
             Err(Subnet6Error::PoolOutside { .. })
         ));
+        let mut s = subnet();
+        s.network = "::/0".parse().unwrap();
+        s.pools[0].start = Ipv6Addr::UNSPECIFIED;
+        s.pools[0].end = Ipv6Addr::from(u128::MAX);
+        assert!(matches!(s.validate(), Err(Subnet6Error::WholeSpace { .. })));
         let mut s = subnet();
         s.preferred_lifetime = 700;
         assert!(matches!(s.validate(), Err(Subnet6Error::Lifetimes { .. })));
