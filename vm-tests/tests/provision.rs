@@ -70,16 +70,7 @@ struct Installed {
     computed: bool,
     /// The role loop's hooks directory, removed after the lab (declared after it, so dropped
     /// after the appliance that uses it has stopped).
-    _hooks: RemovedOnDrop,
-}
-
-/// A directory removed when this is dropped.
-struct RemovedOnDrop(std::path::PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    _hooks: tempfile::TempDir,
 }
 
 /// Every machine's `/etc/hostname` is computed (its name and the site), and the role `app`
@@ -629,13 +620,13 @@ fn progress_on_page(html: &str) -> Option<(u32, String, Option<String>)> {
 fn install_in_one_boot(firmware: Firmware, name: &str, mac: &str, computed: bool) -> Installed {
     let a = artifacts();
     // The role loop on (image roles need no hooks; the directory is the lab's own).
-    let hooks = RemovedOnDrop(
-        std::env::temp_dir().join(format!("paddock-hooks-{name}-{}", std::process::id())),
-    );
-    std::fs::create_dir_all(&hooks.0).unwrap();
+    let hooks = tempfile::Builder::new()
+        .prefix(&format!("paddock-hooks-{name}-"))
+        .tempdir()
+        .unwrap();
     let mut roles = format!(
         "[roles]\nhooks_dir = \"{}\"\nround_secs = 5\n",
-        hooks.0.display()
+        hooks.path().display()
     );
     if firmware == Firmware::UefiSecureBoot {
         roles.push_str("[boot.secure_boot]\nenabled = true\n");
