@@ -444,8 +444,8 @@ pub struct DirectBoot {
 }
 
 impl VmSpec {
-    /// The machine the provisioning scenarios and `bench/provision.sh` install: 2 vCPUs,
-    /// 1 GiB, one blank 4 GiB disk.
+    /// The machine `bench/provision.sh` and the provisioning scenarios install: 2 vCPUs
+    /// (the scenarios, two VMs at once, take one), 1 GiB, one blank 4 GiB disk.
     pub fn provisioning(name: &str, mac: &str, firmware: Firmware) -> Self {
         VmSpec {
             name: name.into(),
