@@ -79,7 +79,7 @@ if ((build)); then
   scripts/build-ramdisk.sh
 fi
 
-static=target/x86_64-unknown-linux-gnu/release
+static=target/x86_64-unknown-linux-gnu/static
 paddock_bin=target/$profile/paddock
 release_flag=""
 [[ $profile == release ]] && release_flag=" --release"

@@ -31,10 +31,10 @@ scripts/install-deps.sh
 # them a second time for the host's default target (cold: 240 s became 125 s).
 # Both architectures ask for the same set, so that the second build finds it done (a smaller
 # set resolves the dependencies' features differently and compiles them again).
-STATIC=target/x86_64-unknown-linux-gnu/release
+STATIC=target/x86_64-unknown-linux-gnu/static
 static_build() {
   RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
-    cargo build --release --locked --target x86_64-unknown-linux-gnu \
+    cargo build --profile static --locked --target x86_64-unknown-linux-gnu \
     -p paddock-ramdisk --bin paddock-agent --bin paddock-ramdisk-build \
     -p paddock-subd --bin paddock-subd --bin fs2objectcache
 }
@@ -46,7 +46,7 @@ if [[ "$arch" == aarch64 ]]; then
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
   CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
   RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
-    cargo build --release --locked --target "$target" -p paddock-ramdisk --bin paddock-agent
+    cargo build --profile static --locked --target "$target" -p paddock-ramdisk --bin paddock-agent
   static_build
   cache=target/ramdisk-cache/arm64
   mkdir -p "$cache/lists/partial" "$cache/archives/partial"
@@ -68,10 +68,10 @@ if [[ "$arch" == aarch64 ]]; then
   extract "$kernel"; extract busybox-static; extract grub-efi-arm64-signed
   out=target/ramdisk/aarch64
   "$BUILDER" \
-    --agent "target/$target/release/paddock-agent" --busybox "$cache/busybox-static/bin/busybox" \
+    --agent "target/$target/static/paddock-agent" --busybox "$cache/busybox-static/bin/busybox" \
     --kernel-tree "$cache/$kernel" --no-tools --out "$out" --cache "$cache"
   install -m 0644 "$cache/grub-efi-arm64-signed/usr/lib/grub/arm64-efi-signed/grubnetaa64.efi.signed" "$out/grubaa64.efi"
-  echo "build-ramdisk: aarch64 initrd.img $(stat -c %s "$out/initrd.img") bytes; agent $(stat -c %s "target/$target/release/paddock-agent") bytes; grubaa64.efi"
+  echo "build-ramdisk: aarch64 initrd.img $(stat -c %s "$out/initrd.img") bytes; agent $(stat -c %s "target/$target/static/paddock-agent") bytes; grubaa64.efi"
   exit 0
 fi
 [[ "$arch" == x86_64 ]] || { echo "build-ramdisk: --arch is x86_64 or aarch64, not $arch" >&2; exit 2; }

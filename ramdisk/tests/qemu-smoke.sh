@@ -60,13 +60,13 @@ need python3 python3
 [ -x /bin/busybox ] || { echo "qemu-smoke: /bin/busybox missing (apt-get install -y busybox-static)" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "qemu-smoke: needs root (network namespaces, tap)" >&2; exit 1; }
 
-AGENT=$REPO/target/x86_64-unknown-linux-gnu/release/paddock-agent
+AGENT=$REPO/target/x86_64-unknown-linux-gnu/static/paddock-agent
 BUILDER=$REPO/target/release/paddock-ramdisk-build
 if [ -z "${PDKRD_SKIP_BUILD:-}" ]; then
     echo "qemu-smoke: building the static agent and the builder"
     t=$(date +%s.%N)
     (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
-        cargo build --release -p paddock-ramdisk --bin paddock-agent --target x86_64-unknown-linux-gnu -q)
+        cargo build --profile static -p paddock-ramdisk --bin paddock-agent --target x86_64-unknown-linux-gnu -q)
     (cd "$REPO" && cargo build --release -p paddock-ramdisk --bin paddock-ramdisk-build -q)
     echo "qemu-smoke: cargo builds took $(python3 -c "import time;print(round(time.time()-$t,1))") s"
 fi
