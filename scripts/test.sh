@@ -109,18 +109,27 @@ step fuzz-check cargo check --locked --manifest-path fuzz/Cargo.toml --bins --ta
 step tests-build bash -c "cargo test --workspace --locked --all-targets --exclude paddock-vm-tests \
   --exclude paddock --no-run && cargo test --locked -p paddock --all-targets --no-run &&
   cargo test --locked -p paddock-power --test bmc --no-run"
-# Three lanes, which the CPU allows (sampled over a cold run):
+# Four lanes, which the CPU allows (sampled over a cold run):
 # - the two BMC emulator tests spend most of their 110 s waiting out a power-on throttle's
 #   real 10 s windows, at a tenth of a core;
-# - the appliance's dominator tests (270 s) mostly wait on their rollouts' deadlines and
-#   health windows while the subds they start rescan. The lane runs at nice 10, so that its
-#   bursts (twenty first scans at once) do not stretch the timing of the tests beside it;
+# - the appliance's dominator tests (310 s one after the other, alone) mostly wait on their
+#   rollouts' deadlines and health windows while the subds they start rescan: two lanes of
+#   about 155 s each (one fleet at a time in each). They run at nice 10, so that their
+#   bursts (twenty first scans at once) do not stretch the timing of the tests beside them;
 # - everything else averaged under half of the machine when it ran alone.
 BMC_TESTS=(redfish_and_ipmi_drive_the_emulators_and_fail_clearly
   through_the_appliance_power_ons_are_spaced_and_bad_bmcs_fail_clearly)
 lane tests-bmc bash -c "cargo test --locked -p paddock-power --test bmc -- --exact ${BMC_TESTS[0]} &&
   cargo test --locked -p paddock --test power_bmc -- --exact ${BMC_TESTS[1]}"
-lane tests-dominator nice -n 10 cargo test --locked -p paddock --test dominator
+DOMINATOR_A=(twenty_subs_converge_to_minbase2_with_at_most_n_updating
+  computed_files_follow_the_peers_are_checked_and_kept_in_place
+  kill9_of_the_appliance_during_an_update_ends_converged
+  the_required_image_changes_from_the_cli_and_the_console
+  an_unsafe_image_is_held_until_cleared a_file_changed_by_hand_is_restored_within_a_poll_cycle)
+lane tests-dominator-a nice -n 10 cargo test --locked -p paddock --test dominator -- \
+  --exact "${DOMINATOR_A[@]}"
+lane tests-dominator-b nice -n 10 cargo test --locked -p paddock --test dominator -- \
+  --exact $(printf -- '--skip %s ' "${DOMINATOR_A[@]}")
 skip=(--skip "${BMC_TESTS[0]}" --skip "${BMC_TESTS[1]}")
 step tests bash -c "cargo test --workspace --locked --all-targets --exclude paddock-vm-tests \
   --exclude paddock -- ${skip[*]} &&
