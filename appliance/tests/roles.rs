@@ -617,13 +617,28 @@ if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$p
             }
         }
     }
-    let rounds = lab.get("/api/v1/spec/rounds?limit=200");
-    let rounds = rounds.as_array().unwrap();
-    let scaled = rounds
-        .iter()
-        .rev()
-        .find(|r| r["scale"]["web"]["desired"] == 10)
-        .unwrap_or_else(|| panic!("no round decided 10 webs"));
+    // The round that saw the whole 1,000 rps: the tenth web's first report can reach the
+    // census after the count settled (a busy machine delays it), and rounds are kept only
+    // when something changed, so this waits for it rather than taking the last one kept.
+    let waited = Instant::now();
+    let scaled = loop {
+        balance(&lab, 1000.0);
+        let rounds = lab.get("/api/v1/spec/rounds?limit=200");
+        let rounds = rounds.as_array().unwrap();
+        let found = rounds
+            .iter()
+            .rev()
+            .find(|r| r["scale"]["web"]["desired"] == 10 && r["scale"]["web"]["load"] == 1000.0);
+        if let Some(r) = found {
+            break r.clone();
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "no round saw 1,000 rps with 10 webs; the last kept: {}",
+            rounds.last().cloned().unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     println!("the round: {}", scaled["scale"]["web"]["reason"]);
     // The shadow (target 50) wants 20 (within its own rates), and its plan is beside the
     // live one.
