@@ -94,6 +94,8 @@ bench_init() {
 bench_cleanup() {
     local rc=$?
     set +e
+    # A bench that changed something of the host's (a sysctl) defines bench_restore.
+    if declare -F bench_restore >/dev/null; then bench_restore; fi
     stop_server
     netns_down
     bench_reap || { ((rc != 0)) || rc=1; }
