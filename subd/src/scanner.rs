@@ -450,6 +450,7 @@ fn run(h: ScannerHandle) {
                         changed,
                         files = r.stats.files,
                         bytes = r.stats.bytes,
+                        vouched = r.stats.vouched,
                         seconds = r.stats.elapsed.as_secs_f64(),
                         "scan complete"
                     );
