@@ -84,6 +84,19 @@ struct Core {
     mdb: Arc<MdbService>,
 }
 
+/// What the HTTP API and the console serve, besides the [`Core`].
+struct Served {
+    power: Arc<crate::power::Power>,
+    dominator: crate::dominator::Dominator,
+    roles: Arc<crate::roles::Roles>,
+    provisioner: Arc<crate::provisioning::Provisioner>,
+    dhcp: Option<Arc<paddock_dhcp::shell::DhcpService>>,
+    dhcp6: Option<Arc<paddock_dhcp::v6::shell::Dhcp6Service>>,
+    dns: Option<crate::dns::DnsHandle>,
+    computed: Arc<crate::computed::Renderer>,
+    filter: Option<Arc<PxeFilter>>,
+}
+
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // A connection of either listener (a rack's machines each hold one while they wait for
     // a lane), a TFTP transfer and a sub each take a descriptor.
@@ -106,23 +119,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let power = crate::power::Power::new(
-        core.store.clone(),
-        core.inspector.clone(),
-        cfg.power,
-        paddock_power::RetryPolicy::default(),
-    );
-    crate::power::start(&mut rt, power.clone());
-    let computed = crate::computed::Renderer::new(
-        core.store.clone(),
-        core.images.clone(),
-        core.inspector.clone(),
-        cfg.roles.as_ref().map(|r| crate::computed::Programs {
-            dir: r.hooks_dir.clone(),
-            timeout: r.hook_timeout,
-        }),
-        cfg.dns.as_ref().map(|d| d.zone.origin.clone()),
-    );
+    let power = core.start_power(&mut rt);
+    let computed = core.computed();
     let provisioner = core.provisioner(&power, &computed);
     core.observe(&filter, &power, &provisioner);
     let dhcp = match &cfg.dhcp {
@@ -137,56 +135,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
     let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
-    let roles = crate::roles::Roles::new(
-        core.store.clone(),
-        crate::census::CensusService {
-            store: core.store.clone(),
-            inspector: core.inspector.clone(),
-        },
-        dominator.clone(),
-        cfg.roles.clone(),
-        cfg.api_url().to_string(),
-        core.leader.clone(),
-    );
-    if let Some(check) = &disruption {
-        check.set_roles(roles.clone());
-    }
-    roles.start(&mut rt);
-    let state = crate::http::AppState {
-        console_history: Arc::default(),
+    let roles = core.start_roles(&mut rt, &dominator, disruption.as_deref());
+    let served = Served {
         power,
         dominator,
         roles,
-        provisioning: provisioner,
+        provisioner,
         dhcp,
         dhcp6,
         dns,
         computed,
         filter: filter.clone(),
-        assets: cfg
-            .assets_dir
-            .as_deref()
-            .map(|dir| crate::assets::Assets::open(dir, cfg.http_asset_lanes))
-            .transpose()?,
-        config: core.cfg,
-        security: core.security,
-        inspector: core.inspector,
-        imageserver: paddock_imageserver::api::ImageServerState {
-            images: core.images,
-            mdb: core.mdb,
-        },
-        leader: core.leader,
-        store: core.store,
     };
-    let grub = cfg.grub_boot.as_ref().map(|g| {
-        let maker: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
-            state: state.clone(),
-            runtime: tokio::runtime::Handle::current(),
-        });
-        (g, maker)
-    });
-    crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, grub)?;
-    crate::http::start(&mut rt, state).await?;
+    core.start_http(&mut rt, served).await?;
     // Every socket is bound by now: tell systemd (Type=notify) that the appliance is ready.
     notify(&[sd_notify::NotifyState::Ready]);
     shut_down(rt, filter.as_deref(), &cfg).await
@@ -432,5 +393,98 @@ impl Core {
             images: self.images.clone(),
         };
         Ok((dominator, checker))
+    }
+
+    /// Power: the BMC drivers, their queue and the throttle, started on the runtime.
+    fn start_power(&self, rt: &mut Runtime) -> Arc<crate::power::Power> {
+        let power = crate::power::Power::new(
+            self.store.clone(),
+            self.inspector.clone(),
+            self.cfg.power,
+            paddock_power::RetryPolicy::default(),
+        );
+        crate::power::start(rt, power.clone());
+        power
+    }
+
+    /// Computed files: the roles' hook programs, and the DNS origin their data names.
+    fn computed(&self) -> Arc<crate::computed::Renderer> {
+        let cfg = &self.cfg;
+        crate::computed::Renderer::new(
+            self.store.clone(),
+            self.images.clone(),
+            self.inspector.clone(),
+            cfg.roles.as_ref().map(|r| crate::computed::Programs {
+                dir: r.hooks_dir.clone(),
+                timeout: r.hook_timeout,
+            }),
+            cfg.dns.as_ref().map(|d| d.zone.origin.clone()),
+        )
+    }
+
+    /// The roles (from the census and the dominator), which the disruption check, when
+    /// there is one, asks from now on.
+    fn start_roles(
+        &self,
+        rt: &mut Runtime,
+        dominator: &crate::dominator::Dominator,
+        disruption: Option<&crate::disruption::Checker>,
+    ) -> Arc<crate::roles::Roles> {
+        let roles = crate::roles::Roles::new(
+            self.store.clone(),
+            crate::census::CensusService {
+                store: self.store.clone(),
+                inspector: self.inspector.clone(),
+            },
+            dominator.clone(),
+            self.cfg.roles.clone(),
+            self.cfg.api_url().to_string(),
+            self.leader.clone(),
+        );
+        if let Some(check) = disruption {
+            check.set_roles(roles.clone());
+        }
+        roles.start(rt);
+        roles
+    }
+
+    /// TFTP (with GRUB's configurations made from the API's state) and the HTTP listeners.
+    async fn start_http(self, rt: &mut Runtime, s: Served) -> anyhow::Result<()> {
+        let cfg = self.cfg.clone();
+        let state = crate::http::AppState {
+            console_history: Arc::default(),
+            power: s.power,
+            dominator: s.dominator,
+            roles: s.roles,
+            provisioning: s.provisioner,
+            dhcp: s.dhcp,
+            dhcp6: s.dhcp6,
+            dns: s.dns,
+            computed: s.computed,
+            filter: s.filter,
+            assets: cfg
+                .assets_dir
+                .as_deref()
+                .map(|dir| crate::assets::Assets::open(dir, cfg.http_asset_lanes))
+                .transpose()?,
+            config: self.cfg,
+            security: self.security,
+            inspector: self.inspector,
+            imageserver: paddock_imageserver::api::ImageServerState {
+                images: self.images,
+                mdb: self.mdb,
+            },
+            leader: self.leader,
+            store: self.store,
+        };
+        let grub = cfg.grub_boot.as_ref().map(|g| {
+            let maker: Arc<dyn paddock_tftp::Maker> = Arc::new(crate::http::GrubConfigs {
+                state: state.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            });
+            (g, maker)
+        });
+        crate::boot::start_tftp(cfg.tftp.as_ref(), &cfg.public_url, grub)?;
+        crate::http::start(rt, state).await
     }
 }

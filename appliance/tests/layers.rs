@@ -1,7 +1,9 @@
-//! The import map stays one-way: inside `appliance/src` every module sits on a layer and
-//! imports only from its own layer or below, and no crate of the workspace has an import
-//! circle between its modules. Read from the sources, so a new module must be placed on a
-//! layer here before it builds green.
+//! The house keeps its shape. The import map stays one-way: inside `appliance/src` every
+//! module sits on a layer and imports only from its own layer or below, and no crate of the
+//! workspace has an import circle between its modules. And no function of the appliance
+//! grows past 150 lines, nor `serve::run`, the recipe, past 80. Read from the sources, so a
+//! new module must be placed on a layer here before it builds green, and a growing function
+//! is split when it grows, not found later.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -78,36 +80,42 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Every `.rs` file under `dir`, as (top-level module name, text without its tests).
-fn modules(src: &Path) -> Vec<(String, String)> {
+/// Every `.rs` file under `src`, `bin` folders included when `with_bins`.
+fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             if p.is_dir() {
-                if p.file_name().is_some_and(|n| n != "bin") {
+                if with_bins || p.file_name().is_some_and(|n| n != "bin") {
                     stack.push(p);
                 }
-                continue;
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
             }
-            if p.extension().is_none_or(|x| x != "rs") {
-                continue;
-            }
-            let rel = p.strip_prefix(src).unwrap();
-            let top = rel
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy()
-                .trim_end_matches(".rs")
-                .to_string();
-            if top == "lib" || top == "main" {
-                continue;
-            }
-            out.push((top, without_tests(&std::fs::read_to_string(&p).unwrap())));
         }
+    }
+    out
+}
+
+/// Every `.rs` file under `dir`, as (top-level module name, text without its tests).
+fn modules(src: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for p in rust_files(src, false) {
+        let rel = p.strip_prefix(src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        out.push((top, without_tests(&std::fs::read_to_string(&p).unwrap())));
     }
     out
 }
@@ -250,4 +258,99 @@ fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
     ]
     .into();
     assert_eq!(circle(&g).unwrap(), ["a", "b", "a"]);
+}
+
+/// Every non-test function under `src` (`main.rs` and binaries included), as (file, name,
+/// lines from its signature to its closing brace). Read as rustfmt lays code out: a body
+/// ends at the first `}` line at the indentation of its `fn`.
+fn function_lengths(src: &Path) -> Vec<(String, String, usize)> {
+    let mut out = Vec::new();
+    for p in rust_files(src, true) {
+        let file = p.strip_prefix(src).unwrap().display().to_string();
+        let code = without_tests(&std::fs::read_to_string(&p).unwrap());
+        for (name, lines) in lengths(&code) {
+            out.push((file.clone(), name, lines));
+        }
+    }
+    out
+}
+
+/// The functions of `code` with bodies, and the lines each spans.
+fn lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let after_fn = body
+            .split_once("fn ")
+            .filter(|(before, _)| {
+                before.split_whitespace().all(|w| {
+                    w.starts_with("pub")
+                        || ["async", "const", "unsafe", "extern", "\"C\""].contains(&w)
+                })
+            })
+            .map(|(_, rest)| rest);
+        let Some(rest) = after_fn else { continue };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // Where the signature ends: a body opens, a declaration ends, or a one-line body.
+        let Some(open) = (i..lines.len()).find(|&j| {
+            let t = lines[j].trim_end();
+            t.ends_with('{') || t.ends_with(';') || t.ends_with('}')
+        }) else {
+            continue;
+        };
+        let t = lines[open].trim_end();
+        if t.ends_with(';') {
+            continue;
+        }
+        if t.ends_with('}') {
+            out.push((name, open - i + 1));
+            continue;
+        }
+        let closing = format!("{indent}}}");
+        if let Some(end) = (open + 1..lines.len()).find(|&j| lines[j].trim_end() == closing) {
+            out.push((name, end - i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_of_the_appliance_outgrows_a_screenful_or_two() {
+    let all = function_lengths(&root().join("appliance/src"));
+    let long: Vec<String> = all
+        .iter()
+        .filter(|(_, _, n)| *n > 150)
+        .map(|(f, name, n)| format!("{f}: {name} is {n} lines (at most 150)"))
+        .collect();
+    assert!(long.is_empty(), "{}", long.join("\n"));
+    let run = all
+        .iter()
+        .find(|(f, name, _)| f == "serve.rs" && name == "run")
+        .expect("serve.rs has its fn run");
+    assert!(
+        run.2 < 80,
+        "serve::run is {} lines: it is the recipe, keep it under 80 (move a step into Core)",
+        run.2
+    );
+}
+
+#[test]
+fn the_length_reader_finds_bodies_and_skips_declarations() {
+    let code = "pub async fn a() {\n    let x = 1;\n}\nfn b() -> u8 { 1 }\n\
+                trait T {\n    fn c(&self);\n    fn d(&self)\n    where\n        Self: Sized,\n    {\n        todo!()\n    }\n}\n\
+                pub(crate) fn e(\n    x: u8,\n) -> u8 {\n    x\n}\n";
+    assert_eq!(
+        lengths(code),
+        [
+            ("a".to_string(), 3),
+            ("b".to_string(), 1),
+            ("d".to_string(), 6),
+            ("e".to_string(), 5)
+        ]
+    );
 }
