@@ -1,7 +1,8 @@
 //! The house keeps its shape. The import map stays one-way: inside `appliance/src` every
 //! module sits on a layer and imports only from its own layer or below, and no crate of the
 //! workspace has an import circle between its modules. And no function of the appliance
-//! grows past 150 lines, nor `serve::run`, the recipe, past 80. Read from the sources, so a
+//! grows past 150 lines, nor `serve::run`, the recipe, past 80; and no crate's code outside
+//! its tests returns a bare `String` as an error. Read from the sources, so a
 //! new module must be placed on a layer here before it builds green, and a growing function
 //! is split when it grows, not found later.
 
@@ -353,4 +354,75 @@ fn the_length_reader_finds_bodies_and_skips_declarations() {
             ("e".to_string(), 5)
         ]
     );
+}
+
+/// The error type of every `Result<T, E>` written in `code` whose `E` is a bare `String`.
+fn string_errors(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("Result<") {
+        if code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let args = &code[i + "Result<".len()..];
+        let (mut depth, mut comma, mut end) = (0usize, None, None);
+        for (j, c) in args.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth == 0 => {
+                    end = Some(j);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => comma = Some(j),
+                _ => {}
+            }
+        }
+        if let (Some(c), Some(e)) = (comma, end)
+            && args[c + 1..e].trim() == "String"
+        {
+            out.push(format!(
+                "Result<{}>",
+                args[..e].split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_crate_returns_a_bare_string_as_its_error() {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(root()).unwrap() {
+        let src = e.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        for p in rust_files(&src, true) {
+            let code = without_tests(&std::fs::read_to_string(&p).unwrap());
+            for r in string_errors(&code) {
+                found.push(format!(
+                    "{}: {r}",
+                    p.strip_prefix(root()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "give these errors a type (thiserror):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_error_reader_sees_the_second_argument_only() {
+    let code = "fn a() -> Result<HashMap<String, String>, Error> {}\n\
+                fn b() -> Result<(u8, u16), String> {}\n\
+                fn c() -> io::Result<String> {}\n\
+                fn d() -> MyResult<u8, String> {}\n";
+    assert_eq!(string_errors(code), ["Result<(u8, u16), String>"]);
 }

@@ -175,12 +175,12 @@ impl Dhcp6Client {
         m
     }
 
-    /// Our IA_NA's address and lifetimes, or why there is none (a status code).
-    fn answer(&self, msg: &Message) -> Result<(Ipv6Addr, u32, u32), String> {
+    /// Our IA_NA's address and lifetimes, or why there is none.
+    fn answer(&self, msg: &Message) -> Result<(Ipv6Addr, u32, u32), NoAddress> {
         if let Some(DhcpOption::StatusCode(s)) = msg.opts().get(OptionCode::StatusCode)
             && s.status != Status::Success
         {
-            return Err(describe(s));
+            return Err(NoAddress::Refused(describe(s)));
         }
         let ia = msg
             .opts()
@@ -189,7 +189,7 @@ impl Dhcp6Client {
                 DhcpOption::IANA(ia) if ia.id == self.iaid => Some(ia),
                 _ => None,
             })
-            .ok_or("no IA_NA of ours")?;
+            .ok_or(NoAddress::NoIaNa)?;
         let mut refusal = None;
         for o in ia.opts.iter() {
             match o {
@@ -200,8 +200,20 @@ impl Dhcp6Client {
                 _ => {}
             }
         }
-        Err(refusal.unwrap_or_else(|| "an IA_NA without an address".into()))
+        Err(refusal.map_or(NoAddress::Empty, NoAddress::Refused))
     }
+}
+
+/// Why a server's answer gave us no address.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum NoAddress {
+    /// A status code other than success (its code and message).
+    #[error("{0}")]
+    Refused(String),
+    #[error("no IA_NA of ours")]
+    NoIaNa,
+    #[error("an IA_NA without an address")]
+    Empty,
 }
 
 fn describe(s: &StatusCode) -> String {
