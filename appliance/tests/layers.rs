@@ -121,16 +121,27 @@ fn modules(src: &Path) -> Vec<(String, String)> {
     out
 }
 
-/// The text before a trailing `#[cfg(test)] mod tests`, comments removed.
+/// `text` without its `#[cfg(test)] mod … { … }` blocks (each to its `}` at column 0) and
+/// its comments; code after a test module is kept.
 fn without_tests(text: &str) -> String {
-    let code = match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &text[..i],
-        None => text,
-    };
-    code.lines()
-        .map(|l| l.split_once("//").map_or(l, |(a, _)| a))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let mut out = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        let test_mod = l == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.starts_with("mod "));
+        if test_mod {
+            out.push("");
+            // The module's lines, to its `}` at column 0 (or its own line, if one-line).
+            for m in lines.by_ref() {
+                out.push("");
+                if m == "}" || (m.starts_with("mod ") && m.ends_with('}')) {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(l.split_once("//").map_or(l, |(a, _)| a));
+    }
+    out.join("\n")
 }
 
 /// The top-level modules `code` names through `crate::` (paths and brace groups).
@@ -247,11 +258,11 @@ fn no_crate_has_an_import_circle() {
 fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
     let code = without_tests(
         "use crate::a::X;\nuse crate::{b, c::Y};\n// crate::d\nfn f() { crate::e::g(); }\n\
-         #[cfg(test)]\nmod tests { use crate::h; }\n",
+         #[cfg(test)]\nmod tests { use crate::h; }\n#[cfg(test)]\nmod more {\n    use crate::i;\n}\nfn z() { crate::z::q(); }\n",
     );
     assert_eq!(
         imports(&code).into_iter().collect::<Vec<_>>(),
-        ["a", "b", "c", "e"]
+        ["a", "b", "c", "e", "z"]
     );
     let g: BTreeMap<String, BTreeSet<String>> = [
         ("a".to_string(), BTreeSet::from(["b".to_string()])),
