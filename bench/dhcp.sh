@@ -305,10 +305,9 @@ if [[ -n ${MAX[6paddock]:-} && -n ${MAX[6kea]:-} ]]; then
 fi
 # A server's best figure is the generator's where perfdhcp sent less than 97 % of the rate
 # asked of it at that step: the server may serve more than this rig can offer.
-for key in "${!MAX[@]}"; do
-    if ((RATE[$key] > 0 && SENT_AT[$key] * 100 < RATE[$key] * 97)); then
-        fam=${key:0:1} srv=${key:1}
-        echo "dhcp$([[ $fam == 6 ]] && echo 6) $srv generator_bound=yes (at its best step perfdhcp" \
-            "sent ${SENT_AT[$key]}/s of the ${RATE[$key]}/s asked: the figure is the rig's ceiling)"
+for key in $(printf '4%s ' $SERVERS) $(printf '6%s ' $SERVERS6); do
+    if ((${RATE[$key]:-0} > 0 && SENT_AT[$key] * 100 < RATE[$key] * 97)); then
+        echo "dhcp$([[ ${key:0:1} == 6 ]] && echo 6) ${key:1} generator_bound=yes (at its best step" \
+            "perfdhcp sent ${SENT_AT[$key]}/s of the ${RATE[$key]}/s asked: the figure is the rig's ceiling)"
     fi
 done
