@@ -53,6 +53,9 @@ pub struct SimFleet {
     pub images: Mutex<HashMap<String, Arc<Image>>>,
     /// How long an update takes (to see concurrency).
     pub update_time: Duration,
+    /// How much longer an update with a reboot or high-impact trigger takes (the machine
+    /// restarting), so that such updates overlap the ordinary ones around them.
+    pub reboot_time: Duration,
     running: AtomicUsize,
     /// The most fetches and updates seen running at once.
     pub max_running: AtomicUsize,
@@ -70,6 +73,15 @@ impl SimFleet {
     pub fn new(update_time: Duration) -> Arc<Self> {
         Arc::new(SimFleet {
             update_time,
+            ..SimFleet::default()
+        })
+    }
+
+    /// A fleet whose rebooting updates take `reboot_time` more than the others.
+    pub fn rebooting(update_time: Duration, reboot_time: Duration) -> Arc<Self> {
+        Arc::new(SimFleet {
+            update_time,
+            reboot_time,
             ..SimFleet::default()
         })
     }
@@ -202,6 +214,9 @@ impl SubRpc for SimFleet {
         max.fetch_max(now, Ordering::SeqCst);
         let _kind = RunningGuard(counter);
         let _running = self.busy().await;
+        if high {
+            tokio::time::sleep(self.reboot_time).await;
+        }
         let mut report = UpdateReport {
             image_name: req.image_name.clone(),
             ..UpdateReport::default()
