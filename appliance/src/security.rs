@@ -674,25 +674,43 @@ impl Security {
         }))
     }
 
-    pub(crate) async fn operator_token(&self, tok: &str) -> Result<Identity, &'static str> {
-        let digest = token::operator_digest(tok).ok_or("malformed token")?;
+    pub(crate) async fn operator_token(&self, tok: &str) -> Result<Identity, TokenRefused> {
+        let digest = token::operator_digest(tok).ok_or(TokenRefused::Malformed)?;
         let kv = self
             .store
             .get(&format!("{TOKENS}{digest}"))
             .await
-            .map_err(|_| "the token store is unavailable")?
-            .ok_or("unknown token")?;
-        let rec: TokenRecord = serde_json::from_slice(&kv.value).map_err(|_| "unknown token")?;
+            .map_err(|e| {
+                tracing::warn!(error = %e, "security: the token store did not answer");
+                TokenRefused::StoreUnavailable
+            })?
+            .ok_or(TokenRefused::Unknown)?;
+        let rec: TokenRecord =
+            serde_json::from_slice(&kv.value).map_err(|_| TokenRefused::Unknown)?;
         if now_ms() >= rec.expires_ms {
-            return Err("token expired");
+            return Err(TokenRefused::Expired);
         }
         Ok(Identity {
             user: rec.name,
-            methods: Permissions::new(&rec.methods).map_err(|_| "unknown token")?,
+            methods: Permissions::new(&rec.methods).map_err(|_| TokenRefused::Unknown)?,
             groups: vec![],
             proof: Proof::Token,
         })
     }
+}
+
+/// Why an operator's token is not taken (the text goes back to the caller, so it names
+/// nothing of the store's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TokenRefused {
+    #[error("malformed token")]
+    Malformed,
+    #[error("unknown token")]
+    Unknown,
+    #[error("token expired")]
+    Expired,
+    #[error("the token store is unavailable")]
+    StoreUnavailable,
 }
 
 /// Where a token came from: the `Authorization` header (sent on purpose by a client), or

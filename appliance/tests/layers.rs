@@ -81,7 +81,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Every `.rs` file under `src`, `bin` folders included when `with_bins`.
+/// Every `.rs` file under `src`, `bin` folders included when `with_bins`; not the files of
+/// modules declared for tests only (`#[cfg(test)] mod name;`).
 fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
@@ -97,7 +98,60 @@ fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
             }
         }
     }
+    let test_only: Vec<PathBuf> = out
+        .iter()
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            // `lib.rs`, `main.rs` and `mod.rs` hold their modules beside them; `a.rs` in `a/`.
+            let home = match p.file_stem().and_then(|s| s.to_str()) {
+                Some("lib" | "main" | "mod") => p.parent().unwrap().to_path_buf(),
+                _ => p.with_extension(""),
+            };
+            test_modules(&text)
+                .into_iter()
+                .map(move |m| home.join(m))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.retain(|p| {
+        !test_only
+            .iter()
+            .any(|m| p.starts_with(m) || *p == m.with_extension("rs"))
+    });
     out
+}
+
+/// The items after `#[cfg(test)]` (past further attributes and comments), each as its
+/// first line's index and whether it is a declaration ending in `;`.
+fn test_items(lines: &[&str]) -> Vec<(usize, bool)> {
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if *l != "#[cfg(test)]" {
+            continue;
+        }
+        if let Some(j) = (i + 1..lines.len())
+            .find(|&j| !(lines[j].starts_with("#[") || lines[j].trim_start().starts_with("//")))
+        {
+            out.push((j, lines[j].trim_end().ends_with(';')));
+        }
+    }
+    out
+}
+
+/// The names of the modules `text` declares for tests only, in files of their own.
+fn test_modules(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    test_items(&lines)
+        .into_iter()
+        .filter(|&(_, declaration)| declaration)
+        .filter_map(|(j, _)| {
+            let item = lines[j]
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            item.strip_prefix("mod ")
+                .map(|m| m.trim_end_matches(';').trim().to_string())
+        })
+        .collect()
 }
 
 /// Every `.rs` file under `dir`, as (top-level module name, text without its tests).
@@ -121,27 +175,41 @@ fn modules(src: &Path) -> Vec<(String, String)> {
     out
 }
 
-/// `text` without its `#[cfg(test)] mod … { … }` blocks (each to its `}` at column 0) and
-/// its comments; code after a test module is kept.
+/// `text` without what is compiled for tests only (each `#[cfg(test)]` item: a module or
+/// function to its `}` at column 0, a declaration on its line) and without its comments;
+/// code after a test item is kept.
 fn without_tests(text: &str) -> String {
-    let mut out = Vec::new();
-    let mut lines = text.lines().peekable();
-    while let Some(l) = lines.next() {
-        let test_mod = l == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.starts_with("mod "));
-        if test_mod {
-            out.push("");
-            // The module's lines, to its `}` at column 0 (or its own line, if one-line).
-            for m in lines.by_ref() {
-                out.push("");
-                if m == "}" || (m.starts_with("mod ") && m.ends_with('}')) {
-                    break;
-                }
-            }
-            continue;
-        }
-        out.push(l.split_once("//").map_or(l, |(a, _)| a));
+    let lines: Vec<&str> = text.lines().collect();
+    let mut blank = vec![false; lines.len()];
+    for (start, declaration) in test_items(&lines) {
+        // The attribute and what follows it, to the item's `}` at column 0 (or its own
+        // line, for a declaration or a one-line item).
+        let from = lines[..start]
+            .iter()
+            .rposition(|l| *l == "#[cfg(test)]")
+            .unwrap_or(start);
+        let one_line = declaration || lines[start].trim_end().ends_with('}');
+        let end = if one_line {
+            start
+        } else {
+            (start + 1..lines.len())
+                .find(|&j| lines[j] == "}")
+                .unwrap_or(lines.len() - 1)
+        };
+        blank[from..=end].iter_mut().for_each(|b| *b = true);
     }
-    out.join("\n")
+    lines
+        .iter()
+        .zip(blank)
+        .map(|(l, b)| {
+            if b {
+                ""
+            } else {
+                l.split_once("//").map_or(*l, |(a, _)| a)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The top-level modules `code` names through `crate::` (paths and brace groups).
@@ -241,14 +309,9 @@ fn appliance_modules_import_only_from_their_layer_or_below() {
 #[test]
 fn no_crate_has_an_import_circle() {
     let mut circles = Vec::new();
-    for e in std::fs::read_dir(root()).unwrap() {
-        let dir = e.unwrap().path();
-        for src in [dir.join("src"), dir.join("storm/src")] {
-            if src.is_dir()
-                && let Some(c) = circle(&graph(&src))
-            {
-                circles.push(format!("{}: {}", src.display(), c.join(" → ")));
-            }
+    for src in crate_sources() {
+        if let Some(c) = circle(&graph(&src)) {
+            circles.push(format!("{}: {}", src.display(), c.join(" → ")));
         }
     }
     assert!(circles.is_empty(), "{}", circles.join("\n"));
@@ -270,6 +333,20 @@ fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
     ]
     .into();
     assert_eq!(circle(&g).unwrap(), ["a", "b", "a"]);
+
+    // Test items of other shapes: a module declared public to the crate, attributes and
+    // comments between, a function, and a declaration whose file is left out.
+    let code = "#[cfg(test)]\npub(crate) mod fixture {\n    use crate::j;\n}\n\
+                #[cfg(test)]\n// why\n#[allow(clippy::x)]\nmod tests {\n    use crate::k;\n}\n\
+                #[cfg(test)]\npub(crate) fn helper() {\n    crate::l::m();\n}\n\
+                #[cfg(test)]\nmod testing;\nmod kept;\nfn y() { crate::y::q(); }\n";
+    assert_eq!(
+        imports(&without_tests(code))
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["y"]
+    );
+    assert_eq!(test_modules(code), ["testing"]);
 }
 
 /// Every non-test function under `src` (`main.rs` and binaries included), as (file, name,
@@ -367,10 +444,11 @@ fn the_length_reader_finds_bodies_and_skips_declarations() {
     );
 }
 
-/// The error type of every `Result<T, E>` written in `code` whose `E` is a bare `String`.
+/// The error type of every `Result<T, E>` (or `Result::<T, E>`) written in `code` whose `E`
+/// is a bare string: `String`, `&str` or `&'static str`.
 fn string_errors(code: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for (i, _) in code.match_indices("Result<") {
+    for (i, _) in code.match_indices("Result") {
         if code[..i]
             .chars()
             .next_back()
@@ -378,7 +456,10 @@ fn string_errors(code: &str) -> Vec<String> {
         {
             continue;
         }
-        let args = &code[i + "Result<".len()..];
+        let rest = &code[i + "Result".len()..];
+        let Some(args) = rest.strip_prefix('<').or_else(|| rest.strip_prefix("::<")) else {
+            continue;
+        };
         let (mut depth, mut comma, mut end) = (0usize, None, None);
         for (j, c) in args.char_indices() {
             match c {
@@ -393,7 +474,7 @@ fn string_errors(code: &str) -> Vec<String> {
             }
         }
         if let (Some(c), Some(e)) = (comma, end)
-            && args[c + 1..e].trim() == "String"
+            && matches!(args[c + 1..e].trim(), "String" | "&str" | "&'static str")
         {
             out.push(format!(
                 "Result<{}>",
@@ -404,14 +485,25 @@ fn string_errors(code: &str) -> Vec<String> {
     out
 }
 
+/// Every crate's `src` folder (the storm bench's too).
+fn crate_sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root()).unwrap() {
+        let dir = e.unwrap().path();
+        for src in [dir.join("src"), dir.join("storm/src")] {
+            if src.is_dir() {
+                out.push(src);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 #[test]
 fn no_crate_returns_a_bare_string_as_its_error() {
     let mut found = Vec::new();
-    for e in std::fs::read_dir(root()).unwrap() {
-        let src = e.unwrap().path().join("src");
-        if !src.is_dir() {
-            continue;
-        }
+    for src in crate_sources() {
         for p in rust_files(&src, true) {
             let code = without_tests(&std::fs::read_to_string(&p).unwrap());
             for r in string_errors(&code) {
@@ -434,6 +526,16 @@ fn the_error_reader_sees_the_second_argument_only() {
     let code = "fn a() -> Result<HashMap<String, String>, Error> {}\n\
                 fn b() -> Result<(u8, u16), String> {}\n\
                 fn c() -> io::Result<String> {}\n\
-                fn d() -> MyResult<u8, String> {}\n";
-    assert_eq!(string_errors(code), ["Result<(u8, u16), String>"]);
+                fn d() -> MyResult<u8, String> {}\n\
+                fn e() -> Result<u8, &'static str> {}\n\
+                let f = Result::<u8, String>::Ok(1);\n\
+                fn g() -> Result<&'static str, Error> {}\n";
+    assert_eq!(
+        string_errors(code),
+        [
+            "Result<(u8, u16), String>",
+            "Result<u8, &'static str>",
+            "Result<u8, String>"
+        ]
+    );
 }
