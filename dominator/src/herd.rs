@@ -820,7 +820,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     let _ = tx.send((host, Outcome::Asked(answer)));
                 });
             }
-            Action::Poll { have_generation } => {
+            Action::Poll {
+                have_generation,
+                wait_for_scan_after,
+            } => {
                 let (polls, trees) = (tasks.polls.clone(), tasks.trees.clone());
                 tokio::spawn(async move {
                     let Ok(_slot) = polls.acquire_owned().await else {
@@ -828,6 +831,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     };
                     let req = PollRequest {
                         have_generation,
+                        wait_for_scan_after,
                         ..PollRequest::default()
                     };
                     let outcome = match rpc.poll_gated(&address, req, &trees).await {

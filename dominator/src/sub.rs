@@ -200,8 +200,13 @@ pub enum Event {
 pub enum Action {
     /// Nothing until the given time (or until the outstanding action's result arrives).
     Wait,
-    /// `Subd.Poll` with this generation (0: the tree is wanted whatever its generation).
-    Poll { have_generation: u64 },
+    /// `Subd.Poll` with this generation (0: the tree is wanted whatever its generation);
+    /// after a fetch or an update, the answer waits for a scan numbered above
+    /// `wait_for_scan_after`.
+    Poll {
+        have_generation: u64,
+        wait_for_scan_after: Option<u64>,
+    },
     /// Plan the sub's tree against this image.
     Plan { image: String },
     /// Have the sub fetch the objects it lacks for this image (`preload`: the planned
@@ -644,7 +649,17 @@ impl Sub {
         } else {
             0
         };
-        self.start(Pending::Poll, Action::Poll { have_generation })
+        let wait_for_scan_after = match self.state {
+            SubState::WaitingForScan { after_scan } => Some(after_scan),
+            _ => None,
+        };
+        self.start(
+            Pending::Poll,
+            Action::Poll {
+                have_generation,
+                wait_for_scan_after,
+            },
+        )
     }
 
     fn polled(&mut self, a: PollAnswer, want: &Desired, now_ms: u64, p: &Policy) -> Action {
@@ -931,7 +946,18 @@ mod tests {
     }
 
     fn poll(g: u64) -> Action {
-        Action::Poll { have_generation: g }
+        Action::Poll {
+            have_generation: g,
+            wait_for_scan_after: None,
+        }
+    }
+
+    /// A poll whose answer waits for a scan numbered above `after`.
+    fn poll_after(g: u64, after: u64) -> Action {
+        Action::Poll {
+            have_generation: g,
+            wait_for_scan_after: Some(after),
+        }
     }
 
     fn plan_a(image: &str) -> Action {
@@ -965,10 +991,12 @@ mod tests {
                 (Event::Tick, 35, Action::Wait, "queued"),
                 (Event::Started, 36, Action::Wait, "fetching"),
                 (Event::Fetched, 40, Action::Wait, "waiting_for_scan"),
-                (Event::Tick, 40, poll(0), "waiting_for_scan"),
-                // The scan that saw the fetch has not finished: ask again soon.
+                // The poll's answer waits on the sub for a scan after the fetch.
+                (Event::Tick, 40, poll_after(0, 3), "waiting_for_scan"),
+                // None came within the sub's wait (or an older sub did not wait): ask again
+                // soon.
                 (answer(8, 3), 50, Action::Wait, "waiting_for_scan"),
-                (Event::Tick, 300, poll(0), "waiting_for_scan"),
+                (Event::Tick, 300, poll_after(0, 3), "waiting_for_scan"),
                 (answer(8, 4), 310, plan_a("minbase2"), "computing"),
                 (
                     Event::Planned(update_of("minbase2", 4, 0, 0)),
@@ -980,7 +1008,7 @@ mod tests {
                 ),
                 (Event::Started, 330, Action::Wait, "updating"),
                 (Event::Updated, 400, Action::Wait, "waiting_for_scan"),
-                (Event::Tick, 400, poll(0), "waiting_for_scan"),
+                (Event::Tick, 400, poll_after(0, 4), "waiting_for_scan"),
                 (answer(9, 5), 410, plan_a("minbase2"), "computing"),
                 (
                     Event::Planned(synced("minbase2")),

@@ -92,7 +92,18 @@ pub struct PollRequest {
     pub lock_for_ms: u64,
     /// Never send the tree.
     pub short_poll_only: bool,
+    /// Answer once a scan numbered above this one has completed, waiting at most the sub's
+    /// own limit ([`SCAN_WAIT_MAX`] by default); if none completes by then, answer without
+    /// the tree (it predates the scan waited for). What a controller sends after its update:
+    /// one answer when the scan is done, rather than a tree polled again and again while it
+    /// runs. A sub that does not know the field answers at once, as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_for_scan_after: Option<u64>,
 }
+
+/// How long a poll waits for the scan it asks for ([`PollRequest::wait_for_scan_after`]) at
+/// the most: well inside a controller's time limit for a poll.
+pub const SCAN_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

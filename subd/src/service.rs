@@ -71,6 +71,8 @@ pub struct SubdConfig {
     pub step_delay: Duration,
     /// TLS for object servers (the CA, subd's certificate and key); `None`: plain HTTP.
     pub object_tls: Option<ureq::tls::TlsConfig>,
+    /// How long a poll may wait for the scan it asks for.
+    pub scan_wait_max: Duration,
 }
 
 impl SubdConfig {
@@ -87,6 +89,7 @@ impl SubdConfig {
             link_bytes_per_sec: None,
             step_delay: Duration::ZERO,
             object_tls: None,
+            scan_wait_max: paddock_subd_proto::SCAN_WAIT_MAX,
         }
     }
 
@@ -285,8 +288,12 @@ impl Subd {
         client: &str,
         req: &PollRequest,
     ) -> Result<(PollResponse, Option<Arc<Scan>>), SubdError> {
-        let now = self.clock();
         let handle = self.scanner.handle();
+        // The tree of a scan older than the one waited for is of no use to the caller.
+        let scanned = req
+            .wait_for_scan_after
+            .is_none_or(|n| handle.wait_for_scans(n.saturating_add(1), self.config.scan_wait_max));
+        let now = self.clock();
         let latest = handle.latest();
         let st = {
             let mut st = self.lock_state();
@@ -329,7 +336,7 @@ impl Subd {
         let mut follows = None;
         if let Some((generation, scan)) = latest {
             r.generation = generation;
-            if !req.short_poll_only && req.have_generation != generation {
+            if scanned && !req.short_poll_only && req.have_generation != generation {
                 r.file_system_follows = true;
                 follows = Some(scan);
             }

@@ -100,6 +100,42 @@ fn poll_sends_the_tree_only_when_the_generation_changed() {
 }
 
 #[test]
+fn a_poll_can_wait_for_the_next_scan() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "etc/motd", b"hello\n", 0o644);
+    let mut config = test_config(d.path());
+    // No scan after the first but those asked for (a boost), and a short wait.
+    config.scanner.min_cycle = Duration::from_secs(3600);
+    config.scan_wait_max = Duration::from_secs(2);
+    let s = TestSubd::start(config);
+    let c = s.client("dom");
+    let n = c.wait_scan(0).scan_count;
+    let waiting = json!({"have_generation": 0, "wait_for_scan_after": n});
+
+    // No scan comes: the answer after the sub's wait, without the tree it would have sent.
+    let t = Instant::now();
+    let v = c.ok("Subd.Poll", &waiting);
+    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(v["scan_count"], n);
+    assert!(v["file_system_follows"] == false && v.get("file_system").is_none());
+
+    // A scan starts while the poll waits: the answer comes with it, the tree included.
+    let booster = s.client("dom");
+    let boost = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        booster.ok("Subd.BoostScanLimit", &Value::Null);
+    });
+    let p: PollResponse = serde_json::from_value(c.ok("Subd.Poll", &waiting)).unwrap();
+    boost.join().unwrap();
+    assert!(p.scan_count > n && p.file_system_follows, "{p:?}");
+    assert!(p.file_system.unwrap().get("/etc/motd").is_some());
+
+    // A scan already past the one named: answered as any poll, the tree included.
+    let p: PollResponse = serde_json::from_value(c.ok("Subd.Poll", &waiting)).unwrap();
+    assert!(p.scan_count > n && p.file_system.is_some());
+}
+
+#[test]
 fn the_client_lock_keeps_other_controllers_out() {
     let d = tempfile::tempdir().unwrap();
     let store = tempfile::tempdir().unwrap();
