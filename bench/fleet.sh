@@ -5,7 +5,8 @@
 # run (vm-tests/src/bin/paddock-fleet-bench.rs says exactly what each clock covers).
 #   paddock  TLS as operators run it (every subd with its own certificate), max_updates =
 #            SUBS, no fetch pacing; the clock runs from the new MDB file to the dominator
-#            reporting every sub synced (fetched, verified, applied, proved by a scan).
+#            marking the last sub synced (fetched, verified, applied, proved by a scan), as
+#            its census's since_ms says.
 #   nginx    plain HTTP, `curl | tar -x` into empty roots on the same file system.
 # Prints, per fleet size:
 #   fleet subs=<N> tls=on paddock_s=<s> nginx_s=<s> ratio=<r>      (goal at 50: <= 1.3)

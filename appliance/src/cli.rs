@@ -612,6 +612,9 @@ pub struct SubView {
     pub state: String,
     pub summary: String,
     pub failures: u32,
+    /// When the sub entered its state (Unix ms; 0 from an appliance that does not say).
+    #[serde(default)]
+    pub since_ms: i64,
     /// The state's own fields (`error`, `objects`, `image` …).
     #[serde(flatten)]
     pub details: serde_json::Map<String, Value>,
@@ -659,6 +662,13 @@ pub fn sub_show(api: &Client, hostname: &str) -> anyhow::Result<()> {
         printable(or_dash(s.required_image.as_deref()))
     );
     println!("state       {}", printable(&s.state));
+    if s.since_ms > 0 {
+        println!(
+            "since       {} UTC ({})",
+            paddock_inspector::node::iso(s.since_ms.div_euclid(1000)),
+            crate::console_style::ago(paddock_wire::unix_ms(), s.since_ms)
+        );
+    }
     println!("summary     {}", printable(&s.summary));
     println!("failures    {}", s.failures);
     for (k, v) in &s.details {

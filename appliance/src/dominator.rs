@@ -638,6 +638,7 @@ pub(crate) fn test_sub(
         state,
         health: None,
         fetch: None,
+        since_ms: 0,
     }
 }
 

@@ -1811,6 +1811,7 @@ mod tests {
                     failures: 0,
                     health: None,
                     fetch: None,
+                    since_ms: 0,
                 },
             )
         };

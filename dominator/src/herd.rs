@@ -307,6 +307,10 @@ pub struct SubStatus {
     /// The fetch under way, as the sub's short polls during it report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetch: Option<FetchProgress>,
+    /// When the sub entered the state it is in (Unix ms): since when it has been synced,
+    /// or how long a fetch or a wait has lasted.
+    #[serde(default)]
+    pub since_ms: i64,
 }
 
 /// A fetch under way on a sub: what the plan sends and what the sub has written so far.
@@ -314,7 +318,8 @@ pub struct SubStatus {
 pub struct FetchProgress {
     pub bytes_done: u64,
     pub bytes_total: u64,
-    /// When the fetch was sent, and when `bytes_done` was read (Unix ms).
+    /// When the fetch was sent, and when `bytes_done` was read (the herd's monotonic clock,
+    /// ms: only the difference means anything).
     pub started_ms: u64,
     pub at_ms: u64,
     /// The fetch ended well: every object is on the sub, the update is next. Kept until the
@@ -371,6 +376,8 @@ struct Slot {
     /// (`None`: a progress poll is out).
     fetch: Option<FetchProgress>,
     progress_at_ms: Option<u64>,
+    /// When the sub entered the state it shows (wall clock, Unix ms).
+    since_ms: i64,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -449,6 +456,9 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
     census: Census,
     changes: Option<mpsc::UnboundedSender<Change>>,
     disruption: Option<Arc<dyn DisruptionCheck>>,
+    /// The wall clock the census's times are read from (the herd's own steps run on the
+    /// monotonic clock `run` is given).
+    wall: Arc<dyn paddock_clock::Clock>,
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
@@ -468,6 +478,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             census,
             changes: None,
             disruption: None,
+            wall: Arc::new(paddock_clock::SystemClock),
         }
     }
 
@@ -554,6 +565,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     denied_since_ms: None,
                                     fetch: None,
                                     progress_at_ms: None,
+                                    since_ms: self.wall.now().0,
                                 },
                             );
                         }
@@ -1083,6 +1095,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             failures: slot.sub.failures(),
             health: slot.health.clone(),
             fetch: slot.fetch.clone(),
+            since_ms: slot.since_ms,
         }
     }
 
@@ -1115,6 +1128,12 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
 
     fn publish(&self, slot: &mut Slot) {
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
+        if census
+            .get(&slot.spec.hostname)
+            .is_some_and(|old| old.state.name() != slot.sub.state().name())
+        {
+            slot.since_ms = self.wall.now().0;
+        }
         // Most events (a synced sub's short poll) change nothing shown: compared in place,
         // without building the status.
         if census.get(&slot.spec.hostname).is_some_and(|old| {

@@ -179,6 +179,10 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
         assert_eq!(s.updates, 1, "sub{i}");
     }
 
+    // Each sub says since when it is synced.
+    let since = |r: &Running, host: &str| r.census.read().unwrap()[host].since_ms;
+    let (since5, since6) = (since(&r, "sub5"), since(&r, "sub6"));
+
     // A file changed by hand on one sub is put back, and each step is told (for the
     // machine's timeline).
     let mut r = r;
@@ -225,6 +229,9 @@ async fn forty_subs_converge_within_the_update_limit_and_drift_is_restored() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(fleet.polls.load(Ordering::SeqCst) > polls + 40);
     assert_eq!(fleet.trees_sent.load(Ordering::SeqCst), trees);
+    // The restored sub is synced anew; the others' polls since left their time alone.
+    assert!(since(&r, "sub5") > since5, "{since5}");
+    assert_eq!(since(&r, "sub6"), since6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
