@@ -98,12 +98,6 @@ pub struct Written {
     pub bytes: u64,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn bar(len: u64, what: &'static str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
@@ -154,7 +148,7 @@ fn write_file(dest: &Path, snap: &Snapshot, src: &Sources) -> anyhow::Result<Wri
         schema,
         revision: snap.revision,
         keys: kept(snap).count(),
-        created_unix_ms: now_ms(),
+        created_unix_ms: paddock_clock::now().0,
         objects: src.with_objects && src.objects_dir.is_some(),
         objects_dir: src.objects_dir.clone(),
     };

@@ -131,10 +131,6 @@ pub struct TlsState {
     pub agent_tokens: crate::agent_tokens::AgentTokens,
 }
 
-fn now_ms() -> i64 {
-    paddock_wire::unix_ms()
-}
-
 impl TlsState {
     /// Whom clients may be: holders of certificates from the CA or the subd CA.
     pub fn client_roots(&self) -> String {
@@ -436,7 +432,7 @@ pub async fn create_token(
     }
     let t = token::operator_token(token::random::<32>());
     let digest = token::operator_digest(&t).context("a token we made does not parse")?;
-    let now = now_ms();
+    let now = paddock_wire::unix_ms();
     let rec = TokenRecord {
         name: name.to_string(),
         methods: methods.patterns().to_vec(),
@@ -687,7 +683,7 @@ impl Security {
             .ok_or(TokenRefused::Unknown)?;
         let rec: TokenRecord =
             serde_json::from_slice(&kv.value).map_err(|_| TokenRefused::Unknown)?;
-        if now_ms() >= rec.expires_ms {
+        if paddock_wire::unix_ms() >= rec.expires_ms {
             return Err(TokenRefused::Expired);
         }
         Ok(Identity {

@@ -4,7 +4,6 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use paddock_store::{Op, Store};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -89,19 +88,14 @@ pub struct DhcpService {
     pub stats: Stats,
 }
 
+/// Unix seconds (0 before 1970).
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    unix_now_ms() / 1000
 }
 
-/// Unix milliseconds (0 before 1970).
+/// Unix milliseconds (0 before 1970), from the clock crate's wall clock.
 pub fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    u64::try_from(paddock_clock::now().0).unwrap_or(0)
 }
 
 fn lease_key(ip: Ipv4Addr) -> String {

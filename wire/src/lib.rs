@@ -99,13 +99,10 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
+/// Milliseconds since the Unix epoch (0 if the clock is before it): the clock crate's
+/// wall clock, as the wire carries it.
 pub fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| i64::try_from(d.as_millis()).ok())
-        .unwrap_or(0)
+    paddock_clock::now().0
 }
 
 /// The URL of the RPC route `/rpc/<method>` (`Service.Method`) of the server at `address`:
