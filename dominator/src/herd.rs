@@ -307,8 +307,10 @@ pub struct SubStatus {
     /// The fetch under way, as the sub's short polls during it report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetch: Option<FetchProgress>,
-    /// When the sub entered the state it is in (Unix ms): since when it has been synced,
-    /// or how long a fetch or a wait has lasted.
+    /// When the sub entered the state it is in, as the leading dominator saw it (Unix ms;
+    /// a new leader starts counting afresh): since when it has been synced, unreachable,
+    /// fetching. The brief steps of polling and computing do not count as a change, so a
+    /// sub retried while unreachable, or re-planned while synced, keeps its time.
     #[serde(default)]
     pub since_ms: i64,
 }
@@ -376,8 +378,10 @@ struct Slot {
     /// (`None`: a progress poll is out).
     fetch: Option<FetchProgress>,
     progress_at_ms: Option<u64>,
-    /// When the sub entered the state it shows (wall clock, Unix ms).
+    /// When the sub entered the state it shows (wall clock, Unix ms), and that state's
+    /// name ([`SubStatus::since_ms`]).
     since_ms: i64,
+    since_state: &'static str,
 }
 
 /// A tree a poll brought, on its way to its plan, with its tree slot.
@@ -566,6 +570,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     fetch: None,
                                     progress_at_ms: None,
                                     since_ms: self.wall.now().0,
+                                    since_state: "",
                                 },
                             );
                         }
@@ -583,7 +588,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                     .cloned()
                     .collect();
                 tasks.images.retain(&wanted);
-                self.publish_all(&slots);
+                self.publish_all(&mut slots);
             }
             tokio::select! {
                 _ = stop.changed() => {
@@ -838,8 +843,15 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             } => {
                 let (polls, trees) = (tasks.polls.clone(), tasks.trees.clone());
                 tokio::spawn(async move {
-                    let Ok(_slot) = polls.acquire_owned().await else {
-                        return;
+                    // A poll that waits on the sub for a scan takes no poll slot: only subs
+                    // just fetched or updated send one (the update slots bound them), and
+                    // the routine polls go on meanwhile.
+                    let _slot = match wait_for_scan_after {
+                        Some(_) => None,
+                        None => match polls.acquire_owned().await {
+                            Ok(p) => Some(p),
+                            Err(_) => return,
+                        },
                     };
                     let req = PollRequest {
                         have_generation,
@@ -1126,14 +1138,19 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         slot.progress_at_ms = Some(now + PROGRESS_EVERY_MS);
     }
 
-    fn publish(&self, slot: &mut Slot) {
-        let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
-        if census
-            .get(&slot.spec.hostname)
-            .is_some_and(|old| old.state.name() != slot.sub.state().name())
-        {
+    /// Moves the sub's `since_ms` when it enters a state other than the one it counts
+    /// from, passing over the brief steps of polling and computing.
+    fn mark_since(&self, slot: &mut Slot) {
+        let name = slot.sub.state().name();
+        if !matches!(name, "polling" | "computing") && name != slot.since_state {
+            slot.since_state = name;
             slot.since_ms = self.wall.now().0;
         }
+    }
+
+    fn publish(&self, slot: &mut Slot) {
+        self.mark_since(slot);
+        let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
         // Most events (a synced sub's short poll) change nothing shown: compared in place,
         // without building the status.
         if census.get(&slot.spec.hostname).is_some_and(|old| {
@@ -1169,7 +1186,10 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         census.insert(status.hostname.clone(), status);
     }
 
-    fn publish_all(&self, slots: &BTreeMap<String, Slot>) {
+    fn publish_all(&self, slots: &mut BTreeMap<String, Slot>) {
+        for slot in slots.values_mut() {
+            self.mark_since(slot);
+        }
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
         census.retain(|h, _| slots.contains_key(h));
         for slot in slots.values() {

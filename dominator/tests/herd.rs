@@ -333,6 +333,16 @@ async fn an_unsafe_image_is_held_and_an_unreachable_sub_backs_off_then_converges
     assert_eq!(*fleet.sub("198.18.7.0:6969").fs, tiny.fs);
     let failures = r.census.read().unwrap()["sub1"].failures;
     assert!(failures >= 1);
+    // Retried meanwhile (polling, refused again), it is still unreachable since the first
+    // refusal.
+    let unreachable_since = r.census.read().unwrap()["sub1"].since_ms;
+    r.until("retried again", |r| {
+        r.census.read().unwrap()["sub1"].failures > failures
+    })
+    .await;
+    let s = r.census.read().unwrap()["sub1"].clone();
+    assert!(s.summary.starts_with("unreachable"), "{}", s.summary);
+    assert_eq!(s.since_ms, unreachable_since);
     set_unreachable(&fleet, "198.18.7.1:6969", false);
     r.until("reachable again and synced", |r| {
         r.states().get(1).is_some_and(|s| s.1 == "synced to big")
@@ -353,9 +363,10 @@ async fn high_impact_updates_are_held_to_their_share_and_ordinary_ones_are_not()
         ..paddock_image::Trigger::default()
     }])
     .unwrap();
-    // A rebooting update lasts six ordinary ones (the machine restarting): the second
-    // rebooting update is admitted while the first still runs, whatever order the queue
-    // happens to take, so the share is reached; and were it not kept, a third would be too.
+    // A rebooting update lasts 440 ms against an ordinary one's 40 (the machine
+    // restarting): the second rebooting update is admitted while the first still runs,
+    // whatever order the queue happens to take, so the share is reached; and were it not
+    // kept, a third would be too.
     let fleet = SimFleet::rebooting(Duration::from_millis(40), Duration::from_millis(400));
     let (a, c, d) = (
         image("minbase", tree("a", 30)),

@@ -217,6 +217,13 @@ impl ScannerHandle {
         self.shared.lock().gens.latest()
     }
 
+    /// [`Self::latest`] and [`Self::scan_count`] read together: the count is that of the
+    /// scans up to and including the tree returned, never one ahead of it.
+    pub fn latest_and_count(&self) -> (Option<(u64, Arc<Scan>)>, u64) {
+        let st = self.shared.lock();
+        (st.gens.latest(), st.gens.scan_count())
+    }
+
     pub fn generation(&self) -> u64 {
         self.shared.lock().gens.generation()
     }

@@ -20,7 +20,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -173,6 +173,32 @@ pub struct Subd {
     objects: fetch::ObjectClient,
     fetch_bytes: AtomicU64,
     link_speed: Option<u64>,
+    /// Polls waiting for a scan now (each holds a blocking thread while it waits).
+    waiting_polls: AtomicUsize,
+}
+
+/// At most this many polls wait for a scan at once; more are answered at once, as by a
+/// subd that does not wait (one controller waits for one scan at a time).
+const MAX_WAITING_POLLS: usize = 4;
+
+/// A poll's place among [`MAX_WAITING_POLLS`], given back when dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn take(count: &'a AtomicUsize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_WAITING_POLLS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(count))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Holds Fetch/Update/Cleanup exclusion; dropping it frees subd for the next.
@@ -230,6 +256,7 @@ impl Subd {
             start_time_ms: unix_ms(),
             objects: fetch::ObjectClient::new(config.object_tls.clone()),
             fetch_bytes: AtomicU64::new(0),
+            waiting_polls: AtomicUsize::new(0),
             link_speed,
             config,
         }))
@@ -289,12 +316,15 @@ impl Subd {
         req: &PollRequest,
     ) -> Result<(PollResponse, Option<Arc<Scan>>), SubdError> {
         let handle = self.scanner.handle();
-        // The tree of a scan older than the one waited for is of no use to the caller.
-        let scanned = req
-            .wait_for_scan_after
-            .is_none_or(|n| handle.wait_for_scans(n.saturating_add(1), self.config.scan_wait_max));
+        if let Some(n) = req.wait_for_scan_after
+            && let Some(_waiting) = Waiting::take(&self.waiting_polls)
+        {
+            handle.wait_for_scans(n.saturating_add(1), self.config.scan_wait_max);
+        }
         let now = self.clock();
-        let latest = handle.latest();
+        let (latest, scan_count) = handle.latest_and_count();
+        // The tree of a scan no newer than the one waited for is of no use to the caller.
+        let scanned = req.wait_for_scan_after.is_none_or(|n| scan_count > n);
         let st = {
             let mut st = self.lock_state();
             if req.lock_for_ms > 0 {
@@ -321,7 +351,7 @@ impl Subd {
             }
         };
         let mut r = st;
-        r.scan_count = handle.scan_count();
+        r.scan_count = scan_count;
         r.last_scan_error = handle.last_error();
         r.last_scan = handle.last_stats().map(|s| ScanSummary {
             files: s.files,
