@@ -677,7 +677,7 @@ impl Security {
             .get(&format!("{TOKENS}{digest}"))
             .await
             .map_err(|e| {
-                tracing::warn!(error = %e, "security: the token store did not answer");
+                tracing::debug!(error = %e, "security: the token store did not answer");
                 TokenRefused::StoreUnavailable
             })?
             .ok_or(TokenRefused::Unknown)?;

@@ -121,12 +121,22 @@ fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
     out
 }
 
-/// The items after `#[cfg(test)]` (past further attributes and comments), each as its
-/// first line's index and whether it is a declaration ending in `;`.
+/// Whether `line` is an attribute that compiles what follows for tests only:
+/// `#[cfg(test)]` or `#[cfg(all(test, …))]` at column 0.
+fn test_only(line: &str) -> bool {
+    line == "#[cfg(test)]"
+        || (line.starts_with("#[cfg(all(")
+            && line.contains("test")
+            && !line.contains("not(")
+            && line.ends_with(")]"))
+}
+
+/// The items after a [`test_only`] attribute (past further attributes and comments), each
+/// as its first line's index and whether it is a declaration ending in `;`.
 fn test_items(lines: &[&str]) -> Vec<(usize, bool)> {
     let mut out = Vec::new();
     for (i, l) in lines.iter().enumerate() {
-        if *l != "#[cfg(test)]" {
+        if !test_only(l) {
             continue;
         }
         if let Some(j) = (i + 1..lines.len())
@@ -138,6 +148,13 @@ fn test_items(lines: &[&str]) -> Vec<(usize, bool)> {
     out
 }
 
+/// An item's line without its visibility.
+fn unqualified(line: &str) -> &str {
+    ["pub(crate) ", "pub(super) ", "pub "]
+        .iter()
+        .fold(line, |l, v| l.trim_start_matches(v))
+}
+
 /// The names of the modules `text` declares for tests only, in files of their own.
 fn test_modules(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
@@ -145,9 +162,7 @@ fn test_modules(text: &str) -> Vec<String> {
         .into_iter()
         .filter(|&(_, declaration)| declaration)
         .filter_map(|(j, _)| {
-            let item = lines[j]
-                .trim_start_matches("pub(crate) ")
-                .trim_start_matches("pub ");
+            let item = unqualified(lines[j]);
             item.strip_prefix("mod ")
                 .map(|m| m.trim_end_matches(';').trim().to_string())
         })
@@ -186,14 +201,34 @@ fn without_tests(text: &str) -> String {
         // line, for a declaration or a one-line item).
         let from = lines[..start]
             .iter()
-            .rposition(|l| *l == "#[cfg(test)]")
+            .rposition(|l| test_only(l))
             .unwrap_or(start);
         let one_line = declaration || lines[start].trim_end().ends_with('}');
         let end = if one_line {
             start
         } else {
+            // Its closing line at column 0: the `}` of a module or function, or the `};`,
+            // `];`, `);` of a multi-line `use`, `const` or call.
+            let item = unqualified(lines[start]);
+            let block = [
+                "mod ",
+                "fn ",
+                "async fn ",
+                "const fn ",
+                "impl",
+                "struct ",
+                "enum ",
+            ]
+            .iter()
+            .any(|k| item.starts_with(k));
             (start + 1..lines.len())
-                .find(|&j| lines[j] == "}")
+                .find(|&j| {
+                    if block {
+                        lines[j] == "}"
+                    } else {
+                        lines[j].starts_with(['}', ']', ')'])
+                    }
+                })
                 .unwrap_or(lines.len() - 1)
         };
         blank[from..=end].iter_mut().for_each(|b| *b = true);
@@ -339,12 +374,15 @@ fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
     let code = "#[cfg(test)]\npub(crate) mod fixture {\n    use crate::j;\n}\n\
                 #[cfg(test)]\n// why\n#[allow(clippy::x)]\nmod tests {\n    use crate::k;\n}\n\
                 #[cfg(test)]\npub(crate) fn helper() {\n    crate::l::m();\n}\n\
-                #[cfg(test)]\nmod testing;\nmod kept;\nfn y() { crate::y::q(); }\n";
+                #[cfg(test)]\nmod testing;\nmod kept;\nfn y() { crate::y::q(); }\n\
+                #[cfg(test)]\nuse crate::{\n    n,\n    o,\n};\nfn w() { crate::w::q(); }\n\
+                #[cfg(all(test, feature = \"x\"))]\nmod gated {\n    use crate::p;\n}\n\
+                #[cfg(not(test))]\nfn v() { crate::v::q(); }\n";
     assert_eq!(
         imports(&without_tests(code))
             .into_iter()
             .collect::<Vec<_>>(),
-        ["y"]
+        ["v", "w", "y"]
     );
     assert_eq!(test_modules(code), ["testing"]);
 }
@@ -445,7 +483,8 @@ fn the_length_reader_finds_bodies_and_skips_declarations() {
 }
 
 /// The error type of every `Result<T, E>` (or `Result::<T, E>`) written in `code` whose `E`
-/// is a bare string: `String`, `&str` or `&'static str`.
+/// is a bare string: `String`, `Box<str>`, a `&str` or a `Cow` of one, whatever its
+/// lifetime.
 fn string_errors(code: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (i, _) in code.match_indices("Result") {
@@ -474,7 +513,7 @@ fn string_errors(code: &str) -> Vec<String> {
             }
         }
         if let (Some(c), Some(e)) = (comma, end)
-            && matches!(args[c + 1..e].trim(), "String" | "&str" | "&'static str")
+            && bare_string(args[c + 1..e].trim())
         {
             out.push(format!(
                 "Result<{}>",
@@ -483,6 +522,23 @@ fn string_errors(code: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// `String`, `Box<str>`, `&str`, `&'a str`, `Cow<'_, str>` …
+fn bare_string(ty: &str) -> bool {
+    let ty: String = ty.split_whitespace().collect();
+    let borrowed = |t: &str| {
+        t.strip_prefix('&').is_some_and(|r| {
+            r == "str" || (r.starts_with('\'') && r.ends_with("str") && !r.contains(['<', ':']))
+        })
+    };
+    ty == "String"
+        || ty == "Box<str>"
+        || borrowed(&ty)
+        || ty
+            .strip_prefix("Cow<")
+            .and_then(|r| r.strip_suffix("str>"))
+            .is_some_and(|lt| lt.is_empty() || lt.ends_with(','))
 }
 
 /// Every crate's `src` folder (the storm bench's too).
@@ -529,13 +585,20 @@ fn the_error_reader_sees_the_second_argument_only() {
                 fn d() -> MyResult<u8, String> {}\n\
                 fn e() -> Result<u8, &'static str> {}\n\
                 let f = Result::<u8, String>::Ok(1);\n\
-                fn g() -> Result<&'static str, Error> {}\n";
+                fn g() -> Result<&'static str, Error> {}\n\
+                fn h<'a>() -> Result<u8, &'a str> {}\n\
+                fn i() -> Result<u8, Cow<'static, str>> {}\n\
+                fn j() -> Result<u8, Box<str>> {}\n\
+                fn k() -> Result<u8, Box<dyn Error>> {}\n";
     assert_eq!(
         string_errors(code),
         [
             "Result<(u8, u16), String>",
             "Result<u8, &'static str>",
-            "Result<u8, String>"
+            "Result<u8, String>",
+            "Result<u8, &'a str>",
+            "Result<u8, Cow<'static, str>>",
+            "Result<u8, Box<str>>"
         ]
     );
 }
