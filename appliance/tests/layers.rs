@@ -81,9 +81,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Every `.rs` file under `src`, `bin` folders included when `with_bins`; not the files of
-/// modules declared for tests only (`#[cfg(test)] mod name;`).
-fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
+/// Every `.rs` file under `src` with its code outside tests ([`without_tests`]), `bin`
+/// folders included when `with_bins`; not the files of modules declared for tests only
+/// (`#[cfg(test)] mod name;`).
+fn rust_files(src: &Path, with_bins: bool) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -94,31 +95,33 @@ fn rust_files(src: &Path, with_bins: bool) -> Vec<PathBuf> {
                     stack.push(p);
                 }
             } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.push((p, text));
             }
         }
     }
     let test_only: Vec<PathBuf> = out
         .iter()
-        .flat_map(|p| {
-            let text = std::fs::read_to_string(p).unwrap();
+        .flat_map(|(p, text)| {
             // `lib.rs`, `main.rs` and `mod.rs` hold their modules beside them; `a.rs` in `a/`.
             let home = match p.file_stem().and_then(|s| s.to_str()) {
                 Some("lib" | "main" | "mod") => p.parent().unwrap().to_path_buf(),
                 _ => p.with_extension(""),
             };
-            test_modules(&text)
+            test_modules(text)
                 .into_iter()
                 .map(move |m| home.join(m))
                 .collect::<Vec<_>>()
         })
         .collect();
-    out.retain(|p| {
+    out.retain(|(p, _)| {
         !test_only
             .iter()
             .any(|m| p.starts_with(m) || *p == m.with_extension("rs"))
     });
-    out
+    out.into_iter()
+        .map(|(p, text)| (p, without_tests(&text)))
+        .collect()
 }
 
 /// Whether `line` is an attribute that compiles what follows for tests only:
@@ -172,7 +175,7 @@ fn test_modules(text: &str) -> Vec<String> {
 /// Every `.rs` file under `dir`, as (top-level module name, text without its tests).
 fn modules(src: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for p in rust_files(src, false) {
+    for (p, code) in rust_files(src, false) {
         let rel = p.strip_prefix(src).unwrap();
         let top = rel
             .components()
@@ -185,7 +188,7 @@ fn modules(src: &Path) -> Vec<(String, String)> {
         if top == "lib" || top == "main" {
             continue;
         }
-        out.push((top, without_tests(&std::fs::read_to_string(&p).unwrap())));
+        out.push((top, code));
     }
     out
 }
@@ -392,9 +395,8 @@ fn the_reader_sees_paths_and_groups_but_not_comments_or_tests() {
 /// ends at the first `}` line at the indentation of its `fn`.
 fn function_lengths(src: &Path) -> Vec<(String, String, usize)> {
     let mut out = Vec::new();
-    for p in rust_files(src, true) {
+    for (p, code) in rust_files(src, true) {
         let file = p.strip_prefix(src).unwrap().display().to_string();
-        let code = without_tests(&std::fs::read_to_string(&p).unwrap());
         for (name, lines) in lengths(&code) {
             out.push((file.clone(), name, lines));
         }
@@ -560,8 +562,7 @@ fn crate_sources() -> Vec<PathBuf> {
 fn no_crate_returns_a_bare_string_as_its_error() {
     let mut found = Vec::new();
     for src in crate_sources() {
-        for p in rust_files(&src, true) {
-            let code = without_tests(&std::fs::read_to_string(&p).unwrap());
+        for (p, code) in rust_files(&src, true) {
             for r in string_errors(&code) {
                 found.push(format!(
                     "{}: {r}",

@@ -460,9 +460,6 @@ pub struct Herd<R: SubRpc, I: ImageSource> {
     census: Census,
     changes: Option<mpsc::UnboundedSender<Change>>,
     disruption: Option<Arc<dyn DisruptionCheck>>,
-    /// The wall clock the census's times are read from (the herd's own steps run on the
-    /// monotonic clock `run` is given).
-    wall: Arc<dyn paddock_clock::Clock>,
 }
 
 impl<R: SubRpc, I: ImageSource> Herd<R, I> {
@@ -482,7 +479,6 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
             census,
             changes: None,
             disruption: None,
-            wall: Arc::new(paddock_clock::SystemClock),
         }
     }
 
@@ -569,7 +565,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
                                     denied_since_ms: None,
                                     fetch: None,
                                     progress_at_ms: None,
-                                    since_ms: self.wall.now().0,
+                                    since_ms: paddock_clock::now().0,
                                     since_state: "",
                                 },
                             );
@@ -1138,18 +1134,21 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
         slot.progress_at_ms = Some(now + PROGRESS_EVERY_MS);
     }
 
-    /// Moves the sub's `since_ms` when it enters a state other than the one it counts
-    /// from, passing over the brief steps of polling and computing.
-    fn mark_since(&self, slot: &mut Slot) {
-        let name = slot.sub.state().name();
-        if !matches!(name, "polling" | "computing") && name != slot.since_state {
-            slot.since_state = name;
-            slot.since_ms = self.wall.now().0;
+    /// Moves the sub's `since_ms` (on the wall clock; the herd's steps run on the monotonic
+    /// one `run` is given) when it enters a state other than the one it counts from,
+    /// passing over the brief steps of polling and computing.
+    fn mark_since(slot: &mut Slot) {
+        let state = slot.sub.state();
+        if !matches!(state, SubState::Polling | SubState::Computing)
+            && state.name() != slot.since_state
+        {
+            slot.since_state = state.name();
+            slot.since_ms = paddock_clock::now().0;
         }
     }
 
     fn publish(&self, slot: &mut Slot) {
-        self.mark_since(slot);
+        Self::mark_since(slot);
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
         // Most events (a synced sub's short poll) change nothing shown: compared in place,
         // without building the status.
@@ -1187,9 +1186,7 @@ impl<R: SubRpc, I: ImageSource> Herd<R, I> {
     }
 
     fn publish_all(&self, slots: &mut BTreeMap<String, Slot>) {
-        for slot in slots.values_mut() {
-            self.mark_since(slot);
-        }
+        slots.values_mut().for_each(Self::mark_since);
         let mut census = self.census.write().unwrap_or_else(|p| p.into_inner());
         census.retain(|h, _| slots.contains_key(h));
         for slot in slots.values() {
