@@ -253,10 +253,19 @@ fn read_members(
             .mode()
             .map_err(|e| member(format!("bad mode: {e}"), &path))?
             & 0o7777;
-        let mtime = ext.mtime.unwrap_or(Mtime {
-            sec: h.mtime().unwrap_or(0) as i64,
-            nsec: 0,
-        });
+        let mtime = match ext.mtime {
+            Some(m) => m,
+            None => Mtime {
+                // GNU tar writes a time before 1970 in base-256 as two's complement, which
+                // the header reads back as the same 64 bits unsigned: reinterpreting them
+                // gives that time, and every other value is a time after 1970.
+                sec: h
+                    .mtime()
+                    .map_err(|e| member(format!("bad mtime: {e}"), &path))?
+                    .cast_signed(),
+                nsec: 0,
+            },
+        };
         let meta = Meta {
             uid,
             gid,
@@ -580,9 +589,15 @@ impl Ingest<'_> {
                 let rdev = if special == SpecialKind::Fifo {
                     0
                 } else {
-                    let major = h.device_major().ok().flatten().unwrap_or(0) as u64;
-                    let minor = h.device_minor().ok().flatten().unwrap_or(0) as u64;
-                    nix::sys::stat::makedev(major, minor)
+                    let number = |n: std::io::Result<Option<u32>>, what: &str| match n {
+                        Ok(Some(n)) => Ok(u64::from(n)),
+                        Ok(None) => Err(MemberError::Why(format!("no device {what} number"))),
+                        Err(e) => Err(MemberError::Why(format!("bad device {what} number: {e}"))),
+                    };
+                    nix::sys::stat::makedev(
+                        number(h.device_major(), "major")?,
+                        number(h.device_minor(), "minor")?,
+                    )
                 };
                 self.fs.insert(
                     &path,

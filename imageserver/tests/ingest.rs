@@ -31,6 +31,15 @@ fn header(name: &[u8], kind: u8, size: u64, link: &[u8]) -> Vec<u8> {
     h
 }
 
+/// `m` (a member) with `bytes` written into its header at `at`, its checksum made right again.
+fn patched(mut m: Vec<u8>, at: usize, bytes: &[u8]) -> Vec<u8> {
+    m[at..at + bytes.len()].copy_from_slice(bytes);
+    m[148..156].copy_from_slice(b"        ");
+    let sum: u32 = m[..512].iter().map(|b| u32::from(*b)).sum();
+    m[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    m
+}
+
 fn member(name: &str, kind: u8, data: &[u8], link: &str) -> Vec<u8> {
     let mut v = header(name.as_bytes(), kind, data.len() as u64, link.as_bytes());
     v.extend_from_slice(data);
@@ -260,6 +269,19 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_store() {
     let mut bad_sum = member("./a", b'0', b"x", "");
     bad_sum[148] = b'7';
     refused(&archive(&[bad_sum]), "unreadable header");
+    // Numbers that do not read: a time, and a device's major number.
+    refused(
+        &archive(&[patched(
+            member("./a", b'0', b"x", ""),
+            136,
+            b"1450000zzzz\0",
+        )]),
+        "bad mtime",
+    );
+    refused(
+        &archive(&[patched(member("./dev/x", b'3', b"", ""), 329, b"00zz004\0")]),
+        "bad device major number",
+    );
     // A gzip stream cut short.
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&full).unwrap();
