@@ -259,7 +259,8 @@ impl Store for EtcdStore {
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
-        let secs = ttl.as_secs().max(1) as i64;
+        let secs =
+            i64::try_from(ttl.as_secs().max(1)).map_err(|_| StoreError::LeaseTooLong(ttl))?;
         let mut c = self.client.clone();
         let r = self.bounded(c.lease_grant(secs, None)).await?;
         Ok(r.id())

@@ -182,6 +182,8 @@ pub enum StoreError {
         found: i64,
         known: i64,
     },
+    #[error("a lease of {0:?} is longer than the store can hold")]
+    LeaseTooLong(std::time::Duration),
 }
 
 /// The state every Paddock process shares. See the crate documentation.

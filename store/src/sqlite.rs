@@ -803,10 +803,13 @@ impl Writer {
     }
 
     fn lease_grant(&mut self, ttl: Duration, now: i64) -> Result<LeaseId, StoreError> {
-        let ttl_ms = ttl.as_millis() as i64;
+        let ttl_ms = i64::try_from(ttl.as_millis()).map_err(|_| StoreError::LeaseTooLong(ttl))?;
+        let expires_ms = now
+            .checked_add(ttl_ms)
+            .ok_or(StoreError::LeaseTooLong(ttl))?;
         self.conn.execute(
             "INSERT INTO leases(ttl_ms, expires_ms) VALUES (?1, ?2)",
-            params![ttl_ms, now + ttl_ms],
+            params![ttl_ms, expires_ms],
         )?;
         Ok(self.conn.last_insert_rowid())
     }
@@ -1056,6 +1059,15 @@ mod tests {
     /// A revision that changes many keys (a DHCP batch) replays them from history in the
     /// order its ops gave, also when a failed request in the same batch took that revision
     /// first and gave it back.
+    #[tokio::test]
+    async fn a_lease_longer_than_the_store_holds_is_refused() {
+        let (_d, s) = store();
+        let err = s.lease_grant(Duration::MAX).await.unwrap_err();
+        assert!(matches!(err, StoreError::LeaseTooLong(_)), "{err}");
+        let id = s.lease_grant(Duration::from_secs(60)).await.unwrap();
+        s.lease_keep_alive(id).await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_revision_of_many_keys_replays_in_order() {
         let (_d, s) = store();

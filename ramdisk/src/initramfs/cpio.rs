@@ -83,10 +83,17 @@ impl Archive {
     }
 
     /// The archive as `newc` bytes, every entry owned by `0:0` with modification time `mtime`.
-    pub fn to_bytes(&self, mtime: u32) -> Vec<u8> {
+    /// `newc` sizes are 32 bits: an entry of 4 GiB or more (or a 4-billionth entry) is
+    /// refused rather than written with a header that lies about it.
+    pub fn to_bytes(&self, mtime: u32) -> Result<Vec<u8>, TooLarge> {
         let mut out = Vec::new();
         for (i, (path, entry)) in self.entries.iter().enumerate() {
-            let ino = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            let too_large = |what: &'static str, n: usize| TooLarge {
+                path: path.clone(),
+                what,
+                n,
+            };
+            let ino = u32::try_from(i + 1).map_err(|_| too_large("entries", i + 1))?;
             let (mode, nlink, data, rdev): (u32, u32, &[u8], (u32, u32)) = match &entry.kind {
                 Kind::Dir => (S_IFDIR, 2, &[], (0, 0)),
                 Kind::File(d) => (S_IFREG, 1, d, (0, 0)),
@@ -100,19 +107,31 @@ impl Archive {
                 gid: 0,
                 nlink,
                 mtime,
-                filesize: u32::try_from(data.len()).unwrap_or(u32::MAX),
+                filesize: u32::try_from(data.len()).map_err(|_| too_large("bytes", data.len()))?,
                 rdevmajor: rdev.0,
                 rdevminor: rdev.1,
             };
-            write_entry(&mut out, &header, path, data);
+            let namesize = u32::try_from(path.len() + 1)
+                .map_err(|_| too_large("bytes of name", path.len() + 1))?;
+            write_entry(&mut out, &header, path, namesize, data);
         }
         let trailer = Header {
             nlink: 1,
             ..Header::default()
         };
-        write_entry(&mut out, &trailer, TRAILER, &[]);
-        out
+        let namesize = u32::try_from(TRAILER.len() + 1).expect("a short constant");
+        write_entry(&mut out, &trailer, TRAILER, namesize, &[]);
+        Ok(out)
     }
+}
+
+/// An entry `newc`'s 32-bit header fields cannot describe.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {n} {what}, more than a newc cpio header can hold (at most 4,294,967,295)")]
+pub struct TooLarge {
+    pub path: String,
+    pub what: &'static str,
+    pub n: usize,
 }
 
 /// The header fields of one `newc` entry that we set (devmajor/devminor and check are 0).
@@ -135,8 +154,7 @@ fn pad4(out: &mut Vec<u8>) {
     }
 }
 
-fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, data: &[u8]) {
-    let namesize = name.len() + 1;
+fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, namesize: u32, data: &[u8]) {
     let fields = [
         h.ino,
         h.mode,
@@ -149,7 +167,7 @@ fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, data: &[u8]) {
         0,
         h.rdevmajor,
         h.rdevminor,
-        u32::try_from(namesize).unwrap_or(u32::MAX),
+        namesize,
         0,
     ];
     out.extend_from_slice(b"070701");
@@ -253,7 +271,7 @@ mod tests {
 
     #[test]
     fn round_trip_keeps_every_header_field() {
-        let bytes = sample().to_bytes(0);
+        let bytes = sample().to_bytes(0).unwrap();
         assert_eq!(bytes.len() % 4, 0);
         let parsed = parse(&bytes).unwrap();
         let got: Vec<(&str, Header, &[u8])> = parsed
@@ -308,7 +326,7 @@ mod tests {
     fn header_layout_matches_newc() {
         let mut a = Archive::new();
         a.file("x", b"hello".to_vec(), 0o644);
-        let b = a.to_bytes(0x5f5e100);
+        let b = a.to_bytes(0x5f5e100).unwrap();
         // magic, ino 1, mode 0100644, uid, gid, nlink 1, mtime, size 5, 4 dev numbers, namesize 2, check
         let want_head = "070701\
             00000001000081a4000000000000000000000001\
@@ -335,14 +353,14 @@ mod tests {
         b.add("bin/sh", Kind::Symlink("busybox".into()), 0o777);
         b.file("init", vec![0x7f, b'E', b'L', b'F', 1, 2, 3], 0o755);
         b.file("etc/paddock/modules", b"a.ko\nb.ko\n".to_vec(), 0o644);
-        assert_eq!(sample().to_bytes(0), b.to_bytes(0));
-        assert_eq!(sample().to_bytes(0), sample().to_bytes(0));
-        assert_ne!(sample().to_bytes(0), sample().to_bytes(1));
+        assert_eq!(sample().to_bytes(0).unwrap(), b.to_bytes(0).unwrap());
+        assert_eq!(sample().to_bytes(0).unwrap(), sample().to_bytes(0).unwrap());
+        assert_ne!(sample().to_bytes(0).unwrap(), sample().to_bytes(1).unwrap());
     }
 
     #[test]
     fn broken_archives_are_reported() {
-        let bytes = sample().to_bytes(0);
+        let bytes = sample().to_bytes(0).unwrap();
         assert_eq!(parse(&bytes[..50]), Err(ParseError::Truncated(0)));
         let mut bad = bytes.clone();
         bad[0] = b'1';

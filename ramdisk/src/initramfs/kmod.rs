@@ -280,14 +280,19 @@ pub fn plain_path(rel: &str) -> String {
     rel.to_string()
 }
 
+/// `len` bytes of `b` from `at`; `None` past its end, however large the offsets a file
+/// claims (they are added without wrapping).
+fn span(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
+    b.get(at..at.checked_add(len)?)
+}
 fn le_u16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(span(b, at, 2)?.try_into().ok()?))
 }
 fn le_u32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(span(b, at, 4)?.try_into().ok()?))
 }
 fn le_u64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(span(b, at, 8)?.try_into().ok()?))
 }
 
 /// Why a file is not a module [`modinfo`] can read.
@@ -312,16 +317,19 @@ pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, ElfError> {
     let shnum = usize::from(le_u16(elf, 0x3c).ok_or_else(short)?);
     let shstrndx = usize::from(le_u16(elf, 0x3e).ok_or_else(short)?);
     let section = |i: usize| -> Result<(u32, usize, usize), ElfError> {
-        let at = shoff + i * shentsize;
+        let at = i
+            .checked_mul(shentsize)
+            .and_then(|o| o.checked_add(shoff))
+            .ok_or_else(short)?;
+        let field = |o: usize| {
+            let v = le_u64(elf, at.checked_add(o).ok_or_else(short)?).ok_or_else(short)?;
+            usize::try_from(v).map_err(|_| short())
+        };
         let name = le_u32(elf, at).ok_or_else(short)?;
-        let off =
-            usize::try_from(le_u64(elf, at + 0x18).ok_or_else(short)?).map_err(|_| short())?;
-        let size =
-            usize::try_from(le_u64(elf, at + 0x20).ok_or_else(short)?).map_err(|_| short())?;
-        Ok((name, off, size))
+        Ok((name, field(0x18)?, field(0x20)?))
     };
     let (_, stroff, strsize) = section(shstrndx)?;
-    let strtab = elf.get(stroff..stroff + strsize).ok_or_else(short)?;
+    let strtab = span(elf, stroff, strsize).ok_or_else(short)?;
     for i in 0..shnum {
         let (name, off, size) = section(i)?;
         let n = strtab
@@ -329,7 +337,7 @@ pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, ElfError> {
             .ok_or_else(short)?;
         let n = &n[..n.iter().position(|&b| b == 0).unwrap_or(n.len())];
         if n == b".modinfo" {
-            let data = elf.get(off..off + size).ok_or_else(short)?;
+            let data = span(elf, off, size).ok_or_else(short)?;
             return Ok(data
                 .split(|&b| b == 0)
                 .filter_map(|kv| {
@@ -424,6 +432,10 @@ mod tests {
         );
         assert_eq!(modinfo(b"not an elf").unwrap_err(), ElfError::NotElf64);
         assert_eq!(modinfo(&elf[..70]).unwrap_err(), ElfError::OutOfBounds);
+        // Offsets near the top of the address space: refused, not wrapped around.
+        let mut huge = elf.clone();
+        huge[0x28..0x30].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        assert_eq!(modinfo(&huge).unwrap_err(), ElfError::OutOfBounds);
         assert!(
             ElfError::OutOfBounds
                 .to_string()

@@ -191,6 +191,8 @@ pub enum BuildError {
     NoKernel { dir: PathBuf, found: Vec<String> },
     #[error(transparent)]
     Modules(#[from] kmod::ModError),
+    #[error("cannot pack the initramfs: {0}")]
+    Pack(#[from] cpio::TooLarge),
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, BuildError> {
@@ -320,7 +322,7 @@ pub fn build(spec: &BuildSpec) -> Result<BuiltRamdisk, BuildError> {
         source,
     })?;
     let initrd = spec.out_dir.join("initrd.img");
-    let gz = gzip(&a.to_bytes(spec.mtime)).map_err(|source| BuildError::Write {
+    let gz = gzip(&a.to_bytes(spec.mtime)?).map_err(|source| BuildError::Write {
         path: initrd.clone(),
         source,
     })?;
