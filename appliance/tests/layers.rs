@@ -526,9 +526,28 @@ fn string_errors(code: &str) -> Vec<String> {
     out
 }
 
-/// `String`, `Box<str>`, `&str`, `&'a str`, `Cow<'_, str>` …
+/// `String`, `Box<str>`, `&str`, `&'a str`, `Cow<'_, str>` …, or a tuple holding one
+/// (`(Code, String)`: a string error with a tag).
 fn bare_string(ty: &str) -> bool {
     let ty: String = ty.split_whitespace().collect();
+    if let Some(inner) = ty.strip_prefix('(').and_then(|t| t.strip_suffix(')')) {
+        let mut depth = 0usize;
+        let mut start = 0;
+        let mut parts = Vec::new();
+        for (j, c) in inner.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    parts.push(&inner[start..j]);
+                    start = j + 1;
+                }
+                _ => {}
+            }
+        }
+        parts.push(&inner[start..]);
+        return parts.into_iter().any(bare_string);
+    }
     let borrowed = |t: &str| {
         t.strip_prefix('&').is_some_and(|r| {
             r == "str" || (r.starts_with('\'') && r.ends_with("str") && !r.contains(['<', ':']))
@@ -590,7 +609,9 @@ fn the_error_reader_sees_the_second_argument_only() {
                 fn h<'a>() -> Result<u8, &'a str> {}\n\
                 fn i() -> Result<u8, Cow<'static, str>> {}\n\
                 fn j() -> Result<u8, Box<str>> {}\n\
-                fn k() -> Result<u8, Box<dyn Error>> {}\n";
+                fn k() -> Result<u8, Box<dyn Error>> {}\n\
+                fn l() -> Result<u8, (Code, String)> {}\n\
+                fn m() -> Result<u8, (Code, Vec<u8>)> {}\n";
     assert_eq!(
         string_errors(code),
         [
@@ -599,7 +620,8 @@ fn the_error_reader_sees_the_second_argument_only() {
             "Result<u8, String>",
             "Result<u8, &'a str>",
             "Result<u8, Cow<'static, str>>",
-            "Result<u8, Box<str>>"
+            "Result<u8, Box<str>>",
+            "Result<u8, (Code, String)>"
         ]
     );
 }

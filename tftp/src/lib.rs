@@ -446,10 +446,10 @@ impl BootHandler {
     }
 
     /// Opens `name`: generated files first, then the roots. The error is what the client is told.
-    pub fn open(&self, client: &SocketAddr, name: &str) -> Result<Source, (ErrorCode, String)> {
+    pub fn open(&self, client: &SocketAddr, name: &str) -> Result<Source, Refusal> {
         let refuse = |e: PathError| {
             tracing::warn!(%client, file = name, reason = %e, "tftp: refused");
-            (ErrorCode::AccessViolation, e.to_string())
+            Refusal::access(e)
         };
         let rel = clean_request(name).map_err(refuse)?;
         let key = rel.to_string_lossy();
@@ -465,20 +465,23 @@ impl BootHandler {
                 ResolveError::Refused(e) => refuse(e),
                 e => {
                     tracing::error!(%client, file = name, error = %e, "tftp: cannot open");
-                    (ErrorCode::AccessViolation, e.to_string())
+                    Refusal::access(e)
                 }
             })?
-            .ok_or((ErrorCode::FileNotFound, "File not found".to_string()))?;
+            .ok_or_else(|| Refusal {
+                code: ErrorCode::FileNotFound,
+                message: "File not found".to_string(),
+            })?;
         let mut file = file;
         let meta = file.metadata().map_err(|e| {
             tracing::error!(%client, file = name, error = %e, "tftp: cannot stat");
-            (ErrorCode::AccessViolation, e.to_string())
+            Refusal::access(e)
         })?;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if cache.takes(meta.len()) {
             let bytes = cache.bytes(&mut file, &meta).map_err(|e| {
                 tracing::error!(%client, file = name, error = %e, "tftp: cannot read");
-                (ErrorCode::AccessViolation, e.to_string())
+                Refusal::access(e)
             })?;
             let len = u64::try_from(bytes.len()).ok();
             return Ok(Source {
@@ -498,6 +501,23 @@ impl BootHandler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(peer);
+    }
+}
+
+/// Why a file is not served: the error packet's code and text, as the client is told.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} ({code:?})")]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Refusal {
+    fn access(why: impl std::fmt::Display) -> Self {
+        Refusal {
+            code: ErrorCode::AccessViolation,
+            message: why.to_string(),
+        }
     }
 }
 
@@ -657,8 +677,8 @@ fn transfer(
     };
     let src = match handler.open(&peer, &req.filename) {
         Ok(s) => s,
-        Err((code, msg)) => {
-            let _ = sock.send(&error_packet(code, &msg));
+        Err(refused) => {
+            let _ = sock.send(&error_packet(refused.code, &refused.message));
             return None;
         }
     };
@@ -859,7 +879,7 @@ mod tests {
         .unwrap();
         let read = |client: &str, name: &str| {
             let client: SocketAddr = client.parse().unwrap();
-            let mut src = handler.open(&client, name).map_err(|(_, e)| e)?;
+            let mut src = handler.open(&client, name).map_err(|r| r.message)?;
             let mut out = String::new();
             src.reader.read_to_string(&mut out).unwrap();
             Ok::<_, String>(out)
@@ -958,16 +978,22 @@ mod tests {
                     assert_eq!(bytes, INSIDE, "request {i} for {name}");
                     served += 1;
                 }
-                Err((ErrorCode::AccessViolation, msg)) => {
+                Err(Refusal {
+                    code: ErrorCode::AccessViolation,
+                    message,
+                }) => {
                     assert_eq!(
-                        msg,
+                        message,
                         PathError::Escapes.to_string(),
                         "request {i} for {name}"
                     );
                     refused += 1;
                 }
                 // The directory is briefly absent while it is swapped back.
-                Err((ErrorCode::FileNotFound, _)) if name == "d/boot.bin" => missing += 1,
+                Err(Refusal {
+                    code: ErrorCode::FileNotFound,
+                    ..
+                }) if name == "d/boot.bin" => missing += 1,
                 Err(e) => panic!("request {i} for {name}: {e:?}"),
             }
         }
