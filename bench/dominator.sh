@@ -36,7 +36,9 @@
 #      the image per plan; the simulator's subs hold them. render_s is a change of a
 #      variable every file uses: every file rendered again, 10,001 new objects written.
 #      Prints `dominator computed subs=<N> files=<F> render_s=<s> short_poll_cycle_s=<s>
-#      rss_per_sub_kib=<k>`; goals render <= 5 s, cycle <= 10 s, <= 64 KiB per sub.
+#      full_polls_per_s=<n> rss_per_sub_kib=<k>` (and no plain `dominator subs=` line: its
+#      full polls each lay files over a tree); goals render <= 5 s, cycle <= 10 s, <= 64 KiB
+#      per sub.
 # Prints, per TLS mode and size in SIZES (the last size is the headline):
 #   dominator subs=<N> tls=on|off poll_interval_ms=<ms> short_poll_cycle_s=<s>
 #   full_polls_per_s=<n> rss_per_sub_kib=<k> connections_per_cycle=<c>

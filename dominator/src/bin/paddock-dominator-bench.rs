@@ -1055,11 +1055,14 @@ fn herd(tree: &str, o: Opts) -> Res<()> {
                  and {} new objects written in {:.2} s",
                 again.files, again.new_objects, again.seconds
             );
+            // Its own line only: planning lays each sub's files over a copy of the image's
+            // tree, so its full polls are not the plain run's and must not read as them.
             println!(
                 "dominator computed subs={n} files={} render_s={:.2} short_poll_cycle_s={cycle:.2} \
-                 rss_per_sub_kib={rss_per_sub:.1}",
+                 full_polls_per_s={full_per_s:.0} rss_per_sub_kib={rss_per_sub:.1}",
                 again.files, again.seconds
             );
+            return Ok(());
         }
         println!(
             "dominator subs={n} tls={} poll_interval_ms={} short_poll_cycle_s={cycle:.2} \
