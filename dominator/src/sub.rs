@@ -402,7 +402,16 @@ pub struct Sub {
     /// The first error of the last update (a file's check that failed, a path that could
     /// not be made), for the error state when updates in a row do not take.
     last_update_error: Option<String>,
+    /// Since when the sub's answers come before its first scan (a subd that has just
+    /// started); cleared by an answer after one.
+    unscanned_since_ms: Option<u64>,
 }
+
+/// How long a sub that has not scanned yet is polled every quarter second: a subd that has
+/// just started on a new root (a birth's) scans it in moments, and its dominator should
+/// not wait a whole poll interval to plan; one whose first scan takes longer (a full root
+/// after a reboot) is polled at the usual pace after this.
+const FIRST_SCAN_QUICK_MS: u64 = 2_000;
 
 impl Sub {
     pub fn new(backoff: Backoff) -> Self {
@@ -423,6 +432,7 @@ impl Sub {
             cleaned: false,
             replan: false,
             last_update_error: None,
+            unscanned_since_ms: None,
         }
     }
 
@@ -493,6 +503,8 @@ impl Sub {
 
     /// A failed poll: the next after a quarter of the outage so far.
     fn unreachable(&mut self, error: String, now_ms: u64) -> Action {
+        // Whatever answers next has started again: its first scan is timed from then.
+        self.unscanned_since_ms = None;
         let since = *self.unreachable_since_ms.get_or_insert(now_ms);
         let delay = self
             .backoff
@@ -666,11 +678,22 @@ impl Sub {
         if matches!(self.state, SubState::Unreachable { .. }) {
             self.state = SubState::Polling;
         }
-        if a.busy || a.generation == 0 {
-            // Someone's fetch or update is running, or the sub has not scanned yet.
+        if a.busy {
+            // Someone's fetch or update is running.
             self.scan_count = a.scan_count;
             return self.wait(now_ms, p);
         }
+        if a.generation == 0 {
+            // Not scanned yet: see FIRST_SCAN_QUICK_MS.
+            self.scan_count = a.scan_count;
+            let since = *self.unscanned_since_ms.get_or_insert(now_ms);
+            if now_ms.saturating_sub(since) < FIRST_SCAN_QUICK_MS {
+                self.next_at_ms = now_ms.saturating_add(p.poll_interval_ms.min(250));
+                return Action::Wait;
+            }
+            return self.wait(now_ms, p);
+        }
+        self.unscanned_since_ms = None;
         // No plan from a tree older than our own fetch or update, nor from one older than
         // the sub's last update (whoever made it, and whether or not its answer arrived).
         let waiting = matches!(
@@ -1505,9 +1528,24 @@ mod tests {
             stale: false,
         });
         assert_eq!(s.handle(busy, &w, 0, &P), Action::Wait);
-        s.handle(Event::Tick, &w, 1_000, &P);
-        assert_eq!(s.handle(answer(0, 0), &w, 1_000, &P), Action::Wait);
+        // Busy: polled again a poll interval later, as usual.
+        assert_eq!(s.handle(Event::Tick, &w, 999, &P), Action::Wait);
+        assert_eq!(s.handle(Event::Tick, &w, 1_000, &P), poll(0));
+        // Not scanned yet: polled every quarter second for two seconds (a subd just
+        // started on a new root scans it in moments), then at the usual pace.
+        let mut now = 1_000;
+        assert_eq!(s.handle(answer(0, 0), &w, now, &P), Action::Wait);
         assert_eq!(s.state().name(), "polling");
+        while now < 1_000 + FIRST_SCAN_QUICK_MS {
+            assert_eq!(s.handle(Event::Tick, &w, now + 249, &P), Action::Wait);
+            now += 250;
+            assert_eq!(s.handle(Event::Tick, &w, now, &P), poll(0), "at {now} ms");
+            s.handle(answer(0, 0), &w, now, &P);
+        }
+        assert_eq!(s.handle(Event::Tick, &w, now + 999, &P), Action::Wait);
+        assert_eq!(s.handle(Event::Tick, &w, now + 1_000, &P), poll(0));
+        // Its first scan: planned at once.
+        assert_eq!(s.handle(answer(3, 1), &w, now + 1_000, &P), plan_a("m"));
     }
 
     #[test]
