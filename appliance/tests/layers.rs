@@ -501,21 +501,9 @@ fn string_errors(code: &str) -> Vec<String> {
         let Some(args) = rest.strip_prefix('<').or_else(|| rest.strip_prefix("::<")) else {
             continue;
         };
-        let (mut depth, mut comma, mut end) = (0usize, None, None);
-        for (j, c) in args.char_indices() {
-            match c {
-                '<' | '(' | '[' => depth += 1,
-                '>' | ')' | ']' if depth == 0 => {
-                    end = Some(j);
-                    break;
-                }
-                '>' | ')' | ']' => depth -= 1,
-                ',' if depth == 0 => comma = Some(j),
-                _ => {}
-            }
-        }
-        if let (Some(c), Some(e)) = (comma, end)
-            && bare_string(args[c + 1..e].trim())
+        let (parts, end) = top_level(args);
+        if let (Some(e), [_, .., error]) = (end, parts.as_slice())
+            && bare_string(error.trim())
         {
             out.push(format!(
                 "Result<{}>",
@@ -526,27 +514,35 @@ fn string_errors(code: &str) -> Vec<String> {
     out
 }
 
+/// `s` split at its commas outside brackets, up to the first bracket it closes (whose
+/// index comes second; `None` when it closes none).
+fn top_level(s: &str) -> (Vec<&str>, Option<usize>) {
+    let (mut depth, mut start, mut parts) = (0usize, 0, Vec::new());
+    for (j, c) in s.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' if depth == 0 => {
+                parts.push(&s[start..j]);
+                return (parts, Some(j));
+            }
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..j]);
+                start = j + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    (parts, None)
+}
+
 /// `String`, `Box<str>`, `&str`, `&'a str`, `Cow<'_, str>` …, or a tuple holding one
 /// (`(Code, String)`: a string error with a tag).
 fn bare_string(ty: &str) -> bool {
     let ty: String = ty.split_whitespace().collect();
     if let Some(inner) = ty.strip_prefix('(').and_then(|t| t.strip_suffix(')')) {
-        let mut depth = 0usize;
-        let mut start = 0;
-        let mut parts = Vec::new();
-        for (j, c) in inner.char_indices() {
-            match c {
-                '<' | '(' | '[' => depth += 1,
-                '>' | ')' | ']' => depth = depth.saturating_sub(1),
-                ',' if depth == 0 => {
-                    parts.push(&inner[start..j]);
-                    start = j + 1;
-                }
-                _ => {}
-            }
-        }
-        parts.push(&inner[start..]);
-        return parts.into_iter().any(bare_string);
+        return top_level(inner).0.into_iter().any(bare_string);
     }
     let borrowed = |t: &str| {
         t.strip_prefix('&').is_some_and(|r| {

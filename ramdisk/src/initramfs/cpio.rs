@@ -111,16 +111,13 @@ impl Archive {
                 rdevmajor: rdev.0,
                 rdevminor: rdev.1,
             };
-            let namesize = u32::try_from(path.len() + 1)
-                .map_err(|_| too_large("bytes of name", path.len() + 1))?;
-            write_entry(&mut out, &header, path, namesize, data);
+            write_entry(&mut out, &header, path, data)?;
         }
         let trailer = Header {
             nlink: 1,
             ..Header::default()
         };
-        let namesize = u32::try_from(TRAILER.len() + 1).expect("a short constant");
-        write_entry(&mut out, &trailer, TRAILER, namesize, &[]);
+        write_entry(&mut out, &trailer, TRAILER, &[])?;
         Ok(out)
     }
 }
@@ -154,7 +151,12 @@ fn pad4(out: &mut Vec<u8>) {
     }
 }
 
-fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, namesize: u32, data: &[u8]) {
+fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, data: &[u8]) -> Result<(), TooLarge> {
+    let namesize = u32::try_from(name.len() + 1).map_err(|_| TooLarge {
+        path: name.to_string(),
+        what: "bytes of name",
+        n: name.len() + 1,
+    })?;
     let fields = [
         h.ino,
         h.mode,
@@ -179,6 +181,7 @@ fn write_entry(out: &mut Vec<u8>, h: &Header, name: &str, namesize: u32, data: &
     pad4(out);
     out.extend_from_slice(data);
     pad4(out);
+    Ok(())
 }
 
 /// One parsed entry (for tests and for inspecting a built image).
