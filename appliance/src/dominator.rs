@@ -219,6 +219,8 @@ pub struct Wiring {
     pub disruption: Option<Arc<dyn paddock_dominator::DisruptionCheck>>,
     /// The machines' computed files.
     pub overlays: Option<Arc<dyn Overlays>>,
+    /// Notified each time a sub turns synced (provisioning then looks at the census at once).
+    pub synced: Arc<tokio::sync::Notify>,
 }
 
 /// Starts the dominator: specs are rebuilt when the MDB or a control changes (and every
@@ -234,10 +236,11 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
         tls,
         disruption,
         overlays,
+        synced,
     } = w;
     let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
     rt.spawn_future("dominator: changes", async move {
-        record_changes(inspector, changes_rx).await;
+        record_changes(inspector, changes_rx, &synced).await;
         Ok(())
     });
     let census = Census::default();
@@ -302,12 +305,17 @@ pub fn start(rt: &mut crate::runtime::Runtime, cfg: &DominatorConfig, w: Wiring)
 /// Files every change of a sub's state on the timeline of the node of the same name (the
 /// MDB names enrolled machines by their node's name), or of the unnamed node whose hostname
 /// is `node-<8 hex>` (provisioning names them so); a sub with no node is not recorded.
+/// A change to synced notifies `synced` first, before the timeline's writes.
 async fn record_changes(
     inspector: Arc<Inspector>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    synced: &tokio::sync::Notify,
 ) {
     let mut nodes = crate::provisioning::NodesByHostname::default();
     while let Some(change) = rx.recv().await {
+        if matches!(change.state, SubState::Synced { .. }) {
+            synced.notify_one();
+        }
         let Change {
             hostname: host,
             state,

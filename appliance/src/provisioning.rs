@@ -30,10 +30,12 @@
 //! say so. A wish that cannot apply (the image is missing, the node is already provisioned)
 //! is filed on the timeline as an error and not tried again.
 //!
-//! **The dominator's "synced".** While this host leads, [`watch_census`] looks at the
-//! census every second: a sub synced to the image of a node in `birth` or `rebirth` (the
-//! sub named by the node's hostname, after the run registered) gives
-//! [`Event::SubdSynced`] ([`synced_events`], pure).
+//! **The dominator's "synced".** While this host leads, [`start`] looks at the census
+//! whenever a sub turns synced (and every second): a sub synced to the image of a node in
+//! `birth` or `rebirth` (the sub named by the node's hostname, after the run registered)
+//! gives [`Event::SubdSynced`] ([`synced_events`], pure). The ramdisk waiting for it asks
+//! for its record with `?wait_sync_secs=N`: the answer is held until the record changes
+//! (or N s pass), so the ramdisk learns of the sync as soon as it is stored.
 //!
 //! **Timeouts.** A run's clock starts at its first report from the ramdisk: `provision/next`
 //! answering a mode applies [`Event::RunStarted`] (the time goes into the record's
@@ -50,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use paddock_birther::protocol::{NextAnswer, NextRequest, RegisterRequest, ReportRequest};
@@ -215,6 +217,16 @@ pub fn next_answer(
 /// to.
 pub type Synced = BTreeMap<String, String>;
 
+/// Whether the record's run has registered its sub and waits for the dominator's sync.
+pub fn waits_for_sync(p: &Provisioning) -> bool {
+    match &p.state {
+        paddock_birther::State::Birth(r) | paddock_birther::State::Rebirth(r) => {
+            !r.synced && r.last_step.is_some_and(|s| s >= Step::Register)
+        }
+        _ => false,
+    }
+}
+
 /// Which runs the census says are synced: a node in `birth` or `rebirth`, not synced yet,
 /// whose run has registered its subd (before that, the census may still speak of the
 /// system the run replaces), and whose hostname's sub is synced to the run's image.
@@ -369,6 +381,27 @@ impl Provisioner {
                 Ok((Provisioning::new(created), 0))
             }
         }
+    }
+
+    /// The node's record; while its run waits for subd's sync, held until the record
+    /// changes or `wait` passes (the ramdisk then learns of the sync when it is stored, not
+    /// at its next poll).
+    pub async fn record_when_changed(&self, node: &Node, wait: Duration) -> Result<Provisioning> {
+        if wait.is_zero() {
+            return Ok(self.record(node).await?.0);
+        }
+        // Watching before the read: a change between the two is not missed.
+        let mut changes = self
+            .store
+            .watch(&format!("{PREFIX}{}", node.uuid), 0)
+            .await?;
+        let (record, _) = self.record(node).await?;
+        if !waits_for_sync(&record) {
+            return Ok(record);
+        }
+        // Any event, an error or the watch ending: read again.
+        let _ = tokio::time::timeout(wait, changes.next()).await;
+        Ok(self.record(node).await?.0)
     }
 
     /// What the node's boot script serves; `None`: the node has no record (it boots as it
@@ -676,13 +709,7 @@ impl Provisioner {
     async fn runs(&self) -> Result<Vec<(Uuid, String, Provisioning)>> {
         let mut out = Vec::new();
         for (uuid, p, _) in self.records().await? {
-            let waiting = match &p.state {
-                paddock_birther::State::Birth(r) | paddock_birther::State::Rebirth(r) => {
-                    !r.synced && r.last_step.is_some_and(|s| s >= Step::Register)
-                }
-                _ => false,
-            };
-            if !waiting {
+            if !waits_for_sync(&p) {
                 continue;
             }
             if let Ok(Some(v)) = self.inspector.get(&uuid.to_string()).await {
@@ -770,11 +797,13 @@ impl Provisioner {
 }
 
 /// The leader's work: ends the runs that timed out (every [`expire_every`]) and looks at
-/// the census every second for runs it shows synced.
+/// the census for runs it shows synced: each time `synced` says a sub turned synced, and
+/// every second in any case.
 pub fn start(
     rt: &mut crate::runtime::Runtime,
     p: Arc<Provisioner>,
     census: paddock_dominator::Census,
+    synced: Arc<tokio::sync::Notify>,
 ) {
     let e = p.clone();
     rt.every_while_leading(
@@ -789,9 +818,10 @@ pub fn start(
             }
         },
     );
-    rt.every_while_leading(
+    rt.every_or_woken_while_leading(
         "provisioning: census",
         Duration::from_secs(1),
+        Some(synced),
         move |_fence| {
             let (p, census) = (p.clone(), census.clone());
             async move {
@@ -911,13 +941,26 @@ async fn path_node(
     }
 }
 
+/// The longest `GET /api/v1/provision/{node}?wait_sync_secs=N` is held: well inside the
+/// default shutdown grace (10 s), so a drain lets a held read finish.
+const MAX_SYNC_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ShowQuery {
+    /// While the run waits for subd's sync, hold the answer until the record changes, at
+    /// most this long (capped at [`MAX_SYNC_WAIT`]).
+    wait_sync_secs: Option<u64>,
+}
+
 async fn show(
     State(p): Api,
     speaker: Option<axum::Extension<Speaker>>,
     Path(ident): Path<String>,
+    Query(q): Query<ShowQuery>,
 ) -> std::result::Result<Json<Provisioning>, ApiError> {
     let node = path_node(&p, &ident, speaker).await?;
-    Ok(Json(p.record(&node).await?.0))
+    let wait = Duration::from_secs(q.wait_sync_secs.unwrap_or(0)).min(MAX_SYNC_WAIT);
+    Ok(Json(p.record_when_changed(&node, wait).await?))
 }
 
 async fn next(
@@ -1329,17 +1372,12 @@ mod tests {
 
     /// The shell on a manual clock: a powered-off machine's run never times out, and once
     /// its ramdisk asks, the step timeout holds to the millisecond.
-    #[tokio::test]
-    async fn a_run_times_out_only_once_its_ramdisk_has_asked() {
-        use paddock_clock::{ManualClock, UnixMs};
-        let dir = tempfile::tempdir().unwrap();
+    /// A provisioner over a real store in `dir`, its node `r1` created.
+    async fn provisioner(dir: &std::path::Path, clock: Arc<dyn Clock>) -> (Provisioner, Node) {
         let store: Arc<dyn Store> =
-            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+            Arc::new(paddock_store::SqliteStore::open(dir.join("s.db")).unwrap());
         let inspector = Arc::new(Inspector::new(store.clone(), Default::default()));
-        let objects =
-            paddock_imageserver::objects::ObjectStore::open(dir.path().join("objects")).unwrap();
-        const T0: u64 = 1_000_000;
-        let clock = Arc::new(ManualClock::at(UnixMs(1_000_000)));
+        let objects = paddock_imageserver::objects::ObjectStore::open(dir.join("objects")).unwrap();
         let p = Provisioner {
             store: store.clone(),
             inspector: inspector.clone(),
@@ -1353,12 +1391,40 @@ mod tests {
             },
             security: None,
             power: None,
-            clock: clock.clone(),
+            clock,
             computed: None,
         };
         let mut n = node(Some("r1"));
         n.macs = vec!["52:54:00:00:00:01".parse().unwrap()];
         inspector.create(&n).await.unwrap();
+        (p, n)
+    }
+
+    /// The ramdisk of `n`'s run (requested) asks, lays the disk out, starts subd and
+    /// registers it.
+    async fn up_to_register(p: &Provisioner, n: &Node) {
+        let next = NextRequest {
+            macs: vec!["52:54:00:00:00:01".into()],
+        };
+        p.next(&next).await.unwrap();
+        for step in [
+            Step::ChooseDisk,
+            Step::Partition,
+            Step::Filesystems,
+            Step::StartSubd,
+        ] {
+            p.apply(n, &Event::StepDone { step }, false).await.unwrap();
+        }
+        p.register(n, "198.18.0.150").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_run_times_out_only_once_its_ramdisk_has_asked() {
+        use paddock_clock::{ManualClock, UnixMs};
+        let dir = tempfile::tempdir().unwrap();
+        const T0: u64 = 1_000_000;
+        let clock = Arc::new(ManualClock::at(UnixMs(1_000_000)));
+        let (p, n) = provisioner(dir.path(), clock.clone()).await;
         let provision = Event::ProvisionRequested {
             image: "test/a".into(),
         };
@@ -1387,19 +1453,65 @@ mod tests {
         // Again, up to register: waiting for the sync, only the sync timeout applies.
         clock.set(UnixMs(2_000_000));
         p.apply(&n, &provision, false).await.unwrap();
-        p.next(&next).await.unwrap();
-        for step in [
-            Step::ChooseDisk,
-            Step::Partition,
-            Step::Filesystems,
-            Step::StartSubd,
-        ] {
-            p.apply(&n, &Event::StepDone { step }, false).await.unwrap();
-        }
-        p.register(&n, "198.18.0.150").await.unwrap();
+        up_to_register(&p, &n).await;
         assert_eq!(p.expire_runs(2_000_000 + 600_000, None).await.unwrap(), 0);
         let (syncing, _) = p.record(&n).await.unwrap();
         assert_eq!(syncing.state.name(), "birth", "{syncing:?}");
         assert_eq!(p.expire_runs(2_000_000 + 600_001, None).await.unwrap(), 1);
+    }
+
+    /// A ramdisk's held read: answered as soon as the sync is stored while the run waits
+    /// for it, at the end of the wait when nothing changes, and at once when the run waits
+    /// for nothing.
+    #[tokio::test]
+    async fn a_held_record_read_answers_when_the_sync_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, n) = provisioner(dir.path(), Arc::new(paddock_clock::SystemClock)).await;
+        let long = Duration::from_secs(60);
+        // No run: nothing to wait for.
+        let started = std::time::Instant::now();
+        let record = p.record_when_changed(&n, long).await.unwrap();
+        assert_eq!(record.state.name(), "unknown");
+        assert!(started.elapsed() < long / 2, "{:?}", started.elapsed());
+
+        let image = "test/a";
+        p.apply(
+            &n,
+            &Event::ProvisionRequested {
+                image: image.into(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+        up_to_register(&p, &n).await;
+        assert!(waits_for_sync(&p.record(&n).await.unwrap().0));
+
+        // Nothing changes: the whole wait, then the same record.
+        let short = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let record = p.record_when_changed(&n, short).await.unwrap();
+        assert!(started.elapsed() >= short, "{:?}", started.elapsed());
+        assert!(waits_for_sync(&record));
+
+        // The sync is stored while the read is held: the read answers with it.
+        let p = Arc::new(p);
+        let held = {
+            let (p, n) = (p.clone(), n.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                (
+                    p.record_when_changed(&n, long).await.unwrap(),
+                    started.elapsed(),
+                )
+            })
+        };
+        let synced = Event::SubdSynced {
+            image: image.into(),
+        };
+        p.apply(&n, &synced, false).await.unwrap();
+        let (record, took) = held.await.unwrap();
+        assert!(!waits_for_sync(&record), "{record:?}");
+        assert!(took < long / 2, "{took:?}");
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use paddock_clock::Backoff;
 use paddock_store::{Compare, Store};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -164,6 +165,22 @@ impl Runtime {
         W: Fn(Option<Compare>) -> F + Send + Sync + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
+        self.every_or_woken_while_leading(name, period, None, work);
+    }
+
+    /// [`Runtime::every_while_leading`], and also at once each time `wake` is notified (the
+    /// period then starts again): for work an event makes urgent and a missed event must not
+    /// stall.
+    pub fn every_or_woken_while_leading<W, F>(
+        &mut self,
+        name: &'static str,
+        period: Duration,
+        wake: Option<Arc<Notify>>,
+        work: W,
+    ) where
+        W: Fn(Option<Compare>) -> F + Send + Sync + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
         let work = Arc::new(work);
         self.spawn(name, Policy::Restart, move |ctx| {
             let work = work.clone();
@@ -177,8 +194,9 @@ impl Runtime {
                     }
                 }
             };
+            let wake = wake.clone();
             async move {
-                until_cancelled(ctx.cancel, ticks(period, each)).await;
+                until_cancelled(ctx.cancel, ticks_or_woken(period, wake.as_deref(), each)).await;
                 Ok(())
             }
         });
@@ -272,6 +290,27 @@ where
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        work().await;
+    }
+}
+
+/// [`ticks`], and a run at once whenever `wake` is notified (a notification that comes while
+/// `work` runs is kept for the next turn).
+async fn ticks_or_woken<W, F>(period: Duration, wake: Option<&Notify>, work: W)
+where
+    W: Fn() -> F,
+    F: Future<Output = ()>,
+{
+    let Some(wake) = wake else {
+        return ticks(period, work).await;
+    };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = wake.notified() => tick.reset(),
+        }
         work().await;
     }
 }
@@ -484,5 +523,37 @@ mod tests {
         fn drop(&mut self) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A woken run comes at once, not at the next period; without a wake the period holds.
+    #[tokio::test(start_paused = true)]
+    async fn woken_work_runs_at_once_and_the_period_still_holds() {
+        let (mut rt, tx) = runtime();
+        tx.send_replace(Some(crate::leader::Leadership::Sole));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let wake = Arc::new(Notify::new());
+        let r = runs.clone();
+        let period = Duration::from_secs(10);
+        rt.every_or_woken_while_leading("census", period, Some(wake.clone()), move |_| {
+            let r = r.clone();
+            async move {
+                r.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the first run is at once");
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "woken: at once");
+        // The wake started the period again: nothing until a whole period after it.
+        tokio::time::sleep(period - Duration::from_millis(2)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "the period holds without a wake"
+        );
+        assert_eq!(rt.drain(Duration::from_secs(1)).await, 0);
     }
 }

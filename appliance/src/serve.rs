@@ -352,6 +352,7 @@ impl Core {
         Option<Arc<crate::disruption::Checker>>,
     )> {
         let mut checker = None;
+        let synced = Arc::new(tokio::sync::Notify::new());
         let census = match &self.cfg.dominator {
             Some(d) => {
                 if d.disruption_check.is_some() || self.cfg.roles.is_some() {
@@ -378,12 +379,13 @@ impl Core {
                     tls: self.security.sub_client_config()?,
                     disruption,
                     overlays: Some(computed.clone() as Arc<dyn crate::dominator::Overlays>),
+                    synced: synced.clone(),
                 };
                 crate::dominator::start(rt, d, wiring)
             }
             None => paddock_dominator::Census::default(),
         };
-        crate::provisioning::start(rt, provisioner.clone(), census.clone());
+        crate::provisioning::start(rt, provisioner.clone(), census.clone(), synced);
         let dominator = crate::dominator::Dominator {
             store: self.store.clone(),
             census,

@@ -193,7 +193,12 @@ impl Store for EtcdStore {
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(async move {
             loop {
-                let msg = match stream.message().await {
+                // A watch nobody reads any more ends now, not at its key's next change.
+                let next = tokio::select! {
+                    () = tx.closed() => return,
+                    next = stream.message() => next,
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => return,
                     Err(e) => {

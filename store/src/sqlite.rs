@@ -444,7 +444,12 @@ impl Store for SqliteStore {
                 }
             }
             loop {
-                match live.recv().await {
+                // A watch nobody reads any more ends now, not at its prefix's next change.
+                let next = tokio::select! {
+                    () = tx.closed() => return,
+                    next = live.recv() => next,
+                };
+                match next {
                     Ok(batch) => {
                         for ev in batch.iter() {
                             if ev.kv.mod_revision > last
@@ -1054,6 +1059,24 @@ mod tests {
                 (EventKind::Delete, "n/a".to_string(), 4)
             ]
         );
+    }
+
+    /// A dropped watch lets go of the live events at once (a reader that gave up, such as a
+    /// held request that timed out, leaves nothing behind until its prefix changes).
+    #[tokio::test]
+    async fn a_dropped_watch_ends_its_task() {
+        let (_d, s) = store();
+        let before = s.inner.events.receiver_count();
+        let w = s.watch("n/", 0).await.unwrap();
+        assert_eq!(s.inner.events.receiver_count(), before + 1);
+        drop(w);
+        for _ in 0..100 {
+            if s.inner.events.receiver_count() == before {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the watch's task still listens");
     }
 
     /// A revision that changes many keys (a DHCP batch) replays them from history in the

@@ -149,9 +149,12 @@ pub fn register(
     post(t, &path, &address, tries, pause).map(|_| ())
 }
 
-/// `GET /api/v1/provision/{node}`: the node's provisioning record (one try).
-pub fn record(t: &mut dyn Transport, node: &str) -> Result<Value, CallError> {
-    let path = format!("/api/v1/provision/{node}");
+/// `GET /api/v1/provision/{node}?wait_sync_secs=N`: the node's provisioning record (one
+/// try). While the run waits for subd's sync the appliance holds the answer until the
+/// record changes, up to `wait` (whole seconds; an appliance that does not hold answers at
+/// once).
+pub fn record(t: &mut dyn Transport, node: &str, wait: Duration) -> Result<Value, CallError> {
+    let path = format!("/api/v1/provision/{node}?wait_sync_secs={}", wait.as_secs());
     let r = call(t, "GET", &path, None, 1, &mut |_, _| {})?;
     serde_json::from_slice(&r.body).map_err(|e| CallError::BadAnswer {
         what: format!("GET {path}"),
@@ -238,14 +241,14 @@ mod tests {
             serde_json::from_slice::<Value>(s.requests[0].2.as_ref().unwrap()).unwrap(),
             json!({"address": "198.18.0.20"})
         );
-        let r = record(&mut s, "n-1").unwrap();
+        let r = record(&mut s, "n-1", Duration::from_secs(5)).unwrap();
         assert_eq!(
             super::super::sync_status(&r),
             super::super::SyncStatus::Synced
         );
         assert_eq!(
             (s.requests[1].0.as_str(), s.requests[1].1.as_str()),
-            ("GET", "/api/v1/provision/n-1")
+            ("GET", "/api/v1/provision/n-1?wait_sync_secs=5")
         );
     }
 }

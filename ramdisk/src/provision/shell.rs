@@ -33,6 +33,10 @@ use crate::http::{Client, Transport, Url};
 /// How long subd may take to listen, partitions to appear.
 const SUBD_START: Duration = Duration::from_secs(120);
 const PARTITIONS_APPEAR: Duration = Duration::from_secs(15);
+/// How long the appliance may hold a read of the record while the run waits for the sync
+/// (it answers as soon as the record changes).
+const SYNC_WAIT: Duration = Duration::from_secs(5);
+/// The least time between two reads of the record (an appliance that answers at once).
 const SYNC_POLL: Duration = Duration::from_secs(1);
 const SYNC_PROGRESS: Duration = Duration::from_secs(30);
 const SUBD_LOG: &str = "/run/paddock/subd.log";
@@ -712,7 +716,8 @@ impl<'a> Run<'a> {
                     ),
                 );
             }
-            let last_seen = match client::record(&mut *self.client, &self.node) {
+            let asked = Instant::now();
+            let last_seen = match client::record(&mut *self.client, &self.node, SYNC_WAIT) {
                 Ok(body) => match sync_status(&body) {
                     SyncStatus::Synced => {
                         self.say(&format!(
@@ -736,7 +741,8 @@ impl<'a> Run<'a> {
                     used_mib(TARGET)
                 ));
             }
-            std::thread::sleep(SYNC_POLL);
+            // A held read has waited already; one answered at once waits here.
+            std::thread::sleep(SYNC_POLL.saturating_sub(asked.elapsed()));
         }
     }
 
