@@ -73,6 +73,11 @@ fn dhclient6(
     iface: &str,
     name: &str,
 ) -> (Reap, std::path::PathBuf) {
+    dhclient6_in(&link.client, scratch, iface, name)
+}
+
+/// [`dhclient6`] in namespace `ns`.
+fn dhclient6_in(ns: &Ns, scratch: &Scratch, iface: &str, name: &str) -> (Reap, std::path::PathBuf) {
     let events = scratch.path(&format!("{name}.events"));
     let script = scratch.path(&format!("{name}.script"));
     std::fs::write(
@@ -84,7 +89,7 @@ fn dhclient6(
     )
     .unwrap();
     sh_ok(&format!("chmod +x {}", script.display()));
-    let child = link.client.spawn(
+    let child = ns.spawn(
         &format!(
             "dhclient -6 -D LL -d -v -lf {lf} -pf {pf} -sf {sf} {iface}",
             lf = scratch.path(&format!("{name}.leases")).display(),
@@ -383,5 +388,62 @@ fn denied_macs_get_no_dhcpv6_answer() {
     assert!(
         answered6(&link, &scratch, "allowed", Duration::from_secs(20)),
         "another MAC is served"
+    );
+}
+
+/// A client on a link of its own behind ISC's `dhcrelay -6` (with an interface-id): the
+/// relay's link address picks that link's subnet, the answer goes back through the relay,
+/// and the lease is stored with the client's MAC.
+#[test]
+fn dhclient6_is_served_through_a_relay() {
+    require(&["dhclient", "dhcrelay"]);
+    let (link, scratch, _app) = setup_pool(
+        "2001:2:0:1::100-2001:2:0:1::1ff",
+        "",
+        "[[dhcp6.subnets]]\nnetwork = \"2001:2:0:2::/64\"\npools = [\"2001:2:0:2::100-2001:2:0:2::1ff\"]\n",
+    );
+    // The client namespace of the link is the relay's host; behind it, a LAN of its own.
+    let relay = &link.client;
+    relay.sh_ok(&format!(
+        "ip -6 addr add 2001:2:0:1::2/64 dev {} nodad",
+        link.client_if
+    ));
+    let lan = Ns::new(format!("{}-lan", link.tag));
+    let (down, host_if) = (format!("{}r", link.tag), format!("{}h", link.tag));
+    connect(relay, &down, &lan, &host_if);
+    let host_mac = "52:54:00:06:02:01";
+    lan.sh_ok(&format!("ip link set {host_if} address {host_mac}"));
+    relay.sh_ok(&format!("ip -6 addr add 2001:2:0:2::1/64 dev {down} nodad"));
+    wait_for_dad(relay, &down);
+    wait_for_dad(&lan, &host_if);
+    let _relay = Reap(relay.spawn(
+        &format!(
+            "dhcrelay -6 -d -I -pf {pf} -l {down} -u {SERVER_IP6}%{up}",
+            pf = scratch.path("dhcrelay.pid").display(),
+            up = link.client_if,
+        ),
+        &scratch.path("dhcrelay.log"),
+    ));
+    let (_client, events) = dhclient6_in(&lan, &scratch, &host_if, "relayed");
+    let lines = wait_event(&events, "BOUND6", &scratch.path("relayed.log"));
+    let ip: std::net::Ipv6Addr = lines[0]
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {lines:?}"));
+    let pool = "2001:2:0:2::100".parse::<std::net::Ipv6Addr>().unwrap()
+        ..="2001:2:0:2::1ff".parse().unwrap();
+    assert!(
+        pool.contains(&ip),
+        "{ip} is not from the relayed link's pool"
+    );
+    let lease = leases6(&link)
+        .into_iter()
+        .find(|l| l.ip == ip)
+        .unwrap_or_else(|| panic!("no stored lease for {ip}"));
+    assert_eq!(
+        lease.mac.map(|m| m.to_string()).as_deref(),
+        Some(host_mac),
+        "{lease:?}"
     );
 }

@@ -1,6 +1,7 @@
 //! Bytes from the network through everything the DHCPv6 server does with them (the framing
-//! walk, dhcproto decoding as we call it, the pure core: allocation, boot file URLs, and
-//! encoding of the reply), and through the agent's DHCPv6 client as a server's answer.
+//! walk, relay-forward unwrapping, dhcproto decoding as we call it, the pure core: allocation,
+//! boot file URLs, and encoding of the reply, wrapped back for its relays), and through the
+//! agent's DHCPv6 client as a server's answer.
 #![no_main]
 
 use std::net::Ipv6Addr;
@@ -8,7 +9,9 @@ use std::sync::Mutex;
 
 use libfuzzer_sys::fuzz_target;
 use paddock_dhcp::MacAddr;
-use paddock_dhcp::v6::{Boot6, Leases6, Pool6, Reservation6, Server6, Server6Config, Subnet6};
+use paddock_dhcp::v6::{
+    Boot6, Leases6, Pool6, Reservation6, Server6, Server6Config, Subnet6, Via6,
+};
 
 static SERVER: Mutex<Option<Server6>> = Mutex::new(None);
 
@@ -60,16 +63,28 @@ fn as_answer(data: &[u8]) -> Option<()> {
 
 fuzz_target!(|data: &[u8]| {
     as_answer(data);
-    let Ok(msg) = paddock_dhcp::v6::packet::decode_request6(data) else {
+    let Ok(inbound) = paddock_dhcp::v6::packet::decode_inbound6(data) else {
         return;
     };
     let mut guard = SERVER.lock().unwrap();
     let s = guard.get_or_insert_with(server);
     let now = u64::from(data.len() as u32) * 7;
-    let link: Ipv6Addr = "2001:2:0:1::1".parse().unwrap();
+    let here: Ipv6Addr = "2001:2:0:1::1".parse().unwrap();
     let peer = "fe80::5054:ff:fe00:1".parse().unwrap();
-    let out = s.handle(&msg, link, peer, now * 1000, &paddock_dhcp::AllowAll);
+    // A relayed message is served on the link its closest relay names, as the shell does.
+    let via = match inbound.relays.last() {
+        None => Via6::direct(here, peer),
+        Some(hop) => Via6 {
+            link: hop.link,
+            server: here,
+            peer: hop.peer,
+            client_mac: hop.client_mac,
+        },
+    };
+    let out = s.handle_via(&inbound.msg, &via, now * 1000, &paddock_dhcp::AllowAll);
     if let Some(reply) = out.reply {
-        paddock_dhcp::v6::packet::encode6(&reply).expect("our replies always encode");
+        let bytes = paddock_dhcp::v6::packet::encode6(&reply).expect("our replies always encode");
+        // Relays' interface-ids can make the answer too large for option 9: an error, no panic.
+        let _ = paddock_dhcp::v6::packet::encode_relayed6(bytes, &inbound.relays);
     }
 });

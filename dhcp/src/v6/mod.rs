@@ -14,4 +14,4 @@ pub mod shell;
 
 pub use client::{Binding6, Dhcp6Client, Step6};
 pub use leases::{Client6, Lease6, Leases6, Pool6, Reservation6, Subnet6, Subnet6Error};
-pub use server::{Boot6, Outcome6, Server6, Server6Config};
+pub use server::{Boot6, Outcome6, Server6, Server6Config, Via6};

@@ -33,6 +33,32 @@ pub struct Server6Config {
     pub boot: Option<Boot6>,
 }
 
+/// How a client's message reached the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Via6 {
+    /// An address on the client's link: the server's own there, or a relay's link address.
+    /// It picks the subnet.
+    pub link: Ipv6Addr,
+    /// The server's own address where the message came in (named in `tftp://` boot URLs).
+    pub server: Ipv6Addr,
+    /// The client's address (its link-local one, which may carry its MAC).
+    pub peer: Ipv6Addr,
+    /// The client's MAC as a relay saw it (RFC 6939).
+    pub client_mac: Option<MacAddr>,
+}
+
+impl Via6 {
+    /// Straight from a client on the link where the server's address is `link`.
+    pub fn direct(link: Ipv6Addr, peer: Ipv6Addr) -> Self {
+        Via6 {
+            link,
+            server: link,
+            peer,
+            client_mac: None,
+        }
+    }
+}
+
 /// What to do with one message.
 #[derive(Debug, Default)]
 pub struct Outcome6 {
@@ -83,9 +109,8 @@ impl Server6 {
         &self.config
     }
 
-    /// Handles `msg`, which arrived on the link where this server's address is `link`, from
-    /// `peer`, at `now_ms` (Unix milliseconds: leases see the second, rate limits the
-    /// millisecond), admitted or not by `policy` (the deny list, the PXE filter, leadership).
+    /// Handles `msg`, which arrived straight from a client on the link where this server's
+    /// address is `link`, from `peer`; see [`Server6::handle_via`].
     pub fn handle(
         &mut self,
         msg: &Message,
@@ -94,6 +119,25 @@ impl Server6 {
         now_ms: u64,
         policy: &dyn ClientPolicy,
     ) -> Outcome6 {
+        self.handle_via(msg, &Via6::direct(link, peer), now_ms, policy)
+    }
+
+    /// Handles `msg`, which came as `via` says, at `now_ms` (Unix milliseconds: leases see
+    /// the second, rate limits the millisecond), admitted or not by `policy` (the deny list,
+    /// the PXE filter, leadership).
+    pub fn handle_via(
+        &mut self,
+        msg: &Message,
+        via: &Via6,
+        now_ms: u64,
+        policy: &dyn ClientPolicy,
+    ) -> Outcome6 {
+        let Via6 {
+            link,
+            server: here,
+            peer,
+            client_mac,
+        } = *via;
         let now = now_ms / 1000;
         let ignore = |note: &str| Outcome6 {
             note: note.to_string(),
@@ -107,7 +151,10 @@ impl Server6 {
         let Some(duid) = client_duid(msg) else {
             return ignore("no client identifier");
         };
-        let mac = mac_of(&duid).or_else(|| mac_of_link_local(peer));
+        // A relay's view of the client's MAC first: it saw the frame.
+        let mac = client_mac
+            .or_else(|| mac_of(&duid))
+            .or_else(|| mac_of_link_local(peer));
         let admitted = match mac {
             Some(m) => policy.admit(m),
             None => policy.admit_unidentified(),
@@ -233,7 +280,7 @@ impl Server6 {
                         return Outcome6 {
                             changes,
                             note: "confirm: not on link".into(),
-                            ..self.finish(idx, link, msg, reply, mac)
+                            ..self.finish(idx, here, msg, reply, mac)
                         };
                     }
                     continue;
@@ -284,7 +331,7 @@ impl Server6 {
             changes,
             note,
             address: given.iter().find_map(|a| a.ok()),
-            ..self.finish(idx, link, msg, reply, mac)
+            ..self.finish(idx, here, msg, reply, mac)
         }
     }
 
@@ -339,7 +386,7 @@ impl Server6 {
     fn finish(
         &self,
         idx: usize,
-        link: Ipv6Addr,
+        here: Ipv6Addr,
         msg: &Message,
         mut reply: Message,
         mac: Option<MacAddr>,
@@ -359,7 +406,7 @@ impl Server6 {
                 dns_name(d),
             )));
         }
-        let boot = self.boot_url(msg, link, mac);
+        let boot = self.boot_url(msg, here, mac);
         if let Some(url) = &boot {
             opts.insert(DhcpOption::Unknown(UnknownOption::new(
                 OptionCode::OptBootfileUrl,
@@ -375,9 +422,9 @@ impl Server6 {
     }
 
     /// Option 59 for a PXE client (one that sent its architecture, option 61): iPXE gets its
-    /// own script, HTTP-boot architectures an asset's URL, the others a TFTP URL on the
-    /// server's link address.
-    fn boot_url(&self, msg: &Message, link: Ipv6Addr, mac: Option<MacAddr>) -> Option<String> {
+    /// own script, HTTP-boot architectures an asset's URL, the others a TFTP URL at `here`,
+    /// this server's address where the request came in.
+    fn boot_url(&self, msg: &Message, here: Ipv6Addr, mac: Option<MacAddr>) -> Option<String> {
         let boot = self.config.boot.as_ref()?;
         let arch = match msg.opts().get(OptionCode::ClientArchType)? {
             DhcpOption::ClientArchType(a) => u16::from(*a.first()?),
@@ -394,8 +441,9 @@ impl Server6 {
         if is_http_boot(arch) {
             Some(format!("{}/boot/assets/{file}", boot.public_url))
         } else {
-            // The TFTP server on the link the request came in on, as DHCPv4's siaddr.
-            Some(format!("tftp://[{link}]/{file}"))
+            // This server's TFTP, at its address where the request came in, as DHCPv4's
+            // siaddr.
+            Some(format!("tftp://[{here}]/{file}"))
         }
     }
 }
@@ -503,12 +551,27 @@ mod tests {
             preferred_lifetime: 300,
             valid_lifetime: 600,
         };
-        let leases = Leases6::new(
-            vec![subnet],
-            vec![Reservation6 {
-                mac: MacAddr([0x52, 0x54, 0, 0, 0, 0x77]),
-                ip: "2001:db8:1::77".parse().unwrap(),
+        // A second link, reached through a relay.
+        let relayed = Subnet6 {
+            network: "2001:db8:2::/64".parse().unwrap(),
+            pools: vec![Pool6 {
+                start: "2001:db8:2::100".parse().unwrap(),
+                end: "2001:db8:2::1ff".parse().unwrap(),
             }],
+            ..subnet.clone()
+        };
+        let leases = Leases6::new(
+            vec![subnet, relayed],
+            vec![
+                Reservation6 {
+                    mac: MacAddr([0x52, 0x54, 0, 0, 0, 0x77]),
+                    ip: "2001:db8:1::77".parse().unwrap(),
+                },
+                Reservation6 {
+                    mac: MacAddr([0x52, 0x54, 0, 0, 0, 0x78]),
+                    ip: "2001:db8:2::78".parse().unwrap(),
+                },
+            ],
         )
         .unwrap();
         Server6::new(
@@ -757,6 +820,52 @@ mod tests {
         );
         let plain = msg(MessageType::Solicit, 3, None, None);
         assert_eq!(run(&mut s, &plain, NOW).boot, None);
+    }
+
+    /// A relayed message is served on the relay's link: that link's subnet, the relay's
+    /// view of the client's MAC (a reservation there), and TFTP at the server's own address.
+    #[test]
+    fn relayed_messages_are_served_on_the_relays_link() {
+        let mut s = server(true);
+        let solicit = |n| {
+            let mut m = msg(MessageType::Solicit, n, None, None);
+            m.opts_mut().insert(DhcpOption::RapidCommit);
+            m.opts_mut()
+                .insert(DhcpOption::ClientArchType(vec![Architecture::from(7)]));
+            m
+        };
+        let reserved = MacAddr([0x52, 0x54, 0, 0, 0, 0x78]);
+        let via = Via6 {
+            link: "2001:db8:2::1".parse().unwrap(),
+            server: LINK.parse().unwrap(),
+            peer: "fe80::1".parse().unwrap(),
+            client_mac: Some(reserved),
+        };
+        let o = s.handle_via(&solicit(9), &via, NOW * 1000, &crate::AllowAll);
+        assert_eq!(address(&o), Ok("2001:db8:2::78".parse().unwrap()));
+        assert_eq!(o.mac, Some(reserved), "the relay's MAC before the DUID's");
+        assert_eq!(
+            o.boot.as_deref(),
+            Some("tftp://[2001:db8:1::1]/snponly.efi")
+        );
+        // Without the relay's MAC: that link's pool.
+        let plain = Via6 {
+            client_mac: None,
+            ..via
+        };
+        let o = s.handle_via(&solicit(10), &plain, NOW * 1000, &crate::AllowAll);
+        let ip = address(&o).unwrap();
+        assert!(ip.to_string().starts_with("2001:db8:2::1"), "{ip}");
+        // A link no subnet holds is not served.
+        let far = Via6 {
+            link: "2001:db8:9::1".parse().unwrap(),
+            ..via
+        };
+        assert!(
+            s.handle_via(&solicit(11), &far, NOW * 1000, &crate::AllowAll)
+                .reply
+                .is_none()
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The I/O shell around [`Server6`]: one UDP socket per interface on port 547, joined to
 //! All_DHCP_Relay_Agents_and_Servers (`ff02::1:2`), lease persistence through the [`Store`],
 //! and the rule (shared with DHCPv4) that a reply leaves only after its leases are durable.
+//! A message relayed to the server's address (Relay-forward) is served on the link its
+//! relay names, and answered through the same relays (Relay-reply).
 
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::Ordering;
@@ -11,8 +13,8 @@ use paddock_store::{Op, Store};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
-use super::packet::{decode_request6, encode6};
-use super::{Lease6, Server6};
+use super::packet::{Inbound6, RelayHop, decode_inbound6, encode_relayed6, encode6};
+use super::{Lease6, Server6, Via6};
 use crate::batch::{Batch, Handler, send};
 use crate::server::ClientPolicy;
 use crate::shell::{Answered, DhcpObserver, ShellError, Stats, unix_now, unix_now_ms};
@@ -114,7 +116,7 @@ impl Handler for Link6 {
         let SocketAddr::V6(from) = peer else {
             return;
         };
-        let msg = match decode_request6(data) {
+        let Inbound6 { msg, relays } = match decode_inbound6(data) {
             Ok(m) => m,
             Err(e) => {
                 s.stats.malformed.fetch_add(1, Ordering::Relaxed);
@@ -122,13 +124,16 @@ impl Handler for Link6 {
                 return;
             }
         };
-        let outcome = s.server.lock().unwrap_or_else(|p| p.into_inner()).handle(
-            &msg,
-            self.local,
-            *from.ip(),
-            unix_now_ms(),
-            s.policy.as_ref(),
-        );
+        let Some(via) = via(self.local, *from.ip(), &relays) else {
+            s.stats.ignored.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "dhcp6: dropped a relayed message whose relays name no link address");
+            return;
+        };
+        let outcome = s
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .handle_via(&msg, &via, unix_now_ms(), s.policy.as_ref());
         if let Some(l) = outcome.limited {
             crate::shell::limited(&s.stats, l.kind, outcome.mac, l.report, || {
                 *s.server.lock().unwrap_or_else(|p| p.into_inner()).limits()
@@ -154,14 +159,15 @@ impl Handler for Link6 {
             _ => &s.stats.acks,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let bytes = match encode6(&reply) {
+        let bytes = match encode6(&reply).and_then(|b| encode_relayed6(b, &relays)) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "dhcp6: cannot encode reply");
                 return;
             }
         };
-        // Back to the client's own address and port, on the link it came from.
+        // Back where it came from: the client's own address and port on its link, or the
+        // relay's (RFC 8415 19.3: a Relay-reply goes to the relay that forwarded).
         let to = SocketAddr::V6(SocketAddrV6::new(
             *from.ip(),
             from.port(),
@@ -186,6 +192,26 @@ impl Handler for Link6 {
     fn stats(&self) -> &Stats {
         &self.service.stats
     }
+}
+
+/// How a message reached this server at `local` from `source`: straight from the client, or
+/// through `relays`, where the client's link is named by the link address of the relay
+/// closest to it that gives one (RFC 8415 13.1); `None` when none does.
+fn via(local: Ipv6Addr, source: Ipv6Addr, relays: &[RelayHop]) -> Option<Via6> {
+    let Some(closest) = relays.last() else {
+        return Some(Via6::direct(local, source));
+    };
+    let link = relays
+        .iter()
+        .rev()
+        .map(|r| r.link)
+        .find(|l| !l.is_unspecified() && !l.is_unicast_link_local())?;
+    Some(Via6 {
+        link,
+        server: local,
+        peer: closest.peer,
+        client_mac: relays.iter().rev().find_map(|r| r.client_mac),
+    })
 }
 
 fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
