@@ -210,6 +210,12 @@ pub fn subd_argv(
     argv.extend([
         "--root",
         root,
+        // The steps after the sync mount /dev, /proc and /sys (and efivarfs) in the target
+        // for the boot loader's chroot. The scan does not cross mount points, so through the
+        // target itself those directories would vanish and the dominator would "make" them
+        // again, over the ramdisk's own. A private view of the target's file system alone
+        // shows them as the image has them, as on the installed system.
+        "--bind-root",
         "--listen",
         &listen,
         "--trigger-command",
@@ -769,7 +775,7 @@ mod tests {
         let argv = subd_argv(TARGET, "198.18.0.20", 6969, &filter(), false);
         assert_eq!(
             argv.join(" "),
-            "/bin/paddock-subd --insecure --root /mnt/target --listen 198.18.0.20:6969 \
+            "/bin/paddock-subd --insecure --root /mnt/target --bind-root --listen 198.18.0.20:6969 \
              --trigger-command /bin/busybox true --reboot-command /bin/busybox true \
              --network-percent 100 --scan-percent 100 --cpu-percent 100 \
              --exclude /etc/hostname$ --exclude /var/lib/paddock(|/.*)$ --exclude /lost\\+found(|/.*)$"
@@ -789,7 +795,8 @@ mod tests {
         assert_eq!(
             tls.join(" "),
             "/bin/paddock-subd --ca /etc/paddock/subd/ca.pem --client-ca /etc/paddock/subd/clients.pem \
-             --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root /mnt/target --listen 198.18.0.20:6969 \
+             --cert /etc/paddock/subd/cert.pem --key /etc/paddock/subd/key.pem --root /mnt/target --bind-root \
+             --listen 198.18.0.20:6969 \
              --trigger-command /bin/busybox true --reboot-command /bin/busybox true \
              --network-percent 100 --scan-percent 100 --cpu-percent 100 \
              --exclude /etc/hostname$ --exclude /var/lib/paddock(|/.*)$ --exclude /lost\\+found(|/.*)$ \
