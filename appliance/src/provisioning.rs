@@ -390,15 +390,18 @@ impl Provisioner {
         if wait.is_zero() {
             return Ok(self.record(node).await?.0);
         }
-        // Watching before the read: a change between the two is not missed.
-        let mut changes = self
-            .store
-            .watch(&format!("{PREFIX}{}", node.uuid), 0)
-            .await?;
+        // The watch replays from the store's revision before the read, so a change between
+        // the read and the watch is not missed, whenever the store starts delivering.
+        let from = self.store.revision().await? + 1;
         let (record, _) = self.record(node).await?;
         if !waits_for_sync(&record) {
             return Ok(record);
         }
+        let key = format!("{PREFIX}{}", node.uuid);
+        let Ok(mut changes) = self.store.watch(&key, from).await else {
+            // No watch (its start compacted away): answered at once, read again later.
+            return Ok(record);
+        };
         // Any event, an error or the watch ending: read again.
         let _ = tokio::time::timeout(wait, changes.next()).await;
         Ok(self.record(node).await?.0)
@@ -942,7 +945,8 @@ async fn path_node(
 }
 
 /// The longest `GET /api/v1/provision/{node}?wait_sync_secs=N` is held: well inside the
-/// default shutdown grace (10 s), so a drain lets a held read finish.
+/// default shutdown grace (10 s), so a drain lets a held read finish (with a shorter grace
+/// it is cut, and the ramdisk reads again).
 const MAX_SYNC_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -1506,6 +1510,11 @@ mod tests {
                 )
             })
         };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !held.is_finished(),
+            "the read is held while nothing changes"
+        );
         let synced = Event::SubdSynced {
             image: image.into(),
         };

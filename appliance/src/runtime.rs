@@ -295,7 +295,8 @@ where
 }
 
 /// [`ticks`], and a run at once whenever `wake` is notified (a notification that comes while
-/// `work` runs is kept for the next turn).
+/// `work` runs is kept for the next turn), but never sooner than a fifth of `period` after the
+/// last run began: a burst of wakes (a fleet turning synced) costs five runs a period at most.
 async fn ticks_or_woken<W, F>(period: Duration, wake: Option<&Notify>, work: W)
 where
     W: Fn() -> F,
@@ -304,6 +305,7 @@ where
     let Some(wake) = wake else {
         return ticks(period, work).await;
     };
+    let gap = period / 5;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -311,7 +313,9 @@ where
             _ = tick.tick() => {}
             () = wake.notified() => tick.reset(),
         }
+        let began = tokio::time::Instant::now();
         work().await;
+        tokio::time::sleep_until(began + gap).await;
     }
 }
 
@@ -542,16 +546,28 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1, "the first run is at once");
+        // A wake within a fifth of the period of the last run waits for that fifth.
         wake.notify_one();
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 2, "woken: at once");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "not sooner than the gap");
+        tokio::time::sleep(period / 5).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "woken: once the gap is over"
+        );
+        // A later wake comes at once.
+        tokio::time::sleep(period / 2).await;
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "woken: at once");
         // The wake started the period again: nothing until a whole period after it.
         tokio::time::sleep(period - Duration::from_millis(2)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert_eq!(
             runs.load(Ordering::SeqCst),
-            3,
+            4,
             "the period holds without a wake"
         );
         assert_eq!(rt.drain(Duration::from_secs(1)).await, 0);

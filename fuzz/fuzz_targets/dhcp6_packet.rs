@@ -71,15 +71,9 @@ fuzz_target!(|data: &[u8]| {
     let now = u64::from(data.len() as u32) * 7;
     let here: Ipv6Addr = "2001:2:0:1::1".parse().unwrap();
     let peer = "fe80::5054:ff:fe00:1".parse().unwrap();
-    // A relayed message is served on the link its closest relay names, as the shell does.
-    let via = match inbound.relays.last() {
-        None => Via6::direct(here, peer),
-        Some(hop) => Via6 {
-            link: hop.link,
-            server: here,
-            peer: hop.peer,
-            client_mac: hop.client_mac,
-        },
+    // Served on the link its relays name, as the shell does (none: not served).
+    let Some(via) = Via6::through(here, peer, &inbound.relays) else {
+        return;
     };
     let out = s.handle_via(&inbound.msg, &via, now * 1000, &paddock_dhcp::AllowAll);
     if let Some(reply) = out.reply {

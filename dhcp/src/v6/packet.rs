@@ -14,8 +14,10 @@ const HEADER_LEN: usize = 4;
 const RELAY_HEADER_LEN: usize = 34;
 const RELAY_FORW: u8 = 12;
 const RELAY_REPL: u8 = 13;
-/// Relays a message may pass through (RFC 8415 7.6, `HOP_COUNT_LIMIT`).
+/// RFC 8415 7.6: a relay forwards a message whose hop count is below this, adding one.
 pub const HOP_COUNT_LIMIT: usize = 8;
+/// So a message reaches the server in at most this many Relay-forwards (hop counts 0 to 8).
+pub const MAX_RELAYS: usize = HOP_COUNT_LIMIT + 1;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Packet6Error {
@@ -204,8 +206,8 @@ pub fn decode_inbound6(buf: &[u8]) -> Result<Inbound6, Packet6Error> {
     let mut relays = Vec::new();
     let mut buf = buf;
     while buf.first() == Some(&RELAY_FORW) {
-        if relays.len() == HOP_COUNT_LIMIT {
-            return Err(Packet6Error::TooManyRelays(HOP_COUNT_LIMIT));
+        if relays.len() == MAX_RELAYS {
+            return Err(Packet6Error::TooManyRelays(MAX_RELAYS));
         }
         let (hop, inner) = relay_forward(buf)?;
         relays.push(hop);
@@ -435,12 +437,19 @@ mod tests {
         );
         // More relays than RFC 8415 allows.
         let mut deep = solicit.to_vec();
-        for hop in 0..=HOP_COUNT_LIMIT {
+        for hop in 0..HOP_COUNT_LIMIT {
             deep = relay_forward(u8::try_from(hop).unwrap(), "2001:2:0:2::1", &deep, &[]);
         }
         assert_eq!(
+            decode_inbound6(&deep).unwrap().relays.len(),
+            HOP_COUNT_LIMIT
+        );
+        deep = relay_forward(8, "2001:2:0:2::1", &deep, &[]);
+        assert_eq!(decode_inbound6(&deep).unwrap().relays.len(), MAX_RELAYS);
+        deep = relay_forward(9, "2001:2:0:2::1", &deep, &[]);
+        assert_eq!(
             decode_inbound6(&deep).unwrap_err(),
-            Packet6Error::TooManyRelays(HOP_COUNT_LIMIT)
+            Packet6Error::TooManyRelays(MAX_RELAYS)
         );
         // An answer too large for a relay's option 9 is refused, not cut.
         let hop = decode_inbound6(&good).unwrap().relays;

@@ -11,6 +11,7 @@ use dhcproto::v6::{
 };
 
 use super::leases::{Client6, Lease6, Leases6, Refusal6};
+use super::packet::RelayHop;
 use crate::MacAddr;
 use crate::pxe::{Arch, is_http_boot};
 use crate::ratelimit::{Limiter, RateLimits};
@@ -56,6 +57,28 @@ impl Via6 {
             peer,
             client_mac: None,
         }
+    }
+
+    /// How a message reached this server at `local` from `source`: straight from the
+    /// client, or through `relays` (outermost first). The client's link is named by the link
+    /// address of the relay closest to it that gives one (RFC 8415 13.1: a relay that names
+    /// its link by interface-id alone gives `::`); the MAC only by the first-hop relay, the
+    /// one that saw the client's frame (RFC 6939). `None` when no relay names a link.
+    pub fn through(local: Ipv6Addr, source: Ipv6Addr, relays: &[RelayHop]) -> Option<Self> {
+        let Some(closest) = relays.last() else {
+            return Some(Via6::direct(local, source));
+        };
+        let link = relays
+            .iter()
+            .rev()
+            .map(|r| r.link)
+            .find(|l| !l.is_unspecified() && !l.is_unicast_link_local())?;
+        Some(Via6 {
+            link,
+            server: local,
+            peer: closest.peer,
+            client_mac: closest.client_mac,
+        })
     }
 }
 
@@ -865,6 +888,50 @@ mod tests {
             s.handle_via(&solicit(11), &far, NOW * 1000, &crate::AllowAll)
                 .reply
                 .is_none()
+        );
+    }
+
+    /// Which link and MAC a relayed message speaks for.
+    #[test]
+    fn relays_name_the_link_and_the_first_hop_the_mac() {
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let hop = |link: &str, mac: Option<u8>| RelayHop {
+            hop_count: 0,
+            link: ip(link),
+            peer: ip("fe80::5054:ff:fe00:9"),
+            interface_id: None,
+            client_mac: mac.map(|n| MacAddr([0x52, 0x54, 0, 0, 0, n])),
+        };
+        let (local, source) = (ip("2001:db8:1::1"), ip("2001:db8:1::2"));
+        assert_eq!(
+            Via6::through(local, source, &[]),
+            Some(Via6::direct(local, source))
+        );
+        // Outermost first: the closest relay's link and MAC, and its peer (the client).
+        let via = Via6::through(
+            local,
+            source,
+            &[hop("2001:db8:3::1", Some(3)), hop("2001:db8:2::1", Some(2))],
+        )
+        .unwrap();
+        assert_eq!(via.link, ip("2001:db8:2::1"));
+        assert_eq!(via.server, local);
+        assert_eq!(via.peer, ip("fe80::5054:ff:fe00:9"));
+        assert_eq!(via.client_mac, Some(MacAddr([0x52, 0x54, 0, 0, 0, 2])));
+        // A first hop that names its link by interface-id alone: the next relay's link; an
+        // outer relay's MAC is not the client's.
+        let via = Via6::through(
+            local,
+            source,
+            &[hop("2001:db8:3::1", Some(3)), hop("::", None)],
+        )
+        .unwrap();
+        assert_eq!(via.link, ip("2001:db8:3::1"));
+        assert_eq!(via.client_mac, None);
+        // No relay names a routable link.
+        assert_eq!(
+            Via6::through(local, source, &[hop("::", None), hop("fe80::1", None)]),
+            None
         );
     }
 

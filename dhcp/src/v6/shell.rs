@@ -13,7 +13,7 @@ use paddock_store::{Op, Store};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
-use super::packet::{Inbound6, RelayHop, decode_inbound6, encode_relayed6, encode6};
+use super::packet::{Inbound6, decode_inbound6, encode_relayed6, encode6};
 use super::{Lease6, Server6, Via6};
 use crate::batch::{Batch, Handler, send};
 use crate::server::ClientPolicy;
@@ -124,7 +124,7 @@ impl Handler for Link6 {
                 return;
             }
         };
-        let Some(via) = via(self.local, *from.ip(), &relays) else {
+        let Some(via) = Via6::through(self.local, *from.ip(), &relays) else {
             s.stats.ignored.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "dhcp6: dropped a relayed message whose relays name no link address");
             return;
@@ -192,26 +192,6 @@ impl Handler for Link6 {
     fn stats(&self) -> &Stats {
         &self.service.stats
     }
-}
-
-/// How a message reached this server at `local` from `source`: straight from the client, or
-/// through `relays`, where the client's link is named by the link address of the relay
-/// closest to it that gives one (RFC 8415 13.1); `None` when none does.
-fn via(local: Ipv6Addr, source: Ipv6Addr, relays: &[RelayHop]) -> Option<Via6> {
-    let Some(closest) = relays.last() else {
-        return Some(Via6::direct(local, source));
-    };
-    let link = relays
-        .iter()
-        .rev()
-        .map(|r| r.link)
-        .find(|l| !l.is_unspecified() && !l.is_unicast_link_local())?;
-    Some(Via6 {
-        link,
-        server: local,
-        peer: closest.peer,
-        client_mac: relays.iter().rev().find_map(|r| r.client_mac),
-    })
 }
 
 fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
