@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use paddock_store::{Op, Store, StoreError, Txn};
+use serde::de::DeserializeOwned;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
 /// Counters for `/metrics`.
@@ -83,6 +85,53 @@ pub(crate) trait Handler: Send + Sync {
             .fetch_add(leases as u64, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(leases, %error, "dhcp: leases not stored, their replies withheld");
     }
+}
+
+/// Every lease stored under `prefix`. One unreadable record stops the start: a lease
+/// forgotten would be handed out again while its holder still uses it.
+pub(crate) async fn stored_leases<L: DeserializeOwned>(
+    store: &dyn Store,
+    prefix: &str,
+) -> Result<Vec<L>, ShellError> {
+    store
+        .range(prefix)
+        .await?
+        .into_iter()
+        .map(|kv| {
+            serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
+                key: kv.key,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// A server's UDP socket on `interface` (SO_BINDTODEVICE), bound to `addr`, non-blocking:
+/// `family` sets what one family needs before the bind (broadcast, v6-only), `joined` what
+/// it needs after (a multicast group).
+pub(crate) fn server_socket(
+    interface: &str,
+    addr: SocketAddr,
+    family: impl FnOnce(&Socket) -> std::io::Result<()>,
+    joined: impl FnOnce(&Socket) -> std::io::Result<()>,
+) -> Result<UdpSocket, ShellError> {
+    let err = |source| ShellError::Bind {
+        interface: interface.to_string(),
+        port: addr.port(),
+        source,
+    };
+    let s =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
+    family(&s).map_err(err)?;
+    s.set_reuse_address(true).map_err(err)?;
+    s.bind_device(Some(interface.as_bytes())).map_err(err)?;
+    // Bigger buffers ride out bursts (a rack powering on at once).
+    let _ = s.set_recv_buffer_size(4 << 20);
+    let _ = s.set_send_buffer_size(4 << 20);
+    s.bind(&addr.into()).map_err(err)?;
+    joined(&s).map_err(err)?;
+    s.set_nonblocking(true).map_err(err)?;
+    UdpSocket::from_std(s.into()).map_err(err)
 }
 
 /// Serves every socket with its handler, and calls `tick` every 10 s (offers and

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use paddock_store::{Op, Store};
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
 use crate::batch::{Batch, Handler, send};
@@ -110,12 +109,7 @@ impl DhcpService {
         policy: Arc<dyn ClientPolicy>,
         observer: Option<Arc<dyn DhcpObserver>>,
     ) -> Result<Arc<Self>, ShellError> {
-        for kv in store.range(LEASE_PREFIX).await? {
-            let lease: Lease =
-                serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
-                    key: kv.key.clone(),
-                    source,
-                })?;
+        for lease in crate::batch::stored_leases::<Lease>(store.as_ref(), LEASE_PREFIX).await? {
             server.leases.restore(lease);
         }
         tracing::info!(leases = server.leases.len(), "dhcp: leases restored");
@@ -285,20 +279,6 @@ impl Handler for Link4 {
 }
 
 fn bind(l: &Listener) -> Result<UdpSocket, ShellError> {
-    let err = |source| ShellError::Bind {
-        interface: l.interface.clone(),
-        port: l.port,
-        source,
-    };
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
-    s.set_reuse_address(true).map_err(err)?;
-    s.set_broadcast(true).map_err(err)?;
-    s.bind_device(Some(l.interface.as_bytes())).map_err(err)?;
-    // Bigger buffers ride out bursts (a rack powering on at once).
-    let _ = s.set_recv_buffer_size(4 << 20);
-    let _ = s.set_send_buffer_size(4 << 20);
-    s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, l.port)).into())
-        .map_err(err)?;
-    s.set_nonblocking(true).map_err(err)?;
-    UdpSocket::from_std(s.into()).map_err(err)
+    let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, l.port));
+    crate::batch::server_socket(&l.interface, addr, |s| s.set_broadcast(true), |_| Ok(()))
 }

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 
 use dhcproto::v6::MessageType;
 use paddock_store::{Op, Store};
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
 use super::packet::{Inbound6, decode_inbound6, encode_relayed6, encode6};
@@ -58,12 +57,7 @@ impl Dhcp6Service {
         policy: Arc<dyn ClientPolicy>,
         observer: Option<Arc<dyn DhcpObserver>>,
     ) -> Result<Arc<Self>, ShellError> {
-        for kv in store.range(LEASE6_PREFIX).await? {
-            let lease: Lease6 =
-                serde_json::from_slice(&kv.value).map_err(|source| ShellError::BadLease {
-                    key: kv.key.clone(),
-                    source,
-                })?;
+        for lease in crate::batch::stored_leases::<Lease6>(store.as_ref(), LEASE6_PREFIX).await? {
             server.leases.restore(lease);
         }
         tracing::info!(leases = server.leases.count(), "dhcp6: leases restored");
@@ -195,20 +189,11 @@ impl Handler for Link6 {
 }
 
 fn bind(l: &Listener6) -> Result<UdpSocket, ShellError> {
-    let err = |source| ShellError::Bind {
-        interface: l.interface.clone(),
-        port: l.port,
-        source,
-    };
-    let s = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
-    s.set_only_v6(true).map_err(err)?;
-    s.set_reuse_address(true).map_err(err)?;
-    s.bind_device(Some(l.interface.as_bytes())).map_err(err)?;
-    let _ = s.set_recv_buffer_size(4 << 20);
-    let _ = s.set_send_buffer_size(4 << 20);
-    s.bind(&SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, l.port, 0, 0)).into())
-        .map_err(err)?;
-    s.join_multicast_v6(&ALL_SERVERS, l.index).map_err(err)?;
-    s.set_nonblocking(true).map_err(err)?;
-    UdpSocket::from_std(s.into()).map_err(err)
+    let addr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, l.port, 0, 0));
+    crate::batch::server_socket(
+        &l.interface,
+        addr,
+        |s| s.set_only_v6(true),
+        |s| s.join_multicast_v6(&ALL_SERVERS, l.index),
+    )
 }
