@@ -2,18 +2,27 @@
 //! lease changes gather into a batch written as ONE store transaction while packets keep
 //! being handled; when it commits, its replies are sent and the next batch (everything that
 //! arrived meanwhile) is written. A reply therefore always follows the fsync of its lease, and
-//! the number of fsyncs adapts to the load. The counters and errors of both shells live here
-//! too.
+//! the number of fsyncs adapts to the load. Packets are read and replies sent in batches
+//! (`recvmmsg`, `sendmmsg`): under a boot storm a system call per packet was a large part of
+//! the loop's time. The counters and errors of both shells live here too.
 
-use std::future::Future;
+use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use paddock_store::{Op, Store, StoreError, Txn};
 use serde::de::DeserializeOwned;
 use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
+
+/// Packets read, or replies sent, by one system call at most.
+const BATCH: usize = 64;
+/// The largest packet read; a longer one is cut short (and then fails to decode).
+const MAX_PACKET: usize = 4096;
 
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
@@ -67,15 +76,9 @@ pub(crate) struct Batch {
 
 /// One socket's protocol: what a packet does, and where its leases are stored.
 pub(crate) trait Handler: Send + Sync {
-    /// Handles one received packet: sends what can go now, queues lease changes (with the
-    /// replies that must wait for them) in `next`.
-    fn packet(
-        &self,
-        socket: &UdpSocket,
-        data: &[u8],
-        peer: SocketAddr,
-        next: &mut Batch,
-    ) -> impl Future<Output = ()> + Send;
+    /// Handles one received packet: a reply that can go at once into `now`; lease changes,
+    /// with the replies that must wait for them, into `next`. Must not block.
+    fn packet(&self, data: &[u8], peer: SocketAddr, now: &mut Vec<Reply>, next: &mut Batch);
     fn store(&self) -> Arc<dyn Store>;
     fn stats(&self) -> &Stats;
     /// A batch of `leases` was not stored: its replies are withheld.
@@ -169,26 +172,34 @@ pub(crate) async fn serve<H: Handler>(
     socket: &UdpSocket,
     interface: &str,
 ) -> Result<(), ShellError> {
-    let mut buf = vec![0u8; 4096];
+    let io_error = |source| ShellError::Io {
+        interface: interface.to_string(),
+        source,
+    };
+    let mut rx = Received::new();
+    let mut now = Vec::with_capacity(BATCH);
     let mut next = Batch::default();
     let mut writing: Option<(CommitFuture, Vec<Reply>, usize)> = None;
     loop {
         tokio::select! {
-            res = socket.recv_from(&mut buf) => {
-                let (n, peer) = res.map_err(|source| ShellError::Io {
-                    interface: interface.to_string(),
-                    source,
-                })?;
-                h.packet(socket, &buf[..n], peer, &mut next).await;
+            ready = socket.readable() => {
+                ready.map_err(io_error)?;
+                match socket.try_io(Interest::READABLE, || rx.read(socket.as_raw_fd())) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_error(e)),
+                }
+                for (data, peer) in rx.packets() {
+                    h.packet(data, peer, &mut now, &mut next);
+                }
+                send_all(socket, &now).await;
+                now.clear();
             }
             res = async { writing.as_mut().expect("guarded").0.as_mut().await }, if writing.is_some() => {
                 let (_, replies, leases) = writing.take().expect("guarded");
                 match res {
-                    Ok(_) => {
-                        for (bytes, to) in &replies {
-                            send(socket, bytes, *to).await;
-                        }
-                    }
+                    Ok(_) => send_all(socket, &replies).await,
                     Err(e) => h.not_stored(leases, &e),
                 }
             }
@@ -210,13 +221,87 @@ pub(crate) async fn serve<H: Handler>(
     }
 }
 
-pub(crate) async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
-    // Straight to the socket when it has room (nearly always); through the reactor otherwise.
-    let res = match socket.try_send_to(bytes, to) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => socket.send_to(bytes, to).await,
-        other => other,
-    };
-    if let Err(e) = res {
-        tracing::debug!(%to, error = %e, "dhcp: send failed");
+/// The buffers one `recvmmsg` fills, and what it read into them. (nix's message headers
+/// hold raw pointers, so they are made for each call rather than kept across an await.)
+struct Received {
+    bufs: Vec<u8>,
+    /// Each packet's length and sender, in the order of `bufs`' slots.
+    got: Vec<(usize, Option<SocketAddr>)>,
+}
+
+impl Received {
+    fn new() -> Self {
+        Received {
+            bufs: vec![0; BATCH * MAX_PACKET],
+            got: Vec::with_capacity(BATCH),
+        }
     }
+
+    /// Reads what is queued on `fd`, up to [`BATCH`] packets, without waiting.
+    fn read(&mut self, fd: RawFd) -> std::io::Result<()> {
+        self.got.clear();
+        let mut slots: Vec<[IoSliceMut<'_>; 1]> = self
+            .bufs
+            .chunks_mut(MAX_PACKET)
+            .map(|b| [IoSliceMut::new(b)])
+            .collect();
+        let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(BATCH, None);
+        let read = recvmmsg(
+            fd,
+            &mut headers,
+            slots.iter_mut(),
+            MsgFlags::MSG_DONTWAIT,
+            None,
+        )?;
+        self.got
+            .extend(read.map(|m| (m.bytes, m.address.as_ref().and_then(socket_addr))));
+        Ok(())
+    }
+
+    /// The packets of the last read, each with its sender.
+    fn packets(&self) -> impl Iterator<Item = (&[u8], SocketAddr)> {
+        self.bufs
+            .chunks(MAX_PACKET)
+            .zip(&self.got)
+            .filter_map(|(buf, (n, peer))| Some((&buf[..(*n).min(MAX_PACKET)], (*peer)?)))
+    }
+}
+
+/// A sender's address as the standard library has it (its scope, for a link-local one).
+fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        return Some(SocketAddr::V4((*v4).into()));
+    }
+    a.as_sockaddr_in6().map(|v6| SocketAddr::V6((*v6).into()))
+}
+
+/// Sends every reply, [`BATCH`] to a system call, waiting while the socket's buffer is full.
+/// A reply the kernel refuses (no route to its address) is logged and skipped.
+pub(crate) async fn send_all(socket: &UdpSocket, replies: &[Reply]) {
+    let mut rest = replies;
+    while !rest.is_empty() {
+        let batch = &rest[..rest.len().min(BATCH)];
+        match socket.try_io(Interest::WRITABLE, || send_batch(socket.as_raw_fd(), batch)) {
+            Ok(sent) => rest = &rest[sent.clamp(1, batch.len())..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = socket.writable().await {
+                    tracing::debug!(error = %e, replies = rest.len(), "dhcp: replies not sent");
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::debug!(to = %rest[0].1, error = %e, "dhcp: send failed");
+                rest = &rest[1..];
+            }
+        }
+    }
+}
+
+/// One `sendmmsg` of `batch`: how many of its replies left.
+fn send_batch(fd: RawFd, batch: &[Reply]) -> std::io::Result<usize> {
+    let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(batch.len(), None);
+    let slices: Vec<[IoSlice<'_>; 1]> = batch.iter().map(|(b, _)| [IoSlice::new(b)]).collect();
+    let to: Vec<Option<SockaddrStorage>> = batch.iter().map(|(_, a)| Some((*a).into())).collect();
+    Ok(sendmmsg(fd, &mut headers, slices.iter(), to, [], MsgFlags::empty())?.count())
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use paddock_store::{Op, Store};
 use tokio::net::UdpSocket;
 
-use crate::batch::{Batch, Handler, send};
+use crate::batch::{Batch, Handler, Reply};
 pub use crate::batch::{ShellError, Stats};
 use crate::packet::{decode_request, encode};
 use crate::server::{ClientPolicy, LeaseChange, LimitKind};
@@ -169,13 +169,14 @@ impl DhcpService {
         .await
     }
 
-    /// Handles one received packet: sends what can go now, queues lease changes.
-    async fn packet(
+    /// Handles one received packet: a reply that can go at once into `now`, lease changes
+    /// (and the replies that wait for them) into `next`.
+    fn packet(
         &self,
-        socket: &UdpSocket,
         data: &[u8],
         peer: SocketAddr,
         local: Ipv4Addr,
+        now: &mut Vec<Reply>,
         next: &mut Batch,
     ) {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
@@ -246,7 +247,7 @@ impl DhcpService {
             }
         };
         match change {
-            None => send(socket, &bytes, to.into()).await,
+            None => now.push((bytes, to.into())),
             Some(op) => {
                 next.ops.push(op);
                 next.replies.push((bytes, to.into()));
@@ -263,10 +264,8 @@ struct Link4 {
 }
 
 impl Handler for Link4 {
-    async fn packet(&self, socket: &UdpSocket, data: &[u8], peer: SocketAddr, next: &mut Batch) {
-        self.service
-            .packet(socket, data, peer, self.local, next)
-            .await
+    fn packet(&self, data: &[u8], peer: SocketAddr, now: &mut Vec<Reply>, next: &mut Batch) {
+        self.service.packet(data, peer, self.local, now, next)
     }
 
     fn store(&self) -> Arc<dyn Store> {

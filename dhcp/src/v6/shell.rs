@@ -14,7 +14,7 @@ use tokio::net::UdpSocket;
 
 use super::packet::{Inbound6, decode_inbound6, encode_relayed6, encode6};
 use super::{Lease6, Server6, Via6};
-use crate::batch::{Batch, Handler, send};
+use crate::batch::{Batch, Handler, Reply};
 use crate::server::ClientPolicy;
 use crate::shell::{Answered, DhcpObserver, ShellError, Stats, unix_now, unix_now_ms};
 
@@ -104,7 +104,7 @@ struct Link6 {
 }
 
 impl Handler for Link6 {
-    async fn packet(&self, socket: &UdpSocket, data: &[u8], peer: SocketAddr, next: &mut Batch) {
+    fn packet(&self, data: &[u8], peer: SocketAddr, now: &mut Vec<Reply>, next: &mut Batch) {
         let s = &self.service;
         s.stats.received.fetch_add(1, Ordering::Relaxed);
         let SocketAddr::V6(from) = peer else {
@@ -169,7 +169,7 @@ impl Handler for Link6 {
             from.scope_id(),
         ));
         if outcome.changes.is_empty() {
-            return send(socket, &bytes, to).await;
+            return now.push((bytes, to));
         }
         for lease in &outcome.changes {
             if let Ok(v) = serde_json::to_vec(lease) {
