@@ -190,11 +190,19 @@ pub(crate) async fn serve<H: Handler>(
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(io_error(e)),
                 }
+                let mut read = 0;
                 for (data, peer) in rx.packets() {
                     h.packet(data, peer, &mut now, &mut next);
+                    read += 1;
                 }
                 send_all(socket, &now).await;
                 now.clear();
+                // Nothing above spends the task's cooperative budget (a `recv_from` spent a
+                // unit a packet): spend it here, so that a queue that never empties under a
+                // storm still lets the worker run other tasks, the store's commit among them.
+                for _ in 0..read {
+                    tokio::task::consume_budget().await;
+                }
             }
             res = async { writing.as_mut().expect("guarded").0.as_mut().await }, if writing.is_some() => {
                 let (_, replies, leases) = writing.take().expect("guarded");
