@@ -190,17 +190,15 @@ pub(crate) async fn serve<H: Handler>(
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(io_error(e)),
                 }
-                let mut read = 0;
                 for (data, peer) in rx.packets() {
                     h.packet(data, peer, &mut now, &mut next);
-                    read += 1;
                 }
                 send_all(socket, &now).await;
                 now.clear();
                 // Nothing above spends the task's cooperative budget (a `recv_from` spent a
                 // unit a packet): spend it here, so that a queue that never empties under a
                 // storm still lets the worker run other tasks, the store's commit among them.
-                for _ in 0..read {
+                for _ in 0..rx.got.len() {
                     tokio::task::consume_budget().await;
                 }
             }
@@ -285,7 +283,7 @@ fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
 
 /// Sends every reply, [`BATCH`] to a system call, waiting while the socket's buffer is full.
 /// A reply the kernel refuses (no route to its address) is logged and skipped.
-pub(crate) async fn send_all(socket: &UdpSocket, replies: &[Reply]) {
+async fn send_all(socket: &UdpSocket, replies: &[Reply]) {
     let mut rest = replies;
     while !rest.is_empty() {
         let batch = &rest[..rest.len().min(BATCH)];
