@@ -6,14 +6,72 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use ipnet::Ipv4Net;
 use paddock_dhcp::shell::{Answered, DhcpObserver, DhcpService, Listener};
-use paddock_dhcp::{BootPolicy, Leases, Reservation, Server, ServerConfig, Subnet};
+use paddock_dhcp::{BootPolicy, Leases, Pool, Reservation, Server, ServerConfig, Subnet};
 use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector};
 use paddock_inventory::MacAddr;
 use paddock_store::Store;
 use paddock_wire::unix_ms as now_ms;
+use serde::Deserialize;
 
 use crate::runtime::Runtime;
+use crate::setting::{parse, parse_each, ranges};
+
+/// `[dhcp]` is on unless turned off.
+pub const ENABLED: bool = true;
+pub const PORT: u16 = 67;
+pub const CLIENT_PORT: u16 = 68;
+pub const RELAY_PORT: u16 = 67;
+/// Seconds.
+pub const LEASE_TIME: u32 = 3600;
+
+/// `[dhcp]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DhcpFile {
+    pub enabled: Option<bool>,
+    pub interfaces: Vec<String>,
+    pub port: Option<u16>,
+    pub client_port: Option<u16>,
+    pub relay_port: Option<u16>,
+    pub deny_macs: Vec<String>,
+    pub subnets: Vec<SubnetFile>,
+    pub reservations: Vec<ReservationFile>,
+    /// Requests one client (by MAC) may send at once; 0 turns the per-client limit off
+    /// (default: `paddock_dhcp::RateLimits::default()`, 20).
+    pub per_client_burst: Option<u32>,
+    /// Requests per second a client's budget refills by (default 2).
+    pub per_client_per_sec: Option<u32>,
+    /// Clients whose budget is remembered (default 10,000).
+    pub max_tracked_clients: Option<u32>,
+    /// Addresses newly handed out across all clients per window; 0: no cap (default 1,024).
+    pub new_leases_per_window: Option<u32>,
+    /// That window, in seconds (default 60).
+    pub new_lease_window_secs: Option<u32>,
+}
+
+/// `[[dhcp.subnets]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubnetFile {
+    pub network: String,
+    pub pools: Vec<String>,
+    pub exclude: Vec<String>,
+    pub routers: Vec<String>,
+    pub dns: Vec<String>,
+    pub domain: Option<String>,
+    pub lease_time: Option<u32>,
+}
+
+/// `[[dhcp.reservations]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationFile {
+    pub mac: String,
+    pub ip: String,
+    pub hostname: Option<String>,
+}
 
 #[derive(Clone, Debug)]
 pub struct DhcpConfig {
@@ -26,6 +84,109 @@ pub struct DhcpConfig {
     pub reservations: Vec<Reservation>,
     /// Per-client and new-lease rate limits.
     pub rate_limits: paddock_dhcp::RateLimits,
+}
+
+/// Validates `[dhcp]` (when enabled), naming each problem.
+pub fn validate(f: DhcpFile, p: &mut Vec<String>) -> Option<DhcpConfig> {
+    let before = p.len();
+    if f.interfaces.is_empty() {
+        p.push("dhcp.interfaces: name at least one interface to serve on (or set dhcp.enabled = false)".into());
+    }
+    if f.subnets.is_empty() {
+        p.push("dhcp.subnets: configure at least one subnet (network and pools)".into());
+    }
+    let mut subnets = Vec::new();
+    for (i, s) in f.subnets.iter().enumerate() {
+        let at = format!("dhcp.subnets[{i}]");
+        let Some(network) = parse::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
+            continue;
+        };
+        let pools = ranges(
+            p,
+            &format!("{at}.pools"),
+            &s.pools,
+            "198.18.0.100-198.18.0.199",
+        )
+        .into_iter()
+        .map(|(start, end)| Pool { start, end })
+        .collect();
+        let ips = |p: &mut Vec<String>, what: &str, v: &[String]| -> Vec<Ipv4Addr> {
+            parse_each(p, &format!("{at}.{what}"), v)
+        };
+        let subnet = Subnet {
+            network: network.trunc(),
+            pools,
+            exclude: ips(p, "exclude", &s.exclude).into_iter().collect(),
+            routers: ips(p, "routers", &s.routers),
+            dns: ips(p, "dns", &s.dns),
+            domain: s.domain.clone(),
+            lease_time: s.lease_time.unwrap_or(LEASE_TIME),
+        };
+        if let Err(e) = subnet.validate() {
+            p.push(format!("{at}: {e}"));
+        }
+        subnets.push(subnet);
+    }
+    let mut reservations = Vec::new();
+    for (i, r) in f.reservations.iter().enumerate() {
+        let at = format!("dhcp.reservations[{i}]");
+        let mac = parse::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
+        let ip = parse::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
+        if let (Some(mac), Some(ip)) = (mac, ip) {
+            reservations.push(Reservation {
+                mac,
+                ip,
+                hostname: r.hostname.clone(),
+            });
+        }
+    }
+    let deny_macs = parse_each(p, "dhcp.deny_macs", &f.deny_macs)
+        .into_iter()
+        .collect();
+    if p.len() == before
+        && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
+    {
+        p.push(format!("dhcp: {e}"));
+    }
+    let rate_limits = rate_limits(
+        "dhcp",
+        [
+            f.per_client_burst,
+            f.per_client_per_sec,
+            f.max_tracked_clients,
+            f.new_leases_per_window,
+            f.new_lease_window_secs,
+        ],
+        p,
+    );
+    if p.len() > before {
+        return None;
+    }
+    Some(DhcpConfig {
+        rate_limits,
+        interfaces: f.interfaces,
+        port: f.port.unwrap_or(PORT),
+        client_port: f.client_port.unwrap_or(CLIENT_PORT),
+        relay_port: f.relay_port.unwrap_or(RELAY_PORT),
+        deny_macs,
+        subnets,
+        reservations,
+    })
+}
+
+/// The rate limits `[dhcp]` and `[dhcp6]` share (same keys, same defaults), in the order
+/// [`paddock_dhcp::RateLimits::defaulted`] takes them: defaulted, and a problem named after
+/// `section` when they do not hold together.
+pub fn rate_limits(
+    section: &str,
+    keys: [Option<u32>; 5],
+    p: &mut Vec<String>,
+) -> paddock_dhcp::RateLimits {
+    let limits = paddock_dhcp::RateLimits::defaulted(keys);
+    if let Err(e) = limits.validate() {
+        p.push(format!("{section}: {e}"));
+    }
+    limits
 }
 
 /// What the DHCP service is started with besides its section.

@@ -159,16 +159,17 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
     let deny_macs = parse_each::<MacAddr>(p, "dhcp6.deny_macs", &f.deny_macs)
         .into_iter()
         .collect();
-    let rate_limits = paddock_dhcp::RateLimits::defaulted([
-        f.per_client_burst,
-        f.per_client_per_sec,
-        f.max_tracked_clients,
-        f.new_leases_per_window,
-        f.new_lease_window_secs,
-    ]);
-    if let Err(e) = rate_limits.validate() {
-        p.push(format!("dhcp6: {e}"));
-    }
+    let rate_limits = crate::dhcp::rate_limits(
+        "dhcp6",
+        [
+            f.per_client_burst,
+            f.per_client_per_sec,
+            f.max_tracked_clients,
+            f.new_leases_per_window,
+            f.new_lease_window_secs,
+        ],
+        p,
+    );
     Some(Dhcp6Config {
         deny_macs,
         rate_limits,

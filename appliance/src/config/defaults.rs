@@ -8,13 +8,6 @@ pub const DATA_DIR: &str = "/var/lib/paddock";
 pub const LOG_FORMAT: &str = "human";
 pub const HTTP_LISTEN: &str = "0.0.0.0:8080";
 
-pub const DHCP_ENABLED: bool = true;
-pub const DHCP_PORT: u16 = 67;
-pub const DHCP_CLIENT_PORT: u16 = 68;
-pub const DHCP_RELAY_PORT: u16 = 67;
-/// Seconds.
-pub const DHCP_LEASE_TIME: u32 = 3600;
-
 pub const TFTP_ENABLED: bool = true;
 /// Debian's `shim-signed`: shim signed by the UEFI CA that firmware trusts.
 pub const SECURE_BOOT_SHIM: &str = "/usr/lib/shim/shimx64.efi.signed";

@@ -16,7 +16,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub log_format: Option<String>,
     pub http: HttpFile,
-    pub dhcp: DhcpFile,
+    pub dhcp: crate::dhcp::DhcpFile,
     pub tftp: TftpFile,
     pub boot: BootFile,
     pub inspector: InspectorFile,
@@ -215,50 +215,6 @@ pub struct HttpFile {
     /// Large boot assets sent at once; the others wait their turn, in order (0: all at
     /// once; [`super::defaults::HTTP_ASSET_LANES`]).
     pub asset_lanes: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DhcpFile {
-    pub enabled: Option<bool>,
-    pub interfaces: Vec<String>,
-    pub port: Option<u16>,
-    pub client_port: Option<u16>,
-    pub relay_port: Option<u16>,
-    pub deny_macs: Vec<String>,
-    pub subnets: Vec<SubnetFile>,
-    pub reservations: Vec<ReservationFile>,
-    /// Requests one client (by MAC) may send at once; 0 turns the per-client limit off
-    /// (default: `paddock_dhcp::RateLimits::default()`, 20).
-    pub per_client_burst: Option<u32>,
-    /// Requests per second a client's budget refills by (default 2).
-    pub per_client_per_sec: Option<u32>,
-    /// Clients whose budget is remembered (default 10,000).
-    pub max_tracked_clients: Option<u32>,
-    /// Addresses newly handed out across all clients per window; 0: no cap (default 1,024).
-    pub new_leases_per_window: Option<u32>,
-    /// That window, in seconds (default 60).
-    pub new_lease_window_secs: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SubnetFile {
-    pub network: String,
-    pub pools: Vec<String>,
-    pub exclude: Vec<String>,
-    pub routers: Vec<String>,
-    pub dns: Vec<String>,
-    pub domain: Option<String>,
-    pub lease_time: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReservationFile {
-    pub mac: String,
-    pub ip: String,
-    pub hostname: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -3,19 +3,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use paddock_dhcp::{BootPolicy, Pool, Reservation, Subnet};
+use paddock_dhcp::BootPolicy;
 use paddock_inspector::service::{InspectorConfig, NextAction, TimelineLimits};
-use paddock_inventory::MacAddr;
 
 use super::file::*;
 use super::*;
-use crate::setting::{parse, parse_each, ranges};
+use crate::setting::{parse, parse_each};
 
 /// Problems found so far, each naming its setting.
 type Problems = Vec<String>;
@@ -33,8 +32,8 @@ impl FileConfig {
         let log_format = log_format(self.log_format.as_deref(), &mut p);
         let mut boot = boot(&self.boot, &public_url, &mut p);
         let first_dhcp_interface = self.dhcp.interfaces.first().cloned();
-        let dhcp = if self.dhcp.enabled.unwrap_or(defaults::DHCP_ENABLED) {
-            dhcp(self.dhcp, &mut p)
+        let dhcp = if self.dhcp.enabled.unwrap_or(crate::dhcp::ENABLED) {
+            crate::dhcp::validate(self.dhcp, &mut p)
         } else {
             None
         };
@@ -812,93 +811,6 @@ fn agent_urls(peers: &[String], public_url: &str, p: &mut Problems) -> Vec<Strin
         }
     }
     urls
-}
-
-/// `[dhcp]` (when enabled).
-fn dhcp(f: DhcpFile, p: &mut Problems) -> Option<DhcpConfig> {
-    let before = p.len();
-    if f.interfaces.is_empty() {
-        p.push("dhcp.interfaces: name at least one interface to serve on (or set dhcp.enabled = false)".into());
-    }
-    if f.subnets.is_empty() {
-        p.push("dhcp.subnets: configure at least one subnet (network and pools)".into());
-    }
-    let mut subnets = Vec::new();
-    for (i, s) in f.subnets.iter().enumerate() {
-        let at = format!("dhcp.subnets[{i}]");
-        let Some(network) = parse::<Ipv4Net>(p, &format!("{at}.network"), &s.network) else {
-            continue;
-        };
-        let pools = ranges(
-            p,
-            &format!("{at}.pools"),
-            &s.pools,
-            "198.18.0.100-198.18.0.199",
-        )
-        .into_iter()
-        .map(|(start, end)| Pool { start, end })
-        .collect();
-        let ips = |p: &mut Problems, what: &str, v: &[String]| -> Vec<Ipv4Addr> {
-            parse_each(p, &format!("{at}.{what}"), v)
-        };
-        let subnet = Subnet {
-            network: network.trunc(),
-            pools,
-            exclude: ips(p, "exclude", &s.exclude).into_iter().collect(),
-            routers: ips(p, "routers", &s.routers),
-            dns: ips(p, "dns", &s.dns),
-            domain: s.domain.clone(),
-            lease_time: s.lease_time.unwrap_or(defaults::DHCP_LEASE_TIME),
-        };
-        if let Err(e) = subnet.validate() {
-            p.push(format!("{at}: {e}"));
-        }
-        subnets.push(subnet);
-    }
-    let mut reservations = Vec::new();
-    for (i, r) in f.reservations.iter().enumerate() {
-        let at = format!("dhcp.reservations[{i}]");
-        let mac = parse::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
-        let ip = parse::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
-        if let (Some(mac), Some(ip)) = (mac, ip) {
-            reservations.push(Reservation {
-                mac,
-                ip,
-                hostname: r.hostname.clone(),
-            });
-        }
-    }
-    let deny_macs = parse_each(p, "dhcp.deny_macs", &f.deny_macs)
-        .into_iter()
-        .collect();
-    if p.len() == before
-        && let Err(e) = paddock_dhcp::Leases::new(subnets.clone(), reservations.clone())
-    {
-        p.push(format!("dhcp: {e}"));
-    }
-    let rate_limits = paddock_dhcp::RateLimits::defaulted([
-        f.per_client_burst,
-        f.per_client_per_sec,
-        f.max_tracked_clients,
-        f.new_leases_per_window,
-        f.new_lease_window_secs,
-    ]);
-    if let Err(e) = rate_limits.validate() {
-        p.push(format!("dhcp: {e}"));
-    }
-    if p.len() > before {
-        return None;
-    }
-    Some(DhcpConfig {
-        rate_limits,
-        interfaces: f.interfaces,
-        port: f.port.unwrap_or(defaults::DHCP_PORT),
-        client_port: f.client_port.unwrap_or(defaults::DHCP_CLIENT_PORT),
-        relay_port: f.relay_port.unwrap_or(defaults::DHCP_RELAY_PORT),
-        deny_macs,
-        subnets,
-        reservations,
-    })
 }
 
 /// `[tftp]` (when enabled).
