@@ -184,6 +184,17 @@ pub enum LeaseState {
     Declined,
 }
 
+impl LeaseState {
+    /// A record in this state, ending at `expires`, holds its address against other clients
+    /// at `now` (both families read their records this way).
+    pub(crate) fn holds(self, expires: u64, now: u64) -> bool {
+        match self {
+            LeaseState::Bound | LeaseState::Declined => expires > now,
+            LeaseState::Released => false,
+        }
+    }
+}
+
 /// Where a relayed request came from (RFC 3046).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Relay {
@@ -212,10 +223,7 @@ pub struct Lease {
 impl Lease {
     /// Holds the address against other clients at `now`.
     fn holds(&self, now: u64) -> bool {
-        match self.state {
-            LeaseState::Bound | LeaseState::Declined => self.expires > now,
-            LeaseState::Released => false,
-        }
+        self.state.holds(self.expires, now)
     }
 }
 

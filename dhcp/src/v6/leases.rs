@@ -129,11 +129,9 @@ impl Lease6 {
         }
     }
 
+    /// Holds the address against other clients at `now`.
     fn holds(&self, now: u64) -> bool {
-        match self.state {
-            LeaseState::Bound | LeaseState::Declined => self.expires > now,
-            LeaseState::Released => false,
-        }
+        self.state.holds(self.expires, now)
     }
 }
 
