@@ -1,8 +1,10 @@
-//! Every default of the configuration file, once. Validation reads them from here and the
-//! file's documentation points here. The inspector's own defaults (auto-enrolment, the
-//! introspection timeout of 3600 s, the 4 MiB body limit, poweroff after inspection) and
-//! the timeline's (entries kept) are the inspector crate's `InspectorConfig::default()` and
-//! `TimelineLimits::default()`, read as they are, never restated.
+//! Every default of the sections the configuration module defines itself, once; the domains
+//! that define their own sections (`dhcp`, `dhcp6`, `dns`, `roles`) keep theirs beside their
+//! keys. Validation reads them from here and the file's documentation points here. The
+//! inspector's own defaults (auto-enrolment, the introspection timeout of 3600 s, the 4 MiB
+//! body limit, poweroff after inspection) and the timeline's (entries kept) are the inspector
+//! crate's `InspectorConfig::default()` and `TimelineLimits::default()`, read as they are,
+//! never restated.
 
 pub const DATA_DIR: &str = "/var/lib/paddock";
 pub const LOG_FORMAT: &str = "human";

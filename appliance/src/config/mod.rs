@@ -1,6 +1,7 @@
 //! Configuration in two layers: the TOML file operators write ([`file`]) with flag and
 //! environment [`overrides`], and the validated [`Config`] that everything after start-up
-//! uses ([`validate`], one function per section). Every default is in [`defaults`].
+//! uses ([`validate`], one function per section). Every default is in [`defaults`], but for
+//! the sections a domain defines and checks itself (`dhcp`, `dhcp6`, `dns`, `roles`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
