@@ -3,12 +3,13 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use ipnet::Ipv4Net;
 use paddock_dhcp::shell::{Answered, DhcpObserver, DhcpService, Listener};
-use paddock_dhcp::{BootPolicy, Leases, Pool, Reservation, Server, ServerConfig, Subnet};
+use paddock_dhcp::{BootPolicy, Leases, Pool, Relays, Reservation, Server, ServerConfig, Subnet};
 use paddock_inspector::service::{DhcpAnswer, DhcpReply, Inspector};
 use paddock_inventory::MacAddr;
 use paddock_store::Store;
@@ -36,6 +37,9 @@ pub struct DhcpFile {
     pub client_port: Option<u16>,
     pub relay_port: Option<u16>,
     pub deny_macs: Vec<String>,
+    /// The relays' own addresses: a request with `giaddr` set from any other source is
+    /// dropped. Unset: relayed requests from anyone; empty: from no one.
+    pub relays: Option<Vec<String>>,
     pub subnets: Vec<SubnetFile>,
     pub reservations: Vec<ReservationFile>,
     /// Requests one client (by MAC) may send at once; 0 turns the per-client limit off
@@ -84,6 +88,7 @@ pub struct DhcpConfig {
     pub reservations: Vec<Reservation>,
     /// Per-client and new-lease rate limits.
     pub rate_limits: paddock_dhcp::RateLimits,
+    pub relays: Relays,
 }
 
 /// Validates `[dhcp]` (when enabled), naming each problem.
@@ -140,6 +145,7 @@ pub fn validate(f: DhcpFile, p: &mut Vec<String>) -> Option<DhcpConfig> {
             });
         }
     }
+    let relays = relays::<Ipv4Addr>("dhcp.relays", f.relays.as_deref(), p);
     let deny_macs = parse_each(p, "dhcp.deny_macs", &f.deny_macs)
         .into_iter()
         .collect();
@@ -169,6 +175,7 @@ pub fn validate(f: DhcpFile, p: &mut Vec<String>) -> Option<DhcpConfig> {
         client_port: f.client_port.unwrap_or(CLIENT_PORT),
         relay_port: f.relay_port.unwrap_or(RELAY_PORT),
         deny_macs,
+        relays,
         subnets,
         reservations,
     })
@@ -187,6 +194,19 @@ pub fn rate_limits(
         p.push(format!("{section}: {e}"));
     }
     limits
+}
+
+/// `relays` as written, for either family: unset, relayed requests from any source; listed
+/// (each parsed as `A`), only from those.
+pub fn relays<A>(what: &str, listed: Option<&[String]>, p: &mut Vec<String>) -> Relays
+where
+    A: FromStr + Into<IpAddr>,
+    A::Err: std::fmt::Display,
+{
+    match listed {
+        None => Relays::Any,
+        Some(listed) => parse_each::<A>(p, what, listed).into_iter().collect(),
+    }
 }
 
 /// What the DHCP service is started with besides its section.
@@ -227,6 +247,7 @@ pub async fn start(
             boot: s.boot.clone(),
             client_port: d.client_port,
             relay_port: d.relay_port,
+            relays: d.relays.clone(),
         },
     )
     .with_limits(d.rate_limits);

@@ -46,6 +46,9 @@ pub struct Dhcp6File {
     pub reservations: Vec<Reservation6File>,
     /// MACs never answered (by the MAC of the client's DUID or link-local address).
     pub deny_macs: Vec<String>,
+    /// The relays' own addresses: a Relay-forward from any other source is dropped. Unset:
+    /// Relay-forwards from anyone; empty: from no one.
+    pub relays: Option<Vec<String>>,
     /// The rate limits, as `[dhcp]` has them (same keys, same defaults).
     pub per_client_burst: Option<u32>,
     pub per_client_per_sec: Option<u32>,
@@ -86,6 +89,7 @@ pub struct Dhcp6Config {
     pub reservations: Vec<Reservation6>,
     pub deny_macs: std::collections::BTreeSet<MacAddr>,
     pub rate_limits: paddock_dhcp::RateLimits,
+    pub relays: paddock_dhcp::Relays,
 }
 
 /// Router advertisements.
@@ -156,6 +160,7 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
             "dhcp6.ra_interval_secs: {every} is outside 4..=1800 (RFC 4861's MaxRtrAdvInterval)"
         ));
     }
+    let relays = crate::dhcp::relays::<Ipv6Addr>("dhcp6.relays", f.relays.as_deref(), p);
     let deny_macs = parse_each::<MacAddr>(p, "dhcp6.deny_macs", &f.deny_macs)
         .into_iter()
         .collect();
@@ -172,6 +177,7 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
     );
     Some(Dhcp6Config {
         deny_macs,
+        relays,
         rate_limits,
         interfaces: f.interfaces.clone(),
         port: f.port.unwrap_or(DHCP6_PORT),
@@ -228,6 +234,7 @@ pub async fn start(
                 table: boot.table.clone(),
                 public_url: u.clone(),
             }),
+            relays: d.relays.clone(),
         },
     )
     .with_limits(d.rate_limits);

@@ -399,6 +399,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     };
     match render_metrics(
         s.dhcp.as_ref().map(|d| &d.stats),
+        s.dhcp6.as_ref().map(|d| &d.stats),
         nodes.as_deref(),
         dominator.as_ref(),
     )
@@ -425,28 +426,35 @@ fn by_state(registry: &mut Registry, name: &str, help: &str) -> Family<StateLabe
     family
 }
 
-/// The metrics in the OpenMetrics text format: `paddock_dhcp_packets_total{outcome}` (with
-/// a DHCP server), `paddock_nodes{state}` (when the nodes could be read), and
-/// `paddock_dominator_subs{state}` and `paddock_dominator_paused` (0/1) with the dominator.
+/// The metrics in the OpenMetrics text format: `paddock_dhcp_packets_total{outcome}` and
+/// `paddock_dhcp6_packets_total{outcome}` (with each DHCP server), `paddock_nodes{state}`
+/// (when the nodes could be read), and `paddock_dominator_subs{state}` and
+/// `paddock_dominator_paused` (0/1) with the dominator.
 fn render_metrics(
     dhcp: Option<&paddock_dhcp::shell::Stats>,
+    dhcp6: Option<&paddock_dhcp::shell::Stats>,
     nodes: Option<&[paddock_inspector::node::Node]>,
     dominator: Option<&DominatorGauges>,
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    if let Some(st) = dhcp {
+    for (name, help, stats) in [
+        ("paddock_dhcp_packets", "DHCP packets by outcome", dhcp),
+        (
+            "paddock_dhcp6_packets",
+            "DHCPv6 packets by outcome (offer: Advertise, ack: Reply)",
+            dhcp6,
+        ),
+    ] {
+        let Some(st) = stats else { continue };
         let packets = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "paddock_dhcp_packets",
-            "DHCP packets by outcome",
-            packets.clone(),
-        );
+        registry.register(name, help, packets.clone());
         for (outcome, c) in [
             ("received", &st.received),
             ("malformed", &st.malformed),
             ("ignored", &st.ignored),
             ("limited_client", &st.limited_client),
             ("limited_new_lease", &st.limited_new_leases),
+            ("relay_refused", &st.relay_refused),
             ("offer", &st.offers),
             ("ack", &st.acks),
             ("nak", &st.naks),
@@ -634,6 +642,7 @@ mod tests {
         let dominator = DominatorGauges::read(&census, true);
         let text = render_metrics(
             Some(&stats),
+            Some(&stats),
             Some(&[node.clone(), node, bare]),
             Some(&dominator),
         )
@@ -642,6 +651,7 @@ mod tests {
             "# TYPE paddock_dhcp_packets counter",
             "paddock_dhcp_packets_total{outcome=\"malformed\"} 3",
             "paddock_dhcp_packets_total{outcome=\"ack\"} 0",
+            "paddock_dhcp6_packets_total{outcome=\"malformed\"} 3",
             "# TYPE paddock_nodes gauge",
             "paddock_nodes{state=\"finished\"} 2",
             "paddock_nodes{state=\"none\"} 1",
@@ -653,8 +663,8 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
-        assert_eq!(render_metrics(None, None, None).unwrap(), "# EOF\n");
-        let idle = render_metrics(None, None, Some(&DominatorGauges::default())).unwrap();
+        assert_eq!(render_metrics(None, None, None, None).unwrap(), "# EOF\n");
+        let idle = render_metrics(None, None, None, Some(&DominatorGauges::default())).unwrap();
         assert!(
             idle.lines().any(|l| l == "paddock_dominator_paused 0"),
             "{idle}"

@@ -393,13 +393,15 @@ fn denied_macs_get_no_dhcpv6_answer() {
 
 /// A client on a link of its own behind ISC's `dhcrelay -6` (with an interface-id): the
 /// relay's link address picks that link's subnet, the answer goes back through the relay,
-/// and the lease is stored with the client's MAC.
+/// and the lease is stored with the client's MAC. Only a relay listed in `dhcp6.relays` is
+/// heard: first another address is listed (the Relay-forwards are dropped and counted), then
+/// the relay's own.
 #[test]
 fn dhclient6_is_served_through_a_relay() {
     require(&["dhclient", "dhcrelay"]);
-    let (link, scratch, _app) = setup_pool(
+    let (link, scratch, mut app) = setup_pool(
         "2001:2:0:1::100-2001:2:0:1::1ff",
-        "",
+        "relays = [\"2001:2:0:1::3\"]\n",
         "[[dhcp6.subnets]]\nnetwork = \"2001:2:0:2::/64\"\npools = [\"2001:2:0:2::100-2001:2:0:2::1ff\"]\n",
     );
     // The client namespace of the link is the relay's host; behind it, a LAN of its own.
@@ -424,6 +426,30 @@ fn dhclient6_is_served_through_a_relay() {
         ),
         &scratch.path("dhcrelay.log"),
     ));
+    let (refused, events) = dhclient6_in(&lan, &scratch, &host_if, "refused");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dhcp_packets(&link.server, "dhcp6", "relay_refused") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no Relay-forward counted as refused within 30 s:\n{}",
+            std::fs::read_to_string(scratch.path("dhcrelay.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(refused);
+    let bound = std::fs::read_to_string(&events).unwrap_or_default();
+    assert!(
+        bound.is_empty(),
+        "bound through a relay not listed: {bound}"
+    );
+    app.stop();
+    let config = std::fs::read_to_string(&app.config).unwrap();
+    std::fs::write(
+        &app.config,
+        config.replace("2001:2:0:1::3", "2001:2:0:1::2"),
+    )
+    .unwrap();
+    app.restart(&link.server);
     let (_client, events) = dhclient6_in(&lan, &scratch, &host_if, "relayed");
     let lines = wait_event(&events, "BOUND6", &scratch.path("relayed.log"));
     let ip: std::net::Ipv6Addr = lines[0]

@@ -40,6 +40,9 @@ pub struct Stats {
     /// Requests dropped because they would have taken a new address beyond
     /// `new_leases_per_window`. Not counted in `ignored`.
     pub limited_new_leases: AtomicU64,
+    /// Relayed requests from a source not among the configured relays. Not counted in
+    /// `ignored`.
+    pub relay_refused: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ pub mod leases;
 pub mod packet;
 pub mod pxe;
 pub mod ratelimit;
+pub mod relays;
 pub mod server;
 #[cfg(feature = "shell")]
 pub mod shell;
@@ -21,6 +22,7 @@ pub use leases::{Lease, LeaseState, Leases, Pick, Pool, Relay, Reservation, Subn
 pub use paddock_inventory::MacAddr;
 pub use pxe::{Arch, BootChoice, BootPolicy, Signed};
 pub use ratelimit::{RateLimitError, RateLimits};
+pub use relays::Relays;
 pub use server::{
     Admission, AllowAll, ClientPolicy, LeaseChange, LimitKind, Limited, Outcome, Server,
     ServerConfig,

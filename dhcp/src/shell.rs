@@ -190,6 +190,13 @@ impl DhcpService {
         };
         let outcome = {
             let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+            if !msg.giaddr().is_unspecified() && !server.config().relays.admits(peer.ip()) {
+                drop(server);
+                self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+                let giaddr = msg.giaddr();
+                tracing::debug!(%peer, %giaddr, "dhcp: dropped a relayed request from a source not in relays");
+                return;
+            }
             server.handle_ms(&msg, local, unix_now_ms(), self.policy.as_ref())
         };
         if let Some(limited) = outcome.limited {

@@ -64,6 +64,7 @@ async fn start(name: &str, limits: RateLimits) -> Harness {
             boot: BootPolicy::new("http://127.0.0.1:8080", &Default::default()),
             client_port: 68,
             relay_port,
+            relays: paddock_dhcp::Relays::Any,
         },
     )
     .with_limits(limits);

@@ -170,11 +170,16 @@ pub fn summary(c: &Config) -> String {
     };
     out += &match &c.dhcp {
         Some(d) => format!(
-            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s)\n",
+            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s), relayed requests {}\n",
             d.interfaces.join(","),
             d.port,
             d.subnets.len(),
-            d.reservations.len()
+            d.reservations.len(),
+            match &d.relays {
+                paddock_dhcp::Relays::Any => "from any source".to_string(),
+                paddock_dhcp::Relays::Only(listed) =>
+                    format!("from {} listed relay(s)", listed.len()),
+            }
         ),
         None => "  dhcp       off\n".to_string(),
     };
@@ -227,10 +232,22 @@ enabled = false
     fn a_good_file_validates() {
         let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
         assert_eq!(c.public_url, "http://198.18.0.1:8080");
+        assert!(summary(&c).contains("relayed requests from any source"));
         let d = c.dhcp.unwrap();
         assert_eq!((d.port, d.subnets.len(), d.reservations.len()), (67, 1, 1));
+        assert_eq!(
+            d.relays,
+            paddock_dhcp::Relays::Any,
+            "relays from anyone unless listed"
+        );
         assert_eq!(c.boot.table[&7], "ipxe.efi");
         assert!(c.tftp.is_none());
+        let listed = GOOD.replace("[dhcp]\n", "[dhcp]\nrelays = [\"198.18.1.2\"]\n");
+        let c = FileConfig::parse(&listed).unwrap().validate().unwrap();
+        assert!(summary(&c).contains("relayed requests from 1 listed relay(s)"));
+        let d = c.dhcp.unwrap();
+        assert!(d.relays.admits("198.18.1.2".parse().unwrap()));
+        assert!(!d.relays.admits("198.18.1.3".parse().unwrap()));
     }
 
     #[test]
@@ -255,6 +272,7 @@ listen = "nowhere"
 [dhcp]
 interfaces = []
 deny_macs = ["zz"]
+relays = ["198.18.1.2", "2001:2::1"]
 [[dhcp.subnets]]
 network = "198.18.0.0/24"
 pools = ["198.18.0.100", "198.18.0.200-198.18.1.5"]
@@ -268,6 +286,7 @@ x = "a"
             "http.listen",
             "dhcp.interfaces",
             "dhcp.deny_macs[0]",
+            "dhcp.relays[1]",
             "dhcp.subnets[0].pools[0]",
             "not inside subnet",
             "boot.arch.x",

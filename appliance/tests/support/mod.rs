@@ -355,6 +355,19 @@ interfaces = ["{iface}"]
     )
 }
 
+/// `paddock_{family}_packets_total{outcome}` (`family`: `dhcp` or `dhcp6`) from the
+/// appliance's `/metrics`, as served in `ns`.
+pub fn dhcp_packets(ns: &Ns, family: &str, outcome: &str) -> u64 {
+    let metrics = ns.sh_ok(&format!("curl -sf {PUBLIC_URL}/metrics"));
+    let series = format!("paddock_{family}_packets_total{{outcome=\"{outcome}\"}} ");
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&series))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {outcome} packet counter in:\n{metrics}"))
+}
+
 /// Parses `KEY=VALUE` lines.
 pub fn env_map(text: &str) -> std::collections::BTreeMap<String, String> {
     text.lines()

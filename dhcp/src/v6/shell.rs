@@ -123,11 +123,16 @@ impl Handler for Link6 {
             tracing::debug!(%peer, "dhcp6: dropped a relayed message whose relays name no link address");
             return;
         };
-        let outcome = s
-            .server
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .handle_via(&msg, &via, unix_now_ms(), s.policy.as_ref());
+        let outcome = {
+            let mut server = s.server.lock().unwrap_or_else(|p| p.into_inner());
+            if !relays.is_empty() && !server.config().relays.admits(peer.ip()) {
+                drop(server);
+                s.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "dhcp6: dropped a Relay-forward from a source not in relays");
+                return;
+            }
+            server.handle_via(&msg, &via, unix_now_ms(), s.policy.as_ref())
+        };
         if let Some(l) = outcome.limited {
             crate::shell::limited(&s.stats, l.kind, outcome.mac, l.report, || {
                 *s.server.lock().unwrap_or_else(|p| p.into_inner()).limits()
