@@ -22,23 +22,44 @@ impl<A: Copy + Ord> Pool<A> {
     pub(crate) fn contains(&self, ip: A) -> bool {
         (self.start..=self.end).contains(&ip)
     }
+}
 
-    /// What is wrong with the pool in a network that holds the addresses `inside` says.
-    pub(crate) fn misfit(&self, inside: impl Fn(&A) -> bool) -> Option<Misfit> {
-        if self.start > self.end {
-            Some(Misfit::Reversed)
-        } else if !inside(&self.start) || !inside(&self.end) {
-            Some(Misfit::Outside)
-        } else {
-            None
-        }
+impl<A: std::fmt::Display> std::fmt::Display for Pool<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.start, self.end)
     }
 }
 
-/// Why a pool does not fit its subnet.
-pub(crate) enum Misfit {
-    Reversed,
-    Outside,
+/// Why a subnet's pools do not fit it (either family).
+pub(crate) enum Misfit<A> {
+    /// A pool whose start is after its end.
+    Reversed(Pool<A>),
+    /// A pool not inside the network.
+    Outside(Pool<A>),
+    /// Two pools sharing addresses: each shared address would count, and be tried, twice.
+    Overlap(Pool<A>, Pool<A>),
+}
+
+/// The first misfit of `pools` in a network that holds the addresses `inside` says: a
+/// reversed or outside pool in the order given, then the lowest two that overlap.
+pub(crate) fn misfit<A: Copy + Ord>(
+    pools: &[Pool<A>],
+    inside: impl Fn(&A) -> bool,
+) -> Option<Misfit<A>> {
+    for &p in pools {
+        if p.start > p.end {
+            return Some(Misfit::Reversed(p));
+        }
+        if !inside(&p.start) || !inside(&p.end) {
+            return Some(Misfit::Outside(p));
+        }
+    }
+    let mut sorted = pools.to_vec();
+    sorted.sort_by_key(|p| p.start);
+    sorted
+        .windows(2)
+        .find(|w| w[1].start <= w[0].end)
+        .map(|w| Misfit::Overlap(w[0], w[1]))
 }
 
 /// The first two of `items` (in order) that `clash`.
@@ -128,29 +149,19 @@ impl Subnet {
         if self.lease_time < 10 {
             return Err(SubnetError::LeaseTime(self.lease_time));
         }
-        for p in &self.pools {
-            let (start, end, network) = (p.start, p.end, self.network);
-            match p.misfit(|ip| network.contains(ip)) {
-                Some(Misfit::Reversed) => return Err(SubnetError::Reversed { start, end }),
-                Some(Misfit::Outside) => {
-                    return Err(SubnetError::PoolOutside {
-                        start,
-                        end,
-                        network,
-                    });
-                }
-                None => {}
+        let network = self.network;
+        match misfit(&self.pools, |ip| network.contains(ip)) {
+            Some(Misfit::Reversed(Pool { start, end })) => {
+                Err(SubnetError::Reversed { start, end })
             }
+            Some(Misfit::Outside(Pool { start, end })) => Err(SubnetError::PoolOutside {
+                start,
+                end,
+                network,
+            }),
+            Some(Misfit::Overlap(a, b)) => Err(SubnetError::Overlap(a.to_string(), b.to_string())),
+            None => Ok(()),
         }
-        let mut sorted = self.pools.clone();
-        sorted.sort_by_key(|p| p.start);
-        for w in sorted.windows(2) {
-            if w[1].start <= w[0].end {
-                let show = |p: &Pool| format!("{}-{}", p.start, p.end);
-                return Err(SubnetError::Overlap(show(&w[0]), show(&w[1])));
-            }
-        }
-        Ok(())
     }
 
     fn in_pool(&self, ip: Ipv4Addr) -> bool {

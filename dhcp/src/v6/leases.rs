@@ -13,7 +13,7 @@ use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 
 use crate::MacAddr;
-use crate::leases::{LeaseState, Misfit, first_clash};
+use crate::leases::{LeaseState, Misfit, first_clash, misfit};
 
 /// How long an advertised address is held for the client it was advertised to.
 pub const ADVERTISE_HOLD_SECS: u64 = 30;
@@ -60,6 +60,8 @@ pub enum Subnet6Error {
         end: Ipv6Addr,
         network: Ipv6Net,
     },
+    #[error("pools {0} and {1} overlap")]
+    PoolOverlap(String, String),
     #[error("pool {start}-{end} is every IPv6 address; leave one out")]
     WholeSpace { start: Ipv6Addr, end: Ipv6Addr },
     #[error("subnets {a} and {b} overlap")]
@@ -79,25 +81,32 @@ impl Subnet6 {
                 network: self.network,
             });
         }
-        for p in &self.pools {
-            let (start, end, network) = (p.start, p.end, self.network);
-            match p.misfit(|ip| network.contains(ip)) {
-                Some(Misfit::Reversed) => return Err(Subnet6Error::Reversed { start, end }),
-                Some(Misfit::Outside) => {
-                    return Err(Subnet6Error::PoolOutside {
-                        start,
-                        end,
-                        network,
-                    });
-                }
-                // Its length would not fit in 128 bits.
-                None if u128::from(end) - u128::from(start) == u128::MAX => {
-                    return Err(Subnet6Error::WholeSpace { start, end });
-                }
-                None => {}
+        let network = self.network;
+        match misfit(&self.pools, |ip| network.contains(ip)) {
+            Some(Misfit::Reversed(Pool6 { start, end })) => {
+                return Err(Subnet6Error::Reversed { start, end });
             }
+            Some(Misfit::Outside(Pool6 { start, end })) => {
+                return Err(Subnet6Error::PoolOutside {
+                    start,
+                    end,
+                    network,
+                });
+            }
+            Some(Misfit::Overlap(a, b)) => {
+                return Err(Subnet6Error::PoolOverlap(a.to_string(), b.to_string()));
+            }
+            None => {}
         }
-        Ok(())
+        // Its length would not fit in 128 bits.
+        match self
+            .pools
+            .iter()
+            .find(|p| u128::from(p.end) - u128::from(p.start) == u128::MAX)
+        {
+            Some(&Pool6 { start, end }) => Err(Subnet6Error::WholeSpace { start, end }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -647,6 +656,20 @@ mod tests {
         let mut s = subnet();
         s.preferred_lifetime = 700;
         assert!(matches!(s.validate(), Err(Subnet6Error::Lifetimes { .. })));
+        // Two pools sharing an address: it would count, and be tried, twice.
+        let mut s = subnet();
+        let (start, end) = (s.pools[0].start, s.pools[0].end);
+        s.pools.push(Pool6 { start: end, end });
+        assert_eq!(
+            s.validate(),
+            Err(Subnet6Error::PoolOverlap(
+                format!("{start}-{end}"),
+                format!("{end}-{end}")
+            ))
+        );
+        s.pools[1].start = s.pools[1].end;
+        s.pools[0].end = Ipv6Addr::from(u128::from(end) - 1);
+        assert_eq!(s.validate(), Ok(()), "pools that touch do not overlap");
         assert!(matches!(
             Leases6::new(vec![subnet(), subnet()], vec![]),
             Err(Subnet6Error::Overlap { .. })
