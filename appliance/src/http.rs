@@ -437,12 +437,20 @@ fn render_metrics(
     dominator: Option<&DominatorGauges>,
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    for (name, help, stats) in [
-        ("paddock_dhcp_packets", "DHCP packets by outcome", dhcp),
+    // DHCPv6 answers with an Advertise or a Reply (a refusal is a status inside a Reply):
+    // its families name them so, and have no NAK.
+    for (name, help, stats, answers) in [
+        (
+            "paddock_dhcp_packets",
+            "DHCP packets by outcome",
+            dhcp,
+            ["offer", "ack", "nak"],
+        ),
         (
             "paddock_dhcp6_packets",
-            "DHCPv6 packets by outcome (offer: Advertise, ack: Reply)",
+            "DHCPv6 packets by outcome",
             dhcp6,
+            ["advertise", "reply", ""],
         ),
     ] {
         let Some(st) = stats else { continue };
@@ -455,11 +463,14 @@ fn render_metrics(
             ("limited_client", &st.limited_client),
             ("limited_new_lease", &st.limited_new_leases),
             ("relay_refused", &st.relay_refused),
-            ("offer", &st.offers),
-            ("ack", &st.acks),
-            ("nak", &st.naks),
+            (answers[0], &st.offers),
+            (answers[1], &st.acks),
+            (answers[2], &st.naks),
             ("persist_error", &st.persist_errors),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(outcome, _)| !outcome.is_empty())
+        {
             packets
                 .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(c.load(Ordering::Relaxed));
@@ -652,6 +663,7 @@ mod tests {
             "paddock_dhcp_packets_total{outcome=\"malformed\"} 3",
             "paddock_dhcp_packets_total{outcome=\"ack\"} 0",
             "paddock_dhcp6_packets_total{outcome=\"malformed\"} 3",
+            "paddock_dhcp6_packets_total{outcome=\"advertise\"} 0",
             "# TYPE paddock_nodes gauge",
             "paddock_nodes{state=\"finished\"} 2",
             "paddock_nodes{state=\"none\"} 1",
@@ -663,6 +675,7 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
+        assert!(!text.contains("paddock_dhcp6_packets_total{outcome=\"nak\"}"));
         assert_eq!(render_metrics(None, None, None, None).unwrap(), "# EOF\n");
         let idle = render_metrics(None, None, None, Some(&DominatorGauges::default())).unwrap();
         assert!(

@@ -2,11 +2,11 @@
 //! Relay-forward) names the link it speaks for, so without a list any host that reaches the
 //! server's port may ask for addresses and boot files on every served link. With the relays'
 //! own addresses listed, a relayed request from any other source is dropped before it is
-//! handled; requests straight from clients on the served links are not affected.
+//! handled; requests that are not relayed are not affected.
 //!
-//! The source address is what is checked: the answer to a relayed request goes to the relay
-//! (DHCPv4: `giaddr`, port 67; DHCPv6: the Relay-forward's source), so a host that forges a
-//! listed relay's address never sees the answer.
+//! What is checked is the packet's source address: a filter, not authentication. A host
+//! that can send with a listed relay's address still gets through, so spoofed sources must
+//! be stopped where the network can tell (at its edge, or by the relays' own filters).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -27,6 +27,12 @@ impl Relays {
             Relays::Any => true,
             Relays::Only(listed) => listed.contains(&source.to_canonical()),
         }
+    }
+
+    /// A request from `source` is dropped unheard: it is `relayed` and its source is not
+    /// listed. A request straight from a client never is.
+    pub fn refuses(&self, relayed: bool, source: IpAddr) -> bool {
+        relayed && !self.admits(source)
     }
 }
 
@@ -53,6 +59,19 @@ mod tests {
         assert!(!listed.admits(other));
         let none: Relays = std::iter::empty::<Ipv4Addr>().collect();
         assert!(!none.admits(relay), "an empty list admits no relay");
+    }
+
+    #[test]
+    fn only_relayed_requests_are_judged() {
+        let listed: Relays = [Ipv4Addr::new(198, 18, 1, 2)].into_iter().collect();
+        let client = IpAddr::from(Ipv4Addr::new(198, 18, 1, 50));
+        assert!(
+            !listed.refuses(false, client),
+            "a client's own request is heard"
+        );
+        assert!(listed.refuses(true, client), "a relayed one from it is not");
+        assert!(!listed.refuses(true, Ipv4Addr::new(198, 18, 1, 2).into()));
+        assert!(!Relays::Any.refuses(true, client));
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct DhcpService {
     store: Arc<dyn Store>,
     policy: Arc<dyn ClientPolicy>,
     observer: Option<Arc<dyn DhcpObserver>>,
+    /// The server's relays, copied out so that a refused packet never takes the lock.
+    relays: crate::Relays,
     pub stats: Stats,
 }
 
@@ -114,6 +116,7 @@ impl DhcpService {
         }
         tracing::info!(leases = server.leases.len(), "dhcp: leases restored");
         Ok(Arc::new(DhcpService {
+            relays: server.config().relays.clone(),
             server: Mutex::new(server),
             store,
             policy,
@@ -188,15 +191,17 @@ impl DhcpService {
                 return;
             }
         };
+        if self
+            .relays
+            .refuses(!msg.giaddr().is_unspecified(), peer.ip())
+        {
+            self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+            let giaddr = msg.giaddr();
+            tracing::debug!(%peer, %giaddr, "dhcp: dropped a relayed request from a source not in relays");
+            return;
+        }
         let outcome = {
             let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
-            if !msg.giaddr().is_unspecified() && !server.config().relays.admits(peer.ip()) {
-                drop(server);
-                self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
-                let giaddr = msg.giaddr();
-                tracing::debug!(%peer, %giaddr, "dhcp: dropped a relayed request from a source not in relays");
-                return;
-            }
             server.handle_ms(&msg, local, unix_now_ms(), self.policy.as_ref())
         };
         if let Some(limited) = outcome.limited {

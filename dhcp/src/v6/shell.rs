@@ -41,6 +41,8 @@ pub struct Dhcp6Service {
     store: Arc<dyn Store>,
     policy: Arc<dyn ClientPolicy>,
     observer: Option<Arc<dyn DhcpObserver>>,
+    /// The server's relays, copied out so that a refused packet never takes the lock.
+    relays: crate::Relays,
     pub stats: Stats,
 }
 
@@ -62,6 +64,7 @@ impl Dhcp6Service {
         }
         tracing::info!(leases = server.leases.count(), "dhcp6: leases restored");
         Ok(Arc::new(Dhcp6Service {
+            relays: server.config().relays.clone(),
             server: Mutex::new(server),
             store,
             policy,
@@ -118,21 +121,21 @@ impl Handler for Link6 {
                 return;
             }
         };
+        if s.relays.refuses(!relays.is_empty(), peer.ip()) {
+            s.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "dhcp6: dropped a Relay-forward from a source not in relays");
+            return;
+        }
         let Some(via) = Via6::through(self.local, *from.ip(), &relays) else {
             s.stats.ignored.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "dhcp6: dropped a relayed message whose relays name no link address");
             return;
         };
-        let outcome = {
-            let mut server = s.server.lock().unwrap_or_else(|p| p.into_inner());
-            if !relays.is_empty() && !server.config().relays.admits(peer.ip()) {
-                drop(server);
-                s.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%peer, "dhcp6: dropped a Relay-forward from a source not in relays");
-                return;
-            }
-            server.handle_via(&msg, &via, unix_now_ms(), s.policy.as_ref())
-        };
+        let outcome = s
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .handle_via(&msg, &via, unix_now_ms(), s.policy.as_ref());
         if let Some(l) = outcome.limited {
             crate::shell::limited(&s.stats, l.kind, outcome.mac, l.report, || {
                 *s.server.lock().unwrap_or_else(|p| p.into_inner()).limits()
