@@ -36,6 +36,16 @@ impl Relays {
     }
 }
 
+/// Where relayed requests are heard from, for a summary line.
+impl std::fmt::Display for Relays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Relays::Any => f.write_str("any source"),
+            Relays::Only(listed) => write!(f, "{} listed relay(s)", listed.len()),
+        }
+    }
+}
+
 impl<A: Into<IpAddr>> FromIterator<A> for Relays {
     /// The listed relays (an empty list admits none).
     fn from_iter<I: IntoIterator<Item = A>>(iter: I) -> Self {

@@ -170,18 +170,25 @@ pub fn summary(c: &Config) -> String {
     };
     out += &match &c.dhcp {
         Some(d) => format!(
-            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s), relayed requests {}\n",
+            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s), relayed requests from {}\n",
             d.interfaces.join(","),
             d.port,
             d.subnets.len(),
             d.reservations.len(),
-            match &d.relays {
-                paddock_dhcp::Relays::Any => "from any source".to_string(),
-                paddock_dhcp::Relays::Only(listed) =>
-                    format!("from {} listed relay(s)", listed.len()),
-            }
+            d.relays,
         ),
         None => "  dhcp       off\n".to_string(),
+    };
+    out += &match &c.dhcp6 {
+        Some(d) => format!(
+            "  dhcp6      on {} port {}: {} subnet(s), {} reservation(s), relayed requests from {}\n",
+            d.interfaces.join(","),
+            d.port,
+            d.subnets.len(),
+            d.reservations.len(),
+            d.relays,
+        ),
+        None => "  dhcp6      off\n".to_string(),
     };
     out += &match &c.tftp {
         Some(t) => {
@@ -233,6 +240,7 @@ enabled = false
         let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();
         assert_eq!(c.public_url, "http://198.18.0.1:8080");
         assert!(summary(&c).contains("relayed requests from any source"));
+        assert!(summary(&c).contains("  dhcp6      off\n"));
         let d = c.dhcp.unwrap();
         assert_eq!((d.port, d.subnets.len(), d.reservations.len()), (67, 1, 1));
         assert_eq!(
@@ -245,6 +253,18 @@ enabled = false
         let listed = GOOD.replace("[dhcp]\n", "[dhcp]\nrelays = [\"198.18.1.2\"]\n");
         let c = FileConfig::parse(&listed).unwrap().validate().unwrap();
         assert!(summary(&c).contains("relayed requests from 1 listed relay(s)"));
+        let six = format!(
+            "{GOOD}[dhcp6]\nenabled = true\ninterfaces = [\"br0\"]\nrelays = []\n\
+             [[dhcp6.subnets]]\nnetwork = \"2001:2::/64\"\npools = [\"2001:2::100-2001:2::1ff\"]\n"
+        );
+        let text = summary(&FileConfig::parse(&six).unwrap().validate().unwrap());
+        assert!(
+            text.contains(
+                "  dhcp6      on br0 port 547: 1 subnet(s), 0 reservation(s), relayed requests \
+                 from 0 listed relay(s)\n"
+            ),
+            "{text}"
+        );
         let d = c.dhcp.unwrap();
         assert!(d.relays.admits("198.18.1.2".parse().unwrap()));
         assert!(!d.relays.admits("198.18.1.3".parse().unwrap()));
