@@ -49,7 +49,8 @@ pub struct DhcpFile {
     pub per_client_per_sec: Option<u32>,
     /// Clients whose budget is remembered (default 10,000).
     pub max_tracked_clients: Option<u32>,
-    /// Addresses newly handed out across all clients per window; 0: no cap (default 1,024).
+    /// Addresses newly handed out on each subnet, across all clients, per window; 0: no cap
+    /// (default 1,024).
     pub new_leases_per_window: Option<u32>,
     /// That window, in seconds (default 60).
     pub new_lease_window_secs: Option<u32>,

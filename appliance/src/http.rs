@@ -382,8 +382,8 @@ impl DominatorGauges {
     }
 }
 
-/// `/metrics`: the DHCP server's counters, the nodes by introspection state and the
-/// dominator's subs by state, read at each scrape.
+/// `/metrics`: the DHCPv4 and DHCPv6 servers' counters, the nodes by introspection state
+/// and the dominator's subs by state, read at each scrape.
 async fn metrics(State(s): State<AppState>) -> Response {
     let nodes = s.inspector.list().await.ok();
     let dominator = if s.dominator.enabled {

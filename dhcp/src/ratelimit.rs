@@ -40,7 +40,7 @@ pub const CLIENT_REPORT_EVERY_MS: u64 = 60_000;
 /// 100 bytes per tracked client, 8 bytes per new lease in the window).
 pub const MAX_TABLE: u64 = 1_000_000;
 
-/// The rate-limit settings (`[dhcp]` in the appliance's configuration).
+/// The rate-limit settings (`[dhcp]` and `[dhcp6]` in the appliance's configuration).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimits {
     /// Requests one client (by `chaddr`) may send at once; 0 turns the per-client limit off.

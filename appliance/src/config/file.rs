@@ -1,5 +1,7 @@
 //! The configuration file as operators write it: every section and key optional, unknown
-//! keys errors. Defaults are applied by validation, from [`super::defaults`].
+//! keys errors. Defaults are applied by validation, from [`super::defaults`], but for the
+//! sections a domain defines itself (`dhcp`, `dhcp6`, `dns`, `roles`), whose defaults sit
+//! beside their keys.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
