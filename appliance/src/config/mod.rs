@@ -168,28 +168,24 @@ pub fn summary(c: &Config) -> String {
             "  security   INSECURE: plain HTTP, every method open to anyone\n".to_string()
         }
     };
-    out += &match &c.dhcp {
-        Some(d) => format!(
-            "  dhcp       on {} port {}: {} subnet(s), {} reservation(s), relayed requests from {}\n",
-            d.interfaces.join(","),
-            d.port,
-            d.subnets.len(),
-            d.reservations.len(),
-            d.relays,
-        ),
-        None => "  dhcp       off\n".to_string(),
-    };
-    out += &match &c.dhcp6 {
-        Some(d) => format!(
-            "  dhcp6      on {} port {}: {} subnet(s), {} reservation(s), relayed requests from {}\n",
-            d.interfaces.join(","),
-            d.port,
-            d.subnets.len(),
-            d.reservations.len(),
-            d.relays,
-        ),
-        None => "  dhcp6      off\n".to_string(),
-    };
+    let dhcp = c.dhcp.as_ref().map(|d| {
+        let counts = (d.subnets.len(), d.reservations.len());
+        (&d.interfaces, d.port, counts, &d.relays)
+    });
+    let dhcp6 = c.dhcp6.as_ref().map(|d| {
+        let counts = (d.subnets.len(), d.reservations.len());
+        (&d.interfaces, d.port, counts, &d.relays)
+    });
+    for (name, served) in [("dhcp", dhcp), ("dhcp6", dhcp6)] {
+        out += &match served {
+            Some((interfaces, port, (subnets, reservations), relays)) => format!(
+                "  {name:<10} on {} port {port}: {subnets} subnet(s), {reservations} \
+                 reservation(s), relayed requests from {relays}\n",
+                interfaces.join(","),
+            ),
+            None => format!("  {name:<10} off\n"),
+        };
+    }
     out += &match &c.tftp {
         Some(t) => {
             let listen: Vec<String> = t.listen.iter().map(|a| a.to_string()).collect();
