@@ -536,6 +536,10 @@ if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$p
         sh_ok(&format!("chmod 755 {}", hooks.join(name).display()));
     }
     let lab = Lab::start(link, scratch, &hooks, 1);
+    // A tolerance of 5 %, not the default 10 %: an eleventh web that starts while the
+    // balancer is still moving the shares (see "ten webs steady" below) carries 1,000 rps at
+    // 91 % of the target, which 10 % would keep for good; at 5 % the stabilisation window
+    // takes it back.
     let spec = |target: u32| {
         format!(
             "[roles.lb]\nmin = 1\nmax = 1\nstart = {{ hook = \"start.sh\", args = [\"h\"] }}\n\
@@ -543,7 +547,7 @@ if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$p
              [roles.web]\nmin = 1\nmax = 20\ndepends = {{ lb = 100 }}\n\
              start = {{ hook = \"start.sh\" }}\nstop = {{ hook = \"stop.sh\" }}\n\
              scale = {{ metric = \"rps\", target_per_instance = {target}, up_per_min = 5, \
-             down_per_min = 5, rate_secs = 4, down_stabilise_secs = 6 }}\n"
+             down_per_min = 5, rate_secs = 4, down_stabilise_secs = 6, tolerance = 0.05 }}\n"
         )
     };
     let r = lab.post(

@@ -76,6 +76,28 @@ fn inside_the_tolerance_nothing_changes() {
 }
 
 #[test]
+fn one_instance_too_many_is_kept_inside_the_tolerance_only() {
+    // Eleven carrying what ten hold (91 % of the target): kept for good at 10 %, taken back
+    // once the window has passed at 5 %.
+    let eleven = |tolerance: f64| -> Vec<u64> {
+        let sc = Scale {
+            tolerance,
+            ..scale()
+        };
+        let mut st = ScaleState {
+            desired: Some(11),
+            ..ScaleState::default()
+        };
+        [0, 200, 301, 400]
+            .iter()
+            .map(|&at| desired(&sc, 1, 20, 11, &[1000.0], &mut st, at * S).desired)
+            .collect()
+    };
+    assert_eq!(eleven(0.1), [11, 11, 11, 11]);
+    assert_eq!(eleven(0.05), [11, 11, 10, 10]);
+}
+
+#[test]
 fn decline_waits_for_the_whole_window_and_then_goes_slowly() {
     // The load falls to 300 at 0 s: nothing until 300 s of history wanted less, then one
     // instance per minute.
