@@ -644,11 +644,15 @@ if [ -f "$pid" ]; then kill -TERM "$(cat "$pid")" 2>/dev/null || true; rm -f "$p
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("the round: {}", scaled["scale"]["web"]["reason"]);
-    // The shadow (target 50) wants 20 (within its own rates), and its plan is beside the
-    // live one.
+    // The shadow (target 50) wants 20 (within its own rates), or already holds 20 when the
+    // live count took a detour (an eleventh web taken back) and its own rates had the time;
+    // its plan is beside the live one.
     let shadow = &scaled["shadows"]["half"];
     let reason = shadow["scale"]["web"]["reason"].as_str().unwrap_or("");
-    assert!(reason.contains("wants 20"), "{shadow}");
+    assert!(
+        reason.contains("wants 20") || shadow["scale"]["web"]["desired"] == 20,
+        "{shadow}"
+    );
     assert!(
         shadow["plan"]["roles"]["web"]["target"].as_u64() > Some(10),
         "{shadow}"
