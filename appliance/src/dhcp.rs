@@ -248,12 +248,12 @@ pub async fn start(
             boot: s.boot.clone(),
             client_port: d.client_port,
             relay_port: d.relay_port,
-            relays: d.relays.clone(),
         },
     )
     .with_limits(d.rate_limits);
     let observer = Arc::new(TimelineObserver::start(rt, s.inspector));
-    let service = DhcpService::new(server, store, s.policy, Some(observer)).await?;
+    let service =
+        DhcpService::new(server, store, s.policy, Some(observer), d.relays.clone()).await?;
     let run = service.clone().run(listeners);
     rt.spawn_future("dhcp", async move { run.await.context("DHCP server") });
     Ok(service)

@@ -234,7 +234,6 @@ pub async fn start(
                 table: boot.table.clone(),
                 public_url: u.clone(),
             }),
-            relays: d.relays.clone(),
         },
     )
     .with_limits(d.rate_limits);
@@ -244,7 +243,8 @@ pub async fn start(
         }
     }
     let observer = Arc::new(crate::dhcp::TimelineObserver::start(rt, inspector));
-    let service = Dhcp6Service::new(server, store, policy, Some(observer)).await?;
+    let service =
+        Dhcp6Service::new(server, store, policy, Some(observer), d.relays.clone()).await?;
     let run = service.clone().run(listeners);
     rt.spawn_future("dhcp6", async move { run.await.context("DHCPv6 server") });
     Ok(service)

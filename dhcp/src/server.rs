@@ -44,8 +44,6 @@ pub struct ServerConfig {
     pub client_port: u16,
     /// Port relays listen on (67).
     pub relay_port: u16,
-    /// Where requests with `giaddr` set are taken from (the shell checks each one's source).
-    pub relays: crate::Relays,
 }
 
 /// The lease change a reply depends on: it must be durable before the reply is sent.
@@ -563,7 +561,6 @@ mod tests {
                 boot: BootPolicy::new("http://198.18.0.1:8080", &BTreeMap::new()),
                 client_port: 68,
                 relay_port: 67,
-                relays: crate::Relays::Any,
             },
         )
     }

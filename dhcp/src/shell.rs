@@ -84,7 +84,8 @@ pub struct DhcpService {
     store: Arc<dyn Store>,
     policy: Arc<dyn ClientPolicy>,
     observer: Option<Arc<dyn DhcpObserver>>,
-    /// The server's relays, copied out so that a refused packet never takes the lock.
+    /// Where requests with `giaddr` set are heard from (checked on each one's source, before
+    /// the server's lock).
     relays: crate::Relays,
     pub stats: Stats,
 }
@@ -104,19 +105,21 @@ fn lease_key(ip: Ipv4Addr) -> String {
 }
 
 impl DhcpService {
-    /// Builds the service and restores every stored lease into `server`.
+    /// Builds the service and restores every stored lease into `server`; relayed requests
+    /// are heard from `relays`.
     pub async fn new(
         mut server: Server,
         store: Arc<dyn Store>,
         policy: Arc<dyn ClientPolicy>,
         observer: Option<Arc<dyn DhcpObserver>>,
+        relays: crate::Relays,
     ) -> Result<Arc<Self>, ShellError> {
         for lease in crate::batch::stored_leases::<Lease>(store.as_ref(), LEASE_PREFIX).await? {
             server.leases.restore(lease);
         }
         tracing::info!(leases = server.leases.len(), "dhcp: leases restored");
         Ok(Arc::new(DhcpService {
-            relays: server.config().relays.clone(),
+            relays,
             server: Mutex::new(server),
             store,
             policy,

@@ -64,13 +64,18 @@ async fn start(name: &str, limits: RateLimits) -> Harness {
             boot: BootPolicy::new("http://127.0.0.1:8080", &Default::default()),
             client_port: 68,
             relay_port,
-            relays: paddock_dhcp::Relays::Any,
         },
     )
     .with_limits(limits);
-    let service = DhcpService::new(server, store.clone(), Arc::new(AllowAll), None)
-        .await
-        .unwrap();
+    let service = DhcpService::new(
+        server,
+        store.clone(),
+        Arc::new(AllowAll),
+        None,
+        paddock_dhcp::Relays::Any,
+    )
+    .await
+    .unwrap();
     let port = free_port();
     let run = service.clone().run(vec![Listener {
         interface: "lo".into(),

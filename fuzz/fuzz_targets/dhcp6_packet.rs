@@ -43,7 +43,6 @@ fn server() -> Server6 {
                 table: paddock_dhcp::pxe::default_table(),
                 public_url: "http://[2001:2:0:1::1]:8080".into(),
             }),
-            relays: paddock_dhcp::Relays::Any,
         },
     )
 }

@@ -33,7 +33,6 @@ fn server() -> Server {
             boot: BootPolicy::new("http://198.18.0.1:8080", &arch),
             client_port: 68,
             relay_port: 67,
-            relays: paddock_dhcp::Relays::Any,
         },
     )
 }

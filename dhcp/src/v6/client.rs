@@ -253,7 +253,6 @@ mod tests {
             Server6Config {
                 duid: vec![0, 3, 0, 1, 2, 0, 0, 0, 0, 1],
                 boot: None,
-                relays: crate::Relays::Any,
             },
         )
     }

@@ -82,21 +82,16 @@ impl Subnet6 {
             });
         }
         let network = self.network;
-        match misfit(&self.pools, |ip| network.contains(ip)) {
-            Some(Misfit::Reversed(Pool6 { start, end })) => {
-                return Err(Subnet6Error::Reversed { start, end });
-            }
-            Some(Misfit::Outside(Pool6 { start, end })) => {
-                return Err(Subnet6Error::PoolOutside {
+        if let Some(m) = misfit(&self.pools, |ip| network.contains(ip)) {
+            return Err(match m {
+                Misfit::Reversed(Pool6 { start, end }) => Subnet6Error::Reversed { start, end },
+                Misfit::Outside(Pool6 { start, end }) => Subnet6Error::PoolOutside {
                     start,
                     end,
                     network,
-                });
-            }
-            Some(Misfit::Overlap(a, b)) => {
-                return Err(Subnet6Error::PoolOverlap(a.to_string(), b.to_string()));
-            }
-            None => {}
+                },
+                Misfit::Overlap(a, b) => Subnet6Error::PoolOverlap(a.to_string(), b.to_string()),
+            });
         }
         // Its length would not fit in 128 bits.
         match self

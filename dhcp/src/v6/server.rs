@@ -32,8 +32,6 @@ pub struct Server6Config {
     pub duid: Vec<u8>,
     /// Boot files for PXE clients; `None`: addresses only.
     pub boot: Option<Boot6>,
-    /// Where Relay-forwards are taken from (the shell checks each one's source).
-    pub relays: crate::Relays,
 }
 
 /// How a client's message reached the server.
@@ -607,7 +605,6 @@ mod tests {
                     table: crate::pxe::default_table(),
                     public_url: format!("http://[{LINK}]:8080"),
                 }),
-                relays: crate::Relays::Any,
             },
         )
     }

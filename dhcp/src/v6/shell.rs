@@ -41,7 +41,8 @@ pub struct Dhcp6Service {
     store: Arc<dyn Store>,
     policy: Arc<dyn ClientPolicy>,
     observer: Option<Arc<dyn DhcpObserver>>,
-    /// The server's relays, copied out so that a refused packet never takes the lock.
+    /// Where Relay-forwards are heard from (checked on each one's source, before the
+    /// server's lock).
     relays: crate::Relays,
     pub stats: Stats,
 }
@@ -52,19 +53,21 @@ fn lease_key(ip: Ipv6Addr) -> String {
 
 impl Dhcp6Service {
     /// Builds the service and restores every stored lease into `server`; `policy` admits
-    /// clients (as DHCPv4's does), `observer` hears of PXE clients answered.
+    /// clients (as DHCPv4's does), `observer` hears of PXE clients answered, and
+    /// Relay-forwards are heard from `relays`.
     pub async fn new(
         mut server: Server6,
         store: Arc<dyn Store>,
         policy: Arc<dyn ClientPolicy>,
         observer: Option<Arc<dyn DhcpObserver>>,
+        relays: crate::Relays,
     ) -> Result<Arc<Self>, ShellError> {
         for lease in crate::batch::stored_leases::<Lease6>(store.as_ref(), LEASE6_PREFIX).await? {
             server.leases.restore(lease);
         }
         tracing::info!(leases = server.leases.count(), "dhcp6: leases restored");
         Ok(Arc::new(Dhcp6Service {
-            relays: server.config().relays.clone(),
+            relays,
             server: Mutex::new(server),
             store,
             policy,
