@@ -169,26 +169,16 @@ pub fn summary(c: &Config) -> String {
         }
     };
     let dhcp = c.dhcp.as_ref().map(|d| {
-        (
-            &d.interfaces,
-            d.port,
-            d.subnets.len(),
-            d.reservations.len(),
-            &d.relays,
-        )
+        let counts = (d.subnets.len(), d.reservations.len());
+        (&d.interfaces, d.port, counts, &d.relays)
     });
     let dhcp6 = c.dhcp6.as_ref().map(|d| {
-        (
-            &d.interfaces,
-            d.port,
-            d.subnets.len(),
-            d.reservations.len(),
-            &d.relays,
-        )
+        let counts = (d.subnets.len(), d.reservations.len());
+        (&d.interfaces, d.port, counts, &d.relays)
     });
     for (name, served) in [("dhcp", dhcp), ("dhcp6", dhcp6)] {
         out += &match served {
-            Some((interfaces, port, subnets, reservations, relays)) => format!(
+            Some((interfaces, port, (subnets, reservations), relays)) => format!(
                 "  {name:<10} on {} port {port}: {subnets} subnet(s), {reservations} \
                  reservation(s), relayed requests from {relays}\n",
                 interfaces.join(","),
