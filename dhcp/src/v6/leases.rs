@@ -166,6 +166,9 @@ pub struct Leases6 {
     /// lease dirtied a store page of its own, and those writes held DHCPv6 to about 16,000
     /// exchanges/s; in order it passed 24,000.
     cursors: Vec<Vec<u128>>,
+    /// Leases released because their client bound another address, since the last
+    /// [`Leases6::take_moved_from`]: changes as durable as the new binding.
+    moved_from: Vec<Lease6>,
 }
 
 impl Leases6 {
@@ -226,7 +229,19 @@ impl Leases6 {
             let cursor = &mut self.cursors[s][k];
             *cursor = (*cursor).max(off + 1);
         }
-        self.by_client.insert(lease.client(), lease.ip);
+        // A declined address is no longer its client's (as [`Leases6::decline`] left it), and
+        // an address the client let go does not hide the one it holds, whatever the order.
+        let client = lease.client();
+        let holds_another = self
+            .by_client
+            .get(&client)
+            .and_then(|ip| self.by_ip.get(ip))
+            .is_some_and(|l| l.state == LeaseState::Bound);
+        if lease.state == LeaseState::Bound
+            || (lease.state != LeaseState::Declined && !holds_another)
+        {
+            self.by_client.insert(client, lease.ip);
+        }
         self.by_ip.insert(lease.ip, lease);
     }
 
@@ -246,9 +261,11 @@ impl Leases6 {
         {
             return false;
         }
+        // A declined address is in use by someone else on the link: not even the client that
+        // found that out gets it back while the quarantine lasts.
         if let Some(l) = self.by_ip.get(&ip)
             && l.holds(now)
-            && l.client() != *client
+            && (l.client() != *client || l.state == LeaseState::Declined)
         {
             return false;
         }
@@ -378,14 +395,23 @@ impl Leases6 {
         if let Some(old) = self.by_client.insert(client.clone(), ip)
             && old != ip
             && let Some(l) = self.by_ip.get_mut(&old)
+            && l.client() == *client
+            && l.state == LeaseState::Bound
         {
             l.state = LeaseState::Released;
+            self.moved_from.push(l.clone());
         }
         if let Some((held_for, _)) = self.advertised.remove(&ip) {
             self.advertised_to.remove(&held_for);
         }
         self.by_ip.insert(ip, lease.clone());
         Ok(lease)
+    }
+
+    /// The leases released since the last call because their clients bound other addresses
+    /// (the store must hear of them with the new bindings, or a restart holds both).
+    pub fn take_moved_from(&mut self) -> Vec<Lease6> {
+        std::mem::take(&mut self.moved_from)
     }
 
     /// Whether the client holds, held or was advertised an address: one that is not asks
@@ -589,6 +615,49 @@ mod tests {
             t.restore(bound(nth(&t, i), n));
         }
         assert_eq!(t.pick(0, &client(9), None, NOW), Some(nth(&t, 17)));
+    }
+
+    /// A declined address is in use on the link: nobody gets it while its quarantine lasts,
+    /// not the client that declined it either, and a restart keeps it so.
+    #[test]
+    fn a_declined_address_goes_to_nobody_even_after_a_restart() {
+        let mut t = Leases6::new(vec![subnet()], vec![]).unwrap();
+        let a = t.pick(0, &client(1), None, NOW).unwrap();
+        t.bind(0, &client(1), None, a, NOW).unwrap();
+        assert!(t.decline(0, &client(1), a, NOW).is_some());
+        assert_ne!(t.pick(0, &client(1), None, NOW), Some(a));
+        assert_eq!(t.bind(0, &client(1), None, a, NOW), Err(Refusal6::Taken));
+        let mut again = Leases6::new(vec![subnet()], vec![]).unwrap();
+        for l in t.records() {
+            again.restore(l.clone());
+        }
+        assert_eq!(again.address_of(&client(1)), None);
+        assert_ne!(again.pick(0, &client(1), None, NOW), Some(a));
+        // Once the quarantine is over the address is free again.
+        assert!(again.bind(0, &client(2), None, a, NOW + 601).is_ok());
+    }
+
+    /// A client that binds another address lets the old one go, and says so with the new
+    /// binding; restored in any order, the records give it the address it holds.
+    #[test]
+    fn a_client_moving_address_lets_the_old_one_go_durably() {
+        let mut t = Leases6::new(vec![subnet()], vec![]).unwrap();
+        let (a, b) = (nth(&t, 0), nth(&t, 1));
+        t.bind(0, &client(1), None, a, NOW).unwrap();
+        assert!(t.take_moved_from().is_empty());
+        t.bind(0, &client(1), None, b, NOW).unwrap();
+        let moved = t.take_moved_from();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!((moved[0].ip, moved[0].state), (a, LeaseState::Released));
+        assert!(t.take_moved_from().is_empty(), "taken once");
+        let records: Vec<Lease6> = t.records().cloned().collect();
+        for order in [records.clone(), records.into_iter().rev().collect()] {
+            let mut again = Leases6::new(vec![subnet()], vec![]).unwrap();
+            for l in order {
+                again.restore(l);
+            }
+            assert_eq!(again.address_of(&client(1)), Some(b));
+        }
     }
 
     /// A reservation is given to its MAC only, even outside the pools.

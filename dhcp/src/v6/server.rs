@@ -225,16 +225,20 @@ impl Server6 {
         } else {
             MessageType::Reply
         };
-        // An address for a client the leases do not know is a new one: the cap counts it.
-        let new = matches!(
+        // An address for a client the leases do not know is a new one: the cap counts it,
+        // one for each such IA_NA, so that a message carrying many IAs takes no more than the
+        // cap allows. Over the cap at the first, the message is dropped whole.
+        let asks_new = matches!(
             kind,
             MessageType::Solicit | MessageType::Request | MessageType::Rebind
-        ) && ianas(msg).any(|ia| {
-            !self.leases.knows(&Client6 {
-                duid: hex_duid.clone(),
-                iaid: ia.id,
-            })
-        });
+        );
+        let new = asks_new
+            && ianas(msg).any(|ia| {
+                !self.leases.knows(&Client6 {
+                    duid: hex_duid.clone(),
+                    iaid: ia.id,
+                })
+            });
         if new && let Some(report) = self.limiter.over_new_lease_cap(idx, now_ms) {
             return limited(LimitKind::NewLeases, report);
         }
@@ -246,6 +250,15 @@ impl Server6 {
                 duid: hex_duid.clone(),
                 iaid: ia.id,
             };
+            let fresh = asks_new && !self.leases.knows(&client);
+            if fresh && self.limiter.over_new_lease_cap(idx, now_ms).is_some() {
+                let refused = Err(Status::NoAddrsAvail);
+                reply
+                    .opts_mut()
+                    .insert(DhcpOption::IANA(self.ia_answer(idx, ia, refused)));
+                given.push(refused);
+                continue;
+            }
             let asked = ia_addresses(ia);
             let answer = match kind {
                 MessageType::Solicit if !rapid => match self.leases.pick(idx, &client, mac, now) {
@@ -322,6 +335,9 @@ impl Server6 {
                 }
                 (_, a) => a,
             };
+            if fresh && answer.is_ok() {
+                self.limiter.record_new_lease(idx, now_ms);
+            }
             reply
                 .opts_mut()
                 .insert(DhcpOption::IANA(self.ia_answer(idx, ia, answer)));
@@ -336,6 +352,7 @@ impl Server6 {
             }
             _ => {}
         }
+        changes.extend(self.leases.take_moved_from());
         let note = format!(
             "{kind:?} → {reply_kind:?}: {}",
             given
@@ -347,9 +364,6 @@ impl Server6 {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        if new && given.iter().any(Result::is_ok) {
-            self.limiter.record_new_lease(idx, now_ms);
-        }
         Outcome6 {
             changes,
             note,
@@ -780,6 +794,44 @@ mod tests {
         let ip = address(&run(&mut s, &solicit(2), NOW + 4)).unwrap();
         let req = msg(MessageType::Request, 2, Some(&s), Some(ip));
         assert_eq!(address(&run(&mut s, &req, NOW + 5)), Ok(ip));
+    }
+
+    /// The new-lease cap counts addresses, not messages: one Solicit carrying five IA_NAs
+    /// gets the window's two and a NoAddrsAvail for each of the others.
+    #[test]
+    fn the_new_lease_cap_counts_each_identity_association() {
+        let limits = RateLimits {
+            new_leases_per_window: 2,
+            new_lease_window_secs: 60,
+            ..RateLimits::OFF
+        };
+        let mut s = server(false).with_limits(limits);
+        let mut solicit = msg(MessageType::Solicit, 1, None, None);
+        for id in 8..12 {
+            solicit.opts_mut().insert(DhcpOption::IANA(IANA {
+                id,
+                t1: 0,
+                t2: 0,
+                opts: DhcpOptions::new(),
+            }));
+        }
+        let o = run(&mut s, &solicit, NOW);
+        let reply = o.reply.expect("a reply");
+        let answers: Vec<bool> = reply
+            .opts()
+            .iter()
+            .filter_map(|o| match o {
+                DhcpOption::IANA(ia) => {
+                    Some(ia.opts.iter().any(|o| matches!(o, DhcpOption::IAAddr(_))))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(answers.len(), 5, "{reply:?}");
+        assert_eq!(answers.iter().filter(|a| **a).count(), 2, "{reply:?}");
+        // The window is full: a new client is dropped whole.
+        let o = run(&mut s, &msg(MessageType::Solicit, 2, None, None), NOW + 1);
+        assert_eq!(o.limited.map(|l| l.kind), Some(LimitKind::NewLeases));
     }
 
     /// Messages for another server, or without a client identifier, are ignored.
