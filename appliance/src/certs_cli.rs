@@ -208,18 +208,22 @@ fn write_pair(out: &Path, name: &str, issued: &ca::Issued) -> anyhow::Result<()>
     Ok(())
 }
 
+/// `certs request`: a key and a certificate request for `name` in `out`, made on the
+/// operator's own machine (no appliance and no configuration needed).
+pub fn request(name: &str, out: &Path) -> anyhow::Result<()> {
+    let (key, csr) = ca::request(name)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    security::write_file(&out.join(format!("{name}.key")), &key, 0o600)?;
+    security::write_file(&out.join(format!("{name}.csr")), &csr, 0o644)?;
+    println!("key     {}", out.join(format!("{name}.key")).display());
+    println!("request {}", out.join(format!("{name}.csr")).display());
+    Ok(())
+}
+
 /// Runs one `paddock certs` command against the configuration's store.
 pub async fn run(cfg: &Config, cmd: CertsCmd) -> anyhow::Result<()> {
     match cmd {
-        CertsCmd::Request { name, out } => {
-            let (key, csr) = ca::request(&name)?;
-            std::fs::create_dir_all(&out)?;
-            security::write_file(&out.join(format!("{name}.key")), &key, 0o600)?;
-            security::write_file(&out.join(format!("{name}.csr")), &csr, 0o644)?;
-            println!("key     {}", out.join(format!("{name}.key")).display());
-            println!("request {}", out.join(format!("{name}.csr")).display());
-            return Ok(());
-        }
+        CertsCmd::Request { name, out } => return request(&name, &out),
         CertsCmd::Show => {
             let SecurityConfig::Tls(t) = &cfg.security else {
                 println!("insecure mode: no certificates");

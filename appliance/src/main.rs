@@ -24,7 +24,8 @@ enum Cmd {
     /// Certificates and tokens: the CA, this host's certificate, operators' identities.
     Certs {
         /// The TOML configuration file (the store and `[security]` it names); before or
-        /// after the subcommand (`paddock certs init --config FILE`, as the README says).
+        /// after the subcommand (`paddock certs init --config FILE`). Default:
+        /// /etc/paddock/paddock.toml when it exists.
         #[arg(long, short, env = "PADDOCK_CONFIG", global = true)]
         config: Option<PathBuf>,
         #[command(flatten)]
@@ -53,6 +54,7 @@ enum Cmd {
         /// The backup file to write (written whole or not at all).
         file: PathBuf,
         /// The TOML configuration file (where the store and directories are; copied too).
+        /// Default: /etc/paddock/paddock.toml when it exists.
         #[arg(long, short, env = "PADDOCK_CONFIG")]
         config: Option<PathBuf>,
         /// Leave the image objects out (the backup names their directory instead).
@@ -67,6 +69,7 @@ enum Cmd {
     /// replaced (on a new host, restore before `paddock init`).
     Restore {
         file: PathBuf,
+        /// The configuration file to fill (default: /etc/paddock/paddock.toml when it exists).
         #[arg(long, short, env = "PADDOCK_CONFIG")]
         config: Option<PathBuf>,
         #[command(flatten)]
@@ -258,20 +261,20 @@ enum MdbCmd {
 /// Where a running appliance's API is.
 #[derive(clap::Args)]
 struct Api {
-    /// The appliance's API base URL (HTTPS unless it runs insecure).
-    #[arg(
-        long = "api",
-        env = "PADDOCK_API",
-        default_value = "https://127.0.0.1:8443",
-        global = true
-    )]
-    url: String,
+    /// The appliance's API base URL (HTTPS unless it runs insecure). Default: the one this
+    /// host's configuration serves (`[security] public_url`), else https://127.0.0.1:8443.
+    #[arg(long = "api", env = "PADDOCK_API", global = true)]
+    url: Option<String>,
+    /// This host's appliance configuration, where the API's address and certificates are
+    /// taken from when not given (default: /etc/paddock/paddock.toml when it exists).
+    #[arg(long, short, env = "PADDOCK_CONFIG", global = true)]
+    config: Option<PathBuf>,
     /// The CA certificate the appliance's is checked against (default: the local
-    /// appliance's, /var/lib/paddock/certs/ca.pem).
+    /// appliance's, `<data_dir>/certs/ca.pem`).
     #[arg(long, env = "PADDOCK_CA", global = true)]
     ca: Option<PathBuf>,
-    /// A client certificate (default: /var/lib/paddock/certs/admin.pem when it exists and
-    /// no token is given).
+    /// A client certificate (default: the local appliance's `<data_dir>/certs/admin.pem`
+    /// when it exists and no token is given).
     #[arg(long, env = "PADDOCK_CERT", global = true)]
     cert: Option<PathBuf>,
     /// The client certificate's key (default: the certificate's name with .key).
@@ -285,21 +288,31 @@ struct Api {
 impl Api {
     /// The client of the appliance these flags name, with their credentials.
     fn connect(&self) -> anyhow::Result<paddock::cli::Client> {
-        const DIR: &str = "/var/lib/paddock/certs";
+        // This host's configuration is read only for what the flags leave out; with the
+        // address given, one that does not load only leaves the certificates' default.
+        let local = match &self.url {
+            None => local_api(self.config.clone())?,
+            Some(url) if !url.starts_with("https://") => LocalApi::fallback(),
+            Some(_) if self.ca.is_some() && (self.cert.is_some() || self.token.is_some()) => {
+                LocalApi::fallback()
+            }
+            Some(_) => local_api(self.config.clone()).unwrap_or_else(|_| LocalApi::fallback()),
+        };
+        let url = self.url.clone().unwrap_or(local.url);
         let mut creds = paddock::cli::Credentials {
             token: self.token.clone(),
             ..Default::default()
         };
-        if self.url.starts_with("https://") {
+        if url.starts_with("https://") {
             let ca = self
                 .ca
                 .clone()
-                .unwrap_or_else(|| PathBuf::from(DIR).join("ca.pem"));
+                .unwrap_or_else(|| local.certs.join("ca.pem"));
             creds.ca_pem = Some(std::fs::read_to_string(&ca).map_err(|e| {
                 anyhow::anyhow!("{}: {e} (give --ca, or PADDOCK_CA)", ca.display())
             })?);
             let cert = self.cert.clone().or_else(|| {
-                let d = PathBuf::from(DIR).join("admin.pem");
+                let d = local.certs.join("admin.pem");
                 (self.token.is_none() && d.exists()).then_some(d)
             });
             if let Some(c) = cert {
@@ -310,8 +323,64 @@ impl Api {
                 creds.identity = Some((read(&c)?, read(&k)?));
             }
         }
-        paddock::cli::client(&self.url, &creds)
+        paddock::cli::client(&url, &creds)
     }
+}
+
+/// Where the package keeps this host's configuration: read by the commands that act on this
+/// host's appliance when no `--config` (or `PADDOCK_CONFIG`) names another file.
+const HOST_CONFIG: &str = "/etc/paddock/paddock.toml";
+
+/// The configuration file a command reads: the one given, else this host's when it exists
+/// (`None`: the built-in defaults).
+fn config_path(given: Option<PathBuf>) -> Option<PathBuf> {
+    given.or_else(|| {
+        let host = PathBuf::from(HOST_CONFIG);
+        host.is_file().then_some(host)
+    })
+}
+
+/// The API this host's appliance serves and the directory of its certificates.
+struct LocalApi {
+    url: String,
+    certs: PathBuf,
+}
+
+impl LocalApi {
+    /// With no configuration file: the packaged appliance's defaults.
+    fn fallback() -> Self {
+        LocalApi {
+            url: "https://127.0.0.1:8443".into(),
+            certs: PathBuf::from("/var/lib/paddock/certs"),
+        }
+    }
+}
+
+/// The local appliance's API, from its configuration file (see [`config_path`]): its HTTPS
+/// address and certificates with TLS on, its HTTP address with TLS off.
+fn local_api(config: Option<PathBuf>) -> anyhow::Result<LocalApi> {
+    let Some(path) = config_path(config) else {
+        return Ok(LocalApi::fallback());
+    };
+    let cfg = FileConfig::load(&path)
+        .and_then(FileConfig::validate)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{} (this host's configuration, read for the API's address): {} (fix it, or give --api)",
+                path.display(),
+                e.problems.join("; ")
+            )
+        })?;
+    Ok(match &cfg.security {
+        paddock::security::SecurityConfig::Tls(t) => LocalApi {
+            url: t.public_url.clone(),
+            certs: t.dir.clone(),
+        },
+        paddock::security::SecurityConfig::Insecure => LocalApi {
+            url: cfg.public_url.clone(),
+            certs: cfg.certs_dir(),
+        },
+    })
 }
 
 #[derive(Subcommand)]
@@ -430,7 +499,12 @@ fn load_config(
         f.validate()
     })
     .map_err(|e| {
-        eprintln!("paddock: invalid configuration");
+        match config {
+            Some(path) => eprintln!("paddock: invalid configuration in {}", path.display()),
+            None => eprintln!(
+                "paddock: invalid configuration (no --config given and no {HOST_CONFIG}: the built-in defaults)"
+            ),
+        }
         for p in e.problems {
             eprintln!("  - {p}");
         }
@@ -454,11 +528,16 @@ fn main() -> ExitCode {
             cmd: ConfigCmd::Check { file },
         } => config_check(&file),
         Cmd::Ramdisk { cmd } => report(ramdisk(cmd)),
+        // A key and request made on an operator's own machine: no appliance, no configuration.
+        Cmd::Certs {
+            cmd: paddock::certs_cli::CertsCmd::Request { name, out },
+            ..
+        } => report(paddock::certs_cli::request(&name, &out)),
         Cmd::Certs {
             config,
             overrides,
             cmd,
-        } => match load_config(config.as_deref(), &overrides) {
+        } => match load_config(config_path(config).as_deref(), &overrides) {
             Ok(cfg) => report(block_on(paddock::certs_cli::run(&cfg, cmd))),
             Err(code) => code,
         },
@@ -468,18 +547,24 @@ fn main() -> ExitCode {
             config,
             no_objects,
             overrides,
-        } => match load_config(config.as_deref(), &overrides) {
-            Ok(cfg) => report(block_on(backup(&cfg, &file, config, !no_objects))),
-            Err(code) => code,
-        },
+        } => {
+            let config = config_path(config);
+            match load_config(config.as_deref(), &overrides) {
+                Ok(cfg) => report(block_on(backup(&cfg, &file, config, !no_objects))),
+                Err(code) => code,
+            }
+        }
         Cmd::Restore {
             file,
             config,
             overrides,
-        } => match restore_config(config.as_deref(), &file, &overrides) {
-            Ok((cfg, replace)) => report(block_on(restore(&cfg, &file, config, replace))),
-            Err(code) => code,
-        },
+        } => {
+            let config = config_path(config);
+            match restore_config(config.as_deref(), &file, &overrides) {
+                Ok((cfg, replace)) => report(block_on(restore(&cfg, &file, config, replace))),
+                Err(code) => code,
+            }
+        }
         Cmd::Serve { config, overrides } => match load_config(config.as_deref(), &overrides) {
             Ok(cfg) => {
                 serve::init_logging(cfg.log_format);

@@ -286,6 +286,22 @@ fn setup() -> Setup {
             &format!("issue {name} --role {role} --out {}", out.display()),
         );
     }
+    // A key and request made where no configuration is (an operator's own machine), the
+    // request signed on the appliance's host.
+    let carol = scratch.path("carol");
+    link.server.sh_ok(&format!(
+        "cd / && env -u PADDOCK_CONFIG {} certs request carol --out {}",
+        env!("CARGO_BIN_EXE_paddock"),
+        carol.display()
+    ));
+    cli(
+        &link,
+        &path,
+        &format!(
+            "issue carol --csr {0}/carol.csr --role read-only --out {0}",
+            carol.display()
+        ),
+    );
     let ro_token = cli(&link, &path, "token viewer --role read-only")
         .trim()
         .to_string();
@@ -766,6 +782,25 @@ fn agent_tokens_speak_only_for_their_machine_and_the_audit_log_records_who_did_w
         r#"{"name":"later","macs":["52:54:00:5e:c0:03"]}"#,
     );
     assert!(made.status < 300, "{} {}", made.status, made.body);
+    // On the appliance's host its configuration names the API, its CA and the admin's
+    // certificate: no --api, --ca or --cert.
+    let paddock = format!(
+        "env -u PADDOCK_API PADDOCK_CONFIG={} {}",
+        config.display(),
+        env!("CARGO_BIN_EXE_paddock")
+    );
+    let nodes = s.link.server.sh_ok(&format!("{paddock} node list"));
+    assert!(nodes.contains("later"), "{nodes}");
+    // Carol's certificate (her key stayed where she made it) reads, and changes nothing.
+    let carol = s.scratch.path("carol");
+    let as_carol = format!(
+        "{paddock} node --cert {0}/carol.pem --key {0}/carol.key",
+        carol.display()
+    );
+    let read = s.link.server.sh_ok(&format!("{as_carol} list"));
+    assert!(read.contains("later"), "{read}");
+    let refused = link_sh_err(&s, &format!("{as_carol} abort later"));
+    assert!(refused.contains("403"), "{refused}");
     let err = link_sh_err(
         &s,
         &format!(

@@ -43,7 +43,10 @@ user=$(stat -c %U "/proc/$pid")
 caps=$(awk '/^CapEff/ { print $2 }' "/proc/$pid/status")
 cp /var/lib/paddock/certs/ca.pem /var/lib/paddock/certs/admin.pem \
     /var/lib/paddock/certs/admin.key /mnt/lab/out/
-say "started user=$user capeff=$caps"
+# On the appliance's host the CLI needs no flags: the configuration init wrote names the API.
+paddock node list > /mnt/lab/out/cli.log 2>&1 && cli=ok || cli=failed
+paddock certs tokens >> /mnt/lab/out/cli.log 2>&1 && certs=ok || certs=failed
+say "started user=$user cli=$cli certs=$certs capeff=$caps"
 while [ ! -e /mnt/lab/stop ]; do sleep 1; done
 t0=$(date +%s%N)
 systemctl stop paddock
@@ -342,6 +345,11 @@ fn the_package_installed_in_a_vm_enrols_a_machine_and_stops_cleanly() {
     );
     // As the paddock user, with the unit's three capabilities and no others.
     assert!(started.contains("user=paddock"), "{started}");
+    assert!(
+        started.contains("cli=ok certs=ok"),
+        "{started}: the CLI without flags: {}",
+        std::fs::read_to_string(share.join("out/cli.log")).unwrap_or_default()
+    );
     let caps = started
         .split("capeff=")
         .nth(1)
