@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use ipnet::Ipv4Net;
 use paddock_dhcp::shell::{Answered, DhcpObserver, DhcpService, Listener};
 use paddock_dhcp::{BootPolicy, Leases, Pool, Relays, Reservation, Server, ServerConfig, Subnet};
@@ -210,7 +210,7 @@ where
     }
 }
 
-/// What the DHCP service is started with besides its section.
+/// What the DHCP services (both families) are started with besides their sections.
 pub struct Start<'a> {
     pub boot: &'a BootPolicy,
     /// `Some(host)` when several hosts share the lease records.
@@ -326,8 +326,8 @@ fn interface_address(interface: &str, cfg: &DhcpConfig) -> anyhow::Result<Ipv4Ad
 }
 
 /// Several hosts share the lease records, so their DHCP pools must not overlap: each host
-/// records its pools under `cluster/pools/<host>` and refuses to start when another host's
-/// pools overlap its own.
+/// records its pools under `cluster/pools/<host>` (as numbers, the form older releases
+/// wrote) and refuses to start when another host's pools overlap its own.
 async fn claim_pools(store: &Arc<dyn Store>, host: &str, d: &DhcpConfig) -> anyhow::Result<()> {
     let mine: Vec<(u32, u32)> = d
         .subnets
@@ -335,26 +335,5 @@ async fn claim_pools(store: &Arc<dyn Store>, host: &str, d: &DhcpConfig) -> anyh
         .flat_map(|s| s.pools.iter())
         .map(|p| (u32::from(p.start), u32::from(p.end)))
         .collect();
-    for kv in store.range("cluster/pools/").await? {
-        let other = kv.key.trim_start_matches("cluster/pools/");
-        if other == host {
-            continue;
-        }
-        let theirs: Vec<(u32, u32)> = serde_json::from_slice(&kv.value).unwrap_or_default();
-        for (a, b) in &mine {
-            if let Some((c, e)) = theirs.iter().find(|(c, e)| a <= e && c <= b) {
-                bail!(
-                    "DHCP pool {}-{} overlaps host {other}'s pool {}-{}: hosts of one appliance need disjoint pools",
-                    Ipv4Addr::from(*a),
-                    Ipv4Addr::from(*b),
-                    Ipv4Addr::from(*c),
-                    Ipv4Addr::from(*e)
-                );
-            }
-        }
-    }
-    store
-        .put(&format!("cluster/pools/{host}"), serde_json::to_vec(&mine)?)
-        .await?;
-    Ok(())
+    crate::pool_claims::claim(store, "pools", host, &mine, |a| Ipv4Addr::from(*a)).await
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::Ipv6Net;
-use paddock_dhcp::BootPolicy;
 use paddock_dhcp::v6::shell::{Dhcp6Service, Listener6};
 use paddock_dhcp::v6::{Boot6, Leases6, Pool6, Reservation6, Server6, Server6Config, Subnet6};
 use paddock_inventory::MacAddr;
@@ -199,11 +198,20 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
 pub async fn start(
     rt: &mut Runtime,
     d: &Dhcp6Config,
-    boot: &BootPolicy,
-    policy: Arc<dyn paddock_dhcp::ClientPolicy>,
-    inspector: Arc<paddock_inspector::service::Inspector>,
+    s: crate::dhcp::Start<'_>,
 ) -> anyhow::Result<Arc<Dhcp6Service>> {
     let store = rt.context().store.clone();
+    // As DHCPv4's: several hosts share the lease records, and a new leader knows the leases
+    // it loaded at its start, so each host hands out addresses from pools of its own.
+    if let Some(host) = s.cluster_host {
+        let mine: Vec<(Ipv6Addr, Ipv6Addr)> = d
+            .subnets
+            .iter()
+            .flat_map(|s| s.pools.iter())
+            .map(|p| (p.start, p.end))
+            .collect();
+        crate::pool_claims::claim(&store, "pools6", host, &mine, |a| *a).await?;
+    }
     let listeners = d
         .interfaces
         .iter()
@@ -231,7 +239,7 @@ pub async fn start(
         Server6Config {
             duid: server_duid(first.mac),
             boot: d.public_url.as_ref().map(|u| Boot6 {
-                table: boot.table.clone(),
+                table: s.boot.table.clone(),
                 public_url: u.clone(),
             }),
         },
@@ -242,9 +250,9 @@ pub async fn start(
             advertise(rt, l, d, ra);
         }
     }
-    let observer = Arc::new(crate::dhcp::TimelineObserver::start(rt, inspector));
+    let observer = Arc::new(crate::dhcp::TimelineObserver::start(rt, s.inspector));
     let service =
-        Dhcp6Service::new(server, store, policy, Some(observer), d.relays.clone()).await?;
+        Dhcp6Service::new(server, store, s.policy, Some(observer), d.relays.clone()).await?;
     let run = service.clone().run(listeners);
     rt.spawn_future("dhcp6", async move { run.await.context("DHCPv6 server") });
     Ok(service)

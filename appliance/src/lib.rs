@@ -32,6 +32,7 @@ pub mod init_cli;
 pub mod inspection;
 pub mod leader;
 pub mod metrics;
+pub mod pool_claims;
 pub mod power;
 pub mod provisioning;
 pub mod pxe_filter;

@@ -336,7 +336,13 @@ impl Core {
             filter: filter.clone(),
             leader: self.cfg.cluster.as_ref().map(|_| self.leader.clone()),
         });
-        crate::dhcp6::start(rt, d, &self.cfg.boot, policy, self.inspector.clone()).await
+        let start = crate::dhcp::Start {
+            boot: &self.cfg.boot,
+            cluster_host: self.cfg.cluster.as_ref().map(|c| c.host.as_str()),
+            policy,
+            inspector: self.inspector.clone(),
+        };
+        crate::dhcp6::start(rt, d, start).await
     }
 
     /// The dominator (when configured) and provisioning's leader work, which follows the

@@ -14,8 +14,19 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "base: the runtime, leadership, files at rest, and the pure tables",
         &[
-            "runtime", "leader", "at_rest", "assets", "audit", "cluster", "access", "browser",
-            "metrics", "schema", "backup", "setting",
+            "runtime",
+            "leader",
+            "at_rest",
+            "assets",
+            "audit",
+            "cluster",
+            "access",
+            "browser",
+            "metrics",
+            "schema",
+            "backup",
+            "setting",
+            "pool_claims",
         ],
     ),
     (
