@@ -309,17 +309,7 @@ impl Core {
         d: &DhcpConfig,
         filter: &Option<Arc<PxeFilter>>,
     ) -> anyhow::Result<Arc<paddock_dhcp::shell::DhcpService>> {
-        let policy = Arc::new(Admit {
-            deny: d.deny_macs.clone(),
-            filter: filter.clone(),
-            leader: self.cfg.cluster.as_ref().map(|_| self.leader.clone()),
-        });
-        let start = crate::dhcp::Start {
-            boot: &self.cfg.boot,
-            cluster_host: self.cfg.cluster.as_ref().map(|c| c.host.as_str()),
-            policy,
-            inspector: self.inspector.clone(),
-        };
+        let start = self.dhcp_start(&d.deny_macs, filter);
         let service = crate::dhcp::start(rt, d, start).await?;
         self.security.bind_leases(service.clone());
         Ok(service)
@@ -331,18 +321,27 @@ impl Core {
         d: &crate::dhcp6::Dhcp6Config,
         filter: &Option<Arc<PxeFilter>>,
     ) -> anyhow::Result<Arc<paddock_dhcp::v6::shell::Dhcp6Service>> {
-        let policy = Arc::new(Admit {
-            deny: d.deny_macs.clone(),
-            filter: filter.clone(),
-            leader: self.cfg.cluster.as_ref().map(|_| self.leader.clone()),
-        });
-        let start = crate::dhcp::Start {
+        let start = self.dhcp_start(&d.deny_macs, filter);
+        crate::dhcp6::start(rt, d, start).await
+    }
+
+    /// What both DHCP services start with: who is admitted (the section's deny list, the PXE
+    /// filter, and with several hosts only while leading), the boot policy, this host.
+    fn dhcp_start(
+        &self,
+        deny: &std::collections::BTreeSet<paddock_inventory::MacAddr>,
+        filter: &Option<Arc<PxeFilter>>,
+    ) -> crate::dhcp::Start<'_> {
+        crate::dhcp::Start {
             boot: &self.cfg.boot,
             cluster_host: self.cfg.cluster.as_ref().map(|c| c.host.as_str()),
-            policy,
+            policy: Arc::new(Admit {
+                deny: deny.clone(),
+                filter: filter.clone(),
+                leader: self.cfg.cluster.as_ref().map(|_| self.leader.clone()),
+            }),
             inspector: self.inspector.clone(),
-        };
-        crate::dhcp6::start(rt, d, start).await
+        }
     }
 
     /// The dominator (when configured) and provisioning's leader work, which follows the
