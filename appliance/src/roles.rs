@@ -1470,7 +1470,6 @@ pub async fn run_program(p: &Program<'_>) -> Result<HookRun, ActionError> {
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
     let read = async {
-        let (mut o, mut e) = (Vec::new(), Vec::new());
         let fi = async {
             if let (Some(s), Some(bytes)) = (stdin.as_mut(), p.input) {
                 // A program that reads none of it is not an error.
@@ -1478,25 +1477,20 @@ pub async fn run_program(p: &Program<'_>) -> Result<HookRun, ActionError> {
             }
             drop(stdin.take());
         };
-        let fo = async {
-            if let Some(s) = stdout.as_mut() {
-                let _ = s.read_to_end(&mut o).await;
-            }
-        };
-        let fe = async {
-            if let Some(s) = stderr.as_mut() {
-                let _ = s.read_to_end(&mut e).await;
-            }
-        };
-        tokio::join!(fi, fo, fe);
+        // Only the tails are kept while reading: a program that prints without end costs
+        // no more memory than they hold, until its timeout.
+        let ((), o, e) = tokio::join!(
+            fi,
+            read_tail(stdout.as_mut(), p.stdout_kept),
+            read_tail(stderr.as_mut(), OUTPUT_TAIL)
+        );
         let status = child.wait().await;
         (o, e, status)
     };
     match tokio::time::timeout(p.timeout, read).await {
         Ok((o, e, status)) => Ok(HookRun {
             exit: status.map_err(ActionError::Wait)?.code(),
-            stdout: String::from_utf8_lossy(&o[o.len().saturating_sub(p.stdout_kept)..])
-                .into_owned(),
+            stdout: String::from_utf8_lossy(&o).into_owned(),
             stderr: tail(&e),
         }),
         Err(_) => {
@@ -1509,6 +1503,31 @@ pub async fn run_program(p: &Program<'_>) -> Result<HookRun, ActionError> {
             Err(ActionError::Timeout(p.timeout))
         }
     }
+}
+
+/// The last `keep` bytes `from` gives until its end (or a read error), holding at most
+/// twice that while reading.
+async fn read_tail<R>(from: Option<&mut R>, keep: usize) -> Vec<u8>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let mut kept = Vec::new();
+    let Some(from) = from else {
+        return kept;
+    };
+    let mut chunk = vec![0; 64 << 10];
+    while let Ok(n) = from.read(&mut chunk).await
+        && n > 0
+    {
+        kept.extend_from_slice(&chunk[..n]);
+        if kept.len() > keep.saturating_mul(2).max(chunk.len()) {
+            kept.drain(..kept.len() - keep);
+        }
+    }
+    if kept.len() > keep {
+        kept.drain(..kept.len() - keep);
+    }
+    kept
 }
 
 /// One line for the log and the host's timeline.
@@ -1713,6 +1732,23 @@ pub enum ActionError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ten megabytes read for a tail of a hundred: the tail is right, and what was held
+    /// while reading stayed near the chunk's size, not the output's.
+    #[tokio::test]
+    async fn only_the_tail_of_an_output_is_held() {
+        let mut ten_mb = tokio::io::AsyncReadExt::chain(
+            tokio::io::AsyncReadExt::take(tokio::io::repeat(b'x'), 10 << 20),
+            &b"the end"[..],
+        );
+        let kept = read_tail(Some(&mut ten_mb), 100).await;
+        assert_eq!(kept.len(), 100);
+        assert!(kept.ends_with(b"xxxthe end"));
+        assert!(kept.capacity() <= 512 << 10, "{}", kept.capacity());
+        let mut short = &b"short"[..];
+        assert_eq!(read_tail(Some(&mut short), 100).await, b"short");
+        assert!(read_tail(None::<&mut &[u8]>, 100).await.is_empty());
+    }
 
     fn cfg(dir: &std::path::Path, timeout: u64) -> RolesConfig {
         RolesConfig {
