@@ -265,6 +265,18 @@ impl CensusService {
         })
     }
 
+    /// Whether a registration of the census is bound to `lease`. The store's other leases
+    /// (the leader's election among them) are not the census's to keep alive or revoke.
+    async fn holds(&self, lease: LeaseId) -> Result<bool, ApiError> {
+        for prefix in [HOSTS, INSTANCES] {
+            let kvs = self.store.range(prefix).await.map_err(store_error)?;
+            if kvs.iter().any(|kv| kv.lease == Some(lease)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     pub async fn view(&self) -> Result<CensusView, StoreError> {
         let mut v = CensusView::default();
         for kv in self.store.range(HOSTS).await? {
@@ -388,12 +400,18 @@ async fn keepalive(
     State(c): State<CensusService>,
     Json(l): Json<LeaseRef>,
 ) -> Result<Json<LeaseRef>, ApiError> {
+    let gone = || {
+        ApiError::not_found(format!(
+            "lease {} holds no registration (expired or revoked): register again",
+            l.lease
+        ))
+    };
+    if !c.holds(l.lease).await? {
+        return Err(gone());
+    }
     match c.store.lease_keep_alive(l.lease).await {
         Ok(()) => Ok(Json(l)),
-        Err(StoreError::LeaseNotFound(_)) => Err(ApiError::not_found(format!(
-            "lease {} is gone (expired or revoked): register again",
-            l.lease
-        ))),
+        Err(StoreError::LeaseNotFound(_)) => Err(gone()),
         Err(e) => Err(store_error(e)),
     }
 }
@@ -402,6 +420,11 @@ async fn revoke(
     State(c): State<CensusService>,
     Json(l): Json<LeaseRef>,
 ) -> Result<Json<LeaseRef>, ApiError> {
+    // A lease that holds no registration has nothing of the census to revoke: done, as for
+    // one already gone.
+    if !c.holds(l.lease).await? {
+        return Ok(Json(l));
+    }
     match c.store.lease_revoke(l.lease).await {
         Ok(()) | Err(StoreError::LeaseNotFound(_)) => Ok(Json(l)),
         Err(e) => Err(store_error(e)),
@@ -464,6 +487,54 @@ async fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keep-alive and revoke act on the census's own leases: another lease of the store (the
+    /// leader's election holds one) is neither kept alive nor revoked through them.
+    #[tokio::test]
+    async fn only_the_census_leases_are_kept_alive_or_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+        let c = CensusService {
+            inspector: Arc::new(Inspector::new(store.clone(), Default::default())),
+            store: store.clone(),
+        };
+        let other = store.lease_grant(Duration::from_secs(60)).await.unwrap();
+        store
+            .txn(Txn {
+                success: vec![Op::put_leased("cluster/leader", b"h1".to_vec(), other)],
+                ..Txn::default()
+            })
+            .await
+            .unwrap();
+        let err = keepalive(State(c.clone()), Json(LeaseRef { lease: other }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, 404, "{err:?}");
+        let Json(done) = revoke(State(c.clone()), Json(LeaseRef { lease: other }))
+            .await
+            .unwrap();
+        assert_eq!(done.lease, other);
+        assert!(store.get("cluster/leader").await.unwrap().is_some());
+        // A registration's own lease: kept alive, then revoked with its entry.
+        let mine = c
+            .register(&Register {
+                role: Some("web".into()),
+                instance: Some("web-1".into()),
+                host: None,
+                status: None,
+                metrics: BTreeMap::new(),
+                ttl_secs: None,
+            })
+            .await
+            .unwrap();
+        let lease = LeaseRef { lease: mine.lease };
+        let Json(kept) = keepalive(State(c.clone()), Json(lease)).await.unwrap();
+        assert_eq!(kept, lease);
+        let Json(revoked) = revoke(State(c.clone()), Json(lease)).await.unwrap();
+        assert_eq!(revoked, lease);
+        assert!(store.get(&mine.key).await.unwrap().is_none());
+    }
 
     #[test]
     fn registrations_name_an_instance_or_a_host() {
