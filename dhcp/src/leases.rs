@@ -71,8 +71,9 @@ pub(crate) fn first_clash<T>(items: &[T], clash: impl Fn(&T, &T) -> bool) -> Opt
 }
 
 impl Pool {
-    fn len(&self) -> u32 {
-        u32::from(self.end) - u32::from(self.start) + 1
+    /// Addresses in the pool: up to 2^32 (`0.0.0.0-255.255.255.255`), so not a `u32`.
+    fn len(&self) -> u64 {
+        u64::from(u32::from(self.end)) - u64::from(u32::from(self.start)) + 1
     }
 }
 
@@ -169,16 +170,17 @@ impl Subnet {
     }
 
     fn pool_len(&self) -> u64 {
-        self.pools.iter().map(|p| u64::from(p.len())).sum()
+        self.pools.iter().map(Pool::len).sum()
     }
 
     /// The `i`-th address of the concatenated pools.
     fn nth(&self, mut i: u64) -> Ipv4Addr {
         for p in &self.pools {
-            if i < u64::from(p.len()) {
-                return Ipv4Addr::from(u32::from(p.start) + i as u32);
+            if i < p.len() {
+                let ip = u64::from(u32::from(p.start)) + i;
+                return Ipv4Addr::from(u32::try_from(ip).expect("an index within the pool"));
             }
-            i -= u64::from(p.len());
+            i -= p.len();
         }
         unreachable!("index within pool_len")
     }
@@ -373,7 +375,7 @@ impl Leases {
                 let in_pools = |ip: &Ipv4Addr| {
                     s.pools.iter().any(|p| p.contains(*ip)) && !s.exclude.contains(ip)
                 };
-                let size: u64 = s.pools.iter().map(|p| u64::from(p.len())).sum::<u64>()
+                let size: u64 = s.pools.iter().map(Pool::len).sum::<u64>()
                     - s.exclude
                         .iter()
                         .filter(|ip| s.pools.iter().any(|p| p.contains(**ip)))
@@ -659,6 +661,26 @@ mod tests {
         assert_eq!(t.offer(0, mac(2), None, 0), Some(ip(102)));
         // The same client asking again gets the same offer.
         assert_eq!(t.offer(0, mac(1), Some(ip(103)), 0), Some(ip(100)));
+    }
+
+    /// A pool of every IPv4 address is 2^32 long: counted and searched without overflow.
+    #[test]
+    fn a_pool_of_the_whole_space_is_served() {
+        let mut s = subnet();
+        s.network = "0.0.0.0/0".parse().unwrap();
+        s.pools = vec![Pool {
+            start: Ipv4Addr::UNSPECIFIED,
+            end: Ipv4Addr::BROADCAST,
+        }];
+        s.exclude.clear();
+        s.validate().unwrap();
+        let mut t = Leases::new(vec![s], vec![]).unwrap();
+        assert_eq!(t.usage(0)[0].2, 1 << 32);
+        assert!(t.offer(0, mac(1), None, 0).is_some());
+        assert_eq!(
+            t.offer(0, mac(2), Some(Ipv4Addr::BROADCAST), 0),
+            Some(Ipv4Addr::BROADCAST)
+        );
     }
 
     #[test]
