@@ -21,7 +21,8 @@ use tokio::net::UdpSocket;
 
 /// Packets read, or replies sent, by one system call at most.
 const BATCH: usize = 64;
-/// The largest packet read; a longer one is cut short (and then fails to decode).
+/// The largest packet read; a longer one is dropped as malformed (cut short, it could still
+/// decode, with options missing).
 const MAX_PACKET: usize = 4096;
 
 /// Counters for `/metrics`.
@@ -262,8 +263,15 @@ impl Received {
             MsgFlags::MSG_DONTWAIT,
             None,
         )?;
-        self.got
-            .extend(read.map(|m| (m.bytes, m.address.as_ref().and_then(socket_addr))));
+        self.got.extend(read.map(|m| {
+            // A packet cut short is passed on empty: it fails to decode and counts as such.
+            let n = if m.flags.contains(MsgFlags::MSG_TRUNC) {
+                0
+            } else {
+                m.bytes
+            };
+            (n, m.address.as_ref().and_then(socket_addr))
+        }));
         Ok(())
     }
 

@@ -88,4 +88,16 @@ yiaddr, found = exchange(opt(53, b"\x01") + agent + b"\xff", 2, 0xABC1)
 sid = found[54]
 yiaddr2, _ = exchange(opt(53, b"\x03") + opt(50, socket.inet_aton(yiaddr)) + opt(54, sid) + agent + b"\xff", 5, 0xABC2)
 assert yiaddr == yiaddr2
+
+# Longer than the server reads (4096 bytes): cut short there it would still be a whole
+# DISCOVER, with options missing. It must go unanswered.
+big = packet(opt(53, b"\x01") + agent + b"\x00" * 4800 + b"\xff", xid=0xABC0)
+s.sendto(big, (server, 67))
+s.settimeout(2)
+try:
+    while True:
+        data, _ = s.recvfrom(4096)
+        assert struct.unpack("!I", data[4:8])[0] != 0xABC0, "a packet cut short was answered"
+except socket.timeout:
+    pass
 print(yiaddr, len(corpus))
