@@ -198,21 +198,31 @@ pub fn spec_check(files: &[PathBuf]) -> anyhow::Result<()> {
     let mut bad = 0;
     for f in files {
         let (file, text) = read_spec(f)?;
-        match Spec::parse(&file, &text) {
-            Ok(spec) => {
-                let mins = minimums(&spec)?;
-                let list: Vec<String> = mins.iter().map(|(r, m)| format!("{r} ≥ {m}")).collect();
-                println!(
-                    "{file}: ok, {} roles ({})",
-                    spec.roles.len(),
-                    list.join(", ")
-                );
-            }
+        let spec = match Spec::parse(&file, &text) {
+            Ok(spec) => spec,
             Err(e) => {
                 bad += 1;
                 eprintln!("{e}");
+                continue;
             }
-        }
+        };
+        // The templates it names too, as `spec apply` would send them.
+        let templates = match read_templates(f, &spec) {
+            Ok(t) => t,
+            Err(e) => {
+                bad += 1;
+                eprintln!("{file}: {e:#}");
+                continue;
+            }
+        };
+        let mins = minimums(&spec)?;
+        let list: Vec<String> = mins.iter().map(|(r, m)| format!("{r} ≥ {m}")).collect();
+        println!(
+            "{file}: ok, {} roles ({}), {} template(s)",
+            spec.roles.len(),
+            list.join(", "),
+            templates.len()
+        );
     }
     if bad > 0 {
         bail!("{bad} spec file(s) with problems");
@@ -262,10 +272,10 @@ fn read_templates(
     for name in spec.templates() {
         let p = dir.join(&name);
         let text = std::fs::read_to_string(&p)
-            .with_context(|| format!("template {name}: {}; nothing applied", p.display()))?;
+            .with_context(|| format!("template {name}: {}", p.display()))?;
         out.insert(name, text);
     }
-    crate::roles::spec_templates(spec, &out).map_err(|e| anyhow::anyhow!("{e}; nothing applied"))
+    crate::roles::spec_templates(spec, &out).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 pub fn spec_apply(api: &Client, path: &Path) -> anyhow::Result<()> {
@@ -275,7 +285,8 @@ pub fn spec_apply(api: &Client, path: &Path) -> anyhow::Result<()> {
         Ok(s) => s,
         Err(e) => bail!("{e}\nnothing applied"),
     };
-    let templates = read_templates(path, &spec)?;
+    let templates =
+        read_templates(path, &spec).map_err(|e| anyhow::anyhow!("{e:#}; nothing applied"))?;
     let a: Applied = api.post(
         "/api/v1/spec",
         &SpecBody {

@@ -493,6 +493,30 @@ fn spec_check_needs_no_appliance() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // The templates the spec names are checked too, as `spec apply` would send them: missing,
+    // then broken.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("appliance.toml");
+    std::fs::copy(&spec, &copy).unwrap();
+    let check = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paddock"))
+            .args(["spec", "check"])
+            .arg(&copy)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = check();
+    assert!(missing.contains("template etcd/etcd.env.j2"), "{missing}");
+    std::fs::create_dir_all(dir.path().join("templates/etcd")).unwrap();
+    std::fs::write(
+        dir.path().join("templates/etcd/etcd.env.j2"),
+        "ETCD_NAME={{ host.name",
+    )
+    .unwrap();
+    let broken = check();
+    assert!(broken.contains("etcd/etcd.env.j2"), "{broken}");
 }
 
 /// Load-driven capacity end to end: `web` (hostless: it depends on `lb`) follows the `rps`
