@@ -165,16 +165,24 @@ struct RawDns {
 
 /// A port as a bare number or with its SRV priority and weight (both 0 when not given).
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a port: a number, or a table of port, priority and weight (no other keys)"
+)]
 enum RawPort {
     Bare(i64),
-    Full {
-        port: i64,
-        #[serde(default)]
-        priority: i64,
-        #[serde(default)]
-        weight: i64,
-    },
+    Full(RawFullPort),
+}
+
+/// A port's table: a misspelt key (`prio`) is an error, not a priority of 0.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFullPort {
+    port: i64,
+    #[serde(default)]
+    priority: i64,
+    #[serde(default)]
+    weight: i64,
 }
 
 #[derive(Deserialize)]
@@ -207,11 +215,7 @@ fn dns_ports(p: &mut Problems<'_>, name: &str, dns: Option<&Spanned<RawDns>>) ->
     for raw in &dns.get_ref().ports {
         let (port, priority, weight) = match raw {
             RawPort::Bare(port) => (*port, 0, 0),
-            RawPort::Full {
-                port,
-                priority,
-                weight,
-            } => (*port, *priority, *weight),
+            RawPort::Full(f) => (f.port, f.priority, f.weight),
         };
         let checked = (
             u16::try_from(port).ok().filter(|p| *p > 0),
@@ -1026,6 +1030,16 @@ depends = { nc = 2 }
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown field `port`"), "{e}");
+        // A misspelt key in a port's table, or a port of the wrong type, is refused, and the
+        // error says what a port may be.
+        for bad in ["[{ port = 8443, prio = 10 }]", "[\"8443\"]"] {
+            let text = format!("{GOOD}dns = {{ ports = {bad} }}\n");
+            let e = Spec::parse("spec/x.toml", &text).unwrap_err().to_string();
+            assert!(
+                e.contains("a port: a number, or a table of port, priority and weight"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
