@@ -474,13 +474,34 @@ pub fn host_material(dir: &Path) -> anyhow::Result<tls::Material> {
         &dir.join(HOST_CERT),
         &dir.join(HOST_KEY),
     )
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\nTLS is on ([security] insecure is not set) and this host has no \
-                 certificates: run `paddock certs init` (or set [security] insecure = true \
-                 for a lab on an isolated network)"
-        )
-    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", material_advice(&e)))
+}
+
+/// What to do about host material that does not load, by its cause: no certificates yet,
+/// files the appliance's user may not read (`certs init` run as root after the first start),
+/// or files that do not parse.
+fn material_advice(e: &tls::MaterialError) -> &'static str {
+    match e {
+        tls::MaterialError::Read { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            "TLS is on ([security] insecure is not set) and this host has no certificates: \
+             run `paddock certs init` (or set [security] insecure = true for a lab on an \
+             isolated network)"
+        }
+        tls::MaterialError::Read { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            "the certificates must belong to the user the appliance runs as: `chown -R \
+             paddock: <data_dir>`, and run later `paddock certs` commands as that user \
+             (`runuser -u paddock -- paddock certs …`)"
+        }
+        tls::MaterialError::Read { .. } => "this host's certificates could not be read",
+        tls::MaterialError::Check { .. } => {
+            "this host's certificates do not parse or do not belong together: `paddock certs \
+             init` writes a new key and certificate for this host"
+        }
+    }
 }
 
 impl Security {
@@ -1122,6 +1143,30 @@ pub fn router(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only missing certificates are answered with `certs init` and the insecure switch;
+    /// unreadable ones with their ownership, bad ones with a new host certificate.
+    #[test]
+    fn material_errors_get_the_advice_of_their_cause() {
+        let read = |kind| tls::MaterialError::Read {
+            path: "/var/lib/paddock/certs/host.key".into(),
+            source: std::io::Error::from(kind),
+        };
+        let missing = material_advice(&read(std::io::ErrorKind::NotFound));
+        assert!(missing.contains("has no certificates") && missing.contains("insecure"));
+        let denied = material_advice(&read(std::io::ErrorKind::PermissionDenied));
+        assert!(denied.contains("chown -R paddock:"), "{denied}");
+        assert!(!denied.contains("has no certificates"), "{denied}");
+        let bad = tls::MaterialError::Check {
+            ca: "ca.pem".into(),
+            cert: "host.pem".into(),
+            key: "host.key".into(),
+            source: Box::new(tls::TlsError::Pem(
+                paddock_security::identity::PemError::Empty,
+            )),
+        };
+        assert!(material_advice(&bad).contains("do not parse"));
+    }
 
     #[test]
     fn hosts_of_urls() {
