@@ -159,6 +159,14 @@ pub fn validate(f: &Dhcp6File, p: &mut Vec<String>) -> Option<Dhcp6Config> {
             "dhcp6.ra_interval_secs: {every} is outside 4..=1800 (RFC 4861's MaxRtrAdvInterval)"
         ));
     }
+    // Boot file URLs (option 59) are made from it: one without a scheme boots nothing.
+    if let Some(u) = &f.public_url
+        && !(u.starts_with("http://") || u.starts_with("https://"))
+    {
+        p.push(format!(
+            "dhcp6.public_url: {u:?} must start with http:// or https://"
+        ));
+    }
     let relays = crate::dhcp::relays::<Ipv6Addr>("dhcp6.relays", f.relays.as_deref(), p);
     let deny_macs = parse_each::<MacAddr>(p, "dhcp6.deny_macs", &f.deny_macs)
         .into_iter()

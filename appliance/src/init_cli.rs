@@ -320,6 +320,20 @@ fn may_write(path: &Path, force: bool) -> anyhow::Result<()> {
 /// `paddock init` (see the module documentation).
 pub async fn run(args: &InitArgs) -> anyhow::Result<()> {
     may_write(&args.config, args.force)?;
+    // Both are served from the first start: said here with the flag that changes them,
+    // rather than as a validation problem of the file init would write.
+    for (what, dir, flag) in [
+        ("assets directory", &args.assets_dir, "--assets-dir"),
+        ("TFTP root", &args.tftp_root, "--tftp-root"),
+    ] {
+        if !dir.is_dir() {
+            bail!(
+                "the {what} {} does not exist: install what provides it (the paddock package \
+                 ships the ramdisk, Debian's ipxe the TFTP root), or name another with {flag}",
+                dir.display()
+            );
+        }
+    }
     let plan = plan(args, &host_interfaces()?, default_gateway(), ask)?;
     // Checked before anything is written: what init writes, `config check` accepts.
     let cfg = crate::config::FileConfig::parse(&plan.text)
@@ -358,11 +372,6 @@ pub async fn run(args: &InitArgs) -> anyhow::Result<()> {
         )
         .await
         .context("certs init")?;
-    }
-    for (what, dir) in [("assets", &args.assets_dir), ("tftp root", &args.tftp_root)] {
-        if !dir.is_dir() {
-            println!("note: the {what} {} does not exist yet", dir.display());
-        }
     }
     println!(
         "next: systemctl enable --now paddock   (or: paddock serve --config {})",

@@ -371,15 +371,9 @@ fn local_api(config: Option<PathBuf>) -> anyhow::Result<LocalApi> {
                 e.problems.join("; ")
             )
         })?;
-    Ok(match &cfg.security {
-        paddock::security::SecurityConfig::Tls(t) => LocalApi {
-            url: t.public_url.clone(),
-            certs: t.dir.clone(),
-        },
-        paddock::security::SecurityConfig::Insecure => LocalApi {
-            url: cfg.public_url.clone(),
-            certs: cfg.certs_dir(),
-        },
+    Ok(LocalApi {
+        url: cfg.api_url().to_string(),
+        certs: cfg.certs_dir(),
     })
 }
 

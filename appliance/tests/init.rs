@@ -21,6 +21,21 @@ fn init_writes_a_configuration_the_appliance_serves_from() {
         scratch.path("data").display(),
         assets.display()
     );
+    // A missing directory is named with the flag that changes it, and nothing is written.
+    let missing = link.server.sh(&format!(
+        "{} init --config {} --data-dir {} --assets-dir {}/nowhere < /dev/null",
+        env!("CARGO_BIN_EXE_paddock"),
+        config.display(),
+        scratch.path("data").display(),
+        assets.display()
+    ));
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("nowhere does not exist") && err.contains("--assets-dir"),
+        "{err}"
+    );
+    assert!(!config.exists());
     // No terminal and one interface with an address (the namespace's loopback does not count).
     let out = link.server.sh_ok(&format!("{init} < /dev/null"));
     assert!(

@@ -71,8 +71,8 @@ pub const SECURITY_SUBDIR: &str = "certs";
 /// The HTTPS port when `[security] listen` is not set.
 pub const SECURITY_PORT: u16 = 8443;
 pub const SECURITY_INSPECTOR_NOAUTH: bool = false;
-/// Six hours: a boot's inspection and a provisioning run fit in it with room to spare.
-/// An unclaimed agent token's life, and the longest pause between a claimed one's uses.
+/// Thirty minutes: an unclaimed agent token's life, and the longest pause between a claimed
+/// one's uses.
 pub const SECURITY_AGENT_TOKEN_TTL_SECS: u64 = 30 * 60;
 /// A rack of 2,000 machines powered on together, each holding a connection while it waits
 /// for an asset lane (`bench/storm.sh`), with room to spare.

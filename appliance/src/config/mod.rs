@@ -583,6 +583,31 @@ grub = "{grub}"
         }
     }
 
+    /// Mistakes that used to pass the check and fail later (or name a setting the operator
+    /// never wrote) are problems of the check, each with what to do.
+    #[test]
+    fn late_failures_are_caught_by_the_check() {
+        assert_problems(
+            &GOOD.replace("[http]\n", "[http]\nassets_dir = \"/nonexistent/assets\"\n"),
+            &["http.assets_dir: /nonexistent/assets is not a directory"],
+        );
+        assert_problems(
+            &format!(
+                "{GOOD}[dhcp6]\nenabled = true\ninterfaces = [\"br0\"]\n\
+                 public_url = \"[2001:2::1]:8080\"\n\
+                 [[dhcp6.subnets]]\nnetwork = \"2001:2::/64\"\npools = [\"2001:2::100-2001:2::1ff\"]\n"
+            ),
+            &["dhcp6.public_url: \"[2001:2::1]:8080\" must start with http://"],
+        );
+        assert_problems(
+            &GOOD.replace(
+                "listen = \"198.18.0.1:8080\"",
+                "listen = \"0.0.0.0:8080\"\npublic_url = \"http://198.18.0.1:8080\"",
+            ),
+            &["security.listen (unset: made from http.listen) is a wildcard address"],
+        );
+    }
+
     #[test]
     fn provisioning_timeouts() {
         let c = FileConfig::parse(GOOD).unwrap().validate().unwrap();

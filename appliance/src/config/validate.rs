@@ -75,6 +75,15 @@ impl FileConfig {
             &mut tftp,
             &mut p,
         );
+        // Served at /boot/assets/: `serve` would stop at its start without it.
+        if let Some(dir) = &self.http.assets_dir
+            && !dir.is_dir()
+        {
+            p.push(format!(
+                "http.assets_dir: {} is not a directory",
+                dir.display()
+            ));
+        }
         let data_dir = self
             .data_dir
             .unwrap_or_else(|| PathBuf::from(defaults::DATA_DIR));
@@ -171,7 +180,14 @@ fn security(
         }
         (None, Some(a)) if !a.ip().is_unspecified() => format!("https://{a}"),
         (None, _) => {
-            p.push("security.public_url: required when security.listen is a wildcard address, e.g. https://198.18.0.1:8443".into());
+            // Unset, `security.listen` is made from `http.listen`: say so, or the operator
+            // looks for a setting they never wrote.
+            let listen = if f.listen.is_some() {
+                "security.listen"
+            } else {
+                "security.listen (unset: made from http.listen)"
+            };
+            p.push(format!("security.public_url: required when {listen} is a wildcard address, e.g. https://198.18.0.1:8443"));
             String::new()
         }
     };
