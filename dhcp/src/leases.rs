@@ -275,6 +275,9 @@ pub struct Leases {
     offers: HashMap<Ipv4Addr, (MacAddr, u64)>,
     offered_to: HashMap<MacAddr, Ipv4Addr>,
     cursors: Vec<u64>,
+    /// Leases released because their client bound another address, since the last
+    /// [`Leases::take_moved_from`]: changes as durable as the new binding.
+    moved_from: Vec<Lease>,
 }
 
 impl Leases {
@@ -321,6 +324,7 @@ impl Leases {
             by_mac: HashMap::new(),
             offers: HashMap::new(),
             offered_to: HashMap::new(),
+            moved_from: Vec::new(),
         })
     }
 
@@ -340,7 +344,13 @@ impl Leases {
 
     /// Loads a stored lease (at start-up).
     pub fn restore(&mut self, lease: Lease) {
-        self.by_mac.insert(lease.mac, lease.ip);
+        // An address the client let go does not hide the one it holds, whatever the order.
+        let holds_another = self
+            .of_mac(lease.mac)
+            .is_some_and(|l| l.state == LeaseState::Bound);
+        if lease.state == LeaseState::Bound || !holds_another {
+            self.by_mac.insert(lease.mac, lease.ip);
+        }
         self.by_ip.insert(lease.ip, lease);
     }
 
@@ -566,7 +576,14 @@ impl Leases {
             && l.state == LeaseState::Bound
         {
             l.state = LeaseState::Released;
+            self.moved_from.push(l.clone());
         }
+    }
+
+    /// The leases released since the last call because their clients bound other addresses
+    /// (the store must hear of them with the new bindings, or a restart holds both).
+    pub fn take_moved_from(&mut self) -> Vec<Lease> {
+        std::mem::take(&mut self.moved_from)
     }
 
     /// Drops an outstanding offer (the client chose another server).
@@ -661,6 +678,32 @@ mod tests {
         assert_eq!(t.offer(0, mac(2), None, 0), Some(ip(102)));
         // The same client asking again gets the same offer.
         assert_eq!(t.offer(0, mac(1), Some(ip(103)), 0), Some(ip(100)));
+    }
+
+    /// A client that binds another address lets the old one go, and says so with the new
+    /// binding; restored in any order, the records give it the address it holds.
+    #[test]
+    fn a_client_moving_address_lets_the_old_one_go_durably() {
+        let mut t = table();
+        t.ack(0, mac(1), ip(100), Binding::default(), 0).unwrap();
+        assert!(t.take_moved_from().is_empty());
+        t.ack(0, mac(1), ip(104), Binding::default(), 0).unwrap();
+        let moved = t.take_moved_from();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(
+            (moved[0].ip, moved[0].state),
+            (ip(100), LeaseState::Released)
+        );
+        assert!(t.take_moved_from().is_empty(), "taken once");
+        let mut records: Vec<Lease> = t.by_ip.values().cloned().collect();
+        records.sort_by_key(|l| l.ip);
+        for order in [records.clone(), records.into_iter().rev().collect()] {
+            let mut again = table();
+            for l in order {
+                again.restore(l);
+            }
+            assert_eq!(again.of_mac(mac(1)).map(|l| l.ip), Some(ip(104)));
+        }
     }
 
     /// A pool of every IPv4 address is 2^32 long: counted and searched without overflow.

@@ -58,6 +58,8 @@ pub struct Outcome {
     pub kind: Option<MessageType>,
     pub reply: Option<(Message, SocketAddrV4)>,
     pub change: Option<LeaseChange>,
+    /// Leases released because their client bound another address: durable with `change`.
+    pub released: Vec<Lease>,
     /// One line for the log: what was decided and why.
     pub note: String,
     /// For PXE clients: the boot file or URL they were given.
@@ -101,6 +103,7 @@ impl Outcome {
             kind,
             reply: None,
             change: None,
+            released: Vec::new(),
             note: note.into(),
             boot: None,
             limited: None,
@@ -271,12 +274,8 @@ impl Server {
             Some(MessageType::Release) => {
                 let change = self.leases.release(mac, msg.ciaddr(), now);
                 Outcome {
-                    limited: None,
-                    kind,
-                    boot: None,
-                    note: format!("{mac} released {}", msg.ciaddr()),
-                    reply: None,
                     change: change.map(LeaseChange::Put),
+                    ..Outcome::ignore(kind, format!("{mac} released {}", msg.ciaddr()))
                 }
             }
             Some(MessageType::Decline) => {
@@ -285,12 +284,8 @@ impl Server {
                 };
                 let change = self.leases.decline(subnet, mac, ip, now);
                 Outcome {
-                    limited: None,
-                    kind,
-                    boot: None,
-                    note: format!("{mac} declined {ip}: quarantined"),
-                    reply: None,
                     change: change.map(LeaseChange::Put),
+                    ..Outcome::ignore(kind, format!("{mac} declined {ip}: quarantined"))
                 }
             }
             Some(MessageType::Inform) => {
@@ -356,6 +351,7 @@ impl Server {
                 let (reply, note, boot) = self.reply(msg, MessageType::Ack, ip, subnet, local, mac);
                 Outcome {
                     change: Some(LeaseChange::Put(lease)),
+                    released: self.leases.take_moved_from(),
                     boot,
                     ..Outcome::replied(kind, reply, format!("ack {ip} to {mac} ({state}){note}"))
                 }

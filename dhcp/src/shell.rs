@@ -220,11 +220,16 @@ impl DhcpService {
             return;
         }
         tracing::debug!(%peer, kind = ?outcome.kind, "dhcp: {}", outcome.note);
-        let change = outcome.change.and_then(|c| {
-            let LeaseChange::Put(lease) = c;
-            serde_json::to_vec(&lease)
+        let put = |lease: &Lease| {
+            serde_json::to_vec(lease)
                 .ok()
                 .map(|v| Op::put(lease_key(lease.ip), v))
+        };
+        // The address the client moved away from is released in the same batch.
+        next.ops.extend(outcome.released.iter().filter_map(put));
+        let change = outcome.change.and_then(|c| {
+            let LeaseChange::Put(lease) = c;
+            put(&lease)
         });
         let Some((reply, to)) = outcome.reply else {
             self.stats.ignored.fetch_add(1, Ordering::Relaxed);
