@@ -138,12 +138,14 @@ pub fn validate(f: DhcpFile, p: &mut Vec<String>) -> Option<DhcpConfig> {
         let at = format!("dhcp.reservations[{i}]");
         let mac = parse::<MacAddr>(p, &format!("{at}.mac"), &r.mac);
         let ip = parse::<Ipv4Addr>(p, &format!("{at}.ip"), &r.ip);
+        // Sent to the machine as its host name (option 12): one DNS label.
+        let hostname = r.hostname.as_deref().and_then(|h| {
+            paddock_dns::name::label(h)
+                .map_err(|e| p.push(format!("{at}.hostname: {e}")))
+                .ok()
+        });
         if let (Some(mac), Some(ip)) = (mac, ip) {
-            reservations.push(Reservation {
-                mac,
-                ip,
-                hostname: r.hostname.clone(),
-            });
+            reservations.push(Reservation { mac, ip, hostname });
         }
     }
     let relays = relays::<Ipv4Addr>("dhcp.relays", f.relays.as_deref(), p);

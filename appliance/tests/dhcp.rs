@@ -126,15 +126,20 @@ fn dhclient_gets_and_renews_a_lease() {
     require(&["dhclient", "curl", "ip"]);
     let link = Link::new();
     let scratch = Scratch::new(&link.tag);
+    // The client's reservation names it: dhclient hears the name as option 12.
+    let mac = mac_of(&link.client, &link.client_if);
     let config = base_config(&link, &scratch, "[tftp]\nenabled = false\n")
-        .replace("lease_time = 3600", "lease_time = 10");
+        .replace("lease_time = 3600", "lease_time = 10")
+        + &format!(
+            "[[dhcp.reservations]]\nmac = \"{mac}\"\nip = \"198.18.0.10\"\nhostname = \"rack1-u7\"\n"
+        );
     let app = Appliance::start(&link.server, &scratch, &config);
     let events = scratch.path("dhclient.events");
     let script = scratch.path("dhclient-script");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncase \"$reason\" in BOUND|RENEW|REBIND|REBOOT) ip addr replace $new_ip_address/24 dev $interface; echo \"$reason $new_ip_address\" >> {} ;; esac\nexit 0\n",
+            "#!/bin/sh\ncase \"$reason\" in BOUND|RENEW|REBIND|REBOOT) ip addr replace $new_ip_address/24 dev $interface; echo \"$reason $new_ip_address $new_host_name\" >> {} ;; esac\nexit 0\n",
             events.display()
         ),
     )
@@ -166,10 +171,10 @@ fn dhclient_gets_and_renews_a_lease() {
     let _ = dhclient.kill();
     let _ = dhclient.wait();
     let first = text.lines().next().unwrap();
-    assert!(first.starts_with("BOUND 198.18.0.1"), "{text}");
+    assert_eq!(first, "BOUND 198.18.0.10 rack1-u7", "{text}");
     let ip = first.split_whitespace().nth(1).unwrap();
     assert!(
-        text.lines().any(|l| l == format!("RENEW {ip}")),
+        text.lines().any(|l| l == format!("RENEW {ip} rack1-u7")),
         "renewed the same address: {text}"
     );
     assert!(

@@ -354,6 +354,14 @@ impl Leases {
         self.by_ip.insert(lease.ip, lease);
     }
 
+    /// The host name reserved for `mac`, when `ip` is its reserved address.
+    pub fn reserved_hostname(&self, mac: MacAddr, ip: Ipv4Addr) -> Option<&str> {
+        self.reservations
+            .get(&mac)
+            .filter(|r| r.ip == ip)
+            .and_then(|r| r.hostname.as_deref())
+    }
+
     /// The lease `mac` holds, if any.
     pub fn of_mac(&self, mac: MacAddr) -> Option<&Lease> {
         self.by_mac.get(&mac).and_then(|ip| self.by_ip.get(ip))

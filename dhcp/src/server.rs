@@ -440,6 +440,9 @@ impl Server {
         if let Some(d) = &s.domain {
             opts.insert(DhcpOption::DomainName(d.clone()));
         }
+        if let Some(h) = self.leases.reserved_hostname(mac, yiaddr) {
+            opts.insert(DhcpOption::Hostname(h.to_string()));
+        }
         opts.insert(DhcpOption::AddressLeaseTime(s.lease_time));
         opts.insert(DhcpOption::Renewal(s.lease_time / 2));
         opts.insert(DhcpOption::Rebinding(s.lease_time / 8 * 7));
@@ -867,7 +870,28 @@ mod tests {
             0,
             &DenyOne,
         );
-        assert_eq!(out.reply.unwrap().0.yiaddr(), Ipv4Addr::new(198, 18, 0, 42));
+        let reply = out.reply.unwrap().0;
+        assert_eq!(reply.yiaddr(), Ipv4Addr::new(198, 18, 0, 42));
+        // The reservation's host name goes with it (option 12); nobody else is given one.
+        assert_eq!(
+            reply.opts().get(OptionCode::Hostname),
+            Some(&DhcpOption::Hostname("fixed".into()))
+        );
+        let other = s.handle(
+            &msg(MessageType::Discover, [0x52, 0x54, 0, 0, 0, 7], vec![]),
+            LOCAL,
+            0,
+            &DenyOne,
+        );
+        assert!(
+            other
+                .reply
+                .unwrap()
+                .0
+                .opts()
+                .get(OptionCode::Hostname)
+                .is_none()
+        );
     }
 
     #[test]

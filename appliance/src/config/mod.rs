@@ -606,6 +606,13 @@ grub = "{grub}"
             ),
             &["security.listen (unset: made from http.listen) is a wildcard address"],
         );
+        assert_problems(
+            &GOOD.replace(
+                "ip = \"198.18.0.10\"",
+                "ip = \"198.18.0.10\"\nhostname = \"r1 u1\"",
+            ),
+            &["dhcp.reservations[0].hostname: \"r1 u1\" is not a DNS label"],
+        );
     }
 
     #[test]
