@@ -203,6 +203,15 @@ pub fn summary(c: &Config) -> String {
         }
         None => "  tftp       off\n".to_string(),
     };
+    // Valid, but a machine nobody knows yet would be told to retry every 30 s: say so where
+    // the operator looks before starting.
+    out += &match (&c.discovery.kernel, &c.discovery.initrd) {
+        (Some(k), Some(i)) => format!("  discovery  {k} + {i}\n"),
+        _ if c.dhcp.is_some() || c.dhcp6.is_some() => "  discovery  none: machines not yet \
+             known are told to retry until [boot.discovery] kernel and initrd are set\n"
+            .to_string(),
+        _ => "  discovery  none\n".to_string(),
+    };
     out
 }
 
@@ -237,6 +246,11 @@ enabled = false
         assert_eq!(c.public_url, "http://198.18.0.1:8080");
         assert!(summary(&c).contains("relayed requests from any source"));
         assert!(summary(&c).contains("  dhcp6      off\n"));
+        assert!(
+            summary(&c).contains("  discovery  none: machines not yet known are told to retry"),
+            "{}",
+            summary(&c)
+        );
         let d = c.dhcp.unwrap();
         assert_eq!((d.port, d.subnets.len(), d.reservations.len()), (67, 1, 1));
         assert_eq!(
