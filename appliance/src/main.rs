@@ -474,8 +474,13 @@ enum NodeCmd {
 
 #[derive(Subcommand)]
 enum ConfigCmd {
-    /// Validate a configuration file and explain every problem found.
-    Check { file: PathBuf },
+    /// Validate a configuration file and explain every problem found, with the flags and
+    /// `PADDOCK_*` variables `serve` would lay over it.
+    Check {
+        file: PathBuf,
+        #[command(flatten)]
+        overrides: Box<Overrides>,
+    },
 }
 
 /// The file (or none) with the flags and environment laid over it, validated; every problem
@@ -519,8 +524,8 @@ fn report(res: anyhow::Result<()>) -> ExitCode {
 fn main() -> ExitCode {
     match Cli::parse().cmd {
         Cmd::Config {
-            cmd: ConfigCmd::Check { file },
-        } => config_check(&file),
+            cmd: ConfigCmd::Check { file, overrides },
+        } => config_check(&file, &overrides),
         Cmd::Ramdisk { cmd } => report(ramdisk(cmd)),
         // A key and request made on an operator's own machine: no appliance, no configuration.
         Cmd::Certs {
@@ -715,8 +720,12 @@ async fn restore(
     Ok(())
 }
 
-fn config_check(file: &std::path::Path) -> ExitCode {
-    match FileConfig::load(file).and_then(FileConfig::validate) {
+fn config_check(file: &std::path::Path, overrides: &Overrides) -> ExitCode {
+    let checked = FileConfig::load(file).and_then(|mut f| {
+        f.apply(overrides);
+        f.validate()
+    });
+    match checked {
         Ok(c) => {
             println!("{}: ok", file.display());
             print!("{}", paddock::config::summary(&c));

@@ -58,6 +58,13 @@ fn init_writes_a_configuration_the_appliance_serves_from() {
         config.display()
     ));
     assert!(check.contains(": ok"), "{check}");
+    // What `serve` would run with: the PADDOCK_* variables laid over the file.
+    let overridden = link.server.sh_ok(&format!(
+        "PADDOCK_PUBLIC_URL=http://198.18.0.9:8080 {} config check {}",
+        env!("CARGO_BIN_EXE_paddock"),
+        config.display()
+    ));
+    assert!(overridden.contains("(public http://198.18.0.9:8080)"), "{overridden}");
     let certs = scratch.path("data/certs");
     for f in ["ca.pem", "host.pem", "admin.pem", "admin.key"] {
         assert!(certs.join(f).exists(), "{f} was not made");
