@@ -204,7 +204,12 @@ fn decode_poll(kind: Option<&HeaderValue>, bytes: &[u8]) -> Result<PollResponse,
     if binary {
         poll_binary::decode(bytes).map_err(|e| RpcError(format!("Subd.Poll: {e}")))
     } else {
-        serde_json::from_slice(bytes).map_err(|e| RpcError(format!("Subd.Poll: a bad answer: {e}")))
+        let r: PollResponse = serde_json::from_slice(bytes)
+            .map_err(|e| RpcError(format!("Subd.Poll: a bad answer: {e}")))?;
+        if let Some(tree) = &r.file_system {
+            poll_binary::check_paths(tree).map_err(|e| RpcError(format!("Subd.Poll: {e}")))?;
+        }
+        Ok(r)
     }
 }
 

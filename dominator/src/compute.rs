@@ -299,19 +299,35 @@ impl Hasher for MulHasher {
 }
 
 /// `paddock_image::plan::untouchable`, remembering the answer for each path and its parents.
+/// Walks up from `p` to the first answer known (or `/`), then records it for every path on
+/// the way: a loop, not a recursion, since the tree is the sub's and its depth must not be
+/// the stack's.
 fn protected<'a>(memo: &mut HashMap<&'a str, bool>, p: &'a str, filter: Option<&Filter>) -> bool {
-    if p == "/" {
-        return false;
+    let own = |q: &str| {
+        q.strip_prefix(SUBD_DIR)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            || filter.is_some_and(|f| f.matches(q))
+    };
+    let mut unknown = Vec::new();
+    let mut at = Some(p);
+    let v = loop {
+        let Some(q) = at else { break false };
+        if q == "/" {
+            break false;
+        }
+        if let Some(v) = memo.get(q) {
+            break *v;
+        }
+        if own(q) {
+            memo.insert(q, true);
+            break true;
+        }
+        unknown.push(q);
+        at = parent(q);
+    };
+    for q in unknown {
+        memo.insert(q, v);
     }
-    if let Some(v) = memo.get(p) {
-        return *v;
-    }
-    let own = p
-        .strip_prefix(SUBD_DIR)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        || filter.is_some_and(|f| f.matches(p));
-    let v = own || parent(p).is_some_and(|q| protected(memo, q, filter));
-    memo.insert(p, v);
     v
 }
 
@@ -324,6 +340,29 @@ mod tests {
     use super::*;
     use crate::sim::file;
     use paddock_image::plan::untouchable;
+
+    /// A path 20,000 levels deep (a sub's tree need not name the parents), judged on a
+    /// thread with a 256 KiB stack, which a recursion per level would overflow: the answer
+    /// comes from a loop, and is remembered for every path on the way up to `/`.
+    #[test]
+    fn a_deep_path_is_judged_without_recursion() {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(|| {
+                let deep = format!("/.subd{}", "/a".repeat(20_000));
+                let mut memo = HashMap::new();
+                assert!(protected(&mut memo, &deep, None));
+                assert!(untouchable(&deep, None));
+                let elsewhere = "/a".repeat(20_000);
+                let mut memo = HashMap::new();
+                assert!(!protected(&mut memo, &elsewhere, None));
+                assert_eq!(memo.len(), 20_000, "every path from it up to /a");
+                assert!(!untouchable(&elsewhere, None));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
 
     fn tree(files: &[(&str, &str)]) -> FileSystem {
         let mut fs = FileSystem::with_root(0o755, 0, 0);

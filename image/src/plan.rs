@@ -153,13 +153,19 @@ pub fn missing_objects(
 /// True for a path no update touches: `/.subd` and below, and (when there is a filter) a
 /// path the filter matches and everything below it. `/` is never filtered.
 pub fn untouchable(path: &str, filter: Option<&Filter>) -> bool {
-    if path == "/" {
-        return false;
+    // A loop up the parents, not a recursion: a path comes from a sub's tree or a request,
+    // and its depth must not be the depth of the stack.
+    let mut p = path;
+    while p != "/" {
+        if is_subd(p) || filter.is_some_and(|f| f.matches(p)) {
+            return true;
+        }
+        match parent(p) {
+            Some(q) => p = q,
+            None => return false,
+        }
     }
-    if is_subd(path) || filter.is_some_and(|f| f.matches(path)) {
-        return true;
-    }
-    parent(path).is_some_and(|p| untouchable(p, filter))
+    false
 }
 
 fn is_subd(p: &str) -> bool {

@@ -87,7 +87,9 @@ pub fn decode(bytes: &[u8]) -> Result<PollResponse, BadAnswer> {
     r.file_system = None;
     r.object_cache = None;
     if let Some((tree, cache)) = answer.scan {
-        r.file_system = Some(tree.into_tree()?);
+        let tree = tree.into_tree()?;
+        check_paths(&tree)?;
+        r.file_system = Some(tree);
         let cache = cache
             .into_iter()
             .map(|i| i.id().map(|o| (o, ())))
@@ -95,6 +97,22 @@ pub fn decode(bytes: &[u8]) -> Result<PollResponse, BadAnswer> {
         r.object_cache = Some(increasing(cache, "object cache")?.into_keys().collect());
     }
     Ok(r)
+}
+
+/// The longest path a sub's tree may name, in bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// A tree whose paths are each at most [`MAX_PATH_BYTES`] long: a longer one is a bad answer
+/// rather than a path to judge, since every walk up its parents pays for its depth.
+pub fn check_paths(tree: &FileSystem) -> Result<(), BadAnswer> {
+    match tree.paths.keys().find(|p| p.len() > MAX_PATH_BYTES) {
+        Some(p) => Err(BadAnswer(format!(
+            "a path of {} bytes (at most {MAX_PATH_BYTES}): {:?}…",
+            p.len(),
+            p.get(..64).unwrap_or("")
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A map from pairs that must come in strictly increasing key order (as encoded).
@@ -490,6 +508,21 @@ mod tests {
         assert!(decode(&[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
         assert!(decode(&[0x80; 20]).is_err());
         assert!(decode(b"{\"generation\": 1}").is_err());
+    }
+
+    /// A path longer than any a Linux file system names (a sub may send one without its
+    /// parents) is refused, in the binary answer as in the JSON one's check.
+    #[test]
+    fn a_path_longer_than_path_max_is_refused() {
+        let mut long = tree();
+        let root = long.paths["/"];
+        long.paths.insert("/a".repeat(2_500), root);
+        let mut answer = encode_status(&PollResponse::default()).unwrap();
+        answer.extend(encode_scan(Some((&long, &BTreeSet::new()))).unwrap());
+        let e = decode(&answer).unwrap_err();
+        assert!(e.0.contains("a path of 5000 bytes (at most 4096)"), "{e}");
+        assert!(check_paths(&long).is_err());
+        assert!(check_paths(&tree()).is_ok());
     }
 
     #[test]

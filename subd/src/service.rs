@@ -663,6 +663,12 @@ impl Subd {
         }
         let mut out = Vec::with_capacity(paths.len());
         for p in paths {
+            if p.len() > paddock_subd_proto::poll_binary::MAX_PATH_BYTES {
+                return Err(SubdError::Bad(format!(
+                    "a path of {} bytes: longer than any file system names",
+                    p.len()
+                )));
+            }
             if normalize(p).ok().as_deref() != Some(p.as_str()) || p == "/" {
                 return Err(SubdError::Bad(format!(
                     "{p:?}: not a normalised absolute path"
