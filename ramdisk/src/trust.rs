@@ -47,6 +47,10 @@ pub enum TrustError {
         want: String,
         got: String,
     },
+    #[error(
+        "the CA at {url} holds {count} certificates: only the pinned one may be trusted, and it must come alone"
+    )]
+    NotAlone { url: String, count: usize },
     #[error("the appliance's CA at {url}: {source}")]
     Tls {
         url: String,
@@ -77,8 +81,10 @@ pub fn pinned(cmd: &Cmdline) -> Result<(Vec<Url>, String), TrustError> {
     Ok((urls, want))
 }
 
-/// Checks a fetched CA against the pinned fingerprint (that of its first certificate, DER);
-/// returns the PEM text.
+/// Checks a fetched CA against the pinned fingerprint (of its certificate, DER); returns the
+/// PEM text. It must hold that one certificate alone: every certificate of the text becomes
+/// a root of the agent's client, so one more, added by whoever answered this plain-HTTP
+/// request, would be trusted without a pin.
 pub fn check_ca(url: &str, body: &[u8], want: &str) -> Result<String, TrustError> {
     if body.len() > MAX_CA_BYTES {
         return Err(TrustError::TooLarge {
@@ -94,6 +100,12 @@ pub fn check_ca(url: &str, body: &[u8], want: &str) -> Result<String, TrustError
         url: url.to_string(),
         source,
     })?;
+    if ders.len() != 1 {
+        return Err(TrustError::NotAlone {
+            url: url.to_string(),
+            count: ders.len(),
+        });
+    }
     let got = identity::fingerprint(&ders[0]);
     if !got.eq_ignore_ascii_case(want) {
         return Err(TrustError::Mismatch {
@@ -173,9 +185,12 @@ pub(crate) mod tests {
             a.cert_pem
         );
         assert!(tls_config(url, &a.cert_pem).is_ok());
-        // Only the first certificate counts.
+        // The pinned certificate with another after it: the other would be a root too.
         let two = format!("{}{}", a.cert_pem, other.cert_pem);
-        assert!(check_ca(url, two.as_bytes(), &want).is_ok());
+        assert!(matches!(
+            check_ca(url, two.as_bytes(), &want),
+            Err(TrustError::NotAlone { count: 2, .. })
+        ));
         let e = check_ca(url, other.cert_pem.as_bytes(), &want).unwrap_err();
         assert!(
             matches!(&e, TrustError::Mismatch { got, .. } if *got == fp(&other.cert_pem)),
