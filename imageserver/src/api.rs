@@ -131,7 +131,7 @@ async fn add_image(State(s): State<ImageServerState>, body: Body) -> ApiResult<J
         None => Triggers::default(),
     };
     let now = unix_ms();
-    let expires = h.expires_in_secs.map(|s| now + s.max(0) * 1000);
+    let expires = expiry(now, h.expires_in_secs)?;
     let tar = tokio_util::io::SyncIoBridge::new(reader);
     let name = h.name.clone();
     let summary = s
@@ -193,11 +193,26 @@ struct ExpiryQuery {
     expires_in_secs: Option<i64>,
 }
 
+/// When an image given `secs` from `now` to live expires (Unix ms); `None` for never. A time past what
+/// the clock can count is refused, not wrapped into the past (which would expire it at once).
+fn expiry(now: i64, secs: Option<i64>) -> Result<Option<i64>, ApiError> {
+    let Some(secs) = secs else { return Ok(None) };
+    secs.max(0)
+        .checked_mul(1000)
+        .and_then(|ms| now.checked_add(ms))
+        .map(Some)
+        .ok_or_else(|| {
+            bad(format!(
+                "expires_in_secs: {secs} is further away than the clock counts"
+            ))
+        })
+}
+
 async fn change_expiration(
     State(s): State<ImageServerState>,
     Query(q): Query<ExpiryQuery>,
 ) -> ApiResult<Json<Value>> {
-    let at = q.expires_in_secs.map(|x| unix_ms() + x.max(0) * 1000);
+    let at = expiry(unix_ms(), q.expires_in_secs)?;
     s.images.set_expiry(&q.name, at).await?;
     Ok(Json(json!({"name": q.name, "expires_at_ms": at})))
 }
@@ -296,4 +311,23 @@ async fn delete_machine(
 ) -> ApiResult<Json<Value>> {
     s.mdb.delete(&q.hostname).await?;
     Ok(Json(json!({"deleted": q.hostname})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expiry_past_the_clock_is_refused_not_wrapped() {
+        assert_eq!(expiry(1_000, None).unwrap(), None);
+        assert_eq!(expiry(1_000, Some(5)).unwrap(), Some(6_000));
+        assert_eq!(
+            expiry(1_000, Some(-5)).unwrap(),
+            Some(1_000),
+            "a past time is now"
+        );
+        for far in [i64::MAX, i64::MAX / 1000] {
+            assert!(expiry(1_000, Some(far)).is_err(), "{far}");
+        }
+    }
 }
