@@ -40,6 +40,11 @@ pub enum ReplicateError {
     },
     #[error(transparent)]
     Image(#[from] crate::images::ImageError),
+    #[error("image {image:?}: making its objects durable: {source}")]
+    Sync {
+        image: String,
+        source: crate::objects::ObjectError,
+    },
 }
 
 /// Why one GetObjects request to one peer did not bring its batch.
@@ -173,6 +178,27 @@ impl Replicator {
         }
     }
 
+    /// Makes the objects fetched so far durable before the image is called complete: after
+    /// a crash, an object renamed into place but never written back is an empty file that
+    /// `contains` would accept, and this host would serve it for good.
+    async fn sync(&self, image: &str) -> Result<(), ReplicateError> {
+        let store = self.images.objects().clone();
+        let done = tokio::task::spawn_blocking(move || store.sync()).await;
+        match done {
+            Ok(r) => r.map_err(|source| ReplicateError::Sync {
+                image: image.to_string(),
+                source,
+            }),
+            Err(e) => Err(ReplicateError::Sync {
+                image: image.to_string(),
+                source: crate::objects::ObjectError::Io {
+                    path: "the sync task".into(),
+                    source: std::io::Error::other(e.to_string()),
+                },
+            }),
+        }
+    }
+
     /// Makes this host hold `rec`'s tree object and every object of its tree.
     async fn image(&self, rec: &ImageRecord) -> Result<(u64, u64), ReplicateError> {
         let Some(tree) = rec.tree else {
@@ -197,6 +223,9 @@ impl Replicator {
             .filter(|(id, _)| !store.contains(id))
             .collect();
         if missing.is_empty() {
+            if objects > 0 {
+                self.sync(&rec.name).await?;
+            }
             self.mark_complete(tree);
             return Ok((objects, bytes));
         }
@@ -207,6 +236,7 @@ impl Replicator {
             "image replication: fetching what this host lacks"
         );
         let (o, b) = self.fetch(&rec.name, missing).await?;
+        self.sync(&rec.name).await?;
         self.mark_complete(tree);
         tracing::info!(
             image = %rec.name,

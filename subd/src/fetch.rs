@@ -212,6 +212,15 @@ pub fn fetch(
         stats.bytes += bytes;
         error = error.or(e);
     }
+    // The cache is listed by name: an object renamed into place but not yet written back is,
+    // after a power loss, an empty file under a good name, which the dominator would not
+    // fetch again and an update would put in place. One syncfs makes the whole fetch
+    // durable before it is reported, rather than an fsync for each object.
+    if stats.objects > 0
+        && let Err(e) = File::open(cache).and_then(|d| Ok(nix::unistd::syncfs(&d)?))
+    {
+        error = error.or(Some(FetchError::Cache(e)));
+    }
     stats.seconds = started.elapsed().as_secs_f64();
     match error {
         None => Ok(stats),

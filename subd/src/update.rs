@@ -799,8 +799,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Records the image applied ([`PATCHED_IMAGE`]).
+/// Records the image applied ([`PATCHED_IMAGE`]), once what the update wrote is durable:
+/// files it renamed into place (from the cache, or copied there during the update) must not
+/// come back empty after a power cut under a record that says the image is in place. One
+/// sync covers every file system the image spans.
 pub fn record_image(root: &Path, name: &str) -> io::Result<()> {
+    nix::unistd::sync();
     write_atomically(&root.join(PATCHED_IMAGE), format!("{name}\n").as_bytes())
 }
 
