@@ -301,6 +301,17 @@ impl Stream<'_> {
         len: u64,
         buf: &mut [u8],
     ) -> Result<(), FetchError> {
+        // The length is the server's word: more than the cache's file system holds would
+        // fill the machine's disk before the hash could say the bytes are wrong.
+        let free = nix::sys::statvfs::statvfs(self.cache)
+            .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+            .map_err(|e| FetchError::Cache(e.into()))?;
+        if len > free {
+            return Err(self.server_err(format!(
+                "object {} would be {len} bytes, more than the {free} free for the cache",
+                id.short()
+            )));
+        }
         let dest = self.cache.join(id.path());
         let tmp = tilde(&dest);
         if let Some(p) = dest.parent() {
@@ -373,6 +384,43 @@ fn tilde(p: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that claims an object is 2^62 bytes long (and then streams zeros) is refused
+    /// before a byte is written: the cache's file system has not that much room.
+    #[test]
+    fn an_object_longer_than_the_free_space_is_refused() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut req = [0u8; 4096];
+            let _ = c.read(&mut req);
+            let _ = c.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nconnection: close\r\n\r\n",
+            );
+            let _ = c.write_all(&frames::header(1 << 62));
+            let _ = c.write_all(&[0u8; 65536]);
+        });
+        let cache = tempfile::tempdir().unwrap();
+        let id = ObjectId::of(b"x");
+        let progress = AtomicU64::new(0);
+        let r = fetch(
+            &ObjectClient::new(None),
+            &addr.to_string(),
+            &[id],
+            cache.path(),
+            None,
+            &progress,
+            None,
+        );
+        let e = r.expect_err("refused").error.to_string();
+        assert!(
+            e.contains("more than the") && e.contains("free for the cache"),
+            "{e}"
+        );
+        assert_eq!(progress.load(Ordering::Relaxed), 0, "nothing written");
+        server.join().unwrap();
+    }
 
     #[test]
     fn streams_and_batches() {
