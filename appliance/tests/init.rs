@@ -64,7 +64,10 @@ fn init_writes_a_configuration_the_appliance_serves_from() {
         env!("CARGO_BIN_EXE_paddock"),
         config.display()
     ));
-    assert!(overridden.contains("(public http://198.18.0.9:8080)"), "{overridden}");
+    assert!(
+        overridden.contains("(public http://198.18.0.9:8080)"),
+        "{overridden}"
+    );
     let certs = scratch.path("data/certs");
     for f in ["ca.pem", "host.pem", "admin.pem", "admin.key"] {
         assert!(certs.join(f).exists(), "{f} was not made");
