@@ -25,6 +25,41 @@ use crate::objects::{ObjectError, ObjectStore};
 pub const MAX_EXTENSION: u64 = 1 << 20;
 /// Members up to this size are hashed in memory; larger ones stream through a temporary file.
 const IN_MEMORY: u64 = 64 << 20;
+/// Bytes of members read but not yet hashed and stored, at most (one member larger than this
+/// still goes alone): without it the reader, faster than the hashing, queued 64 members of
+/// up to 64 MiB each (a small archive of zeros decompresses that fast), some 4 GiB.
+const QUEUED_BYTES: u64 = 256 << 20;
+
+/// The bytes queued for the workers, and a wait for room.
+#[derive(Default)]
+struct Queued {
+    bytes: std::sync::Mutex<u64>,
+    room: std::sync::Condvar,
+    /// Takers waiting for room (for the tests to see a wait without a clock).
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Queued {
+    /// Waits until `n` more bytes fit under [`QUEUED_BYTES`] (or nothing is queued), then
+    /// counts them.
+    fn take(&self, n: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *b > 0 && b.saturating_add(n) > QUEUED_BYTES {
+            self.waiting.fetch_add(1, SeqCst);
+            b = self.room.wait(b).unwrap_or_else(|p| p.into_inner());
+            self.waiting.fetch_sub(1, SeqCst);
+        }
+        *b += n;
+    }
+
+    /// `n` bytes were hashed and stored (or dropped).
+    fn give(&self, n: u64) {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        *b = b.saturating_sub(n);
+        self.room.notify_all();
+    }
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngestStats {
@@ -104,6 +139,7 @@ pub fn ingest(
     let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<Job>(64);
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
     let job_rx = std::sync::Mutex::new(job_rx);
+    let queued = Queued::default();
     let mut ing = Ingest {
         fs: FileSystem::with_root(0o755, 0, 0),
         stats: IngestStats::default(),
@@ -111,11 +147,12 @@ pub fn ingest(
         store,
         filter,
         jobs: Some(job_tx),
+        queued: &queued,
     };
     let res = std::thread::scope(|sc| {
         for _ in 0..2 {
-            let (job_rx, done_tx) = (&job_rx, done_tx.clone());
-            sc.spawn(move || worker(store, job_rx, done_tx));
+            let (job_rx, done_tx, queued) = (&job_rx, done_tx.clone(), &queued);
+            sc.spawn(move || worker(store, job_rx, done_tx, queued));
         }
         drop(done_tx);
         let res = read_members(decoded, &mut ing, &consumed, progress);
@@ -434,6 +471,8 @@ struct Ingest<'s> {
     filter: Option<&'s Filter>,
     /// Regular files' bytes go to the hashing workers; their ids are filled in at the end.
     jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    /// What the workers have yet to hash, bounded.
+    queued: &'s Queued,
 }
 
 /// One regular file's bytes, for the inode `ino` of the tree being built.
@@ -451,6 +490,7 @@ fn worker(
     store: &ObjectStore,
     jobs: &std::sync::Mutex<std::sync::mpsc::Receiver<Job>>,
     done: std::sync::mpsc::Sender<Done>,
+    queued: &Queued,
 ) {
     loop {
         let job = match jobs.lock().unwrap_or_else(|p| p.into_inner()).recv() {
@@ -458,9 +498,10 @@ fn worker(
             Err(_) => return,
         };
         let id = ObjectId::of(&job.buf);
-        let res = store
-            .put(id, &job.buf)
-            .map(|new| (job.ino, id, new, job.buf.len() as u64));
+        let len = job.buf.len() as u64;
+        let res = store.put(id, &job.buf).map(|new| (job.ino, id, new, len));
+        drop(job);
+        queued.give(len);
         if done.send(res).is_err() {
             return;
         }
@@ -517,7 +558,16 @@ impl Ingest<'_> {
                 let (object, pending) = if size == 0 {
                     (None, None)
                 } else if size <= IN_MEMORY && self.jobs.is_some() {
-                    (None, Some(read_member(entry, size)?))
+                    // Room is made before the bytes are read, so that at most QUEUED_BYTES
+                    // wait in memory for the workers.
+                    self.queued.take(size);
+                    match read_member(entry, size) {
+                        Ok(buf) => (None, Some(buf)),
+                        Err(e) => {
+                            self.queued.give(size);
+                            return Err(e);
+                        }
+                    }
                 } else {
                     (Some(self.store_content(entry, size)?), None)
                 };
@@ -724,6 +774,28 @@ fn climbs_above_root(path: &str, target: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A member that would take the queue past its budget waits until the workers have
+    /// taken enough out; one larger than the budget still goes when nothing else is queued.
+    #[test]
+    fn the_queue_for_the_workers_is_bounded_in_bytes() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let q = Queued::default();
+        q.take(200 << 20);
+        std::thread::scope(|sc| {
+            let waiter = sc.spawn(|| q.take(100 << 20));
+            while q.waiting.load(SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(*q.bytes.lock().unwrap(), 200 << 20, "the second waits");
+            q.give(200 << 20);
+            waiter.join().unwrap();
+        });
+        assert_eq!(*q.bytes.lock().unwrap(), 100 << 20);
+        q.give(100 << 20);
+        q.take(QUEUED_BYTES + 1);
+        assert_eq!(*q.bytes.lock().unwrap(), QUEUED_BYTES + 1, "alone, it goes");
+    }
 
     #[test]
     fn symlink_escape() {
