@@ -13,6 +13,10 @@
 //! - **revocable**: per machine (`security/agent-revoked/<mac>`: tokens minted before are
 //!   void) and all at once, by rotating the signing key.
 //!
+//! - **forgotten once dead**: a claim idle for longer than the lifetime can vouch for no call
+//!   (its token has expired too), and the leader deletes it ([`sweep`], every minute), so
+//!   boots, and anyone fetching boot scripts, leave no keys behind for good.
+//!
 //! [`decide`] is the pure rule; [`AgentTokens`] applies it over the store.
 
 use std::net::IpAddr;
@@ -21,7 +25,7 @@ use std::time::Duration;
 
 use paddock_inventory::MacAddr;
 use paddock_security::token::{self, AgentClaim, AgentKey};
-use paddock_store::{Store, Txn};
+use paddock_store::{Compare, Op, Store, Txn};
 use serde::{Deserialize, Serialize};
 
 pub const CLAIMS: &str = "security/agent-claims/";
@@ -117,6 +121,49 @@ pub fn decide(token: &AgentClaim, u: Use<'_>) -> Verdict {
         }),
         Some(_) => Verdict::Valid,
     }
+}
+
+/// Deletes the claims whose last use is `ttl_ms` or more before `now_ms`: [`decide`] refuses
+/// them, and their tokens, minted before the claim, have expired, so nothing is lost. Each
+/// delete holds only if the claim was not renewed meanwhile. Returns how many went.
+pub async fn sweep(store: &dyn Store, ttl_ms: i64, now_ms: i64) -> anyhow::Result<usize> {
+    let mut gone = 0;
+    for kv in store.range(CLAIMS).await? {
+        let Ok(c) = serde_json::from_slice::<Claim>(&kv.value) else {
+            continue;
+        };
+        if now_ms < c.last_ms.saturating_add(ttl_ms) {
+            continue;
+        }
+        let txn = Txn {
+            compare: vec![Compare::ModRevision {
+                key: kv.key.clone(),
+                revision: kv.mod_revision,
+            }],
+            success: vec![Op::delete(kv.key)],
+            failure: vec![],
+        };
+        if store.txn(txn).await?.succeeded {
+            gone += 1;
+        }
+    }
+    Ok(gone)
+}
+
+/// On the leader, every minute: [`sweep`].
+pub fn start(rt: &mut crate::runtime::Runtime, ttl: Duration) {
+    let store = rt.context().store.clone();
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    rt.every_while_leading("agent tokens: sweep", Duration::from_secs(60), move |_| {
+        let store = store.clone();
+        async move {
+            match sweep(store.as_ref(), ttl_ms, paddock_wire::unix_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(deleted = n, "agent tokens: dead claims swept"),
+                Err(e) => tracing::warn!(error = %e, "agent tokens: sweeping claims failed"),
+            }
+        }
+    });
 }
 
 fn claim_key(t: &AgentClaim) -> String {
@@ -334,6 +381,40 @@ mod tests {
     use super::*;
 
     const TTL: i64 = 1_800_000;
+
+    /// A claim idle for the lifetime is deleted; one used within it stays.
+    #[tokio::test]
+    async fn dead_claims_are_swept_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap();
+        let claim = |last_ms| {
+            serde_json::to_vec(&Claim {
+                addr: "198.18.0.101".parse().unwrap(),
+                claimed_ms: 0,
+                last_ms,
+            })
+            .unwrap()
+        };
+        let now = 10 * TTL;
+        store
+            .put(&format!("{CLAIMS}525400770001-01"), claim(now - TTL))
+            .await
+            .unwrap();
+        store
+            .put(&format!("{CLAIMS}525400770002-02"), claim(now - TTL + 1))
+            .await
+            .unwrap();
+        assert_eq!(sweep(&store, TTL, now).await.unwrap(), 1);
+        let left: Vec<String> = store
+            .range(CLAIMS)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        assert_eq!(left, [format!("{CLAIMS}525400770002-02")]);
+        assert_eq!(sweep(&store, TTL, now).await.unwrap(), 0, "nothing more");
+    }
 
     fn token(expires_ms: u64) -> AgentClaim {
         AgentClaim {

@@ -134,6 +134,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     crate::inspection::start(&mut rt, &core.inspector, cfg.clean_up_period, &cfg.timeline);
     crate::audit::start(&mut rt, core.security.audit.clone());
+    if let Some(t) = &core.security.tls {
+        crate::agent_tokens::start(&mut rt, t.agent_tokens.ttl);
+    }
     let (dominator, disruption) = core.start_dominator(&mut rt, &provisioner, &computed)?;
     let roles = core.start_roles(&mut rt, &dominator, disruption.as_deref());
     let served = Served {
