@@ -392,9 +392,67 @@ pub fn grub_config_name(name: &str) -> Option<(GrubCpu, MacAddr)> {
     ))
 }
 
+/// How long the same boot-script row for a MAC is not recorded again.
+pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+/// Entries kept before the stale ones are dropped (rows are kept only for known nodes and
+/// leased MACs, so this is not reached in use).
+const RECENT_ROWS: usize = 65_536;
+
+/// The boot-script rows recorded lately, by MAC. A machine fetches its script once a boot
+/// (which takes longer than [`REPEAT_WINDOW`]); the same row again within the window is a
+/// script fetched in a loop, by the machine's retry or by anyone, and is not recorded: a
+/// machine under introspection keeps its whole timeline, which would grow without bound.
+#[derive(Default)]
+pub struct RecentRows(
+    std::sync::Mutex<std::collections::HashMap<MacAddr, (String, std::time::Instant)>>,
+);
+
+impl RecentRows {
+    /// Whether `row` for `mac` is to be recorded at `now` (and, if so, remembered).
+    pub fn fresh(&self, mac: MacAddr, row: &str, now: std::time::Instant) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = |at: &std::time::Instant| now.saturating_duration_since(*at) < REPEAT_WINDOW;
+        if let Some((last, at)) = seen.get(&mac)
+            && last == row
+            && recent(at)
+        {
+            return false;
+        }
+        if seen.len() >= RECENT_ROWS {
+            seen.retain(|_, (_, at)| recent(at));
+        }
+        seen.insert(mac, (row.to_string(), now));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_boot_script_row_is_recorded_once_a_window() {
+        let rows = RecentRows::default();
+        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let other: MacAddr = "52:54:00:00:00:02".parse().unwrap();
+        let t = std::time::Instant::now();
+        assert!(rows.fresh(mac, "iPXE script served: local disk", t));
+        assert!(!rows.fresh(mac, "iPXE script served: local disk", t + REPEAT_WINDOW / 2));
+        assert!(
+            rows.fresh(other, "iPXE script served: local disk", t),
+            "per MAC"
+        );
+        assert!(
+            rows.fresh(
+                mac,
+                "iPXE script served: discovery ramdisk",
+                t + REPEAT_WINDOW / 2
+            ),
+            "another decision is recorded at once"
+        );
+        let later = t + REPEAT_WINDOW / 2 + REPEAT_WINDOW;
+        assert!(rows.fresh(mac, "iPXE script served: discovery ramdisk", later));
+    }
 
     const MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0xab, 0, 1]);
 

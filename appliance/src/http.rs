@@ -55,6 +55,8 @@ pub struct AppState {
     pub dns: Option<crate::dns::DnsHandle>,
     /// The machines' computed files (`/api/v1/spec/render`, `/rpc/Dominator.GetSubFiles`).
     pub computed: Arc<crate::computed::Renderer>,
+    /// Boot-script rows lately recorded, so that a script fetched in a loop adds one.
+    pub boot_rows: Arc<boot::RecentRows>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -233,17 +235,12 @@ impl Asked {
             .as_ref()
             .map_or(Subject::Mac(mac), |n| Subject::Node(n.uuid));
         // A timeline row for a known node, or a MAC this host gave a lease to: made-up MACs
-        // (anyone may ask for any configuration) add nothing to the store.
+        // (anyone may ask for any configuration) add nothing to the store, and the same row
+        // again within a short window adds nothing either.
+        let row = format!("{what} served for {mac}: {boots}");
         if (self.node.is_some() || self.leased)
-            && let Err(e) = s
-                .inspector
-                .event(
-                    subject,
-                    "boot-script",
-                    &format!("{what} served for {mac}: {boots}"),
-                    false,
-                )
-                .await
+            && s.boot_rows.fresh(mac, &row, std::time::Instant::now())
+            && let Err(e) = s.inspector.event(subject, "boot-script", &row, false).await
         {
             tracing::warn!(%mac, error = %e, "boot: timeline entry not recorded");
         }

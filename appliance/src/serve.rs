@@ -463,6 +463,7 @@ impl Core {
         let cfg = self.cfg.clone();
         let state = crate::http::AppState {
             console_history: Arc::default(),
+            boot_rows: Arc::default(),
             power: s.power,
             dominator: s.dominator,
             roles: s.roles,
