@@ -727,24 +727,16 @@ pub async fn set_required_image(
         }
         Err(e) => return Err(ApiError::from(e)),
     }
-    let entries = d
+    let m = d
         .mdb
-        .entries()
+        .update(hostname, |m| m.required_image = image.to_string())
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let mut m = entries
-        .get(hostname)
-        .map(|e| e.machine.clone())
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
+        .map_err(|e| match e {
+            paddock_imageserver::mdb::MdbServiceError::NotFound(_) => ApiError::not_found(format!(
                 "no machine {hostname:?} in the MDB: add it with paddock mdb set"
-            ))
+            )),
+            e => ApiError::from(e),
         })?;
-    m.required_image = image.to_string();
-    d.mdb
-        .set(m.clone(), paddock_imageserver::mdb::Source::Api)
-        .await
-        .map_err(ApiError::from)?;
     tracing::info!(%hostname, %image, "dominator: RequiredImage set");
     Ok(m)
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use paddock_image::{Machine, Mdb};
-use paddock_store::{Op, Store, Txn};
+use paddock_store::{Compare, Op, Store, Txn};
 use serde::{Deserialize, Serialize};
 
 const PREFIX: &str = "mdb/";
@@ -112,6 +112,38 @@ impl MdbService {
         .map_err(|e| MdbServiceError::Record(machine.hostname.clone(), e.to_string()))?;
         self.store.put(&key(&machine.hostname), v).await?;
         Ok(())
+    }
+
+    /// Changes one machine in place with `change`, recorded as the API's: read and written
+    /// in one compare-and-swap (tried again when another write came between), so that a
+    /// field changed meanwhile (an operator's DisableUpdates) is not put back as it was.
+    pub async fn update(&self, hostname: &str, change: impl Fn(&mut Machine)) -> Result<Machine> {
+        loop {
+            let Some(kv) = self.store.get(&key(hostname)).await? else {
+                return Err(MdbServiceError::NotFound(hostname.into()));
+            };
+            let mut e: Entry = serde_json::from_slice(&kv.value)
+                .map_err(|e| MdbServiceError::Record(kv.key.clone(), e.to_string()))?;
+            change(&mut e.machine);
+            Mdb::from_machines(vec![e.machine.clone()])?;
+            e.source = Source::Api;
+            let v = serde_json::to_vec(&e)
+                .map_err(|err| MdbServiceError::Record(hostname.into(), err.to_string()))?;
+            let swapped = self
+                .store
+                .txn(Txn {
+                    compare: vec![Compare::ModRevision {
+                        key: kv.key.clone(),
+                        revision: kv.mod_revision,
+                    }],
+                    success: vec![Op::put(kv.key, v)],
+                    failure: vec![],
+                })
+                .await?;
+            if swapped.succeeded {
+                return Ok(e.machine);
+            }
+        }
     }
 
     /// Adds a machine only if the MDB has none of that name (the inspector's enrolment).
@@ -307,6 +339,41 @@ fn identity(path: &Path) -> Option<Identity> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An update (a rollout's new RequiredImage) and an operator's write of another field at
+    /// the same moment (their store calls interleave): both changes stand, every time.
+    #[tokio::test]
+    async fn an_update_keeps_what_was_written_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap());
+        let mdb = MdbService::new(store, None);
+        let machine = |disable_updates| Machine {
+            hostname: "r1u1".into(),
+            ip_address: "198.18.0.11".into(),
+            required_image: "a".into(),
+            disable_updates,
+            ..Machine::default()
+        };
+        for round in 0..10 {
+            mdb.set(machine(false), Source::File).await.unwrap();
+            let image = format!("b{round}");
+            let (updated, frozen) = tokio::join!(
+                mdb.update("r1u1", |m| m.required_image = image.clone()),
+                mdb.update("r1u1", |m| m.disable_updates = true),
+            );
+            updated.unwrap();
+            frozen.unwrap();
+            let e = &mdb.entries().await.unwrap()["r1u1"];
+            assert_eq!(e.machine.required_image, image, "round {round}");
+            assert!(e.machine.disable_updates, "round {round}");
+            assert_eq!(e.source, Source::Api);
+        }
+        assert!(matches!(
+            mdb.update("nobody", |_| {}).await,
+            Err(MdbServiceError::NotFound(_))
+        ));
+    }
 
     /// With an hour between reads of its identity, only the directory watch can make the
     /// service load a replaced file within the test's wait.
