@@ -987,19 +987,17 @@ fn redfish_macs(
                 .build()
         }
     };
+    // As the driver's client: no redirects (a BMC must not steer the appliance's requests
+    // elsewhere), and the address checked as the driver checks it.
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(5)))
         .timeout_global(Some(Duration::from_secs(60)))
         .http_status_as_error(false)
+        .max_redirects(0)
         .tls_config(tls)
         .build()
         .into();
-    let address = b.address.trim().trim_end_matches('/');
-    let base = if address.contains("://") {
-        address.to_string()
-    } else {
-        format!("https://{address}")
-    };
+    let base = paddock_power::base_url(&b.address)?;
     let auth = {
         use base64::Engine as _;
         let pair = format!(
@@ -1045,7 +1043,14 @@ fn redfish_macs(
     };
     let nics = get(&bmc_path("EthernetInterfaces", nics)?)?;
     let mut macs = Vec::new();
-    for m in nics["Members"].as_array().into_iter().flatten() {
+    // A machine has a few network interfaces; a BMC listing thousands gets its first ones
+    // asked, not a request (with retries) for each.
+    for m in nics["Members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(MAX_NICS)
+    {
         let Some(p) = m["@odata.id"].as_str() else {
             continue;
         };
@@ -1062,6 +1067,9 @@ fn redfish_macs(
     }
     Ok(macs)
 }
+
+/// Network interfaces asked of a BMC's Redfish for their MACs, at most.
+const MAX_NICS: usize = 64;
 
 /// BMCs asked at once by the state sync.
 const SYNC_AT_ONCE: usize = 8;

@@ -21,6 +21,7 @@ pub mod throttle;
 mod transport;
 
 pub use credentials::{Credentials, Secret};
+pub use http::base_url;
 pub use ipmi::{Ipmi, IpmiBmc};
 pub use redfish::{Redfish, RedfishBmc, TlsVerify};
 pub use retry::RetryPolicy;
