@@ -489,6 +489,21 @@ impl Power {
         };
         if let Err(e) = self.queue(node, &q).await {
             tracing::warn!(node = %node.uuid, error = %e.message, "power: not queued");
+            // On the node's timeline too: the request that asked for it is recorded, and
+            // asking again changes nothing, so the operator must power the machine by hand.
+            let _ = self
+                .inspector
+                .event(
+                    Subject::Node(node.uuid),
+                    KIND,
+                    &format!(
+                        "reboot into the ramdisk ({reason}) not queued: {}; power the machine \
+                         on or cycle it (paddock node power NODE cycle)",
+                        e.message
+                    ),
+                    true,
+                )
+                .await;
         }
     }
 
