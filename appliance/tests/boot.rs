@@ -334,7 +334,9 @@ fn http_boot_scripts_follow_node_state_and_assets_support_range() {
     // The timeline shows the scripts served; the same script fetched again at once (in a
     // loop, by anyone) adds no row.
     for _ in 0..3 {
-        c.sh_ok(&format!("curl -sf -o /dev/null {PUBLIC_URL}/boot/{mac}.ipxe"));
+        c.sh_ok(&format!(
+            "curl -sf -o /dev/null {PUBLIC_URL}/boot/{mac}.ipxe"
+        ));
     }
     let shown = c.sh_ok(&format!("curl -sf {PUBLIC_URL}/api/v1/nodes/{uuid}"));
     assert!(
