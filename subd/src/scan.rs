@@ -262,6 +262,17 @@ pub fn scan(root: &Path, opts: &ScanOptions) -> Result<ScanResult, ScanError> {
             if opts.exclusions.matches(&path) {
                 continue;
             }
+            // Longer than any path a poll answer may carry (the dominator refuses the whole
+            // answer): left out and said, so that a deep directory someone made does not
+            // take the machine out of management.
+            if path.len() > paddock_subd_proto::poll_binary::MAX_PATH_BYTES {
+                stats.error(format!(
+                    "{}…: a path of {} bytes (left out)",
+                    path.get(..64).unwrap_or(""),
+                    path.len()
+                ));
+                continue;
+            }
             let st = match fstatat(dir.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
                 Err(Errno::ENOENT) => continue, // removed since the directory was read

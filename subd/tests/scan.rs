@@ -410,3 +410,44 @@ fn other_file_systems_are_not_crossed() {
     );
     assert!(r.scan.fs.get("/mnt/other/inside").is_none());
 }
+
+/// A directory tree deeper than a poll answer may carry (someone's `mkdir -p` of long names):
+/// the paths past 4,096 bytes are left out and said, the rest is scanned, so the machine's
+/// answer stays one the dominator takes.
+#[test]
+fn paths_longer_than_a_poll_answer_carries_are_left_out() {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::mkdirat;
+    let t = tempfile::tempdir().unwrap();
+    let name = "d".repeat(200);
+    let mut dir = open(
+        t.path(),
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .unwrap();
+    for _ in 0..24 {
+        mkdirat(&dir, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+        dir = openat(
+            &dir,
+            name.as_str(),
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+    }
+    write(t.path(), "etc/motd", b"hello\n", 0o644);
+    let r = scan::scan(t.path(), &ScanOptions::new(&Filter::empty())).unwrap();
+    let longest = r.scan.fs.paths.keys().map(String::len).max().unwrap();
+    assert!(longest <= 4096, "{longest}");
+    assert!(longest > 3800, "the levels that fit are kept: {longest}");
+    assert!(r.scan.fs.paths.contains_key("/etc/motd"));
+    assert!(
+        r.stats
+            .errors
+            .iter()
+            .any(|e| e.contains("bytes (left out)")),
+        "{:?}",
+        r.stats.errors
+    );
+}
