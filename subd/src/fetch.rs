@@ -175,6 +175,7 @@ pub fn fetch(
         ),
         progress,
         vouched,
+        reserved: AtomicU64::new(0),
     };
     // Each stream: the objects and bytes it stored, and what stopped it early.
     let results: Vec<((u64, u64), Option<FetchError>)> = std::thread::scope(|scope| {
@@ -245,6 +246,8 @@ struct Stream<'a> {
     throttle: Throttle,
     progress: &'a AtomicU64,
     vouched: Option<&'a Vouched>,
+    /// The lengths of the objects being written now, by all the streams.
+    reserved: AtomicU64,
 }
 
 impl Stream<'_> {
@@ -302,14 +305,18 @@ impl Stream<'_> {
         buf: &mut [u8],
     ) -> Result<(), FetchError> {
         // The length is the server's word: more than the cache's file system holds would
-        // fill the machine's disk before the hash could say the bytes are wrong.
+        // fill the machine's disk before the hash could say the bytes are wrong. The objects
+        // the other streams are writing count too, until each is done.
         let free = nix::sys::statvfs::statvfs(self.cache)
             .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
             .map_err(|e| FetchError::Cache(e.into()))?;
-        if len > free {
+        let writing = Reserved::take(&self.reserved, len);
+        if writing.total > free {
             return Err(self.server_err(format!(
-                "object {} would be {len} bytes, more than the {free} free for the cache",
-                id.short()
+                "object {} would be {len} bytes, more than the {free} free for the cache \
+                 (with the {} the other streams are writing)",
+                id.short(),
+                writing.total - len
             )));
         }
         let dest = self.cache.join(id.path());
@@ -372,6 +379,28 @@ impl Stream<'_> {
             let _ = fs::remove_file(&tmp);
         }
         res
+    }
+}
+
+/// Bytes announced by the objects being written now, across the streams: taken when an
+/// object starts, given back when it is done (or refused).
+struct Reserved<'a> {
+    on: &'a AtomicU64,
+    len: u64,
+    /// What is announced with this object.
+    total: u64,
+}
+
+impl<'a> Reserved<'a> {
+    fn take(on: &'a AtomicU64, len: u64) -> Self {
+        let total = on.fetch_add(len, Ordering::SeqCst).saturating_add(len);
+        Reserved { on, len, total }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.on.fetch_sub(self.len, Ordering::SeqCst);
     }
 }
 
