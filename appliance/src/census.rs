@@ -32,6 +32,9 @@ use uuid::Uuid;
 
 pub const HOSTS: &str = "census/hosts/";
 pub const INSTANCES: &str = "census/instances/";
+/// `census/leases/<lease>`: the registration a lease holds, bound to the same lease, so that
+/// a keep-alive finds it without reading every registration.
+pub const LEASES: &str = "census/leases/";
 /// Default and bounds of a registration's TTL, in seconds.
 pub const DEFAULT_TTL_SECS: u64 = 10;
 const MAX_TTL_SECS: u64 = 3_600;
@@ -245,9 +248,10 @@ impl CensusService {
             value,
             lease: Some(lease),
         };
+        let index = Op::put_leased(format!("{LEASES}{lease}"), key.clone().into_bytes(), lease);
         let txn = Txn {
             compare: vec![absent],
-            success: vec![bound],
+            success: vec![bound, index],
             failure: vec![],
         };
         let done = self.store.txn(txn).await.map_err(store_error)?;
@@ -268,9 +272,20 @@ impl CensusService {
     /// Whether a registration of the census is bound to `lease`. The store's other leases
     /// (the leader's election among them) are not the census's to keep alive or revoke.
     async fn holds(&self, lease: LeaseId) -> Result<bool, ApiError> {
+        let index = format!("{LEASES}{lease}");
+        if self.store.get(&index).await.map_err(store_error)?.is_some() {
+            return Ok(true);
+        }
+        // A registration made before the index was kept: found by reading them all, and
+        // indexed now, so that its next keep-alive is a single read.
         for prefix in [HOSTS, INSTANCES] {
             let kvs = self.store.range(prefix).await.map_err(store_error)?;
-            if kvs.iter().any(|kv| kv.lease == Some(lease)) {
+            if let Some(kv) = kvs.into_iter().find(|kv| kv.lease == Some(lease)) {
+                let txn = Txn {
+                    success: vec![Op::put_leased(index, kv.key.into_bytes(), lease)],
+                    ..Txn::default()
+                };
+                self.store.txn(txn).await.map_err(store_error)?;
                 return Ok(true);
             }
         }
@@ -529,11 +544,26 @@ mod tests {
             .await
             .unwrap();
         let lease = LeaseRef { lease: mine.lease };
+        let index = format!("{LEASES}{}", mine.lease);
+        assert_eq!(
+            store.get(&index).await.unwrap().map(|kv| kv.value),
+            Some(mine.key.clone().into_bytes()),
+            "the registration is indexed by its lease"
+        );
+        // One registered before the index existed is found by reading, then indexed.
+        store.delete(&index).await.unwrap();
+        let Json(kept) = keepalive(State(c.clone()), Json(lease)).await.unwrap();
+        assert_eq!(kept, lease);
+        assert!(store.get(&index).await.unwrap().is_some(), "indexed again");
         let Json(kept) = keepalive(State(c.clone()), Json(lease)).await.unwrap();
         assert_eq!(kept, lease);
         let Json(revoked) = revoke(State(c.clone()), Json(lease)).await.unwrap();
         assert_eq!(revoked, lease);
         assert!(store.get(&mine.key).await.unwrap().is_none());
+        assert!(
+            store.get(&index).await.unwrap().is_none(),
+            "gone with the lease"
+        );
     }
 
     #[test]
