@@ -398,13 +398,15 @@ pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30
 /// leased MACs, so this is not reached in use).
 const RECENT_ROWS: usize = 65_536;
 
-/// The boot-script rows recorded lately, by MAC. A machine fetches its script once a boot
-/// (which takes longer than [`REPEAT_WINDOW`]); the same row again within the window is a
-/// script fetched in a loop, by the machine's retry or by anyone, and is not recorded: a
+/// The boot-script rows recorded lately, by MAC and row. A machine fetches its script once a
+/// boot (which takes longer than [`REPEAT_WINDOW`]); the same row again within the window is
+/// a script fetched in a loop, by the machine's retry or by anyone, and is not recorded: a
 /// machine under introspection keeps its whole timeline, which would grow without bound.
+/// Each row is remembered, not only the last, so that two fetches in turn (the iPXE script
+/// and the GRUB configuration) are not each new.
 #[derive(Default)]
 pub struct RecentRows(
-    std::sync::Mutex<std::collections::HashMap<MacAddr, (String, std::time::Instant)>>,
+    std::sync::Mutex<std::collections::HashMap<(MacAddr, String), std::time::Instant>>,
 );
 
 impl RecentRows {
@@ -412,16 +414,14 @@ impl RecentRows {
     pub fn fresh(&self, mac: MacAddr, row: &str, now: std::time::Instant) -> bool {
         let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let recent = |at: &std::time::Instant| now.saturating_duration_since(*at) < REPEAT_WINDOW;
-        if let Some((last, at)) = seen.get(&mac)
-            && last == row
-            && recent(at)
-        {
+        let key = (mac, row.to_string());
+        if seen.get(&key).is_some_and(recent) {
             return false;
         }
         if seen.len() >= RECENT_ROWS {
-            seen.retain(|_, (_, at)| recent(at));
+            seen.retain(|_, at| recent(at));
         }
-        seen.insert(mac, (row.to_string(), now));
+        seen.insert(key, now);
         true
     }
 }
@@ -450,6 +450,14 @@ mod tests {
             ),
             "another decision is recorded at once"
         );
+        // Two rows in turn (the iPXE script, the GRUB configuration): each once a window.
+        assert!(rows.fresh(mac, "GRUB configuration served", t));
+        assert!(!rows.fresh(
+            mac,
+            "iPXE script served: discovery ramdisk",
+            t + REPEAT_WINDOW / 2
+        ));
+        assert!(!rows.fresh(mac, "GRUB configuration served", t + REPEAT_WINDOW / 2));
         let later = t + REPEAT_WINDOW / 2 + REPEAT_WINDOW;
         assert!(rows.fresh(mac, "iPXE script served: discovery ramdisk", later));
     }
