@@ -13,9 +13,9 @@
 //! - **revocable**: per machine (`security/agent-revoked/<mac>`: tokens minted before are
 //!   void) and all at once, by rotating the signing key.
 //!
-//! - **forgotten once dead**: a claim idle for longer than the lifetime can vouch for no call
-//!   (its token has expired too), and the leader deletes it ([`sweep`], every minute), so
-//!   boots, and anyone fetching boot scripts, leave no keys behind for good.
+//! - **forgotten once dead**: a claim idle for longer than the lifetime, whose token has
+//!   expired too, can vouch for no call, and the leader deletes it ([`sweep`], every minute),
+//!   so boots, and anyone fetching boot scripts, leave no keys behind for good.
 //!
 //! [`decide`] is the pure rule; [`AgentTokens`] applies it over the store.
 
@@ -37,6 +37,10 @@ pub struct Claim {
     pub addr: IpAddr,
     pub claimed_ms: i64,
     pub last_ms: i64,
+    /// When the claimed token itself expires (claims written before this was kept: `None`).
+    /// A claim is swept only after it: deleted sooner, its token could be claimed again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_ms: Option<i64>,
 }
 
 /// What one call with a valid signature comes to.
@@ -103,6 +107,7 @@ pub fn decide(token: &AgentClaim, u: Use<'_>) -> Verdict {
             addr: u.caller,
             claimed_ms: u.now_ms,
             last_ms: u.now_ms,
+            token_expires_ms: Some(expires),
         }),
         Some(c) if c.addr != u.caller => Verdict::Refused {
             why: format!(
@@ -123,16 +128,22 @@ pub fn decide(token: &AgentClaim, u: Use<'_>) -> Verdict {
     }
 }
 
-/// Deletes the claims whose last use is `ttl_ms` or more before `now_ms`: [`decide`] refuses
-/// them, and their tokens, minted before the claim, have expired, so nothing is lost. Each
-/// delete holds only if the claim was not renewed meanwhile. Returns how many went.
+/// Deletes the claims whose last use is `ttl_ms` or more before `now_ms` ([`decide`] refuses
+/// them) and whose tokens have expired too, so that no call can claim those tokens afresh.
+/// A claim that does not say when its token expires is kept for twice the lifetime (a
+/// token expires a lifetime after minting, before its claim). Each delete holds only if the
+/// claim was not renewed meanwhile. Returns how many went.
 pub async fn sweep(store: &dyn Store, ttl_ms: i64, now_ms: i64) -> anyhow::Result<usize> {
     let mut gone = 0;
     for kv in store.range(CLAIMS).await? {
         let Ok(c) = serde_json::from_slice::<Claim>(&kv.value) else {
             continue;
         };
-        if now_ms < c.last_ms.saturating_add(ttl_ms) {
+        let token_gone = match c.token_expires_ms {
+            Some(t) => now_ms >= t,
+            None => now_ms >= c.last_ms.saturating_add(ttl_ms.saturating_mul(2)),
+        };
+        if now_ms < c.last_ms.saturating_add(ttl_ms) || !token_gone {
             continue;
         }
         let txn = Txn {
@@ -382,37 +393,49 @@ mod tests {
 
     const TTL: i64 = 1_800_000;
 
-    /// A claim idle for the lifetime is deleted; one used within it stays.
+    /// A claim is deleted once idle for the lifetime and its token expired; others stay.
     #[tokio::test]
     async fn dead_claims_are_swept_and_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = paddock_store::SqliteStore::open(dir.path().join("s.db")).unwrap();
-        let claim = |last_ms| {
+        let claim = |last_ms, token_expires_ms| {
             serde_json::to_vec(&Claim {
                 addr: "198.18.0.101".parse().unwrap(),
                 claimed_ms: 0,
                 last_ms,
+                token_expires_ms,
             })
             .unwrap()
         };
         let now = 10 * TTL;
-        store
-            .put(&format!("{CLAIMS}525400770001-01"), claim(now - TTL))
-            .await
-            .unwrap();
-        store
-            .put(&format!("{CLAIMS}525400770002-02"), claim(now - TTL + 1))
-            .await
-            .unwrap();
-        assert_eq!(sweep(&store, TTL, now).await.unwrap(), 1);
+        for (key, value) in [
+            // Idle for the lifetime, its token expired: dead.
+            ("01", claim(now - TTL, Some(now - TTL))),
+            // Used a millisecond later: alive.
+            ("02", claim(now - TTL + 1, Some(now - TTL))),
+            // Idle, but its token (a lifetime longer then) still valid: kept.
+            ("03", claim(now - TTL, Some(now + 1))),
+            // Written before the token's expiry was kept: twice the lifetime.
+            ("04", claim(now - TTL, None)),
+            ("05", claim(now - 2 * TTL, None)),
+        ] {
+            store
+                .put(&format!("{CLAIMS}525400770001-{key}"), value)
+                .await
+                .unwrap();
+        }
+        assert_eq!(sweep(&store, TTL, now).await.unwrap(), 2);
         let left: Vec<String> = store
             .range(CLAIMS)
             .await
             .unwrap()
             .into_iter()
-            .map(|kv| kv.key)
+            .map(|kv| kv.key.trim_start_matches(CLAIMS).to_string())
             .collect();
-        assert_eq!(left, [format!("{CLAIMS}525400770002-02")]);
+        assert_eq!(
+            left,
+            ["525400770001-02", "525400770001-03", "525400770001-04"]
+        );
         assert_eq!(sweep(&store, TTL, now).await.unwrap(), 0, "nothing more");
     }
 
@@ -452,6 +475,7 @@ mod tests {
             addr: a,
             claimed_ms: now - 1000,
             last_ms: now - 1000,
+            token_expires_ms: None,
         };
         let refused = |v: Verdict, want_conflict: bool| {
             assert!(
