@@ -501,7 +501,7 @@ fn load_config(
         match config {
             Some(path) => eprintln!("paddock: invalid configuration in {}", path.display()),
             None => eprintln!(
-                "paddock: invalid configuration (no --config given and no {HOST_CONFIG}: the built-in defaults)"
+                "paddock: invalid configuration (no --config given: the built-in defaults)"
             ),
         }
         for p in e.problems {

@@ -498,8 +498,8 @@ impl Power {
                     KIND,
                     &format!(
                         "reboot into the ramdisk ({reason}) not queued: {}; power the machine \
-                         on or cycle it (paddock node power NODE cycle)",
-                        e.message
+                         on or cycle it (paddock node power {} cycle)",
+                        e.message, node.uuid
                     ),
                     true,
                 )

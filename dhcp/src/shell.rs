@@ -225,8 +225,6 @@ impl DhcpService {
                 .ok()
                 .map(|v| Op::put(lease_key(lease.ip), v))
         };
-        // The address the client moved away from is released in the same batch.
-        next.ops.extend(outcome.released.iter().filter_map(put));
         let change = outcome.change.and_then(|c| {
             let LeaseChange::Put(lease) = c;
             put(&lease)
@@ -269,6 +267,9 @@ impl DhcpService {
         match change {
             None => now.push((bytes, to.into())),
             Some(op) => {
+                // The address the client moved away from is released with the new binding,
+                // in the same batch, durable before the reply leaves.
+                next.ops.extend(outcome.released.iter().filter_map(put));
                 next.ops.push(op);
                 next.replies.push((bytes, to.into()));
             }

@@ -39,6 +39,15 @@ struct Queued {
     waiting: std::sync::atomic::AtomicUsize,
 }
 
+/// Gives `.1` bytes back to the queue when dropped.
+struct Giving<'a>(&'a Queued, u64);
+
+impl Drop for Giving<'_> {
+    fn drop(&mut self) {
+        self.0.give(self.1);
+    }
+}
+
 impl Queued {
     /// Waits until `n` more bytes fit under [`QUEUED_BYTES`] (or nothing is queued), then
     /// counts them.
@@ -497,11 +506,13 @@ fn worker(
             Ok(j) => j,
             Err(_) => return,
         };
-        let id = ObjectId::of(&job.buf);
         let len = job.buf.len() as u64;
+        // Given back however the job ends, a panic included: the reader may be waiting.
+        let room = Giving(queued, len);
+        let id = ObjectId::of(&job.buf);
         let res = store.put(id, &job.buf).map(|new| (job.ino, id, new, len));
         drop(job);
-        queued.give(len);
+        drop(room);
         if done.send(res).is_err() {
             return;
         }
