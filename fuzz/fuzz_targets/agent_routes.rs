@@ -124,6 +124,7 @@ fuzz_target!(|data: &[u8]| {
             addr: IpAddr::from([body[32], 0, 0, 1]),
             claimed_ms: n(0),
             last_ms: n(8),
+            token_expires_ms: Some(n(24)),
         };
         let token = AgentClaim {
             mac: "525400000001".into(),
