@@ -17,7 +17,9 @@ use ipnet::Ipv4Net;
 /// is the untouched default, which `init` may replace.
 pub const PACKAGED_MARKER: &str = "# paddock: default configuration, replaced by `paddock init`";
 
-const CONFIG: &str = "/etc/paddock/paddock.toml";
+/// Where the package keeps this host's configuration: what `init` writes, and what the
+/// commands acting on this host's appliance read when no `--config` names another file.
+pub const CONFIG: &str = "/etc/paddock/paddock.toml";
 const DATA_DIR: &str = crate::config::defaults::DATA_DIR;
 /// Where the package puts the discovery ramdisk (vmlinuz, initrd.img), served over HTTP.
 const ASSETS_DIR: &str = "/usr/lib/paddock/ramdisk";

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use paddock::config::{FileConfig, Overrides};
+use paddock::config::{FileConfig, Overrides, defaults};
 use paddock::serve;
 
 #[derive(Parser)]
@@ -327,15 +327,11 @@ impl Api {
     }
 }
 
-/// Where the package keeps this host's configuration: read by the commands that act on this
-/// host's appliance when no `--config` (or `PADDOCK_CONFIG`) names another file.
-const HOST_CONFIG: &str = "/etc/paddock/paddock.toml";
-
 /// The configuration file a command reads: the one given, else this host's when it exists
 /// (`None`: the built-in defaults).
 fn config_path(given: Option<PathBuf>) -> Option<PathBuf> {
     given.or_else(|| {
-        let host = PathBuf::from(HOST_CONFIG);
+        let host = PathBuf::from(paddock::init_cli::CONFIG);
         host.is_file().then_some(host)
     })
 }
@@ -351,7 +347,7 @@ impl LocalApi {
     fn fallback() -> Self {
         LocalApi {
             url: "https://127.0.0.1:8443".into(),
-            certs: PathBuf::from("/var/lib/paddock/certs"),
+            certs: PathBuf::from(defaults::DATA_DIR).join(defaults::SECURITY_SUBDIR),
         }
     }
 }
